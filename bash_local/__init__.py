@@ -1,0 +1,20 @@
+"""Unconfined local execution: `LocalBashExecutor` runs each command as a fresh `bash -c`."""
+
+from bash_local.config import LocalBashConfig
+from bash_local.environment import build_command_env
+from bash_local.executor import ExecutorClosedError, LocalBashExecutor
+from bash_local.output import OutputCollector, SpillDirectory
+from bash_local.process import LocalBashProcess, SpawnedCommand
+from bash_local.spawn import SpawnPlan
+
+__all__ = [
+    "ExecutorClosedError",
+    "LocalBashConfig",
+    "LocalBashExecutor",
+    "LocalBashProcess",
+    "OutputCollector",
+    "SpawnPlan",
+    "SpawnedCommand",
+    "SpillDirectory",
+    "build_command_env",
+]

@@ -1,0 +1,248 @@
+"""Bounded collection of one output stream, and the private spill files behind it.
+
+`OutputCollector` keeps at most about ``cap`` bytes in memory: the whole stream while it
+fits, then only its tail. Once the stream outgrows the cap, every byte from offset 0 goes
+to a spill file in a `SpillDirectory` (0700 dir, 0600 file, unpredictable name), which is
+deleted again if the stream outgrows ``max_spill_bytes`` or a write fails: a spill path is
+only ever reported for a complete, intact copy of the stream.
+
+Spill files outlive the executor on purpose (callers read them after `aclose()`); the
+directory is the caller's to remove.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import secrets
+import tempfile
+
+from bash_seam import CollectedOutput
+
+logger = logging.getLogger("bash_local")
+
+_SPILL_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+class SpillDirectory:
+    """A private directory (mode 0700) for one executor's spill files, created on first use."""
+
+    def __init__(self, parent: str | None) -> None:
+        self._parent = parent
+        self._path: str | None = None
+
+    @property
+    def path(self) -> str | None:
+        """The directory, or None while no stream has spilled yet."""
+        return self._path
+
+    def create_file(self, stream: str) -> tuple[str, int]:
+        """Create a new spill file exclusively; returns its path and a write-only fd."""
+        if self._path is None:
+            # mkdtemp creates the directory 0700 with an unpredictable name.
+            self._path = tempfile.mkdtemp(prefix="bash-local-spill-", dir=self._parent)
+        path = os.path.join(self._path, f"{secrets.token_hex(16)}.{stream}")
+        # O_EXCL|O_NOFOLLOW: never write through a planted file or symlink.
+        return path, os.open(path, _SPILL_FLAGS, 0o600)
+
+
+def leading_continuation_bytes(data: bytes) -> int:
+    """How many UTF-8 continuation bytes (at most 3) start ``data``: the rest of a cut char."""
+    n = 0
+    while n < min(3, len(data)) and data[n] & 0xC0 == 0x80:
+        n += 1
+    return n
+
+
+def incomplete_utf8_suffix(data: bytes) -> int:
+    """Length of a UTF-8 sequence at the end of ``data`` that more bytes could still complete."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:
+            continue  # a continuation byte: keep looking for the lead byte
+        if byte >= 0xF0:
+            need = 4
+        elif byte >= 0xE0:
+            need = 3
+        elif byte >= 0xC0:
+            need = 2
+        else:
+            return 0
+        return back if back < need else 0
+    return 0
+
+
+def decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+class OutputCollector:
+    """One stream of one command: its tail in memory, all of it in a spill file when large.
+
+    Memory holds the whole stream while it is at most ``cap`` bytes, then at least its
+    last ``cap`` bytes and at most ``cap`` plus one read chunk.
+    """
+
+    def __init__(
+        self, cap: int, *, stream: str, spill_dir: SpillDirectory, max_spill_bytes: int
+    ) -> None:
+        self._cap = cap
+        self._stream = stream
+        self._spill_dir = spill_dir
+        self._max_spill = max_spill_bytes
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._mem_bytes = 0
+        self._mem_start = 0  # stream offset of the first byte still in memory
+        self._total = 0
+        self._spill_path: str | None = None
+        self._spill_fd: int | None = None
+        self._spill_state = "none"  # none | open | closed | failed | dropped
+        self._closed = False
+
+    @property
+    def total(self) -> int:
+        """Bytes the stream has produced so far."""
+        return self._total
+
+    @property
+    def truncated(self) -> bool:
+        return self._total > self._cap
+
+    @property
+    def spill_path(self) -> str | None:
+        """The spill file while it holds the complete stream so far (never a broken one)."""
+        return self._spill_path if self._spill_state in ("open", "closed") else None
+
+    def feed(self, data: bytes) -> None:
+        """Append bytes produced by the command. Never raises."""
+        if not data or self._closed:
+            return
+        new_total = self._total + len(data)
+        if self._spill_state == "open":
+            if new_total > self._max_spill:
+                self._abandon_spill("dropped")
+            else:
+                self._spill_write(data)
+        elif self._spill_state == "none" and new_total > self._cap:
+            if new_total > self._max_spill:
+                self._spill_state = "dropped"
+            else:
+                self._start_spill(data)
+        self._chunks.append(data)
+        self._mem_bytes += len(data)
+        self._total = new_total
+        # Drop whole chunks from the front while the rest still covers the cap: the tail.
+        while self._mem_bytes - len(self._chunks[0]) >= self._cap:
+            dropped = self._chunks.popleft()
+            self._mem_bytes -= len(dropped)
+            self._mem_start += len(dropped)
+
+    def close(self) -> None:
+        """The stream ended: finish the spill file (a failed close abandons it). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._spill_state == "open" and self._spill_fd is not None:
+            fd, self._spill_fd = self._spill_fd, None
+            try:
+                os.close(fd)
+            except OSError as exc:
+                logger.warning("closing spill file %s failed: %s", self._spill_path, exc)
+                self._abandon_spill("failed")
+            else:
+                self._spill_state = "closed"
+
+    def collected(self) -> CollectedOutput:
+        """The stream as a result: the text (its tail when truncated) and the spill path."""
+        data = b"".join(self._chunks)
+        if not self.truncated:
+            return CollectedOutput(text=decode(data))
+        tail = data[-self._cap :]
+        tail = tail[leading_continuation_bytes(tail) :]
+        return CollectedOutput(text=decode(tail), truncated=True, spill_path=self.spill_path)
+
+    def read_from(self, offset: int, *, final: bool) -> tuple[bytes, int, bool]:
+        """Bytes from stream ``offset`` on: ``(data, next_offset, lossy)``.
+
+        Served from memory when still in the tail window, else from the spill file; when
+        neither has them, the read skips to the oldest byte in memory and reports lossy.
+        Unless ``final``, an incomplete trailing UTF-8 character is left for the next read.
+        """
+        if offset >= self._total:
+            return b"", offset, False
+        lossy = False
+        data: bytes | None = None
+        if offset < self._mem_start and self.spill_path is not None:
+            data = self._read_spill(offset, self._total)
+        if data is None:
+            if offset < self._mem_start:
+                lossy = True
+                offset = self._mem_start
+            data = b"".join(self._chunks)[offset - self._mem_start :]
+            if lossy:
+                skip = leading_continuation_bytes(data)
+                data, offset = data[skip:], offset + skip
+        if not final:
+            keep = incomplete_utf8_suffix(data)
+            if keep:
+                data = data[:-keep]
+        return data, offset + len(data), lossy
+
+    def _read_spill(self, start: int, end: int) -> bytes | None:
+        assert self._spill_path is not None
+        parts: list[bytes] = []
+        try:
+            fd = os.open(self._spill_path, _READ_FLAGS)
+            try:
+                pos = start
+                while pos < end:
+                    part = os.pread(fd, end - pos, pos)
+                    if not part:
+                        return None
+                    parts.append(part)
+                    pos += len(part)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            logger.warning("reading spill file %s failed: %s", self._spill_path, exc)
+            return None
+        return b"".join(parts)
+
+    def _start_spill(self, data: bytes) -> None:
+        try:
+            self._spill_path, self._spill_fd = self._spill_dir.create_file(self._stream)
+        except OSError as exc:
+            logger.warning("could not create a spill file for %s: %s", self._stream, exc)
+            self._spill_state = "failed"
+            return
+        self._spill_state = "open"
+        # Nothing was dropped yet, so memory is the stream from byte 0: write it first.
+        for chunk in self._chunks:
+            self._spill_write(chunk)
+        self._spill_write(data)
+
+    def _spill_write(self, data: bytes) -> None:
+        if self._spill_state != "open" or self._spill_fd is None:
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self._spill_fd, view)
+                view = view[written:]
+        except OSError as exc:
+            logger.warning("writing spill file %s failed: %s", self._spill_path, exc)
+            self._abandon_spill("failed")
+
+    def _abandon_spill(self, state: str) -> None:
+        """Delete a spill that can no longer hold the whole stream; its path is never reported."""
+        self._spill_state = state
+        fd, self._spill_fd = self._spill_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self._spill_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._spill_path)

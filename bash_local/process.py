@@ -1,0 +1,431 @@
+"""One spawned command, from fork to settled, and the background handle built on it.
+
+`SpawnedCommand` owns the process group it creates: ``start_new_session=True`` makes the
+bash (or wrapper) pid the group id and leaves the group without a controlling terminal.
+It holds that group until the run has *settled*:
+
+1. the leader exits (seen through a pidfd, or a waiter thread where there is none), but it
+   is not reaped yet, so its pid, which is the group id, cannot be reused meanwhile;
+2. stdout and stderr are read until EOF, or for at most ``grace`` after the leader exited
+   (a `sleep 30 &` holding the pipes must not hold the run);
+3. the whole group gets SIGKILL (leftovers such as `sleep 100 &` never outlive a run), the
+   pipes are drained of what is already buffered and closed, and only then the leader is
+   reaped and the plan released.
+
+Timeouts, aborts and `kill()` send SIGTERM to the group and SIGKILL after ``grace``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import Literal
+
+from bash_local.output import OutputCollector, decode
+from bash_local.spawn import SpawnPlan
+from bash_seam import AbortSignal, BashProcess, BashProcessRead, ProcessStatus, SandboxFacts
+
+logger = logging.getLogger("bash_local")
+
+READ_CHUNK = 1 << 16
+# Upper bound of the last non-blocking drain once the group is dead (pipe buffers only).
+_FINAL_DRAIN_READS = 64
+
+KillReason = Literal["timeout", "abort", "kill", "close"]
+GroupKiller = Callable[[int, int], None]
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+class _StdinFeeder:
+    """Writes the request's stdin into the pipe without blocking, then closes it.
+
+    A command may exit (or close fd 0) before reading everything: EPIPE just ends the feed.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, data: bytes) -> None:
+        self._loop = loop
+        self._fd: int | None = fd
+        self._data = memoryview(data)
+        self._pos = 0
+        self._watching = False
+
+    def start(self) -> None:
+        os.set_blocking(self._fd, False)  # type: ignore[arg-type]
+        self._on_writable()
+
+    def _on_writable(self) -> None:
+        fd = self._fd
+        if fd is None:
+            return
+        try:
+            while self._pos < len(self._data):
+                self._pos += os.write(fd, self._data[self._pos : self._pos + READ_CHUNK])
+        except BlockingIOError:
+            if not self._watching:
+                self._loop.add_writer(fd, self._on_writable)
+                self._watching = True
+            return
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the reader is gone; the command decides what that means
+        except OSError as exc:
+            logger.debug("stdin write failed: %s", exc)
+        self.close()
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if self._watching:
+            self._loop.remove_writer(fd)
+        os.close(fd)
+
+
+class SpawnedCommand:
+    """Spawns one `SpawnPlan` in a new session and watches its process group until settled."""
+
+    def __init__(
+        self,
+        plan: SpawnPlan,
+        *,
+        stdin: bytes | None,
+        stdout: OutputCollector,
+        stderr: OutputCollector,
+        grace_s: float,
+        kill_group: GroupKiller,
+        on_settled: Callable[[SpawnedCommand], None] | None = None,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.plan = plan
+        self.stdout = stdout
+        self.stderr = stderr
+        self._stdin = stdin
+        self._grace_s = grace_s
+        self._kill_group = kill_group
+        self._on_settled = on_settled
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.pid = 0
+        self._pipes: dict[int, OutputCollector] = {}
+        self._feeder: _StdinFeeder | None = None
+        self._pidfd: int | None = None
+        self._leader_exited = False
+        self._term_sent = False
+        self._finalized = False
+        self._timers: list[asyncio.TimerHandle] = []
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self._abort_dispose: Callable[[], None] | None = None
+        self.kill_reason: KillReason | None = None
+        self.exit_code: int | None = None
+        self.signal: str | None = None
+        self.settled = asyncio.Event()
+
+    # -- spawning --------------------------------------------------------------------------
+
+    def spawn(self) -> None:
+        """Fork and exec on the loop thread.
+
+        On failure every descriptor opened here is closed, the plan is released, and the
+        exception (OSError, SubprocessError) propagates: nothing is left running.
+        """
+        plan = self.plan
+        opened: list[int] = []
+        try:
+            out_r, out_w = os.pipe()
+            opened += (out_r, out_w)
+            err_r, err_w = os.pipe()
+            opened += (err_r, err_w)
+            stdin_arg: int = subprocess.DEVNULL
+            in_w: int | None = None
+            if self._stdin is not None:
+                in_r, in_w = os.pipe()
+                opened += (in_r, in_w)
+                stdin_arg = in_r
+            self._proc = subprocess.Popen(
+                plan.argv,
+                stdin=stdin_arg,
+                stdout=out_w,
+                stderr=err_w,
+                cwd=plan.cwd,
+                env=dict(plan.env),
+                # A confining plan's pre-exec step; it calls only pre-bound syscalls.
+                preexec_fn=plan.preexec_fn,  # noqa: PLW1509
+                pass_fds=plan.pass_fds,
+                # Own session: the pid is the group id we kill, and there is no controlling tty.
+                start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            for fd in opened:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._release()
+            raise
+        self.pid = self._proc.pid
+        # The child holds its ends now; ours must go, or EOF would never come.
+        for fd in opened:
+            if fd not in (out_r, err_r, in_w):
+                os.close(fd)
+        for fd, collector in ((out_r, self.stdout), (err_r, self.stderr)):
+            os.set_blocking(fd, False)
+            self._pipes[fd] = collector
+            self._loop.add_reader(fd, self._on_readable, fd)
+        if in_w is not None:
+            self._feeder = _StdinFeeder(self._loop, in_w, self._stdin or b"")
+            self._feeder.start()
+        self._watch_leader_exit()
+
+    def _watch_leader_exit(self) -> None:
+        try:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+        if self._pidfd is not None:
+            self._loop.add_reader(self._pidfd, self._on_pidfd_readable)
+            return
+        # No pidfd (macOS, old kernels): a thread waits without reaping where it can.
+        threading.Thread(
+            target=self._wait_leader_in_thread, name=f"bash-local-wait-{self.pid}", daemon=True
+        ).start()
+
+    def _wait_leader_in_thread(self) -> None:
+        try:
+            if hasattr(os, "waitid"):
+                # WNOWAIT leaves the zombie in place, so the group id stays ours.
+                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+            else:  # pragma: no cover - platforms without waitid
+                assert self._proc is not None
+                self._proc.wait()
+        except ChildProcessError:
+            pass
+        except OSError as exc:  # pragma: no cover - unexpected
+            logger.warning("waiting for pid %d failed: %s", self.pid, exc)
+        with contextlib.suppress(RuntimeError):  # the loop may be closed already
+            self._loop.call_soon_threadsafe(self._on_leader_exit)
+
+    def _on_pidfd_readable(self) -> None:
+        if self._pidfd is not None:
+            self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        self._on_leader_exit()
+
+    # -- limits and signals ----------------------------------------------------------------
+
+    def arm_timeout(self, seconds: float) -> None:
+        self._timers.append(self._loop.call_later(seconds, self.terminate, "timeout"))
+
+    def watch_abort(self, abort: AbortSignal) -> None:
+        """Terminate on abort; the signal may fire from any thread."""
+
+        def on_abort() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop may be closed already
+                self._loop.call_soon_threadsafe(self.terminate, "abort")
+
+        self._abort_dispose = abort.subscribe(on_abort)
+
+    def terminate(self, reason: KillReason) -> bool:
+        """SIGTERM the group, SIGKILL after grace. False once settled.
+
+        The first reason wins (a timeout and an abort are never both reported), and none is
+        recorded once the leader exited on its own.
+        """
+        if self._finalized:
+            return False
+        if not self._leader_exited and self.kill_reason is None:
+            self.kill_reason = reason
+        if not self._term_sent:
+            self._term_sent = True
+            self._kill_group(self.pid, signal.SIGTERM)
+            self._timers.append(self._loop.call_later(self._grace_s, self.kill_now))
+        return True
+
+    def kill_now(self) -> None:
+        """SIGKILL the group at once (escalation, or the awaiting task was cancelled)."""
+        if not self._finalized:
+            # Not settled means the leader is unreaped, so the group id is still ours.
+            self._kill_group(self.pid, signal.SIGKILL)
+
+    # -- the path to settled ---------------------------------------------------------------
+
+    def _on_readable(self, fd: int) -> None:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            logger.debug("reading pipe %d failed: %s", fd, exc)
+            data = b""
+        if data:
+            self._pipes[fd].feed(data)
+            return
+        self._close_pipe(fd)
+        if self._leader_exited and not self._pipes:
+            self._finalize()
+
+    def _close_pipe(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        os.close(fd)
+        del self._pipes[fd]
+
+    def _on_leader_exit(self) -> None:
+        if self._leader_exited or self._finalized:
+            return
+        self._leader_exited = True
+        if not self._pipes:
+            self._finalize()
+        else:
+            # Descendants may still hold the pipes: they get at most `grace` to finish.
+            self._drain_timer = self._loop.call_later(self._grace_s, self._finalize)
+
+    def _finalize(self) -> None:
+        if self._finalized:
+            return
+        for timer in self._timers:
+            timer.cancel()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+        if self._abort_dispose is not None:
+            self._abort_dispose()
+        # The leader is an unreaped zombie, so pid == pgid cannot have been recycled: this
+        # SIGKILL reaches exactly what is left of the command's group.
+        self._kill_group(self.pid, signal.SIGKILL)
+        self._finalized = True
+        for fd in list(self._pipes):
+            self._drain_buffered(fd)
+            self._close_pipe(fd)
+        if self._feeder is not None:
+            self._feeder.close()
+        assert self._proc is not None
+        returncode = self._proc.wait()  # reaps the zombie: returns at once
+        if returncode < 0:
+            self.signal = signal_name(-returncode)
+        else:
+            self.exit_code = returncode
+        self.stdout.close()
+        self.stderr.close()
+        self._release()
+        self.settled.set()
+        if self._on_settled is not None:
+            self._on_settled(self)
+
+    def _drain_buffered(self, fd: int) -> None:
+        """Read what is already in the pipe buffer; the writers are dead or past their grace."""
+        for _ in range(_FINAL_DRAIN_READS):
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except OSError:
+                return
+            if not data:
+                return
+            self._pipes[fd].feed(data)
+
+    def _release(self) -> None:
+        release = self.plan.release
+        if release is None:
+            return
+        try:
+            release()
+        except Exception:
+            logger.exception("releasing the spawn plan failed")
+
+
+class LocalBashProcess(BashProcess):
+    """A background command: status, consuming incremental reads, kill, wait."""
+
+    def __init__(
+        self,
+        process_id: str,
+        command: str,
+        owner: str | None,
+        stdout: OutputCollector,
+        stderr: OutputCollector,
+    ) -> None:
+        self.id = process_id
+        self.command = command
+        self.owner = owner
+        self._stdout = stdout
+        self._stderr = stderr
+        self._spawned: SpawnedCommand | None = None
+        self._status: ProcessStatus = "running"
+        self._exit_code: int | None = None
+        self._signal: str | None = None
+        self._sandbox: SandboxFacts | None = None
+        self._done = asyncio.Event()
+        self._offsets = [0, 0]
+
+    def attach(self, spawned: SpawnedCommand) -> None:
+        self._spawned = spawned
+
+    def settle(
+        self,
+        status: ProcessStatus,
+        *,
+        exit_code: int | None,
+        signal: str | None,
+        sandbox: SandboxFacts | None,
+    ) -> None:
+        """Record the outcome; `wait()` returns from here on."""
+        self._status = status
+        self._exit_code = exit_code
+        self._signal = signal
+        self._sandbox = sandbox
+        self._done.set()
+
+    @property
+    def status(self) -> ProcessStatus:
+        return self._status
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._exit_code
+
+    @property
+    def signal(self) -> str | None:
+        return self._signal
+
+    @property
+    def sandbox(self) -> SandboxFacts | None:
+        return self._sandbox
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    async def wait(self) -> None:
+        # An Event, not the settle future: a cancelled waiter cannot cancel the process.
+        await self._done.wait()
+
+    def kill(self) -> bool:
+        return self._terminate("kill")
+
+    def _terminate(self, reason: KillReason) -> bool:
+        if self._done.is_set() or self._spawned is None:
+            return False
+        return self._spawned.terminate(reason)
+
+    def read_output(self) -> BashProcessRead:
+        final = self._done.is_set()
+        out, self._offsets[0], out_lossy = self._stdout.read_from(self._offsets[0], final=final)
+        err, self._offsets[1], err_lossy = self._stderr.read_from(self._offsets[1], final=final)
+        delta = decode(out)
+        if err:
+            if delta and not delta.endswith("\n"):
+                delta += "\n"
+            delta += "[stderr]\n" + decode(err)
+        return BashProcessRead(
+            delta=delta,
+            lossy=out_lossy or err_lossy,
+            stdout_spill_path=self._stdout.spill_path,
+            stderr_spill_path=self._stderr.spill_path,
+        )

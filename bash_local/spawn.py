@@ -1,0 +1,27 @@
+"""`SpawnPlan`: exactly what is handed to the kernel for one command, and the confinement hook.
+
+The local executor builds a plan (`bash -c`, scrubbed env, cwd); a confining subclass may
+rewrite it (wrap argv, add a pre-exec step and the fds it needs) before anything spawns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SpawnPlan:
+    """One spawn. ``argv[0]`` is an absolute path; nothing is looked up on PATH later."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    # Runs in the child between fork and exec. It must only call pre-bound syscalls
+    # (no imports, no allocation-heavy Python), because other threads may hold locks.
+    preexec_fn: Callable[[], None] | None = None
+    pass_fds: tuple[int, ...] = ()
+    # Called exactly once after the process settled or the spawn failed (closes pass_fds...).
+    release: Callable[[], None] | None = None
+    # Opaque data the confining executor reads back when it classifies the outcome.
+    context: object = field(default=None, compare=False)

@@ -1,0 +1,312 @@
+"""Landlock backend: a pure `policy -> ruleset` renderer and the child steps that apply it.
+
+Semantics: every filesystem right the running ABI knows is handled; reads and execution
+are granted on `/`, writes only on `/dev/null`-like sinks and (workspace-write) the
+writable roots plus a private per-executor temp dir (`TMPDIR`; the host `/tmp` stays
+read-only because Landlock cannot give a private view of it, and a shared writable `/tmp`
+lets a command plant files for host processes). Signals and abstract unix sockets are
+scoped to the sandbox (ABI 6).
+
+What Landlock alone cannot do is layered on in the child, in this order (each step needs
+the privileges the next ones drop):
+
+1. die with the executor (`PR_SET_PDEATHSIG`), so the tree cannot outlive it;
+2. enter the executor's network namespace;
+3. new mount, PID, IPC and UTS namespaces (plus a user namespace when not root);
+4. protected paths and `deny_read` paths mounted over read-only (`mount_plan`), because a
+   Landlock rule on a root cannot be narrowed for a subpath;
+5. drop every capability (bounding set included) and set `no_new_privs`;
+6. `landlock_restrict_self`;
+7. seccomp: metadata changes (chmod, chown, xattrs, utimes by path), which Landlock does
+   not govern, plus the always-on set (`seccomp.py`).
+
+The command then runs under `unshare --fork --kill-child`, whose child is PID 1 of the new
+PID namespace: when the group is killed, every process of the command dies with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+from bash_local.spawn import SpawnPlan
+from bash_sandbox.backends.base import (
+    BackendContext,
+    BackendProbe,
+    LayerReport,
+    SandboxBackend,
+    run_probe_command,
+)
+from bash_sandbox.backends.mount_plan import (
+    ReadOnlyMount,
+    inspect_deny_read,
+    inspect_protected,
+    render_mount_plan,
+)
+from bash_sandbox.child_setup import (
+    CLONE_NEWIPC,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    CLONE_NEWUTS,
+    ChildSetup,
+)
+from bash_sandbox.seccomp import SeccompOptions, compile_seccomp
+from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
+
+# Access-right bits of linux/landlock.h (mirrored so the renderer stays pure and testable).
+EXECUTE = 1 << 0
+WRITE_FILE = 1 << 1
+READ_FILE = 1 << 2
+READ_DIR = 1 << 3
+REMOVE_DIR = 1 << 4
+REMOVE_FILE = 1 << 5
+MAKE_CHAR = 1 << 6
+MAKE_DIR = 1 << 7
+MAKE_REG = 1 << 8
+MAKE_SOCK = 1 << 9
+MAKE_FIFO = 1 << 10
+MAKE_BLOCK = 1 << 11
+MAKE_SYM = 1 << 12
+REFER = 1 << 13
+TRUNCATE = 1 << 14
+IOCTL_DEV = 1 << 15
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+SCOPE_SIGNAL = 1 << 1
+
+_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1,
+              5: (1 << 16) - 1}
+READ_RIGHTS = EXECUTE | READ_FILE | READ_DIR
+WRITE_RIGHTS = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SOCK
+                | MAKE_FIFO | MAKE_SYM | REFER | TRUNCATE)
+SINK_RIGHTS = WRITE_FILE | TRUNCATE
+WRITABLE_SINKS = ("/dev/null", "/dev/zero", "/dev/full")
+
+
+def handled_fs_for_abi(abi: int) -> int:
+    """Every filesystem right the ABI knows (ABI 5 added the last one we use)."""
+    return _FS_BY_ABI[min(max(abi, 1), 5)]
+
+
+@dataclass(frozen=True)
+class LandlockRuleset:
+    """A rendered ruleset: handled rights, scopes, and `(path, rights)` grants in order."""
+
+    abi: int
+    handled_fs: int
+    scoped: int
+    rules: tuple[tuple[str, int], ...]
+
+
+def render_landlock_ruleset(
+    policy: SandboxPolicy, abi: int, *, private_tmp: str | None
+) -> LandlockRuleset:
+    """The ruleset for ``policy`` on a kernel with Landlock ``abi``. Pure."""
+    handled = handled_fs_for_abi(abi)
+    rules: list[tuple[str, int]] = [("/", READ_RIGHTS)]
+    if abi >= 5:
+        rules.append(("/dev", IOCTL_DEV))  # device ioctls only on devices, never injected
+    rules += [(sink, SINK_RIGHTS) for sink in WRITABLE_SINKS]
+    if policy.mode is SandboxMode.WORKSPACE_WRITE:
+        roots = policy.all_writable_roots()
+        rules += [(root, WRITE_RIGHTS) for root in roots]
+        if private_tmp is not None:
+            rules.append((private_tmp, WRITE_RIGHTS))
+    scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
+    return LandlockRuleset(
+        abi=abi,
+        handled_fs=handled,
+        scoped=scoped,
+        rules=tuple((path, rights & handled) for path, rights in rules),
+    )
+
+
+def landlock_abi() -> int:
+    """The running kernel's Landlock ABI, 0 when unavailable."""
+    try:
+        import landlockpy
+
+        return int(landlockpy.abi_version())
+    except Exception:
+        return 0
+
+
+def _build_ruleset_fd(ruleset: LandlockRuleset) -> object:
+    """Create the kernel ruleset in the parent; the child only calls restrict_self on it."""
+    import landlockpy
+
+    rs = landlockpy.Ruleset(
+        handled_fs=landlockpy.AccessFS(ruleset.handled_fs),
+        handled_net=landlockpy.AccessNet(0),
+        scoped=landlockpy.Scope(ruleset.scoped),
+        best_effort=False,
+    )
+    for path, rights in ruleset.rules:
+        if os.path.exists(path):
+            rs.allow_path(path, landlockpy.AccessFS(rights))
+    return rs
+
+
+@dataclass(frozen=True)
+class ChildPlan:
+    """Everything the child does before exec, rendered from the policy. Pure data."""
+
+    join_netns: bool
+    unshare_flags: int
+    map_ids: tuple[int, int] | None
+    mounts: tuple[ReadOnlyMount, ...]
+    seccomp: SeccompOptions
+
+
+def render_child_plan(
+    policy: SandboxPolicy,
+    *,
+    mounts: tuple[ReadOnlyMount, ...],
+    has_netns: bool,
+    euid: int,
+    egid: int,
+) -> ChildPlan:
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+    if euid != 0:
+        flags |= CLONE_NEWUSER
+    return ChildPlan(
+        join_netns=has_netns and policy.network is NetworkMode.ISOLATED,
+        unshare_flags=flags,
+        map_ids=None if euid == 0 else (euid, egid),
+        mounts=mounts,
+        seccomp=SeccompOptions(
+            block_unix_sockets=policy.network is NetworkMode.ISOLATED, block_metadata=True),
+    )
+
+
+def _child_setup(plan: ChildPlan, ctx: BackendContext, ruleset_fd: int) -> ChildSetup:
+    setup = ChildSetup()
+    setup.die_with_parent()
+    if plan.join_netns and ctx.netns_fd is not None:
+        setup.join_netns(ctx.netns_fd)
+    setup.unshare(plan.unshare_flags)
+    if plan.map_ids is not None:
+        uid, gid = plan.map_ids
+        setup.write_file("/proc/self/setgroups", b"deny")
+        setup.write_file("/proc/self/uid_map", f"{uid} {uid} 1".encode())
+        setup.write_file("/proc/self/gid_map", f"{gid} {gid} 1".encode())
+    setup.make_mounts_private()
+    for m in plan.mounts:
+        if m.create:
+            setup.make_dir(m.target)
+        setup.bind_read_only(m.source, m.target)
+    setup.drop_all_capabilities()
+    setup.no_new_privs()
+    setup.landlock_restrict(ruleset_fd)
+    setup.seccomp(compile_seccomp(plan.seccomp))
+    return setup
+
+
+class LandlockBackend(SandboxBackend):
+    """Confines with Landlock, namespaces, dropped capabilities and seccomp."""
+
+    name = "landlock"
+
+    def __init__(self) -> None:
+        self._abi = landlock_abi()
+        self._init = shutil.which("unshare") or "/usr/bin/unshare"
+
+    @property
+    def abi(self) -> int:
+        return self._abi
+
+    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> SpawnPlan:
+        mounts = render_mount_plan(
+            inspect_protected(policy),
+            inspect_deny_read((*policy.deny_read, *ctx.hidden_paths)),
+            ctx.sources,
+        )
+        ruleset = render_landlock_ruleset(policy, self._abi, private_tmp=ctx.private_tmp)
+        rs = _build_ruleset_fd(ruleset)
+        child = render_child_plan(policy, mounts=mounts, has_netns=ctx.netns_fd is not None,
+                                  euid=os.geteuid(), egid=os.getegid())
+        setup = _child_setup(child, ctx, rs.fileno())  # type: ignore[attr-defined]
+        env = dict(plan.env)
+        if policy.mode is SandboxMode.WORKSPACE_WRITE and ctx.private_tmp is not None:
+            env["TMPDIR"] = ctx.private_tmp
+        previous_release = plan.release
+
+        def release() -> None:
+            rs.close()  # type: ignore[attr-defined]
+            if previous_release is not None:
+                previous_release()
+
+        return dataclasses.replace(
+            plan,
+            argv=(self._init, "--fork", "--kill-child", "--", *plan.argv),
+            env=env,
+            preexec_fn=setup,
+            release=release,
+        )
+
+    def enforcement(self, policy: SandboxPolicy, ctx: BackendContext) -> SandboxEnforcement:
+        complete = self._abi >= 6 and (
+            policy.network is NetworkMode.HOST or ctx.netns_fd is not None)
+        return SandboxEnforcement.FULL if complete else SandboxEnforcement.PARTIAL
+
+    def is_denial(self, stderr: str) -> bool:
+        return any(s in stderr for s in (
+            "Permission denied", "Read-only file system", "Operation not permitted"))
+
+    def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
+        # Child-setup failures surface at spawn time; once bash runs, the stderr is its own.
+        return None
+
+    def probe(self, timeout_ms: int) -> BackendProbe:
+        if self._abi <= 0:
+            return BackendProbe(self.name, False, "kernel has no Landlock (ABI 0)")
+        if not os.access(self._init, os.X_OK):
+            return BackendProbe(self.name, False, f"{self._init} (util-linux) not found")
+        with tempfile.TemporaryDirectory(prefix="bash-sandbox-probe-") as tmp:
+            state = os.path.join(tmp, "state")
+            ws = os.path.join(tmp, "ws")
+            os.mkdir(state, 0o700)
+            os.mkdir(ws)
+            from bash_sandbox.backends.mount_plan import make_placeholder_sources
+
+            ctx = BackendContext(state_dir=state, sources=make_placeholder_sources(state))
+            policy = SandboxPolicy(mode=SandboxMode.WORKSPACE_WRITE, workspace_root=ws,
+                                   network=NetworkMode.HOST, deny_read=())
+            plan = self.wrap(policy, SpawnPlan(
+                argv=("/bin/sh", "-c", "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0"),
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd=ws), ctx)
+            try:
+                done = run_probe_command(plan.argv, timeout_ms, env=dict(plan.env),
+                                         cwd=plan.cwd, preexec_fn=plan.preexec_fn)
+            except subprocess.TimeoutExpired:
+                return BackendProbe(self.name, False, f"probe timed out after {timeout_ms} ms")
+            except (OSError, subprocess.SubprocessError) as exc:
+                return BackendProbe(self.name, False, f"probe could not start: {exc}")
+            finally:
+                if plan.release is not None:
+                    plan.release()
+            ok = (done.returncode == 0 and os.path.exists(os.path.join(ws, "probe"))
+                  and not os.path.exists(os.path.join(tmp, "escape")))
+            os.chmod(os.path.join(state, "denied-dir"), 0o700)
+        if not ok:
+            detail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            return BackendProbe(self.name, False, f"probe failed: {detail}")
+        partial = "full" if self._abi >= 6 else "partial"
+        return BackendProbe(
+            self.name, True, f"confined a probe command (Landlock ABI {self._abi})",
+            version=f"ABI {self._abi}",
+            layers=(
+                LayerReport("files", "full" if self._abi >= 3 else "partial",
+                            f"Landlock ABI {self._abi} rules, read-only mounts for protected "
+                            "and denied paths, seccomp for metadata changes"),
+                LayerReport("processes", partial, "PID namespace, no capabilities, "
+                            "no_new_privs, Landlock signal scoping" if self._abi >= 6 else
+                            "PID namespace, no capabilities; no Landlock signal scoping "
+                            "before ABI 6"),
+            ),
+            extra={"landlock_abi": self._abi},
+        )

@@ -1,0 +1,35 @@
+"""`SandboxBashConfig`: the local executor's config plus what to confine and with which backend."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, StrictStr, field_validator
+
+from bash_local.config import LocalBashConfig, PositiveInt
+from policies import DEFAULT_PROTECTED_PATHS, NetworkMode, SandboxMode
+
+BackendName = Literal["auto", "bwrap", "landlock", "seatbelt"]
+
+
+class SandboxBashConfig(LocalBashConfig):
+    """Defaults for every confined call; a request may override the mode or the whole policy."""
+
+    mode: SandboxMode = SandboxMode.READ_ONLY
+    workspace_root: str | None = None
+    network: NetworkMode = NetworkMode.ISOLATED
+    backend: BackendName = "auto"
+    # An operator-asserted bwrap-compatible runner (argv prefix) and its fatal stderr lines.
+    runner_command: list[StrictStr] = Field(default_factory=list)
+    runner_failure_signatures: list[StrictStr] = Field(default_factory=list)
+    probe_timeout_ms: PositiveInt = 5_000
+    writable_roots: tuple[str, ...] = ()
+    protected_paths: tuple[str, ...] = DEFAULT_PROTECTED_PATHS
+    deny_read: tuple[str, ...] | None = None  # None: the policy's default credential stores
+
+    @field_validator("workspace_root")
+    @classmethod
+    def _absolute_root(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or "\x00" in value):
+            raise ValueError(f"must be an absolute path, got {value!r}")
+        return value

@@ -1,0 +1,235 @@
+"""`SandboxBashExecutor`: the local executor with every confined spawn wrapped by a backend.
+
+It stamps a complete policy on each spec in `resolve()`, wraps the spawn in `_confine()`,
+and reads the outcome in `_outcome_facts()`. `danger-full-access` never reaches a backend:
+the spawn is exactly the local executor's. When confinement cannot be guaranteed, it raises
+`SandboxUnavailableError` before anything runs; it never falls back to an unconfined run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from bash_local.config import LocalBashConfig
+from bash_local.executor import LocalBashExecutor
+from bash_local.output import SpillDirectory
+from bash_local.spawn import SpawnPlan
+from bash_sandbox.backends.base import BackendContext, BackendProbe, SandboxBackend
+from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholder_sources
+from bash_sandbox.child_setup import ChildSetup
+from bash_sandbox.config import SandboxBashConfig
+from bash_sandbox.denial import classify_denial, classify_network_denial
+from bash_sandbox.errors import SandboxUnavailableError
+from bash_sandbox.netns import NetnsError, NetworkNamespace
+from bash_sandbox.selection import BackendSelector, candidate_backends
+from bash_seam import BashExecRequest, BashExecSpec, SandboxFacts
+from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
+from policies.service import SandboxPolicyService
+
+
+@dataclass(frozen=True)
+class _Confinement:
+    """What `_confine` decided, read back by `_outcome_facts` for the same spawn."""
+
+    policy: SandboxPolicy
+    backend: SandboxBackend
+    enforcement: SandboxEnforcement
+    report_fd: int | None = None
+
+
+class SandboxBashExecutor(LocalBashExecutor):
+    """Confines every command under the configured (or per-request) policy."""
+
+    config_type: ClassVar[type[LocalBashConfig]] = SandboxBashConfig
+    config: SandboxBashConfig
+
+    def __init__(self, config: SandboxBashConfig | None = None, **overrides: Any) -> None:
+        super().__init__(config if config is not None else SandboxBashConfig(), **overrides)
+        cfg = self.config
+        self._service = SandboxPolicyService(
+            cfg.mode,
+            cfg.workspace_root,
+            cfg.network,
+            writable_roots=cfg.writable_roots,
+            protected_paths=cfg.protected_paths,
+            deny_read=cfg.deny_read,
+        )
+        # Private state: placeholder mount sources, Landlock's TMPDIR, and the spill files,
+        # which are hidden from every confined command.
+        self._state_dir = tempfile.mkdtemp(prefix="bash-sandbox-")
+        self._spill_parent = os.path.join(self._state_dir, "spill")
+        os.mkdir(self._spill_parent, 0o700)
+        if cfg.spill_dir is None:
+            self._spill_dir = SpillDirectory(self._spill_parent)
+        self._sources: PlaceholderSources | None = None
+        self._private_tmp = os.path.join(self._state_dir, "tmp")
+        os.mkdir(self._private_tmp, 0o700)
+        self._netns = NetworkNamespace()
+        self._selector = BackendSelector(
+            candidate_backends(
+                cfg.backend,
+                runner_command=tuple(cfg.runner_command),
+                runner_failure_signatures=tuple(cfg.runner_failure_signatures),
+            ),
+            cfg.probe_timeout_ms,
+        )
+
+    @property
+    def sandbox_mode(self) -> SandboxMode:
+        return self.config.mode
+
+    @property
+    def policy_service(self) -> SandboxPolicyService:
+        return self._service
+
+    def probes(self) -> list[BackendProbe]:
+        """The functional probe of each candidate backend (cached after the first call)."""
+        return self._selector.probes()
+
+    # -- resolve: stamp the policy ---------------------------------------------------------
+
+    def resolve(self, request: BashExecRequest) -> BashExecSpec:
+        spec = super().resolve(request)
+        policy = request.sandbox_policy
+        if policy is None:
+            root = self.config.workspace_root or spec.workdir
+            policy = self._service.resolve(mode=request.sandbox_mode, cwd=root)
+        return spec.model_copy(update={"sandbox_policy": policy})
+
+    def _policy_of(self, spec: BashExecSpec) -> SandboxPolicy:
+        if spec.sandbox_policy is not None:
+            return spec.sandbox_policy
+        # A hand-built spec without a policy gets the executor's default, never none.
+        root = self.config.workspace_root or spec.workdir
+        return self._service.resolve(cwd=root)
+
+    # -- confine the spawn -----------------------------------------------------------------
+
+    def _context(self, policy: SandboxPolicy, backend: SandboxBackend) -> BackendContext:
+        if self._sources is None:
+            self._sources = make_placeholder_sources(self._state_dir)
+        netns_fd: int | None = None
+        if policy.network is NetworkMode.ISOLATED and backend.name != "seatbelt":
+            try:
+                netns_fd = self._netns.fd()
+            except NetnsError as exc:
+                if backend.name == "landlock":
+                    raise SandboxUnavailableError(
+                        policy.mode, f"isolated network unavailable: {exc}") from exc
+                netns_fd = None  # bwrap isolates each command in its own namespace instead
+        hidden = (self._spill_parent,)
+        if self.config.spill_dir is not None and self.spill_directory is not None:
+            hidden += (self.spill_directory,)
+        return BackendContext(
+            state_dir=self._state_dir,
+            sources=self._sources,
+            hidden_paths=hidden,
+            netns_fd=netns_fd,
+            private_tmp=self._private_tmp,
+        )
+
+    def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:
+        policy = self._policy_of(spec)
+        if not policy.confined:
+            return plan  # danger-full-access: exactly the local executor's spawn
+        backend = self._selector.choose(policy.mode)
+        ctx = self._context(policy, backend)
+        wrapped = backend.wrap(policy, plan, ctx)
+        report_fd: int | None = None
+        if isinstance(wrapped.preexec_fn, ChildSetup):
+            # subprocess only says "exception in preexec_fn": the child names the step here.
+            read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            wrapped.preexec_fn.report_failures_to(write_end)
+            report_fd = read_end
+            inner_release = wrapped.release
+
+            def release() -> None:
+                for fd in (read_end, write_end):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                if inner_release is not None:
+                    inner_release()
+
+            wrapped = dataclasses.replace(wrapped, release=release)
+        return dataclasses.replace(
+            wrapped,
+            context=_Confinement(policy, backend, backend.enforcement(policy, ctx), report_fd),
+        )
+
+    def _spawn_error(self, spec: BashExecSpec, plan: SpawnPlan, exc: BaseException) -> Exception:
+        confinement = plan.context
+        if not isinstance(confinement, _Confinement):
+            return super()._spawn_error(spec, plan, exc)
+        detail = str(exc)
+        if confinement.report_fd is not None:
+            try:
+                reported = os.read(confinement.report_fd, 4096).decode(errors="replace")
+            except OSError:
+                reported = ""
+            if reported:
+                detail = f"child setup failed at {reported}"
+        if isinstance(exc, subprocess.SubprocessError | OSError) or detail:
+            return SandboxUnavailableError(
+                confinement.policy.mode, f"{confinement.backend.name} could not start: {detail}")
+        return super()._spawn_error(spec, plan, exc)
+
+    # -- read the outcome ------------------------------------------------------------------
+
+    def _outcome_facts(
+        self,
+        spec: BashExecSpec,
+        plan: SpawnPlan,
+        *,
+        exit_code: int | None,
+        signal: str | None,
+        stderr_text: str,
+        background: bool,
+    ) -> SandboxFacts | None:
+        confinement = plan.context
+        if not isinstance(confinement, _Confinement):
+            return SandboxFacts(mode=self._policy_of(spec).mode, denied=False, enforcement=None,
+                                backend=None, network=NetworkMode.HOST)
+        policy, backend = confinement.policy, confinement.backend
+        failure = backend.runner_failure(exit_code, stderr_text)
+        if failure is not None:
+            if not background:
+                raise SandboxUnavailableError(policy.mode, failure)
+            return SandboxFacts(mode=policy.mode, denied=False,
+                                enforcement=confinement.enforcement, runner_failed=True,
+                                backend=backend.name, network=policy.network)
+        folds = backend.folds_signals_into_exit_code
+        denied = classify_denial(exit_code, signal, stderr_text, backend.is_denial,
+                                 signals_as_exit=folds)
+        network_denied = policy.network is NetworkMode.ISOLATED and classify_network_denial(
+            exit_code, signal, stderr_text, signals_as_exit=folds)
+        return SandboxFacts(
+            mode=policy.mode,
+            denied=denied,
+            enforcement=confinement.enforcement,
+            backend=backend.name,
+            network=policy.network,
+            network_denied=network_denied,
+        )
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        self._netns.close()
+        # Spill files stay readable after close; everything else of the state dir goes.
+        for name in ("empty", "denied-dir", "denied-file", "tmp"):
+            path = os.path.join(self._state_dir, name)
+            if os.path.isdir(path):
+                os.chmod(path, 0o700)
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.lexists(path):
+                os.unlink(path)
+        self._sources = None

@@ -1,0 +1,39 @@
+"""Typed infrastructure errors of the seam. Each carries a stable `code` and says what to do."""
+
+from __future__ import annotations
+
+
+class BashExecError(Exception):
+    """Base of the errors `run()`/`start()` raise; a command's own failure is never one."""
+
+    code = "BASH_EXEC_ERROR"
+
+
+class InvalidRequestError(BashExecError, ValueError):
+    """A request or config value is unusable; nothing was spawned."""
+
+    code = "INVALID_REQUEST"
+
+
+class AbortedBeforeStartError(BashExecError):
+    """The request's signal was already aborted; nothing was spawned."""
+
+    code = "ABORTED_BEFORE_START"
+
+
+class WorkdirError(BashExecError):
+    """The working directory is missing, relative, or not a directory."""
+
+    code = "WORKDIR_UNUSABLE"
+
+
+class ShellNotFoundError(BashExecError):
+    """No `bash` executable was found on this host."""
+
+    code = "SHELL_NOT_FOUND"
+
+
+class EnvChannelError(BashExecError, ValueError):
+    """`env` carried a `DSH_*` name, or `dsh_env` carried a name outside `DSH_*`."""
+
+    code = "ENV_CHANNEL_MISUSE"

@@ -1,0 +1,122 @@
+"""The seam's vocabulary: request, resolved spec, results, facts, and background reads."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+
+from bash_seam.abort import AbortSignal
+from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
+
+DSH_ENV_PREFIX = "DSH_"
+
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
+
+
+def _check_command(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("command contains a NUL byte")
+    return value
+
+
+def _check_env(value: dict[str, str] | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    for name, val in value.items():
+        if not name or "=" in name or "\x00" in name:
+            raise ValueError(f"invalid environment variable name {name!r}")
+        if "\x00" in val:
+            raise ValueError(f"environment variable {name} contains a NUL byte")
+    return value
+
+
+class BashExecRequest(BaseModel):
+    """What a caller asks for; `None` means "use the executor's default"."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    command: StrictStr
+    workdir: StrictStr | None = None
+    timeout_ms: PositiveInt | None = None
+    stdout_max_bytes: PositiveInt | None = None
+    signal: AbortSignal | None = None
+    stdin: StrictStr | bytes | None = None
+    env: dict[StrictStr, StrictStr] | None = None
+    dsh_env: dict[StrictStr, StrictStr] | None = None
+    owner: StrictStr | None = None
+    sandbox_mode: SandboxMode | None = None
+    sandbox_policy: SandboxPolicy | None = None
+
+    _command = field_validator("command")(_check_command)
+    _env = field_validator("env", "dsh_env")(_check_env)
+
+
+class BashExecSpec(BaseModel):
+    """A fully resolved request: what `run()`/`start()` execute, with nothing left to default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    command: StrictStr
+    workdir: StrictStr
+    timeout_ms: PositiveInt
+    stdout_max_bytes: PositiveInt
+    owner: StrictStr | None
+    sandbox_policy: SandboxPolicy | None
+    signal: AbortSignal | None = None
+    stdin: StrictStr | bytes | None = None
+    env: dict[StrictStr, StrictStr] | None = None
+    dsh_env: dict[StrictStr, StrictStr] | None = None
+
+    _command = field_validator("command")(_check_command)
+    _env = field_validator("env", "dsh_env")(_check_env)
+
+
+class CollectedOutput(BaseModel):
+    """One stream: its tail when truncated, and the private spill file holding all of it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    truncated: bool = False
+    spill_path: str | None = None
+
+
+class SandboxFacts(BaseModel):
+    """What confinement did for one command; `None` fields mean "unconfined"."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mode: SandboxMode
+    denied: bool
+    enforcement: SandboxEnforcement | None
+    runner_failed: bool = False
+    backend: str | None = None
+    network: NetworkMode | None = None
+    network_denied: bool = False
+
+
+class BashRunResult(BaseModel):
+    """How a foreground command ended. A timeout or abort is a result, not an exception."""
+
+    model_config = ConfigDict(frozen=True)
+
+    exit_code: int | None
+    signal: str | None
+    timed_out: bool
+    aborted: bool
+    timeout_ms: int
+    stdout: CollectedOutput
+    stderr: CollectedOutput
+    sandbox: SandboxFacts | None = None
+
+
+class BashProcessRead(BaseModel):
+    """New output of a background process since the previous read."""
+
+    model_config = ConfigDict(frozen=True)
+
+    delta: str
+    lossy: bool = False
+    stdout_spill_path: str | None = None
+    stderr_spill_path: str | None = None

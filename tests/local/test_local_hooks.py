@@ -1,0 +1,248 @@
+"""The subclass hooks a confining executor relies on: plan, confine, outcome facts, release."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from local_probes import GRACE_MS, pids_in, wait_dead, wait_for
+
+from bash_local import LocalBashExecutor, SpawnPlan
+from bash_seam import (
+    BashExecError,
+    BashExecRequest,
+    BashExecSpec,
+    BashProcess,
+    SandboxFacts,
+    ShellNotFoundError,
+)
+from policies import SandboxMode
+
+FACTS = SandboxFacts(mode=SandboxMode.READ_ONLY, denied=False, enforcement=None)
+
+
+class RecordingExecutor(LocalBashExecutor):
+    """Wraps every plan like a confining backend would, and records each hook call."""
+
+    def __init__(self, tmp_path: Path, **overrides: Any) -> None:
+        super().__init__(cwd=str(tmp_path), grace_ms=GRACE_MS, **overrides)
+        self.base_plans: list[SpawnPlan] = []
+        self.releases = 0
+        self.facts_calls: list[dict[str, object]] = []
+        self.group_signals: list[tuple[int, int]] = []
+        self.confine_error: Exception | None = None
+        self.facts_error: Exception | None = None
+        self.wrapper: tuple[str, ...] = ("/usr/bin/env", "CONFINED=yes")
+
+    def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:
+        self.base_plans.append(plan)
+        if self.confine_error is not None:
+            raise self.confine_error
+
+        def release() -> None:
+            self.releases += 1
+
+        return replace(plan, argv=(*self.wrapper, *plan.argv), release=release, context="ctx")
+
+    def _outcome_facts(
+        self,
+        spec: BashExecSpec,
+        plan: SpawnPlan,
+        *,
+        exit_code: int | None,
+        signal: str | None,
+        stderr_text: str,
+        background: bool,
+    ) -> SandboxFacts | None:
+        self.facts_calls.append(
+            {
+                "context": plan.context,
+                "exit_code": exit_code,
+                "signal": signal,
+                "stderr_text": stderr_text,
+                "background": background,
+                "releases_before": self.releases,
+            }
+        )
+        if self.facts_error is not None:
+            raise self.facts_error
+        return FACTS
+
+    def _kill_group(self, pid: int, sig: int) -> None:
+        self.group_signals.append((pid, sig))
+        super()._kill_group(pid, sig)
+
+    def spec(self, command: str, **fields: Any) -> BashExecSpec:
+        return self.resolve(BashExecRequest(command=command, **fields))
+
+
+@pytest.fixture
+async def recording(tmp_path: Path) -> AsyncIterator[RecordingExecutor]:
+    ex = RecordingExecutor(tmp_path)
+    yield ex
+    await ex.aclose()
+
+
+async def test_base_plan_is_bash_c_with_built_env_and_workdir(
+    recording: RecordingExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SOME_TOKEN", "hidden")
+    result = await recording.run(recording.spec("echo $CONFINED", env={"X": "1"}))
+    (plan,) = recording.base_plans
+    assert os.path.isabs(plan.argv[0]) and os.path.basename(plan.argv[0]) == "bash"
+    assert plan.argv[1:] == ("-c", "echo $CONFINED")
+    assert plan.cwd == str(tmp_path)
+    assert plan.env["X"] == "1" and "SOME_TOKEN" not in plan.env
+    assert plan.preexec_fn is None and plan.pass_fds == () and plan.release is None
+    # The confined plan is what ran.
+    assert result.stdout.text == "yes\n"
+
+
+async def test_outcome_facts_see_the_settled_run_and_land_in_the_result(
+    recording: RecordingExecutor,
+) -> None:
+    result = await recording.run(recording.spec("echo nope >&2; exit 3"))
+    assert result.sandbox == FACTS
+    (call,) = recording.facts_calls
+    assert call == {
+        "context": "ctx",
+        "exit_code": 3,
+        "signal": None,
+        "stderr_text": "nope\n",
+        "background": False,
+        "releases_before": 1,  # the plan was released before the outcome is classified
+    }
+    assert recording.releases == 1
+
+
+async def test_the_settled_group_gets_sigkill_before_the_leader_is_reaped(
+    recording: RecordingExecutor,
+) -> None:
+    result = await recording.run(recording.spec("echo $$"))
+    (pid,) = pids_in(result.stdout.text)
+    assert recording.group_signals == [(pid, signal.SIGKILL)]
+
+
+async def test_confine_error_propagates_before_anything_spawns(
+    recording: RecordingExecutor, tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    recording.confine_error = RuntimeError("no backend here")
+    with pytest.raises(RuntimeError, match="no backend here"):
+        await recording.run(recording.spec(f"touch {marker}"))
+    with pytest.raises(RuntimeError, match="no backend here"):
+        await recording.start(recording.spec(f"touch {marker}"))
+    recording.confine_error = None
+    await recording.run(recording.spec("true"))
+    assert not marker.exists()
+    assert recording.list() == []
+    assert recording.releases == 1
+
+
+async def test_foreground_facts_error_propagates_after_cleanup(
+    recording: RecordingExecutor, spawned_pids: list[int]
+) -> None:
+    recording.facts_error = RuntimeError("runner failed")
+    with pytest.raises(RuntimeError, match="runner failed"):
+        await recording.run(recording.spec("sleep 100 >/dev/null & echo $! >&2"))
+    (leftover,) = pids_in(str(recording.facts_calls[0]["stderr_text"]))
+    spawned_pids.append(leftover)
+    wait_dead(leftover)
+    assert recording.releases == 1
+
+
+async def test_background_facts_are_stamped_before_wait_returns(
+    recording: RecordingExecutor,
+) -> None:
+    process = await recording.start(recording.spec("echo e >&2; exit 5"))
+    await process.wait()
+    assert process.sandbox == FACTS
+    (call,) = recording.facts_calls
+    assert call["background"] is True and call["exit_code"] == 5 and call["stderr_text"] == "e\n"
+    assert recording.releases == 1
+
+
+async def test_background_facts_error_is_logged_and_contained(
+    recording: RecordingExecutor, caplog: pytest.LogCaptureFixture
+) -> None:
+    recording.facts_error = RuntimeError("classifier bug")
+    with caplog.at_level(logging.ERROR, logger="bash_local"):
+        process = await recording.start(recording.spec("true"))
+        await process.wait()
+    assert process.status == "completed" and process.sandbox is None
+    assert any("classifier bug" in (r.exc_text or "") for r in caplog.records)
+
+
+async def test_background_spawn_failure_settles_killed_with_the_error_on_stderr(
+    recording: RecordingExecutor,
+) -> None:
+    recording.wrapper = ("/nonexistent/runner",)
+    done: list[BashProcess] = []
+    recording.on_task_done(done.append)
+    process = await recording.start(recording.spec("true"))
+    await process.wait()
+    assert process.status == "killed"
+    assert process.exit_code is None and process.signal is None
+    read = process.read_output()
+    assert read.delta.startswith("[stderr]\n")
+    assert "/nonexistent/runner" in read.delta
+    assert recording.releases == 1
+    assert process.sandbox == FACTS
+    await wait_for(lambda: done == [process])
+
+
+async def test_foreground_spawn_failure_raises_and_releases(
+    recording: RecordingExecutor,
+) -> None:
+    recording.wrapper = ("/nonexistent/runner",)
+    with pytest.raises(ShellNotFoundError, match="/nonexistent/runner"):
+        await recording.run(recording.spec("true"))
+    recording.wrapper = ("/dev/null",)  # exists but cannot be executed
+    with pytest.raises(BashExecError, match="/dev/null"):
+        await recording.run(recording.spec("true"))
+    assert recording.releases == 2
+
+
+async def test_pass_fds_and_preexec_fn_of_a_plan_reach_the_child(tmp_path: Path) -> None:
+    read_end, write_end = os.pipe()
+
+    def set_umask() -> None:
+        os.umask(0o077)
+
+    class PassingExecutor(LocalBashExecutor):
+        def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:
+            return replace(
+                plan,
+                argv=(*plan.argv[:2], f"echo through >&{write_end}; umask"),
+                preexec_fn=set_umask,
+                pass_fds=(write_end,),
+                release=lambda: os.close(write_end),
+            )
+
+    async with PassingExecutor(cwd=str(tmp_path)) as ex:
+        result = await ex.run(ex.resolve(BashExecRequest(command="ignored")))
+    assert result.stdout.text == "0077\n"  # the pre-exec step ran in the child
+    assert os.read(read_end, 100) == b"through\n"
+    with pytest.raises(OSError):
+        os.fstat(write_end)  # released exactly once, by the executor
+    os.close(read_end)
+
+
+async def test_cancelled_run_still_releases_once_settled(
+    recording: RecordingExecutor, tmp_path: Path
+) -> None:
+    ready = tmp_path / "ready"
+    task = asyncio.create_task(recording.run(recording.spec(f"touch {ready}; sleep 100")))
+    await wait_for(ready.exists)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_for(lambda: recording.releases == 1)
+    assert recording.facts_calls == []  # nobody asked for the outcome

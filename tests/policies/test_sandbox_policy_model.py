@@ -1,0 +1,91 @@
+"""`SandboxPolicy` validation: canonical absolute roots, relative protected names, known modes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from policies import NetworkMode, SandboxMode, SandboxPolicy, default_deny_read
+
+
+def test_relative_workspace_root_is_rejected() -> None:
+    with pytest.raises(ValidationError, match="absolute"):
+        SandboxPolicy(mode=SandboxMode.READ_ONLY, workspace_root="project")
+
+
+def test_workspace_root_is_canonicalised(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    policy = SandboxPolicy(mode=SandboxMode.READ_ONLY, workspace_root=f"{link}/../link/.")
+    assert policy.workspace_root == os.path.realpath(real)
+
+
+@pytest.mark.parametrize("bad", ["../.git/hooks", ".git/../../x", "/etc/passwd", "", "."])
+def test_protected_path_escaping_its_root_is_rejected(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ValidationError, match="protected_paths"):
+        SandboxPolicy(
+            mode=SandboxMode.WORKSPACE_WRITE, workspace_root=str(tmp_path), protected_paths=(bad,)
+        )
+
+
+def test_protected_paths_default_covers_git_hooks_and_config(tmp_path: Path) -> None:
+    policy = SandboxPolicy(mode=SandboxMode.WORKSPACE_WRITE, workspace_root=str(tmp_path))
+    assert {".git/hooks", ".git/config"} <= set(policy.protected_paths)
+    assert policy.deny_read == default_deny_read()
+
+
+def test_unknown_mode_string_is_rejected_listing_valid_modes(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError) as info:
+        SandboxPolicy(mode="root", workspace_root=str(tmp_path))
+    message = str(info.value)
+    for valid in ("read-only", "workspace-write", "danger-full-access"):
+        assert valid in message
+    with pytest.raises(ValueError, match="read-only, workspace-write, danger-full-access"):
+        SandboxMode("root")
+
+
+def test_danger_full_access_forces_host_network(tmp_path: Path) -> None:
+    policy = SandboxPolicy(
+        mode=SandboxMode.DANGER_FULL_ACCESS,
+        workspace_root=str(tmp_path),
+        network=NetworkMode.ISOLATED,
+    )
+    assert policy.network is NetworkMode.HOST
+    assert not policy.confined
+
+
+def test_confined_modes_keep_the_requested_network(tmp_path: Path) -> None:
+    for mode in (SandboxMode.READ_ONLY, SandboxMode.WORKSPACE_WRITE):
+        policy = SandboxPolicy(mode=mode, workspace_root=str(tmp_path))
+        assert policy.network is NetworkMode.ISOLATED
+        assert policy.confined
+
+
+def test_relative_deny_read_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="deny_read"):
+        SandboxPolicy(mode="read-only", workspace_root=str(tmp_path), deny_read=("secrets",))
+
+
+def test_policy_is_frozen(tmp_path: Path) -> None:
+    policy = SandboxPolicy(mode=SandboxMode.READ_ONLY, workspace_root=str(tmp_path))
+    with pytest.raises(ValidationError):
+        policy.mode = SandboxMode.DANGER_FULL_ACCESS  # type: ignore[misc]
+
+
+def test_writable_roots_only_count_under_workspace_write(tmp_path: Path) -> None:
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    root = str(tmp_path)
+    write = SandboxPolicy(
+        mode=SandboxMode.WORKSPACE_WRITE, workspace_root=root, writable_roots=(str(extra), root)
+    )
+    assert write.all_writable_roots() == (os.path.realpath(root), os.path.realpath(extra))
+    read = SandboxPolicy(
+        mode=SandboxMode.READ_ONLY, workspace_root=root, writable_roots=(str(extra),)
+    )
+    assert read.all_writable_roots() == ()

@@ -1,0 +1,155 @@
+"""End-to-end behaviour of SandboxBashExecutor on the real kernel, per Linux backend."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
+from bash_seam import BashExecRequest, BashRunResult
+from policies import SandboxPolicy, sandbox_denial_marker
+from tests.sandbox.conftest import ExecutorFactory
+
+
+async def _run(ex: SandboxBashExecutor, command: str, workdir: Path, **kw: object) -> BashRunResult:
+    return await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workdir), **kw)))  # type: ignore[arg-type]
+
+
+async def test_read_only_write_is_denied_and_host_unchanged(
+        make_executor: ExecutorFactory, workspace: Path, backend: str) -> None:
+    ex = make_executor()
+    result = await _run(ex, "echo planted > note.txt", workspace)
+    assert not (workspace / "note.txt").exists()
+    assert result.exit_code not in (0, None)
+    assert result.sandbox is not None
+    assert result.sandbox.denied is True
+    assert result.sandbox.mode == "read-only"
+    assert result.sandbox.backend == backend
+    assert result.sandbox.enforcement == "full"
+    assert sandbox_denial_marker(result.sandbox.mode) == (
+        "[sandbox: file access denied under read-only mode]")
+
+
+async def test_escalated_retry_in_workspace_write_succeeds(
+        make_executor: ExecutorFactory, workspace: Path) -> None:
+    ex = make_executor()
+    denied = await _run(ex, "echo v1 > note.txt", workspace)
+    assert denied.sandbox is not None and denied.sandbox.denied
+    retried = await _run(ex, "echo v1 > note.txt", workspace, sandbox_mode="workspace-write")
+    assert retried.exit_code == 0
+    assert retried.sandbox is not None
+    assert (retried.sandbox.mode, retried.sandbox.denied) == ("workspace-write", False)
+    assert (workspace / "note.txt").read_text() == "v1\n"
+
+
+async def test_workspace_boundary_write_outside_is_denied(
+        make_executor: ExecutorFactory, workspace: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, f"echo inside > in.txt && echo out > {outside}", workspace)
+    assert (workspace / "in.txt").read_text() == "inside\n"
+    assert not outside.exists()
+    assert result.sandbox is not None and result.sandbox.denied
+
+
+async def test_background_denial_is_stamped_before_wait_returns(
+        make_executor: ExecutorFactory, workspace: Path) -> None:
+    ex = make_executor()
+    proc = await ex.start(ex.resolve(BashExecRequest(
+        command="echo bg > bg.txt", workdir=str(workspace))))
+    await proc.wait()
+    assert proc.sandbox is not None
+    assert proc.sandbox.denied is True
+    assert proc.status == "completed"
+    assert not (workspace / "bg.txt").exists()
+
+
+async def test_overlapping_background_processes_keep_their_own_facts(
+        make_executor: ExecutorFactory, workspace: Path) -> None:
+    ex = make_executor()
+    denied = await ex.start(ex.resolve(BashExecRequest(
+        command="sleep 0.3; echo x > a.txt", workdir=str(workspace))))
+    allowed = await ex.start(ex.resolve(BashExecRequest(
+        command="sleep 0.1; echo x > b.txt", workdir=str(workspace),
+        sandbox_mode="workspace-write")))
+    await asyncio.gather(denied.wait(), allowed.wait())
+    assert denied.sandbox is not None and allowed.sandbox is not None
+    assert (denied.sandbox.mode, denied.sandbox.denied) == ("read-only", True)
+    assert (allowed.sandbox.mode, allowed.sandbox.denied) == ("workspace-write", False)
+    assert (workspace / "b.txt").exists() and not (workspace / "a.txt").exists()
+
+
+@pytest.mark.parametrize("command", [
+    "false",
+    "exit 3",
+    "echo 'cat: x: Permission denied' >&2; exit 0",
+    "echo 'Read-only file system' >&2; kill -KILL $$",
+])
+async def test_ordinary_failures_are_never_denials(
+        make_executor: ExecutorFactory, workspace: Path, command: str) -> None:
+    result = await _run(make_executor(), command, workspace)
+    assert result.sandbox is not None
+    assert result.sandbox.denied is False
+
+
+async def test_sandbox_policy_wins_over_sandbox_mode(
+        make_executor: ExecutorFactory, workspace: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    policy = SandboxPolicy(mode="workspace-write", workspace_root=str(other), deny_read=())
+    ex = make_executor()
+    result = await _run(ex, f"echo x > {other}/f; echo y > {workspace}/g", workspace,
+                        sandbox_mode="read-only", sandbox_policy=policy)
+    assert (other / "f").exists()
+    assert not (workspace / "g").exists()
+    assert result.sandbox is not None and result.sandbox.mode == "workspace-write"
+
+
+async def test_resolve_stamps_a_complete_policy_on_every_spec(
+        make_executor: ExecutorFactory, workspace: Path) -> None:
+    ex = make_executor(mode="workspace-write", writable_roots=(str(workspace),))
+    spec = ex.resolve(BashExecRequest(command="true", workdir=str(workspace)))
+    assert spec.sandbox_policy is not None
+    assert spec.sandbox_policy.mode == "workspace-write"
+    assert spec.sandbox_policy.workspace_root == os.path.realpath(workspace)
+    assert ".git/hooks" in spec.sandbox_policy.protected_paths
+    assert ex.sandbox_mode == "workspace-write"
+
+
+async def test_git_commit_works_while_hooks_and_config_stay_read_only(
+        make_executor: ExecutorFactory, workspace: Path) -> None:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@e"}
+    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
+    assert await init.wait() == 0
+    hooks_before = sorted(os.listdir(workspace / ".git" / "hooks"))
+    config_before = (workspace / ".git" / "config").read_bytes()
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "echo a > a.txt && git add a.txt && git commit -qm one && "
+                        "git log --oneline | wc -l", workspace, env=env)
+    assert result.exit_code == 0, result.stderr.text
+    assert result.stdout.text.strip() == "1"
+    attack = await _run(ex, "echo 'touch /tmp/pwned' > .git/hooks/pre-commit; "
+                        "chmod +x .git/hooks/pre-commit; git config core.hooksPath /tmp",
+                        workspace, env=env)
+    assert attack.sandbox is not None and attack.sandbox.denied
+    assert sorted(os.listdir(workspace / ".git" / "hooks")) == hooks_before
+    assert (workspace / ".git" / "config").read_bytes() == config_before
+
+
+async def test_explicit_unavailable_backend_fails_closed_before_spawning(
+        workspace: Path) -> None:
+    marker = workspace / "ran"
+    async with SandboxBashExecutor(backend="seatbelt", workspace_root=str(workspace)) as ex:
+        spec = ex.resolve(BashExecRequest(command=f"touch {marker}", workdir=str(workspace),
+                                          sandbox_mode="workspace-write"))
+        with pytest.raises(SandboxUnavailableError) as info:
+            await ex.run(spec)
+        with pytest.raises(SandboxUnavailableError):
+            await ex.start(spec)
+    assert info.value.code == "SANDBOX_UNAVAILABLE"
+    assert info.value.mode == "workspace-write"
+    assert not marker.exists()

@@ -1,0 +1,76 @@
+"""Exact-output tests of the pure Landlock ruleset and child-plan renderers."""
+
+from __future__ import annotations
+
+from bash_sandbox.backends import landlock as ll
+from bash_sandbox.backends.mount_plan import ReadOnlyMount
+from bash_sandbox.child_setup import (
+    CLONE_NEWIPC,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    CLONE_NEWUTS,
+)
+from bash_sandbox.seccomp import SeccompOptions
+from policies import SandboxPolicy
+
+SINKS = tuple((s, ll.WRITE_FILE | ll.TRUNCATE) for s in ("/dev/null", "/dev/zero", "/dev/full"))
+
+
+def test_read_only_abi7_grants_reads_everywhere_and_writes_only_to_sinks() -> None:
+    policy = SandboxPolicy(mode="read-only", workspace_root="/srv", deny_read=())
+    rs = ll.render_landlock_ruleset(policy, 7, private_tmp="/state/tmp")
+    assert rs == ll.LandlockRuleset(
+        abi=7,
+        handled_fs=(1 << 16) - 1,
+        scoped=ll.SCOPE_ABSTRACT_UNIX_SOCKET | ll.SCOPE_SIGNAL,
+        rules=(("/", ll.EXECUTE | ll.READ_FILE | ll.READ_DIR), ("/dev", ll.IOCTL_DEV), *SINKS),
+    )
+
+
+def test_workspace_write_adds_roots_and_private_tmp_without_device_creation() -> None:
+    policy = SandboxPolicy(mode="workspace-write", workspace_root="/srv",
+                           writable_roots=("/data",), deny_read=())
+    rs = ll.render_landlock_ruleset(policy, 7, private_tmp="/state/tmp")
+    write = ll.WRITE_RIGHTS
+    assert rs.rules[-3:] == (("/srv", write), ("/data", write), ("/state/tmp", write))
+    assert not write & (ll.MAKE_CHAR | ll.MAKE_BLOCK)
+
+
+def test_old_abi_masks_rights_it_cannot_handle_and_has_no_scopes() -> None:
+    policy = SandboxPolicy(mode="workspace-write", workspace_root="/srv", deny_read=())
+    rs = ll.render_landlock_ruleset(policy, 2, private_tmp=None)
+    assert rs.handled_fs == (1 << 14) - 1
+    assert rs.scoped == 0
+    assert all(rights & ~rs.handled_fs == 0 for _, rights in rs.rules)
+    assert ("/dev", ll.IOCTL_DEV) not in rs.rules
+
+
+def test_child_plan_as_root_uses_no_user_namespace() -> None:
+    policy = SandboxPolicy(mode="read-only", workspace_root="/srv", deny_read=())
+    mounts = (ReadOnlyMount("/s/empty", "/srv/.git", create=True),)
+    plan = ll.render_child_plan(policy, mounts=mounts, has_netns=True, euid=0, egid=0)
+    assert plan == ll.ChildPlan(
+        join_netns=True,
+        unshare_flags=CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS,
+        map_ids=None,
+        mounts=mounts,
+        seccomp=SeccompOptions(block_unix_sockets=True, block_metadata=True),
+    )
+
+
+def test_child_plan_unprivileged_maps_its_own_ids_and_host_network_joins_nothing() -> None:
+    policy = SandboxPolicy(mode="read-only", workspace_root="/srv", network="host", deny_read=())
+    plan = ll.render_child_plan(policy, mounts=(), has_netns=True, euid=1000, egid=100)
+    assert plan.unshare_flags & CLONE_NEWUSER
+    assert plan.map_ids == (1000, 100)
+    assert plan.join_netns is False
+    assert plan.seccomp == SeccompOptions(block_unix_sockets=False, block_metadata=True)
+
+
+def test_landlock_denial_dialect() -> None:
+    backend = ll.LandlockBackend()
+    assert backend.is_denial("bash: /etc/x: Permission denied")
+    assert backend.is_denial("chmod: changing permissions of 'a': Operation not permitted")
+    assert not backend.is_denial("ls: cannot access 'x': No such file or directory")
+    assert backend.runner_failure(1, "unshare: unshare failed: Operation not permitted") is None
