@@ -213,7 +213,7 @@ class LocalBashExecutor(BashExecutor):
             self._launch(spec, background=True, process_id=process_id)
         except _SpawnFailed as failed:
             # Reported like a process that never got to run: killed, the reason on stderr.
-            message = f"bash-local: could not spawn {failed.plan.argv[0]}: {failed.error}\n"
+            message = f"bash-local: {failed.error}\n"
             stdout, stderr = self._collectors(spec)
             stderr.feed(message.encode())
             stdout.close()
@@ -302,11 +302,18 @@ class LocalBashExecutor(BashExecutor):
             on_settled=lambda done: self._on_settled(done, spec, process),
         )
         try:
-            spawned.spawn()  # releases the plan itself when it fails
-        except (OSError, subprocess.SubprocessError) as exc:
+            spawned.spawn()
+        except BaseException as exc:
+            try:
+                if not isinstance(exc, OSError | subprocess.SubprocessError):
+                    raise
+                # Before the release: the plan's fds may still explain the failure.
+                error = self._spawn_error(spec, plan, exc)
+            finally:
+                spawned.abandon()
             if background:
-                raise _SpawnFailed(plan, exc) from exc
-            raise self._spawn_error(spec, plan, exc) from exc
+                raise _SpawnFailed(plan, error) from exc
+            raise error from exc
         # Held until settled, so aclose() can find it even if the awaiting task is gone.
         self._live.add(spawned)
         if process is not None:

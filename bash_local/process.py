@@ -135,8 +135,10 @@ class SpawnedCommand:
     def spawn(self) -> None:
         """Fork and exec on the loop thread.
 
-        On failure every descriptor opened here is closed, the plan is released, and the
-        exception (OSError, SubprocessError) propagates: nothing is left running.
+        On failure every descriptor opened here is closed and the exception (OSError,
+        SubprocessError) propagates: nothing is running. The plan is not released yet, so
+        the caller can still read the plan's own fds to explain the failure; it then calls
+        `abandon()`.
         """
         plan = self.plan
         opened: list[int] = []
@@ -169,7 +171,6 @@ class SpawnedCommand:
             for fd in opened:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            self._release()
             raise
         self.pid = self._proc.pid
         # The child holds its ends now; ours must go, or EOF would never come.
@@ -184,6 +185,10 @@ class SpawnedCommand:
             self._feeder = _StdinFeeder(self._loop, in_w, self._stdin or b"")
             self._feeder.start()
         self._watch_leader_exit()
+
+    def abandon(self) -> None:
+        """After a failed `spawn()`: release the plan (its one release; nothing ran)."""
+        self._release()
 
     def _watch_leader_exit(self) -> None:
         try:
@@ -297,9 +302,12 @@ class SpawnedCommand:
             self._drain_timer.cancel()
         if self._abort_dispose is not None:
             self._abort_dispose()
-        # The leader is an unreaped zombie, so pid == pgid cannot have been recycled: this
-        # SIGKILL reaches exactly what is left of the command's group.
-        self._kill_group(self.pid, signal.SIGKILL)
+        try:
+            # The leader is an unreaped zombie, so pid == pgid cannot have been recycled:
+            # this SIGKILL reaches exactly what is left of the command's group.
+            self._kill_group(self.pid, signal.SIGKILL)
+        except Exception:
+            logger.exception("killing process group %d failed", self.pid)
         self._finalized = True
         for fd in list(self._pipes):
             self._drain_buffered(fd)
@@ -315,9 +323,13 @@ class SpawnedCommand:
         self.stdout.close()
         self.stderr.close()
         self._release()
-        self.settled.set()
-        if self._on_settled is not None:
-            self._on_settled(self)
+        try:
+            if self._on_settled is not None:
+                self._on_settled(self)
+        except Exception:
+            logger.exception("settling pid %d failed", self.pid)
+        finally:
+            self.settled.set()
 
     def _drain_buffered(self, fd: int) -> None:
         """Read what is already in the pipe buffer; the writers are dead or past their grace."""

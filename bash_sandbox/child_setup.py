@@ -68,7 +68,7 @@ _libc: ctypes.CDLL | None = None
 
 def libc() -> ctypes.CDLL:
     """libc with errno capture, loaded once in the parent."""
-    global _libc
+    global _libc  # noqa: PLW0603 - loaded once, before any fork
     if _libc is None:
         lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         for name in ("syscall", "prctl", "setns", "unshare", "mount", "write", "open", "close"):
@@ -114,7 +114,9 @@ class ChildSetup:
     def __bool__(self) -> bool:
         return bool(self._steps)
 
-    def _add(self, what: str, fn: Callable[..., int], *args: object, ok: tuple[int, ...] = ()) -> None:
+    def _add(
+        self, what: str, fn: Callable[..., int], *args: object, ok: tuple[int, ...] = ()
+    ) -> None:
         self._steps.append(_Step(what.encode(), fn, args, ok))
 
     def _buf(self, data: bytes) -> ctypes.Array[ctypes.c_char]:
@@ -131,17 +133,39 @@ class ChildSetup:
 
     def write_file(self, path: str, data: bytes) -> None:
         """open/write/close, e.g. for /proc/self/uid_map after a user-namespace unshare."""
-        self._add("write " + path, _WriteFile(self._lib, self._buf(path.encode()), self._buf(data), len(data)))
+        self._add(
+            "write " + path,
+            _WriteFile(self._lib, self._buf(path.encode()), self._buf(data), len(data)),
+        )
 
     def make_mounts_private(self) -> None:
-        self._add("mount(private)", self._lib.mount, None, self._buf(b"/"), None,
-                  MS_REC | MS_PRIVATE, None)
+        self._add(
+            "mount(private)",
+            self._lib.mount,
+            None,
+            self._buf(b"/"),
+            None,
+            MS_REC | MS_PRIVATE,
+            None,
+        )
 
     def bind_read_only(self, source: str, target: str) -> None:
         src, dst = self._buf(source.encode()), self._buf(target.encode())
         self._add("bind " + target, self._lib.mount, src, dst, None, MS_BIND | MS_REC, None)
-        self._add("remount-ro " + target, self._lib.mount, None, dst, None,
-                  MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+        self._add(
+            "remount-ro " + target,
+            self._lib.mount,
+            None,
+            dst,
+            None,
+            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+            None,
+        )
+
+    def bind(self, source: str, target: str) -> None:
+        """A writable bind; onto itself it pins a directory (mount points cannot be renamed)."""
+        src, dst = self._buf(source.encode()), self._buf(target.encode())
+        self._add("bind " + target, self._lib.mount, src, dst, None, MS_BIND, None)
 
     def make_dir(self, path: str) -> None:
         """mkdir a placeholder mount point; EEXIST is fine (a concurrent run made it)."""
@@ -158,31 +182,50 @@ class ChildSetup:
         With an empty bounding set and locked securebits, exec as uid 0 (or of a setuid or
         file-capability binary) cannot regain anything.
         """
-        self._add("securebits", self._lib.prctl, PR_SET_SECUREBITS, SECUREBITS_LOCKED_DOWN, 0, 0, 0,
-                  ok=(1,))  # EPERM without CAP_SETPCAP (unprivileged): bounding set still empty
+        self._add(
+            "securebits",
+            self._lib.prctl,
+            PR_SET_SECUREBITS,
+            SECUREBITS_LOCKED_DOWN,
+            0,
+            0,
+            0,
+            ok=(1,),
+        )  # EPERM without CAP_SETPCAP (unprivileged): bounding set still empty
         for cap in range(last_cap() + 1):
             self._add("capbset", self._lib.prctl, PR_CAPBSET_DROP, cap, 0, 0, 0, ok=(1, 22))
-        self._add("ambient", self._lib.prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0,
-                  ok=(22,))
+        self._add(
+            "ambient", self._lib.prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0, ok=(22,)
+        )
         header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
         data = (_CapData * 2)()
         self._keep += [header, data]
-        self._add("capset", self._lib.syscall, _SYS_CAPSET, ctypes.byref(header), ctypes.byref(data))
+        self._add(
+            "capset", self._lib.syscall, _SYS_CAPSET, ctypes.byref(header), ctypes.byref(data)
+        )
 
     def no_new_privs(self) -> None:
         self._add("no_new_privs", self._lib.prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
     def landlock_restrict(self, ruleset_fd: int) -> None:
-        self._add("landlock_restrict_self", self._lib.syscall, _SYS_LANDLOCK_RESTRICT_SELF,
-                  ruleset_fd, 0)
+        self._add(
+            "landlock_restrict_self", self._lib.syscall, _SYS_LANDLOCK_RESTRICT_SELF, ruleset_fd, 0
+        )
 
     def seccomp(self, bpf: bytes) -> None:
         """Install a classic-BPF program (as exported by libseccomp) on this thread."""
         buf = self._buf(bpf)
         prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
         self._keep.append(prog)
-        self._add("seccomp", self._lib.prctl, PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
-                  ctypes.byref(prog), 0, 0)
+        self._add(
+            "seccomp",
+            self._lib.prctl,
+            PR_SET_SECCOMP,
+            SECCOMP_MODE_FILTER,
+            ctypes.byref(prog),
+            0,
+            0,
+        )
 
     # -- in the child ---------------------------------------------------------------
     def __call__(self) -> None:
@@ -199,8 +242,13 @@ class ChildSetup:
 class _WriteFile:
     """open(O_WRONLY)+write+close as one pre-bound step."""
 
-    def __init__(self, lib: ctypes.CDLL, path: ctypes.Array[ctypes.c_char],
-                 data: ctypes.Array[ctypes.c_char], size: int) -> None:
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        path: ctypes.Array[ctypes.c_char],
+        data: ctypes.Array[ctypes.c_char],
+        size: int,
+    ) -> None:
         self._lib, self._path, self._data, self._size = lib, path, data, size
 
     def __call__(self) -> int:

@@ -23,6 +23,9 @@ _NETWORK_DIALECT = (
     "Failed to establish a new connection",
     "Connection timed out",
     "No route to host",
+    "Failed to connect to",
+    "Couldn't connect to server",
+    "Could not connect to",
 )
 
 
@@ -52,4 +55,5 @@ def classify_network_denial(
 ) -> bool:
     """True when a failed run's stderr shows the isolated network refusing it."""
     return _failed_without_signal(exit_code, signal, signals_as_exit) and any(
-        marker.lower() in stderr.lower() for marker in _NETWORK_DIALECT)
+        marker.lower() in stderr.lower() for marker in _NETWORK_DIALECT
+    )

@@ -8,9 +8,11 @@ the spawn is exactly the local executor's. When confinement cannot be guaranteed
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -21,7 +23,11 @@ from bash_local.executor import LocalBashExecutor
 from bash_local.output import SpillDirectory
 from bash_local.spawn import SpawnPlan
 from bash_sandbox.backends.base import BackendContext, BackendProbe, SandboxBackend
-from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholder_sources
+from bash_sandbox.backends.mount_plan import (
+    PlaceholderSources,
+    make_placeholder_sources,
+    symlinked_protected_paths,
+)
 from bash_sandbox.child_setup import ChildSetup
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.denial import classify_denial, classify_network_denial
@@ -31,6 +37,21 @@ from bash_sandbox.selection import BackendSelector, candidate_backends
 from bash_seam import BashExecRequest, BashExecSpec, SandboxFacts
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 from policies.service import SandboxPolicyService
+
+
+def shared_spill_base() -> str:
+    """`$TMPDIR/bash-sandbox-spill-<uid>` (0700, ours), or a private dir if that is not safe.
+
+    The temp dir is shared with other users: a pre-planted path, a symlink, or a directory
+    owned by someone else or open to others is never used.
+    """
+    path = os.path.join(tempfile.gettempdir(), f"bash-sandbox-spill-{os.geteuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0:
+        return path
+    return tempfile.mkdtemp(prefix="bash-sandbox-spill-")
 
 
 @dataclass(frozen=True)
@@ -63,8 +84,9 @@ class SandboxBashExecutor(LocalBashExecutor):
         # Private state: placeholder mount sources, Landlock's TMPDIR, and the spill files,
         # which are hidden from every confined command.
         self._state_dir = tempfile.mkdtemp(prefix="bash-sandbox-")
-        self._spill_parent = os.path.join(self._state_dir, "spill")
-        os.mkdir(self._spill_parent, 0o700)
+        # Every executor of this user spills under one base that every sandbox hides, so no
+        # confined command reads another run's spill files (its own executor's or another's).
+        self._spill_parent = shared_spill_base()
         if cfg.spill_dir is None:
             self._spill_dir = SpillDirectory(self._spill_parent)
         self._sources: PlaceholderSources | None = None
@@ -121,9 +143,10 @@ class SandboxBashExecutor(LocalBashExecutor):
             except NetnsError as exc:
                 if backend.name == "landlock":
                     raise SandboxUnavailableError(
-                        policy.mode, f"isolated network unavailable: {exc}") from exc
+                        policy.mode, f"isolated network unavailable: {exc}"
+                    ) from exc
                 netns_fd = None  # bwrap isolates each command in its own namespace instead
-        hidden = (self._spill_parent,)
+        hidden: tuple[str, ...] = (self._spill_parent,)
         if self.config.spill_dir is not None and self.spill_directory is not None:
             hidden += (self.spill_directory,)
         return BackendContext(
@@ -151,17 +174,18 @@ class SandboxBashExecutor(LocalBashExecutor):
 
             def release() -> None:
                 for fd in (read_end, write_end):
-                    try:
+                    with contextlib.suppress(OSError):
                         os.close(fd)
-                    except OSError:
-                        pass
                 if inner_release is not None:
                     inner_release()
 
             wrapped = dataclasses.replace(wrapped, release=release)
+        enforcement = backend.enforcement(policy, ctx)
+        if symlinked_protected_paths(policy):
+            enforcement = SandboxEnforcement.PARTIAL
         return dataclasses.replace(
             wrapped,
-            context=_Confinement(policy, backend, backend.enforcement(policy, ctx), report_fd),
+            context=_Confinement(policy, backend, enforcement, report_fd),
         )
 
     def _spawn_error(self, spec: BashExecSpec, plan: SpawnPlan, exc: BaseException) -> Exception:
@@ -178,7 +202,8 @@ class SandboxBashExecutor(LocalBashExecutor):
                 detail = f"child setup failed at {reported}"
         if isinstance(exc, subprocess.SubprocessError | OSError) or detail:
             return SandboxUnavailableError(
-                confinement.policy.mode, f"{confinement.backend.name} could not start: {detail}")
+                confinement.policy.mode, f"{confinement.backend.name} could not start: {detail}"
+            )
         return super()._spawn_error(spec, plan, exc)
 
     # -- read the outcome ------------------------------------------------------------------
@@ -195,21 +220,33 @@ class SandboxBashExecutor(LocalBashExecutor):
     ) -> SandboxFacts | None:
         confinement = plan.context
         if not isinstance(confinement, _Confinement):
-            return SandboxFacts(mode=self._policy_of(spec).mode, denied=False, enforcement=None,
-                                backend=None, network=NetworkMode.HOST)
+            return SandboxFacts(
+                mode=self._policy_of(spec).mode,
+                denied=False,
+                enforcement=None,
+                backend=None,
+                network=NetworkMode.HOST,
+            )
         policy, backend = confinement.policy, confinement.backend
         failure = backend.runner_failure(exit_code, stderr_text)
         if failure is not None:
             if not background:
                 raise SandboxUnavailableError(policy.mode, failure)
-            return SandboxFacts(mode=policy.mode, denied=False,
-                                enforcement=confinement.enforcement, runner_failed=True,
-                                backend=backend.name, network=policy.network)
+            return SandboxFacts(
+                mode=policy.mode,
+                denied=False,
+                enforcement=confinement.enforcement,
+                runner_failed=True,
+                backend=backend.name,
+                network=policy.network,
+            )
         folds = backend.folds_signals_into_exit_code
-        denied = classify_denial(exit_code, signal, stderr_text, backend.is_denial,
-                                 signals_as_exit=folds)
+        denied = classify_denial(
+            exit_code, signal, stderr_text, backend.is_denial, signals_as_exit=folds
+        )
         network_denied = policy.network is NetworkMode.ISOLATED and classify_network_denial(
-            exit_code, signal, stderr_text, signals_as_exit=folds)
+            exit_code, signal, stderr_text, signals_as_exit=folds
+        )
         return SandboxFacts(
             mode=policy.mode,
             denied=denied,
@@ -224,10 +261,13 @@ class SandboxBashExecutor(LocalBashExecutor):
     async def aclose(self) -> None:
         await super().aclose()
         self._netns.close()
-        # Spill files stay readable after close; everything else of the state dir goes.
+        self._remove_state()
+
+    def _remove_state(self) -> None:
+        """Spill files stay readable after close; everything else of the state dir goes."""
         for name in ("empty", "denied-dir", "denied-file", "tmp"):
             path = os.path.join(self._state_dir, name)
-            if os.path.isdir(path):
+            if os.path.isdir(path) and not os.path.islink(path):
                 os.chmod(path, 0o700)
                 shutil.rmtree(path, ignore_errors=True)
             elif os.path.lexists(path):

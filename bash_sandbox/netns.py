@@ -9,6 +9,7 @@ pyroute2 is used only here, once per executor, never on the per-command path.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -41,8 +42,9 @@ def create_isolated_netns() -> int:
             if libc().unshare(CLONE_NEWNET) != 0:
                 err = ctypes.get_errno()
                 raise NetnsError(err, f"unshare(CLONE_NEWNET): {os.strerror(err)}")
-            fd = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net",
-                         os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(
+                f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY | os.O_CLOEXEC
+            )
             try:
                 _bring_loopback_up()
             except BaseException:
@@ -57,7 +59,9 @@ def create_isolated_netns() -> int:
     t.join()
     if "error" in result:
         err = result["error"]
-        raise NetnsError(getattr(err, "errno", None) or 1, f"cannot create network namespace: {err}")
+        raise NetnsError(
+            getattr(err, "errno", None) or 1, f"cannot create network namespace: {err}"
+        )
     fd = result["fd"]
     assert isinstance(fd, int)
     return fd
@@ -94,7 +98,5 @@ class NetworkNamespace:
     def __del__(self) -> None:
         fd = getattr(self, "_fd", None)
         if fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass

@@ -49,19 +49,65 @@ class SeccompOptions:
     block_metadata: bool = False
 
 
-_MOUNT_CALLS = ("mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen",
-                "fsconfig", "fsmount", "fspick", "mount_setattr")
+_MOUNT_CALLS = (
+    "mount",
+    "umount2",
+    "pivot_root",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+)
 _KEYRING_CALLS = ("keyctl", "add_key", "request_key")
-_KERNEL_CALLS = ("bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load",
-                 "init_module", "finit_module", "delete_module", "acct", "swapon", "swapoff",
-                 "reboot", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
-                 "sethostname", "setdomainname", "syslog", "quotactl", "lookup_dcookie",
-                 "mq_open", "mq_unlink")
+_KERNEL_CALLS = (
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "acct",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "sethostname",
+    "setdomainname",
+    "syslog",
+    "quotactl",
+    "lookup_dcookie",
+    "mq_open",
+    "mq_unlink",
+)
 _IO_URING_CALLS = ("io_uring_setup", "io_uring_enter", "io_uring_register")
-_METADATA_CALLS = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown",
-                   "fchownat", "setxattr", "lsetxattr", "fsetxattr", "removexattr",
-                   "lremovexattr", "fremovexattr", "setxattrat", "removexattrat", "utime",
-                   "utimes")
+_METADATA_CALLS = (
+    "chmod",
+    "fchmod",
+    "fchmodat",
+    "fchmodat2",
+    "chown",
+    "fchown",
+    "lchown",
+    "fchownat",
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "removexattr",
+    "lremovexattr",
+    "fremovexattr",
+    "setxattrat",
+    "removexattrat",
+    "utime",
+    "utimes",
+)
 
 
 def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
@@ -70,29 +116,47 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
     rules: list[SeccompRule] = [
         SeccompRule("ioctl", eperm, (ArgCheck(1, TIOCSTI),), "no keystroke injection"),
         SeccompRule("ioctl", eperm, (ArgCheck(1, TIOCLINUX),), "no console injection"),
-        SeccompRule("unshare", eperm, (ArgCheck(0, CLONE_NEWUSER, CLONE_NEWUSER),),
-                    "no new user namespace"),
-        SeccompRule("clone", eperm, (ArgCheck(0, CLONE_NEWUSER, CLONE_NEWUSER),),
-                    "no new user namespace"),
+        SeccompRule(
+            "unshare", eperm, (ArgCheck(0, CLONE_NEWUSER, CLONE_NEWUSER),), "no new user namespace"
+        ),
+        SeccompRule(
+            "clone", eperm, (ArgCheck(0, CLONE_NEWUSER, CLONE_NEWUSER),), "no new user namespace"
+        ),
         # clone3 passes flags in memory seccomp cannot read; ENOSYS makes libc fall back to clone.
         SeccompRule("clone3", errno.ENOSYS, (), "flags not inspectable"),
     ]
     rules += [SeccompRule(name, eperm, (), "no mounts") for name in _MOUNT_CALLS]
     rules += [SeccompRule(name, eperm, (), "no shared keyrings") for name in _KEYRING_CALLS]
     rules += [SeccompRule(name, eperm, (), "no kernel-global state") for name in _KERNEL_CALLS]
-    rules += [SeccompRule(name, errno.ENOSYS, (), "not inspectable by seccomp")
-              for name in _IO_URING_CALLS]
+    rules += [
+        SeccompRule(name, errno.ENOSYS, (), "not inspectable by seccomp")
+        for name in _IO_URING_CALLS
+    ]
     if options.block_unix_sockets:
-        rules.append(SeccompRule("socket", eperm, (ArgCheck(0, AF_UNIX),),
-                                 "no host unix sockets under an isolated network"))
+        rules.append(
+            SeccompRule(
+                "socket",
+                eperm,
+                (ArgCheck(0, AF_UNIX),),
+                "no host unix sockets under an isolated network",
+            )
+        )
     if options.block_metadata:
-        rules += [SeccompRule(name, eperm, (), "Landlock does not govern metadata")
-                  for name in _METADATA_CALLS]
+        rules += [
+            SeccompRule(name, eperm, (), "Landlock does not govern metadata")
+            for name in _METADATA_CALLS
+        ]
         # By path, utimensat/futimesat are unscoped; on a descriptor (NULL path) the open
         # already passed Landlock, so `touch` of a new file keeps working.
-        rules += [SeccompRule(name, eperm, (ArgCheck(1, 0, 0xFFFFFFFFFFFFFFFF, "ne"),),
-                              "Landlock does not govern metadata")
-                  for name in ("utimensat", "futimesat")]
+        rules += [
+            SeccompRule(
+                name,
+                eperm,
+                (ArgCheck(1, 0, 0xFFFFFFFFFFFFFFFF, "ne"),),
+                "Landlock does not govern metadata",
+            )
+            for name in ("utimensat", "futimesat")
+        ]
     return tuple(rules)
 
 

@@ -28,16 +28,17 @@ def candidate_backends(
 
     if runner_command:
         # An operator-asserted runner replaces bwrap; it is never silently skipped.
-        return [BwrapBackend(runner_prefix=runner_command,
-                             failure_signatures=runner_failure_signatures)]
+        return [
+            BwrapBackend(runner_prefix=runner_command, failure_signatures=runner_failure_signatures)
+        ]
     if backend == "bwrap":
         return [BwrapBackend()]
     if backend == "landlock":
         return [LandlockBackend()]
-    if backend == "seatbelt":
-        return [SeatbeltBackend()]
-    if platform == "darwin":
-        return [SeatbeltBackend()]
+    # macOS has no private loopback: allowing it (the "loopback still works") also
+    # reaches the host's own local services, so Seatbelt reports that network layer partial.
+    if backend == "seatbelt" or (backend == "auto" and platform == "darwin"):
+        return [SeatbeltBackend(allow_loopback=True)]
     if platform.startswith("linux"):
         return [BwrapBackend(), LandlockBackend()]
     return []

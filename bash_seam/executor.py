@@ -100,7 +100,10 @@ class BashExecutor(abc.ABC):
 
     @abc.abstractmethod
     def on_task_done(self, listener: TaskDoneListener) -> Callable[[], None]:
-        """Call ``listener`` once per finished process (never after `aclose()`); returns a disposer."""
+        """Call ``listener`` once per finished process, never after `aclose()`.
+
+        Returns a disposer that unsubscribes it.
+        """
 
     @abc.abstractmethod
     async def aclose(self) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bash_local.spawn import SpawnPlan
@@ -90,7 +91,7 @@ def run_probe_command(
     *,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
-    preexec_fn: object = None,
+    preexec_fn: Callable[[], object] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run a probe in its own process group; on timeout the whole group is SIGKILLed.
 
@@ -98,9 +99,15 @@ def run_probe_command(
     hang past the timeout. Raises `subprocess.TimeoutExpired` after the group is dead.
     """
     proc = subprocess.Popen(
-        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=env, cwd=cwd, start_new_session=True,
-        preexec_fn=preexec_fn,  # type: ignore[arg-type]
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=preexec_fn,  # noqa: PLW1509 - pre-bound syscalls only (child_setup.py)
     )
     try:
         out, err = proc.communicate(timeout=timeout_ms / 1000)

@@ -42,7 +42,7 @@ from bash_sandbox.backends.base import (
     run_probe_command,
 )
 from bash_sandbox.backends.mount_plan import (
-    ReadOnlyMount,
+    PlannedMount,
     inspect_deny_read,
     inspect_protected,
     render_mount_plan,
@@ -70,7 +70,7 @@ def render_bwrap_argv(
     argv: tuple[str, ...],
     *,
     workdir: str,
-    mounts: tuple[ReadOnlyMount, ...],
+    mounts: tuple[PlannedMount, ...],
     options: BwrapOptions,
 ) -> tuple[str, ...]:
     """The full argv confining ``argv`` under ``policy``. Pure: no filesystem access."""
@@ -79,8 +79,10 @@ def render_bwrap_argv(
         "--new-session",
         "--die-with-parent",
         "--unshare-user",
-        "--uid", str(options.uid),
-        "--gid", str(options.gid),
+        "--uid",
+        str(options.uid),
+        "--gid",
+        str(options.gid),
         "--disable-userns",
         "--unshare-pid",
         "--unshare-ipc",
@@ -90,11 +92,18 @@ def render_bwrap_argv(
     if options.unshare_net and policy.network is NetworkMode.ISOLATED:
         out.append("--unshare-net")
     out += [
-        "--cap-drop", "ALL",
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--ro-bind", "/proc/sys", "/proc/sys",
+        "--cap-drop",
+        "ALL",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--ro-bind",
+        "/proc/sys",
+        "/proc/sys",
     ]
     if policy.mode is SandboxMode.WORKSPACE_WRITE:
         if options.private_tmp is not None:
@@ -106,7 +115,7 @@ def render_bwrap_argv(
     for root in policy.all_writable_roots():
         out += ["--bind", root, root]
     for m in mounts:
-        out += ["--ro-bind", m.source, m.target]
+        out += ["--ro-bind" if m.read_only else "--bind", m.source, m.target]
     out += ["--remount-ro", "/dev"]
     if options.seccomp_fd is not None:
         out += ["--seccomp", str(options.seccomp_fd)]
@@ -180,8 +189,9 @@ class BwrapBackend(SandboxBackend):
         if self._path is None:
             return None
         try:
-            out = subprocess.run([self._path, "--version"], capture_output=True, text=True,
-                                 timeout=5, check=False)
+            out = subprocess.run(
+                [self._path, "--version"], capture_output=True, text=True, timeout=5, check=False
+            )
             return out.stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             return None
@@ -192,8 +202,9 @@ class BwrapBackend(SandboxBackend):
             inspect_deny_read((*policy.deny_read, *ctx.hidden_paths)),
             ctx.sources,
         )
-        bpf = compile_seccomp(SeccompOptions(
-            block_unix_sockets=policy.network is NetworkMode.ISOLATED))
+        bpf = compile_seccomp(
+            SeccompOptions(block_unix_sockets=policy.network is NetworkMode.ISOLATED)
+        )
         # bwrap reads the filter from an fd; a sealed-size memfd is private to this spawn.
         seccomp_fd = os.memfd_create("bash-sandbox-seccomp", os.MFD_CLOEXEC)
         os.write(seccomp_fd, bpf)
@@ -206,8 +217,9 @@ class BwrapBackend(SandboxBackend):
             unshare_net=ctx.netns_fd is None,
             private_tmp=ctx.private_tmp,
         )
-        argv = render_bwrap_argv(policy, plan.argv, workdir=plan.cwd, mounts=mounts,
-                                 options=options)
+        argv = render_bwrap_argv(
+            policy, plan.argv, workdir=plan.cwd, mounts=mounts, options=options
+        )
         if self._runner_prefix:
             argv = (*self._runner_prefix, *argv[1:])
         preexec = plan.preexec_fn
@@ -234,7 +246,8 @@ class BwrapBackend(SandboxBackend):
         return SandboxEnforcement.FULL
 
     def is_denial(self, stderr: str) -> bool:
-        return "Read-only file system" in stderr or "Permission denied" in stderr
+        return any(s in stderr for s in (
+            "Read-only file system", "Permission denied", "Device or resource busy"))
 
     def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
         # Gate on bwrap's own exit code for setup failures (1), or a signature match.
@@ -246,51 +259,81 @@ class BwrapBackend(SandboxBackend):
             return None
         for line in stderr.splitlines():
             text = line.strip()
-            if text.startswith("bwrap: ") and not any(
-                    w in text.lower() for w in _INFORMATIONAL):
+            if text.startswith("bwrap: ") and not any(w in text.lower() for w in _INFORMATIONAL):
                 return text
         return None
 
     def probe(self, timeout_ms: int) -> BackendProbe:
         path = self.path
         if path is None:
-            return BackendProbe(self.name, False, "bwrap not found (apt install bubblewrap, "
-                                "or pip install 'bash-sandbox[linux]')")
+            return BackendProbe(
+                self.name,
+                False,
+                "bwrap not found (apt install bubblewrap, or pip install 'bash-sandbox[linux]')",
+            )
         with tempfile.TemporaryDirectory(prefix="bash-sandbox-probe-") as tmp:
             ws = os.path.join(tmp, "ws")
             os.mkdir(ws)
-            policy = SandboxPolicy(mode=SandboxMode.WORKSPACE_WRITE, workspace_root=ws,
-                                   deny_read=(), protected_paths=())
+            policy = SandboxPolicy(
+                mode=SandboxMode.WORKSPACE_WRITE,
+                workspace_root=ws,
+                deny_read=(),
+                protected_paths=(),
+            )
             # A runner that does not confine would write ../escape: the probe must see it refused.
             argv = render_bwrap_argv(
-                policy, ("/bin/sh", "-c", "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0"),
-                workdir=ws, mounts=(),
-                options=BwrapOptions(bwrap_path=self._argv_prefix(), uid=os.geteuid(),
-                                     gid=os.getegid(), unshare_net=True))
+                policy,
+                ("/bin/sh", "-c", "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0"),
+                workdir=ws,
+                mounts=(),
+                options=BwrapOptions(
+                    bwrap_path=self._argv_prefix(),
+                    uid=os.geteuid(),
+                    gid=os.getegid(),
+                    unshare_net=True,
+                ),
+            )
             if self._runner_prefix:
                 argv = (*self._runner_prefix, *argv[1:])
             try:
-                done = run_probe_command(argv, timeout_ms)
+                # cwd=ws: even a runner that ignores --chdir only touches the probe dir.
+                done = run_probe_command(argv, timeout_ms, cwd=ws)
             except subprocess.TimeoutExpired:
-                return BackendProbe(self.name, False, f"probe timed out after {timeout_ms} ms",
-                                    binary=path)
+                return BackendProbe(
+                    self.name, False, f"probe timed out after {timeout_ms} ms", binary=path
+                )
             except OSError as exc:
-                return BackendProbe(self.name, False, f"cannot execute {path}: {exc}",
-                                    binary=path)
+                return BackendProbe(self.name, False, f"cannot execute {path}: {exc}", binary=path)
             wrote = os.path.exists(os.path.join(ws, "probe"))
             escaped = os.path.exists(os.path.join(tmp, "escape"))
         if escaped:
-            return BackendProbe(self.name, False, "probe escaped: the runner does not confine "
-                                "writes (refusing to use it)", binary=path)
+            return BackendProbe(
+                self.name,
+                False,
+                "probe escaped: the runner does not confine writes (refusing to use it)",
+                binary=path,
+            )
         if done.returncode != 0 or not wrote:
             detail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
             return BackendProbe(self.name, False, f"probe failed: {detail}", binary=path)
         return BackendProbe(
-            self.name, True, "confined a probe command", binary=path, version=self.version(),
+            self.name,
+            True,
+            "confined a probe command",
+            binary=path,
+            version=self.version(),
             layers=(
-                LayerReport("files", "full", "read-only bind of /, writable roots bound, "
-                            "protected and denied paths mounted over"),
-                LayerReport("processes", "full", "PID namespace, no capabilities, "
-                            "no_new_privs, new session, dies with the executor"),
+                LayerReport(
+                    "files",
+                    "full",
+                    "read-only bind of /, writable roots bound, "
+                    "protected and denied paths mounted over",
+                ),
+                LayerReport(
+                    "processes",
+                    "full",
+                    "PID namespace, no capabilities, "
+                    "no_new_privs, new session, dies with the executor",
+                ),
             ),
         )

@@ -42,7 +42,7 @@ from bash_sandbox.backends.base import (
     run_probe_command,
 )
 from bash_sandbox.backends.mount_plan import (
-    ReadOnlyMount,
+    PlannedMount,
     inspect_deny_read,
     inspect_protected,
     render_mount_plan,
@@ -78,11 +78,26 @@ IOCTL_DEV = 1 << 15
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
 SCOPE_SIGNAL = 1 << 1
 
-_FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1,
-              5: (1 << 16) - 1}
+_FS_BY_ABI = {
+    1: (1 << 13) - 1,
+    2: (1 << 14) - 1,
+    3: (1 << 15) - 1,
+    4: (1 << 15) - 1,
+    5: (1 << 16) - 1,
+}
 READ_RIGHTS = EXECUTE | READ_FILE | READ_DIR
-WRITE_RIGHTS = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SOCK
-                | MAKE_FIFO | MAKE_SYM | REFER | TRUNCATE)
+WRITE_RIGHTS = (
+    WRITE_FILE
+    | REMOVE_DIR
+    | REMOVE_FILE
+    | MAKE_DIR
+    | MAKE_REG
+    | MAKE_SOCK
+    | MAKE_FIFO
+    | MAKE_SYM
+    | REFER
+    | TRUNCATE
+)
 SINK_RIGHTS = WRITE_FILE | TRUNCATE
 WRITABLE_SINKS = ("/dev/null", "/dev/zero", "/dev/full")
 
@@ -158,14 +173,14 @@ class ChildPlan:
     join_netns: bool
     unshare_flags: int
     map_ids: tuple[int, int] | None
-    mounts: tuple[ReadOnlyMount, ...]
+    mounts: tuple[PlannedMount, ...]
     seccomp: SeccompOptions
 
 
 def render_child_plan(
     policy: SandboxPolicy,
     *,
-    mounts: tuple[ReadOnlyMount, ...],
+    mounts: tuple[PlannedMount, ...],
     has_netns: bool,
     euid: int,
     egid: int,
@@ -179,7 +194,8 @@ def render_child_plan(
         map_ids=None if euid == 0 else (euid, egid),
         mounts=mounts,
         seccomp=SeccompOptions(
-            block_unix_sockets=policy.network is NetworkMode.ISOLATED, block_metadata=True),
+            block_unix_sockets=policy.network is NetworkMode.ISOLATED, block_metadata=True
+        ),
     )
 
 
@@ -198,7 +214,10 @@ def _child_setup(plan: ChildPlan, ctx: BackendContext, ruleset_fd: int) -> Child
     for m in plan.mounts:
         if m.create:
             setup.make_dir(m.target)
-        setup.bind_read_only(m.source, m.target)
+        if m.read_only:
+            setup.bind_read_only(m.source, m.target)
+        else:
+            setup.bind(m.source, m.target)
     setup.drop_all_capabilities()
     setup.no_new_privs()
     setup.landlock_restrict(ruleset_fd)
@@ -227,8 +246,13 @@ class LandlockBackend(SandboxBackend):
         )
         ruleset = render_landlock_ruleset(policy, self._abi, private_tmp=ctx.private_tmp)
         rs = _build_ruleset_fd(ruleset)
-        child = render_child_plan(policy, mounts=mounts, has_netns=ctx.netns_fd is not None,
-                                  euid=os.geteuid(), egid=os.getegid())
+        child = render_child_plan(
+            policy,
+            mounts=mounts,
+            has_netns=ctx.netns_fd is not None,
+            euid=os.geteuid(),
+            egid=os.getegid(),
+        )
         setup = _child_setup(child, ctx, rs.fileno())  # type: ignore[attr-defined]
         env = dict(plan.env)
         if policy.mode is SandboxMode.WORKSPACE_WRITE and ctx.private_tmp is not None:
@@ -250,12 +274,20 @@ class LandlockBackend(SandboxBackend):
 
     def enforcement(self, policy: SandboxPolicy, ctx: BackendContext) -> SandboxEnforcement:
         complete = self._abi >= 6 and (
-            policy.network is NetworkMode.HOST or ctx.netns_fd is not None)
+            policy.network is NetworkMode.HOST or ctx.netns_fd is not None
+        )
         return SandboxEnforcement.FULL if complete else SandboxEnforcement.PARTIAL
 
     def is_denial(self, stderr: str) -> bool:
-        return any(s in stderr for s in (
-            "Permission denied", "Read-only file system", "Operation not permitted"))
+        return any(
+            s in stderr
+            for s in (
+                "Permission denied",  # Landlock's EACCES
+                "Read-only file system",  # protected and hidden paths are read-only mounts
+                "Operation not permitted",  # seccomp: chmod, chown, xattrs
+                "Device or resource busy",  # renaming a pinned protected path
+            )
+        )
 
     def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
         # Child-setup failures surface at spawn time; once bash runs, the stderr is its own.
@@ -274,14 +306,33 @@ class LandlockBackend(SandboxBackend):
             from bash_sandbox.backends.mount_plan import make_placeholder_sources
 
             ctx = BackendContext(state_dir=state, sources=make_placeholder_sources(state))
-            policy = SandboxPolicy(mode=SandboxMode.WORKSPACE_WRITE, workspace_root=ws,
-                                   network=NetworkMode.HOST, deny_read=())
-            plan = self.wrap(policy, SpawnPlan(
-                argv=("/bin/sh", "-c", "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0"),
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd=ws), ctx)
+            policy = SandboxPolicy(
+                mode=SandboxMode.WORKSPACE_WRITE,
+                workspace_root=ws,
+                network=NetworkMode.HOST,
+                deny_read=(),
+            )
+            plan = self.wrap(
+                policy,
+                SpawnPlan(
+                    argv=(
+                        "/bin/sh",
+                        "-c",
+                        "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0",
+                    ),
+                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                    cwd=ws,
+                ),
+                ctx,
+            )
             try:
-                done = run_probe_command(plan.argv, timeout_ms, env=dict(plan.env),
-                                         cwd=plan.cwd, preexec_fn=plan.preexec_fn)
+                done = run_probe_command(
+                    plan.argv,
+                    timeout_ms,
+                    env=dict(plan.env),
+                    cwd=plan.cwd,
+                    preexec_fn=plan.preexec_fn,
+                )
             except subprocess.TimeoutExpired:
                 return BackendProbe(self.name, False, f"probe timed out after {timeout_ms} ms")
             except (OSError, subprocess.SubprocessError) as exc:
@@ -289,24 +340,35 @@ class LandlockBackend(SandboxBackend):
             finally:
                 if plan.release is not None:
                     plan.release()
-            ok = (done.returncode == 0 and os.path.exists(os.path.join(ws, "probe"))
-                  and not os.path.exists(os.path.join(tmp, "escape")))
+            ok = (
+                done.returncode == 0
+                and os.path.exists(os.path.join(ws, "probe"))
+                and not os.path.exists(os.path.join(tmp, "escape"))
+            )
             os.chmod(os.path.join(state, "denied-dir"), 0o700)
         if not ok:
             detail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
             return BackendProbe(self.name, False, f"probe failed: {detail}")
         partial = "full" if self._abi >= 6 else "partial"
         return BackendProbe(
-            self.name, True, f"confined a probe command (Landlock ABI {self._abi})",
+            self.name,
+            True,
+            f"confined a probe command (Landlock ABI {self._abi})",
             version=f"ABI {self._abi}",
             layers=(
-                LayerReport("files", "full" if self._abi >= 3 else "partial",
-                            f"Landlock ABI {self._abi} rules, read-only mounts for protected "
-                            "and denied paths, seccomp for metadata changes"),
-                LayerReport("processes", partial, "PID namespace, no capabilities, "
-                            "no_new_privs, Landlock signal scoping" if self._abi >= 6 else
-                            "PID namespace, no capabilities; no Landlock signal scoping "
-                            "before ABI 6"),
+                LayerReport(
+                    "files",
+                    "full" if self._abi >= 3 else "partial",
+                    f"Landlock ABI {self._abi} rules, read-only mounts for protected "
+                    "and denied paths, seccomp for metadata changes",
+                ),
+                LayerReport(
+                    "processes",
+                    partial,
+                    "PID namespace, no capabilities, no_new_privs, Landlock signal scoping"
+                    if self._abi >= 6
+                    else "PID namespace, no capabilities; no Landlock signal scoping before ABI 6",
+                ),
             ),
             extra={"landlock_abi": self._abi},
         )

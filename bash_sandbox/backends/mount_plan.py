@@ -2,8 +2,11 @@
 
 Semantics: protected names win over the writable root they sit in, also when they do not
 exist yet (the first missing component gets a read-only empty directory, so nothing can be
-created under it) or are symlinks (the link's target is protected); `deny_read` paths are
-covered by an unreadable (mode 000) empty file or directory. `inspect_*` look at the host;
+created under it) or are symlinks (the link's target is protected); every directory between
+the root and a protected name is bound onto itself (still writable) so it is a mount point
+that cannot be renamed or removed (otherwise `mv .git .git-old; mkdir -p .git/hooks` would
+plant a hook); `deny_read` paths are covered by an unreadable (mode 000) empty file or
+directory. `inspect_*` look at the host;
 `render_mount_plan` is pure so its output can be asserted exactly.
 """
 
@@ -16,7 +19,7 @@ from typing import Literal
 
 from policies import SandboxPolicy
 
-MountKind = Literal["protect-existing", "protect-missing", "hide-dir", "hide-file"]
+MountKind = Literal["pin", "protect-existing", "protect-missing", "hide-dir", "hide-file"]
 
 
 @dataclass(frozen=True)
@@ -28,12 +31,16 @@ class PathTarget:
 
 
 @dataclass(frozen=True)
-class ReadOnlyMount:
-    """Bind ``source`` read-only over ``target``; ``create`` means the target is a placeholder."""
+class PlannedMount:
+    """Bind ``source`` over ``target``; ``create``: the target is a placeholder to make first.
+
+    ``read_only=False`` only for pins: a directory bound onto itself to make it a mount point.
+    """
 
     source: str
     target: str
     create: bool = False
+    read_only: bool = True
 
 
 @dataclass(frozen=True)
@@ -68,16 +75,50 @@ def inspect_protected(policy: SandboxPolicy) -> tuple[PathTarget, ...]:
         for name in policy.protected_paths:
             # realpath also resolves a dangling final symlink: writing through the link would
             # create its target, so the target is what must stay read-only.
-            resolved = os.path.realpath(os.path.join(root, name))
+            lexical = os.path.join(root, name)
+            resolved = os.path.realpath(lexical)
+            # The names leading to it stay put even when it is a symlink to elsewhere.
+            targets += _pins_between(root, lexical)
             if not _within(resolved, roots):
                 continue  # already read-only: it lies outside every writable root
             owner = next(r for r in roots if _within(resolved, (r,)))
             missing = _first_missing(resolved, owner)
+            target = resolved if missing is None else missing
+            targets += _pins_between(owner, target)
             if missing is None:
                 targets.append(PathTarget(resolved, "protect-existing"))
             else:
                 targets.append(PathTarget(missing, "protect-missing"))
     return tuple(targets)
+
+
+def symlinked_protected_paths(policy: SandboxPolicy) -> tuple[str, ...]:
+    """Protected names that are (or sit under) a symlink inside a writable root.
+
+    Their target is protected, but the link itself cannot be mounted over, so a command could
+    unlink it and create a real directory in its place: enforcement is only partial.
+    """
+    found: list[str] = []
+    for root in policy.all_writable_roots():
+        for name in policy.protected_paths:
+            cur = root
+            for part in name.split("/"):
+                cur = os.path.join(cur, part)
+                if os.path.islink(cur):
+                    found.append(cur)
+                    break
+    return tuple(found)
+
+
+def _pins_between(root: str, target: str) -> list[PathTarget]:
+    """Existing directories strictly between ``root`` and ``target``."""
+    pins: list[PathTarget] = []
+    cur = root
+    for part in os.path.relpath(target, root).split("/")[:-1]:
+        cur = os.path.join(cur, part)
+        if os.path.isdir(cur) and not os.path.islink(cur):
+            pins.append(PathTarget(cur, "pin"))
+    return pins
 
 
 def inspect_deny_read(paths: tuple[str, ...]) -> tuple[PathTarget, ...]:
@@ -107,20 +148,28 @@ def render_mount_plan(
     protected: tuple[PathTarget, ...],
     hidden: tuple[PathTarget, ...],
     sources: PlaceholderSources,
-) -> tuple[ReadOnlyMount, ...]:
-    """Read-only mounts in the order they must be applied: protections, then hidden paths.
+) -> tuple[PlannedMount, ...]:
+    """Mounts in the order they must be applied: pins, protections, then hidden paths.
 
-    Hidden paths come last so a denied path inside a writable root stays unreadable.
+    Pins come first (shallowest first) because a later mount on an ancestor would cover the
+    protections beneath it; hidden paths come last so a denied path inside a writable root
+    stays unreadable.
     """
-    mounts: list[ReadOnlyMount] = []
-    for t in _drop_nested(list(protected)):
+    guards = _drop_nested([t for t in protected if t.kind != "pin"])
+    pins = sorted(
+        {t.path for t in protected if t.kind == "pin"
+         and not any(_within(t.path, (g.path,)) for g in guards)},
+        key=lambda p: (p.count("/"), p),
+    )
+    mounts = [PlannedMount(p, p, read_only=False) for p in pins]
+    for t in guards:
         if t.kind == "protect-existing":
-            mounts.append(ReadOnlyMount(t.path, t.path))
+            mounts.append(PlannedMount(t.path, t.path))
         else:
-            mounts.append(ReadOnlyMount(sources.empty_dir, t.path, create=True))
+            mounts.append(PlannedMount(sources.empty_dir, t.path, create=True))
     for t in _drop_nested(list(hidden)):
         source = sources.deny_dir if t.kind == "hide-dir" else sources.deny_file
-        mounts.append(ReadOnlyMount(source, t.path))
+        mounts.append(PlannedMount(source, t.path))
     return tuple(mounts)
 
 
@@ -136,7 +185,7 @@ def make_placeholder_sources(state_dir: str) -> PlaceholderSources:
     fd = os.open(sources.deny_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o000)
     os.close(fd)
     # mkdir honours umask; the modes are part of the protection, so set them exactly.
-    os.chmod(sources.empty_dir, 0o555)
+    os.chmod(sources.empty_dir, 0o555)  # noqa: S103 - an empty, read-only mount source
     os.chmod(sources.deny_dir, 0o000)
     os.chmod(sources.deny_file, 0o000)
     return sources

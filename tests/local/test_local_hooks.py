@@ -37,6 +37,7 @@ class RecordingExecutor(LocalBashExecutor):
         self.releases = 0
         self.facts_calls: list[dict[str, object]] = []
         self.group_signals: list[tuple[int, int]] = []
+        self.spawn_errors: list[tuple[str, int]] = []
         self.confine_error: Exception | None = None
         self.facts_error: Exception | None = None
         self.wrapper: tuple[str, ...] = ("/usr/bin/env", "CONFINED=yes")
@@ -74,6 +75,10 @@ class RecordingExecutor(LocalBashExecutor):
         if self.facts_error is not None:
             raise self.facts_error
         return FACTS
+
+    def _spawn_error(self, spec: BashExecSpec, plan: SpawnPlan, exc: BaseException) -> Exception:
+        self.spawn_errors.append((type(exc).__name__, self.releases))
+        return super()._spawn_error(spec, plan, exc)
 
     def _kill_group(self, pid: int, sig: int) -> None:
         self.group_signals.append((pid, sig))
@@ -194,6 +199,7 @@ async def test_background_spawn_failure_settles_killed_with_the_error_on_stderr(
     assert read.delta.startswith("[stderr]\n")
     assert "/nonexistent/runner" in read.delta
     assert recording.releases == 1
+    assert recording.spawn_errors == [("FileNotFoundError", 0)]  # mapped for stderr too
     assert process.sandbox == FACTS
     await wait_for(lambda: done == [process])
 
@@ -208,6 +214,8 @@ async def test_foreground_spawn_failure_raises_and_releases(
     with pytest.raises(BashExecError, match="/dev/null"):
         await recording.run(recording.spec("true"))
     assert recording.releases == 2
+    # The error was mapped while the plan (and its fds) still stood.
+    assert recording.spawn_errors == [("FileNotFoundError", 0), ("PermissionError", 1)]
 
 
 async def test_pass_fds_and_preexec_fn_of_a_plan_reach_the_child(tmp_path: Path) -> None:

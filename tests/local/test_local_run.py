@@ -330,3 +330,22 @@ async def test_aclose_ends_a_foreground_run_and_closes_the_executor(
     assert not is_alive(spawned_pids[0])
     with pytest.raises(ExecutorClosedError):
         await executor.run(spec("true"))
+
+
+async def test_without_pidfd_a_waiter_thread_watches_the_leader(
+    spec: Spec,
+    executor: LocalBashExecutor,
+    monkeypatch: pytest.MonkeyPatch,
+    spawned_pids: list[int],
+) -> None:
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError("pidfd_open unavailable")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd, raising=False)
+    result = await executor.run(spec("sleep 100 >/dev/null & echo $!; exit 6"))
+    assert result.exit_code == 6
+    (leftover,) = pids_in(result.stdout.text)
+    spawned_pids.append(leftover)
+    wait_dead(leftover)
+    result = await executor.run(spec("sleep 100", timeout_ms=100))
+    assert result.timed_out and result.signal == "SIGTERM"

@@ -5,17 +5,37 @@ from __future__ import annotations
 import pytest
 
 from bash_sandbox.backends.bwrap import BwrapBackend, BwrapOptions, render_bwrap_argv
-from bash_sandbox.backends.mount_plan import ReadOnlyMount
+from bash_sandbox.backends.mount_plan import PlannedMount
 from policies import SandboxPolicy
 
 HEAD = (
-    "/usr/bin/bwrap", "--new-session", "--die-with-parent", "--unshare-user", "--uid", "1000",
-    "--gid", "1000", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+    "/usr/bin/bwrap",
+    "--new-session",
+    "--die-with-parent",
+    "--unshare-user",
+    "--uid",
+    "1000",
+    "--gid",
+    "1000",
+    "--disable-userns",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
     "--unshare-cgroup-try",
 )
 BASE_MOUNTS = (
-    "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-    "--ro-bind", "/proc/sys", "/proc/sys",
+    "--cap-drop",
+    "ALL",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--ro-bind",
+    "/proc/sys",
+    "/proc/sys",
 )
 CMD = ("/bin/bash", "-c", "echo hi")
 
@@ -33,61 +53,109 @@ def test_read_only_binds_nothing_writable_and_ends_with_the_command(tmp_path: ob
 
 
 def test_workspace_write_layers_tmp_roots_then_protected_and_hidden_paths() -> None:
-    policy = SandboxPolicy(mode="workspace-write", workspace_root="/", writable_roots=("/srv",),
-                           deny_read=())
-    mounts = (
-        ReadOnlyMount("/state/empty", "/.git", create=True),
-        ReadOnlyMount("/srv/.git/hooks", "/srv/.git/hooks"),
-        ReadOnlyMount("/state/denied-dir", "/home/u/.ssh"),
+    policy = SandboxPolicy(
+        mode="workspace-write", workspace_root="/", writable_roots=("/srv",), deny_read=()
     )
-    argv = render_bwrap_argv(policy, CMD, workdir="/", mounts=mounts,
-                             options=_options(seccomp_fd=7))
+    mounts = (
+        PlannedMount("/state/empty", "/.git", create=True),
+        PlannedMount("/srv/.git/hooks", "/srv/.git/hooks"),
+        PlannedMount("/state/denied-dir", "/home/u/.ssh"),
+    )
+    argv = render_bwrap_argv(
+        policy, CMD, workdir="/", mounts=mounts, options=_options(seccomp_fd=7)
+    )
     assert argv == (
-        *HEAD, *BASE_MOUNTS,
-        "--tmpfs", "/tmp",
-        "--bind", "/", "/",
-        "--bind", "/srv", "/srv",
-        "--ro-bind", "/state/empty", "/.git",
-        "--ro-bind", "/srv/.git/hooks", "/srv/.git/hooks",
-        "--ro-bind", "/state/denied-dir", "/home/u/.ssh",
-        "--remount-ro", "/dev",
-        "--seccomp", "7",
-        "--chdir", "/", "--", *CMD,
+        *HEAD,
+        *BASE_MOUNTS,
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        "/",
+        "/",
+        "--bind",
+        "/srv",
+        "/srv",
+        "--ro-bind",
+        "/state/empty",
+        "/.git",
+        "--ro-bind",
+        "/srv/.git/hooks",
+        "/srv/.git/hooks",
+        "--ro-bind",
+        "/state/denied-dir",
+        "/home/u/.ssh",
+        "--remount-ro",
+        "/dev",
+        "--seccomp",
+        "7",
+        "--chdir",
+        "/",
+        "--",
+        *CMD,
     )
 
 
 def test_private_tmp_is_bound_and_tmp_entries_holding_roots_come_back_read_only() -> None:
-    policy = SandboxPolicy(mode="workspace-write", workspace_root="/tmp/run1/ws",
-                           writable_roots=("/tmp/run1/extra", "/tmp/x"), deny_read=())
-    argv = render_bwrap_argv(policy, CMD, workdir="/tmp/run1/ws", mounts=(),
-                             options=_options(private_tmp="/state/tmp"))
-    tail = argv[len(HEAD) + len(BASE_MOUNTS):]
+    policy = SandboxPolicy(
+        mode="workspace-write",
+        workspace_root="/tmp/run1/ws",
+        writable_roots=("/tmp/run1/extra", "/tmp/x"),
+        deny_read=(),
+    )
+    argv = render_bwrap_argv(
+        policy, CMD, workdir="/tmp/run1/ws", mounts=(), options=_options(private_tmp="/state/tmp")
+    )
+    tail = argv[len(HEAD) + len(BASE_MOUNTS) :]
     assert tail == (
-        "--bind", "/state/tmp", "/tmp",
-        "--ro-bind", "/tmp/run1", "/tmp/run1",
-        "--bind", "/tmp/run1/ws", "/tmp/run1/ws",
-        "--bind", "/tmp/run1/extra", "/tmp/run1/extra",
-        "--bind", "/tmp/x", "/tmp/x",
-        "--remount-ro", "/dev", "--chdir", "/tmp/run1/ws", "--", *CMD,
+        "--bind",
+        "/state/tmp",
+        "/tmp",
+        "--ro-bind",
+        "/tmp/run1",
+        "/tmp/run1",
+        "--bind",
+        "/tmp/run1/ws",
+        "/tmp/run1/ws",
+        "--bind",
+        "/tmp/run1/extra",
+        "/tmp/run1/extra",
+        "--bind",
+        "/tmp/x",
+        "/tmp/x",
+        "--remount-ro",
+        "/dev",
+        "--chdir",
+        "/tmp/run1/ws",
+        "--",
+        *CMD,
     )
 
 
-@pytest.mark.parametrize(("network", "unshare", "expected"), [
-    ("isolated", True, True),
-    ("isolated", False, False),  # the executor's prepared namespace is entered instead
-    ("host", True, False),
-])
+@pytest.mark.parametrize(
+    ("network", "unshare", "expected"),
+    [
+        ("isolated", True, True),
+        ("isolated", False, False),  # the executor's prepared namespace is entered instead
+        ("host", True, False),
+    ],
+)
 def test_unshare_net_only_when_isolated_without_a_prepared_namespace(
-        network: str, unshare: bool, expected: bool) -> None:
+    network: str, unshare: bool, expected: bool
+) -> None:
     policy = SandboxPolicy(mode="read-only", workspace_root="/", network=network, deny_read=())
-    argv = render_bwrap_argv(policy, CMD, workdir="/", mounts=(),
-                             options=_options(unshare_net=unshare))
+    argv = render_bwrap_argv(
+        policy, CMD, workdir="/", mounts=(), options=_options(unshare_net=unshare)
+    )
     assert ("--unshare-net" in argv) is expected
 
 
 def test_hostile_paths_stay_single_arguments() -> None:
-    policy = SandboxPolicy(mode="workspace-write", workspace_root="/",
-                           writable_roots=("/tmp/a b\n--bind / /",), deny_read=())
+    policy = SandboxPolicy(
+        mode="workspace-write",
+        workspace_root="/",
+        writable_roots=("/tmp/a b\n--bind / /",),
+        deny_read=(),
+    )
     argv = render_bwrap_argv(policy, CMD, workdir="/", mounts=(), options=_options())
     hostile = policy.writable_roots[0]
     assert "\n--bind" in hostile
@@ -99,7 +167,8 @@ def test_hostile_paths_stay_single_arguments() -> None:
 def test_runner_failure_needs_exit_1_and_a_fatal_bwrap_line() -> None:
     backend = BwrapBackend("/usr/bin/bwrap")
     assert backend.runner_failure(1, "bwrap: Can't mount proc on /newroot/proc\n") == (
-        "bwrap: Can't mount proc on /newroot/proc")
+        "bwrap: Can't mount proc on /newroot/proc"
+    )
     assert backend.runner_failure(1, "some tool: failed\n") is None
     assert backend.runner_failure(2, "bwrap: Can't mount proc\n") is None
     assert backend.runner_failure(1, "bwrap: Warning: something harmless\n") is None
@@ -109,7 +178,8 @@ def test_operator_signatures_mark_runner_failures_at_any_exit_code() -> None:
     backend = BwrapBackend(runner_prefix=("/opt/runner",), failure_signatures=("RUNNER-FATAL",))
     assert backend.name == "runner"
     assert backend.runner_failure(3, "x\nRUNNER-FATAL: no namespaces\n") == (
-        "RUNNER-FATAL: no namespaces")
+        "RUNNER-FATAL: no namespaces"
+    )
     assert backend.runner_failure(3, "ordinary failure\n") is None
 
 

@@ -19,7 +19,8 @@ async def _run(ex: SandboxBashExecutor, command: str, workdir: Path, **kw: objec
 
 
 async def test_read_only_write_is_denied_and_host_unchanged(
-        make_executor: ExecutorFactory, workspace: Path, backend: str) -> None:
+    make_executor: ExecutorFactory, workspace: Path, backend: str
+) -> None:
     ex = make_executor()
     result = await _run(ex, "echo planted > note.txt", workspace)
     assert not (workspace / "note.txt").exists()
@@ -30,11 +31,13 @@ async def test_read_only_write_is_denied_and_host_unchanged(
     assert result.sandbox.backend == backend
     assert result.sandbox.enforcement == "full"
     assert sandbox_denial_marker(result.sandbox.mode) == (
-        "[sandbox: file access denied under read-only mode]")
+        "[sandbox: file access denied under read-only mode]"
+    )
 
 
 async def test_escalated_retry_in_workspace_write_succeeds(
-        make_executor: ExecutorFactory, workspace: Path) -> None:
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
     ex = make_executor()
     denied = await _run(ex, "echo v1 > note.txt", workspace)
     assert denied.sandbox is not None and denied.sandbox.denied
@@ -46,7 +49,8 @@ async def test_escalated_retry_in_workspace_write_succeeds(
 
 
 async def test_workspace_boundary_write_outside_is_denied(
-        make_executor: ExecutorFactory, workspace: Path, tmp_path: Path) -> None:
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
     outside = tmp_path / "outside.txt"
     ex = make_executor(mode="workspace-write")
     result = await _run(ex, f"echo inside > in.txt && echo out > {outside}", workspace)
@@ -56,10 +60,12 @@ async def test_workspace_boundary_write_outside_is_denied(
 
 
 async def test_background_denial_is_stamped_before_wait_returns(
-        make_executor: ExecutorFactory, workspace: Path) -> None:
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
     ex = make_executor()
-    proc = await ex.start(ex.resolve(BashExecRequest(
-        command="echo bg > bg.txt", workdir=str(workspace))))
+    proc = await ex.start(
+        ex.resolve(BashExecRequest(command="echo bg > bg.txt", workdir=str(workspace)))
+    )
     await proc.wait()
     assert proc.sandbox is not None
     assert proc.sandbox.denied is True
@@ -68,13 +74,21 @@ async def test_background_denial_is_stamped_before_wait_returns(
 
 
 async def test_overlapping_background_processes_keep_their_own_facts(
-        make_executor: ExecutorFactory, workspace: Path) -> None:
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
     ex = make_executor()
-    denied = await ex.start(ex.resolve(BashExecRequest(
-        command="sleep 0.3; echo x > a.txt", workdir=str(workspace))))
-    allowed = await ex.start(ex.resolve(BashExecRequest(
-        command="sleep 0.1; echo x > b.txt", workdir=str(workspace),
-        sandbox_mode="workspace-write")))
+    denied = await ex.start(
+        ex.resolve(BashExecRequest(command="sleep 0.3; echo x > a.txt", workdir=str(workspace)))
+    )
+    allowed = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="sleep 0.1; echo x > b.txt",
+                workdir=str(workspace),
+                sandbox_mode="workspace-write",
+            )
+        )
+    )
     await asyncio.gather(denied.wait(), allowed.wait())
     assert denied.sandbox is not None and allowed.sandbox is not None
     assert (denied.sandbox.mode, denied.sandbox.denied) == ("read-only", True)
@@ -82,34 +96,45 @@ async def test_overlapping_background_processes_keep_their_own_facts(
     assert (workspace / "b.txt").exists() and not (workspace / "a.txt").exists()
 
 
-@pytest.mark.parametrize("command", [
-    "false",
-    "exit 3",
-    "echo 'cat: x: Permission denied' >&2; exit 0",
-    "echo 'Read-only file system' >&2; kill -KILL $$",
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "false",
+        "exit 3",
+        "echo 'cat: x: Permission denied' >&2; exit 0",
+        "echo 'Read-only file system' >&2; kill -KILL $$",
+    ],
+)
 async def test_ordinary_failures_are_never_denials(
-        make_executor: ExecutorFactory, workspace: Path, command: str) -> None:
+    make_executor: ExecutorFactory, workspace: Path, command: str
+) -> None:
     result = await _run(make_executor(), command, workspace)
     assert result.sandbox is not None
     assert result.sandbox.denied is False
 
 
 async def test_sandbox_policy_wins_over_sandbox_mode(
-        make_executor: ExecutorFactory, workspace: Path, tmp_path: Path) -> None:
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
     other = tmp_path / "other"
     other.mkdir()
     policy = SandboxPolicy(mode="workspace-write", workspace_root=str(other), deny_read=())
     ex = make_executor()
-    result = await _run(ex, f"echo x > {other}/f; echo y > {workspace}/g", workspace,
-                        sandbox_mode="read-only", sandbox_policy=policy)
+    result = await _run(
+        ex,
+        f"echo x > {other}/f; echo y > {workspace}/g",
+        workspace,
+        sandbox_mode="read-only",
+        sandbox_policy=policy,
+    )
     assert (other / "f").exists()
     assert not (workspace / "g").exists()
     assert result.sandbox is not None and result.sandbox.mode == "workspace-write"
 
 
 async def test_resolve_stamps_a_complete_policy_on_every_spec(
-        make_executor: ExecutorFactory, workspace: Path) -> None:
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
     ex = make_executor(mode="workspace-write", writable_roots=(str(workspace),))
     spec = ex.resolve(BashExecRequest(command="true", workdir=str(workspace)))
     assert spec.sandbox_policy is not None
@@ -120,32 +145,47 @@ async def test_resolve_stamps_a_complete_policy_on_every_spec(
 
 
 async def test_git_commit_works_while_hooks_and_config_stay_read_only(
-        make_executor: ExecutorFactory, workspace: Path) -> None:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@e"}
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@e",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@e",
+    }
     init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
     assert await init.wait() == 0
     hooks_before = sorted(os.listdir(workspace / ".git" / "hooks"))
     config_before = (workspace / ".git" / "config").read_bytes()
     ex = make_executor(mode="workspace-write")
-    result = await _run(ex, "echo a > a.txt && git add a.txt && git commit -qm one && "
-                        "git log --oneline | wc -l", workspace, env=env)
+    result = await _run(
+        ex,
+        "echo a > a.txt && git add a.txt && git commit -qm one && git log --oneline | wc -l",
+        workspace,
+        env=env,
+    )
     assert result.exit_code == 0, result.stderr.text
     assert result.stdout.text.strip() == "1"
-    attack = await _run(ex, "echo 'touch /tmp/pwned' > .git/hooks/pre-commit; "
-                        "chmod +x .git/hooks/pre-commit; git config core.hooksPath /tmp",
-                        workspace, env=env)
+    attack = await _run(
+        ex,
+        "echo 'touch /tmp/pwned' > .git/hooks/pre-commit; "
+        "chmod +x .git/hooks/pre-commit; git config core.hooksPath /tmp",
+        workspace,
+        env=env,
+    )
     assert attack.sandbox is not None and attack.sandbox.denied
     assert sorted(os.listdir(workspace / ".git" / "hooks")) == hooks_before
     assert (workspace / ".git" / "config").read_bytes() == config_before
 
 
-async def test_explicit_unavailable_backend_fails_closed_before_spawning(
-        workspace: Path) -> None:
+async def test_explicit_unavailable_backend_fails_closed_before_spawning(workspace: Path) -> None:
     marker = workspace / "ran"
     async with SandboxBashExecutor(backend="seatbelt", workspace_root=str(workspace)) as ex:
-        spec = ex.resolve(BashExecRequest(command=f"touch {marker}", workdir=str(workspace),
-                                          sandbox_mode="workspace-write"))
+        spec = ex.resolve(
+            BashExecRequest(
+                command=f"touch {marker}", workdir=str(workspace), sandbox_mode="workspace-write"
+            )
+        )
         with pytest.raises(SandboxUnavailableError) as info:
             await ex.run(spec)
         with pytest.raises(SandboxUnavailableError):
@@ -153,3 +193,46 @@ async def test_explicit_unavailable_backend_fails_closed_before_spawning(
     assert info.value.code == "SANDBOX_UNAVAILABLE"
     assert info.value.mode == "workspace-write"
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("attack", [
+    "mv .git .git-old && mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit",
+    "rm -rf .git/hooks && ln -s ../planted .git/hooks && mkdir -p planted && "
+    "echo evil > planted/pre-commit",
+    "mv .git/config .git/config.bak; printf '[core]\\n\\thooksPath = /tmp\\n' > .git/config",
+    "cp -r .git /tmp/g && rm -rf .git && mv /tmp/g .git",
+])
+async def test_protected_git_names_cannot_be_replaced_via_parents_or_symlinks(
+        make_executor: ExecutorFactory, workspace: Path, attack: str) -> None:
+    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
+    assert await init.wait() == 0
+    config = (workspace / ".git" / "config").read_bytes()
+    hooks = sorted(os.listdir(workspace / ".git" / "hooks"))
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, attack, workspace)
+    assert (workspace / ".git").is_dir() and not (workspace / ".git").is_symlink()
+    assert not (workspace / ".git" / "hooks").is_symlink()
+    assert sorted(os.listdir(workspace / ".git" / "hooks")) == hooks
+    assert (workspace / ".git" / "config").read_bytes() == config
+    assert not (workspace / "planted" / "pre-commit").exists()
+    assert result.sandbox is not None and result.sandbox.denied
+
+
+async def test_protected_names_without_a_git_dir_cannot_be_created(
+        make_executor: ExecutorFactory, workspace: Path) -> None:
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit", workspace)
+    assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
+    assert result.sandbox is not None and result.sandbox.denied
+
+
+async def test_a_preexisting_symlinked_protected_name_is_reported_partial(
+        make_executor: ExecutorFactory, workspace: Path) -> None:
+    (workspace / ".git").mkdir()
+    (workspace / "hooks-dir").mkdir()
+    os.symlink("../hooks-dir", workspace / ".git" / "hooks")
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "echo evil > .git/hooks/pre-commit", workspace)
+    assert not (workspace / "hooks-dir" / "pre-commit").exists()
+    assert result.sandbox is not None
+    assert result.sandbox.enforcement == "partial"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bash_sandbox.backends import landlock as ll
-from bash_sandbox.backends.mount_plan import ReadOnlyMount
+from bash_sandbox.backends.mount_plan import PlannedMount
 from bash_sandbox.child_setup import (
     CLONE_NEWIPC,
     CLONE_NEWNS,
@@ -29,8 +29,9 @@ def test_read_only_abi7_grants_reads_everywhere_and_writes_only_to_sinks() -> No
 
 
 def test_workspace_write_adds_roots_and_private_tmp_without_device_creation() -> None:
-    policy = SandboxPolicy(mode="workspace-write", workspace_root="/srv",
-                           writable_roots=("/data",), deny_read=())
+    policy = SandboxPolicy(
+        mode="workspace-write", workspace_root="/srv", writable_roots=("/data",), deny_read=()
+    )
     rs = ll.render_landlock_ruleset(policy, 7, private_tmp="/state/tmp")
     write = ll.WRITE_RIGHTS
     assert rs.rules[-3:] == (("/srv", write), ("/data", write), ("/state/tmp", write))
@@ -48,7 +49,7 @@ def test_old_abi_masks_rights_it_cannot_handle_and_has_no_scopes() -> None:
 
 def test_child_plan_as_root_uses_no_user_namespace() -> None:
     policy = SandboxPolicy(mode="read-only", workspace_root="/srv", deny_read=())
-    mounts = (ReadOnlyMount("/s/empty", "/srv/.git", create=True),)
+    mounts = (PlannedMount("/s/empty", "/srv/.git", create=True),)
     plan = ll.render_child_plan(policy, mounts=mounts, has_netns=True, euid=0, egid=0)
     assert plan == ll.ChildPlan(
         join_netns=True,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -710,7 +711,7 @@ def test_workspace_write_stops_at_the_workspace_boundary(
 ) -> None:
     (outside / "kept").write_text("original")
 
-    done = _run(_ws_policy("ws-write", ws),
+    done = _run(_ws_policy("workspace-write", ws),
                 f'echo in > inside; echo x > "{outside}/new"; echo x >> "{outside}/kept"; '
                 f'rm -f "{outside}/kept"', tmp_path)
 
@@ -726,7 +727,7 @@ def test_workspace_write_hardlink_to_an_outside_file_cannot_change_it(
 ) -> None:
     (outside / "victim").write_text("original")
 
-    _run(_ws_policy("ws-write", ws),
+    _run(_ws_policy("workspace-write", ws),
          f'ln "{outside}/victim" link; echo pwned >> link', tmp_path)
 
     assert (outside / "victim").read_text() == "original"
@@ -737,7 +738,7 @@ def test_temp_dirs_are_writable_in_workspace_write_only(ws: Path, tmp_path: Path
     script = ('f=$(mktemp "$TMPDIR/bs.XXXXXX") && echo x > "$f" && rm "$f" && '
               'g=$(mktemp /tmp/bs.XXXXXX) && rm "$g" && echo ok')
 
-    writable = _run(_ws_policy("ws-write", ws), script, tmp_path)
+    writable = _run(_ws_policy("workspace-write", ws), script, tmp_path)
     read_only = _run(_ws_policy("read-only", ws), script, tmp_path)
 
     assert writable.returncode == 0, writable.stderr
@@ -760,8 +761,8 @@ def test_protected_paths_are_denied_existing_or_not(ws: Path, tmp_path: Path) ->
         "echo ok > .git/objects-are-fine"
     )
 
-    existing = _run(_ws_policy("ws-write", repo), script, tmp_path)
-    missing = _run(_ws_policy("ws-write", fresh),
+    existing = _run(_ws_policy("workspace-write", repo), script, tmp_path)
+    missing = _run(_ws_policy("workspace-write", fresh),
                    f'mkdir -p .git/hooks; ln -s "{elsewhere}" .git; echo "gitdir: x" > .git',
                    tmp_path)
 
@@ -778,7 +779,7 @@ def test_deny_read_paths_cannot_be_read(ws: Path, tmp_path: Path) -> None:
     vault.mkdir()
     (vault / "key").write_text("s3cret")
 
-    done = _run(_ws_policy("ws-write", ws, deny_read=(str(vault),)),
+    done = _run(_ws_policy("workspace-write", ws, deny_read=(str(vault),)),
                 f'cat "{vault}/key"; ls "{vault}"; cp "{vault}/key" stolen', tmp_path)
 
     assert "s3cret" not in done.stdout
@@ -799,7 +800,7 @@ def test_background_process_is_confined_too(ws: Path, tmp_path: Path) -> None:
 def test_signalling_a_process_outside_the_sandbox_is_denied(
     ws: Path, tmp_path: Path
 ) -> None:
-    done = _run(_ws_policy("ws-write", ws),
+    done = _run(_ws_policy("workspace-write", ws),
                 f"kill -0 $$ && echo self-ok; kill -0 {os.getpid()} && echo escaped", tmp_path)
 
     assert "self-ok" in done.stdout
@@ -813,7 +814,7 @@ def test_isolated_network_cannot_reach_a_host_loopback_server(
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
 
-        isolated = _run(_ws_policy("ws-write", ws),
+        isolated = _run(_ws_policy("workspace-write", ws),
                         f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected", tmp_path)
 
         server.setblocking(False)
@@ -821,7 +822,7 @@ def test_isolated_network_cannot_reach_a_host_loopback_server(
             server.accept()  # nothing reached the server
         assert "connected" not in isolated.stdout
 
-        host = _run(_ws_policy("ws-write", ws, network="host"),
+        host = _run(_ws_policy("workspace-write", ws, network="host"),
                     f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected", tmp_path)
         assert "connected" in host.stdout, host.stderr
 
@@ -837,8 +838,10 @@ def test_isolated_network_cannot_reach_a_host_unix_socket_outside_the_roots(
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
             server.bind(path)
             server.listen()
-            _run(_ws_policy("ws-write", ws),
-                 f'/usr/bin/nc -U "{path}" </dev/null', tmp_path)
+            connect = f"import socket; socket.socket(socket.AF_UNIX).connect({path!r})"
+            done = _run(_ws_policy("workspace-write", ws),
+                        f"{shlex.quote(sys.executable)} -c {shlex.quote(connect)}", tmp_path)
+            assert done.returncode != 0
             server.setblocking(False)
             with pytest.raises(BlockingIOError):
                 server.accept()

@@ -1,0 +1,108 @@
+"""Outside views for the CLI tests: run the CLI as a process, find and watch host pids.
+
+Named apart from conftest so test modules import it unambiguously next to other suites.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+class CliRunner:
+    """Starts `bash-sandbox` processes and remembers their pids for teardown."""
+
+    def __init__(self, argv0: Sequence[str], env: dict[str, str]) -> None:
+        self.argv0 = list(argv0)
+        self.env = env
+        self.pids: list[int] = []
+
+    def start(self, *args: str, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([*self.argv0, *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                env=self.env, cwd=cwd)
+        self.pids.append(proc.pid)
+        return proc
+
+    def run(self, *args: str, cwd: Path | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+        proc = self.start(*args, cwd=cwd)
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def kill_all(self) -> None:
+        for pid in [*self.pids]:
+            kill_if_alive(pid)
+
+
+def is_alive(pid: int) -> bool:
+    """Seen from outside: does ``pid`` still run? A zombie counts as dead (init may not reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: fall back to a null signal
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    return state not in ("Z", "X")
+
+
+def kill_if_alive(pid: int) -> None:
+    if is_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
+               what: str = "condition") -> None:
+    """Poll something another process produces (a file, a pid); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout} s")
+        time.sleep(0.01)
+
+
+def host_pids_with_argv(argv: Sequence[str]) -> list[int]:
+    """Host pids whose command line is exactly ``argv``.
+
+    A confined command runs in its own PID namespace: the `$!` it prints is a namespace pid,
+    so the tests find the host pid by a unique argv instead.
+    """
+    wanted = b"\0".join(a.encode() for a in argv) + b"\0"
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if f.read() == wanted:
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _has_bwrap() -> bool:
+    from bash_sandbox.backends.bwrap import find_bwrap
+
+    return find_bwrap() is not None
+
+
+def _landlock_abi() -> int:
+    from bash_sandbox.backends.landlock import landlock_abi
+
+    return landlock_abi()
+
+
+HAS_BWRAP = _has_bwrap()
+HAS_LANDLOCK = _landlock_abi() > 0

@@ -1,0 +1,47 @@
+"""The command line itself: --version, --help, usage errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_probes import CliRunner
+
+from bash_sandbox.cli import main, package_version
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"bash-sandbox {package_version()}\n"
+    assert package_version() != "unknown"
+
+
+@pytest.mark.parametrize("argv", [[], ["run", "--help"], ["mode", "--help"],
+                                  ["doctor", "--help"], ["--help"]])
+def test_help_has_examples(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    if argv:
+        assert code == 0
+        assert "examples:" in out
+    else:
+        assert code == 2  # a subcommand is required
+        assert "usage: bash-sandbox" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["frobnicate"],
+    ["run", "--timeout-ms", "0", "--", "true"],
+    ["run", "--timeout-ms", "soon", "--", "true"],
+    ["run", "--network", "internet", "--", "true"],
+    ["run", "--backend", "docker", "--", "true"],
+    ["doctor", "--bogus"],
+])
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_module_entry_point_exits_with_the_status(cli: CliRunner, workspace: Path) -> None:
+    assert cli.run("--version").stdout.startswith(b"bash-sandbox ")
+    assert cli.run("run", "--timeout-ms", "0", "--", "true").returncode == 2

@@ -1,0 +1,261 @@
+"""Threat-model row 10 and the network issue: the executor's namespace, real servers on the host.
+
+Every server here is started by the test on 127.0.0.1/::1 or an abstract/pathname unix socket
+of its own, and counts what reached it; the verdict comes from those counters, not stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox import SandboxBashExecutor
+from bash_seam import BashExecRequest, BashRunResult
+from policies import network_denial_marker
+from tests.sandbox.conftest import ExecutorFactory
+
+PY = sys.executable
+
+
+class CountingServer:
+    """A host-side server that records every connection or datagram it receives."""
+
+    def __init__(self, family: int, kind: int, address: object) -> None:
+        self.sock = socket.socket(family, kind)
+        self.sock.bind(address)  # type: ignore[arg-type]
+        if kind == socket.SOCK_STREAM:
+            self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.hits = 0
+        self._stop = threading.Event()
+        self._kind = kind
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> object:
+        return self.sock.getsockname()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self._kind == socket.SOCK_STREAM:
+                    conn, _ = self.sock.accept()
+                    conn.close()
+                else:
+                    self.sock.recvfrom(65536)
+                self.hits += 1
+            except (TimeoutError, OSError):
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+
+
+@contextlib.contextmanager
+def servers(tmp_path: Path) -> Iterator[dict[str, CountingServer]]:
+    made = {
+        "tcp4": CountingServer(socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 0)),
+        "udp4": CountingServer(socket.AF_INET, socket.SOCK_DGRAM, ("127.0.0.1", 0)),
+        "tcp6": CountingServer(socket.AF_INET6, socket.SOCK_STREAM, ("::1", 0)),
+        "abstract": CountingServer(
+            socket.AF_UNIX, socket.SOCK_STREAM, f"\0bash-sandbox-test-{os.getpid()}-{id(tmp_path)}"
+        ),
+        "pathname": CountingServer(socket.AF_UNIX, socket.SOCK_STREAM, str(tmp_path / "host.sock")),
+    }
+    try:
+        yield made
+    finally:
+        for server in made.values():
+            server.close()
+
+
+def _client_script(s: dict[str, CountingServer]) -> str:
+    tcp4 = s["tcp4"].address
+    udp4 = s["udp4"].address
+    tcp6 = s["tcp6"].address
+    abstract = s["abstract"].address
+    pathname = s["pathname"].address
+    return f"""
+import socket
+def attempt(name, family, kind, addr, send=False):
+    try:
+        c = socket.socket(family, kind)
+        c.settimeout(1)
+        if send:
+            c.sendto(b"x", addr)  # UDP "succeeds" locally: only the server's count decides
+            print(name, "sent")
+            return
+        c.connect(addr)
+        print(name, "REACHED")
+    except OSError as exc:
+        print(name, "refused", exc)
+attempt("tcp4", socket.AF_INET, socket.SOCK_STREAM, {tcp4!r})
+attempt("udp4", socket.AF_INET, socket.SOCK_DGRAM, {udp4!r}, send=True)
+attempt("tcp6", socket.AF_INET6, socket.SOCK_STREAM, {tcp6[:2]!r})
+attempt("abstract", socket.AF_UNIX, socket.SOCK_STREAM, {abstract!r})
+attempt("pathname", socket.AF_UNIX, socket.SOCK_STREAM, {pathname!r})
+"""
+
+
+async def _run(ex: SandboxBashExecutor, command: str, workdir: Path, **kw: object) -> BashRunResult:
+    return await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workdir), **kw)))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+async def test_isolated_network_reaches_no_host_service(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, mode: str
+) -> None:
+    ex = make_executor(mode=mode)
+    with servers(tmp_path) as s:
+        script = workspace / "client.py"
+        script.write_text(_client_script(s))
+        result = await _run(ex, f"{PY} client.py", workspace)
+        hits = {name: server.hits for name, server in s.items()}
+    assert result.exit_code == 0, result.stderr.text
+    assert "REACHED" not in result.stdout.text
+    assert hits == dict.fromkeys(hits, 0)
+    assert result.sandbox is not None
+    assert result.sandbox.network == "isolated"
+    assert result.sandbox.enforcement == "full"
+
+
+async def test_host_network_reaches_the_host_server(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    ex = make_executor(network="host")
+    with servers(tmp_path) as s:
+        port = s["tcp4"].address[1]  # type: ignore[index]
+        result = await _run(
+            ex,
+            f'{PY} -c "import socket; socket.create_connection(('
+            f"'127.0.0.1', {port}), timeout=2).close(); print('ok')\"",
+            workspace,
+        )
+        deadline = 50
+        while s["tcp4"].hits == 0 and deadline:
+            deadline -= 1
+            threading.Event().wait(0.05)
+        assert s["tcp4"].hits == 1
+    assert result.stdout.text.strip() == "ok"
+    assert result.sandbox is not None and result.sandbox.network == "host"
+
+
+async def test_loopback_inside_the_sandbox_works(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    ex = make_executor()
+    server = (
+        "import socket,threading\n"
+        "s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(1)\n"
+        "threading.Thread(target=lambda: s.accept()[0].sendall(b'pong'), daemon=True).start()\n"
+        "c=socket.create_connection(s.getsockname()); print(c.recv(4).decode())\n"
+    )
+    result = await _run(ex, f'{PY} -c "{server}"', workspace)
+    assert result.stdout.text.strip() == "pong", result.stderr.text
+
+
+async def test_background_server_is_reachable_from_later_calls_only_of_this_executor(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    ex = make_executor(mode="workspace-write")
+    port_file = workspace / "port"
+    server = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command=f"{PY} -c \"import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); "
+                f"s.listen(8); open('port.tmp','w').write(str(s.getsockname()[1])); "
+                f"import os; os.rename('port.tmp','port')\n"
+                f"while True: c,_=s.accept(); c.sendall(b'hello'); c.close()\"",
+                workdir=str(workspace),
+            )
+        )
+    )
+    try:
+        waited = await _run(
+            ex, "for i in $(seq 100); do [ -s port ] && exit 0; sleep 0.05; done; exit 1", workspace
+        )
+        assert waited.exit_code == 0
+        port = int(port_file.read_text())
+        client = (
+            f"{PY} -c \"import socket; "
+            f"print(socket.create_connection(('127.0.0.1',{port}),timeout=2).recv(5).decode())\""
+        )
+        same = await _run(ex, client, workspace)
+        assert same.stdout.text.strip() == "hello", same.stderr.text
+        # The host cannot reach it...
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            pass
+        # ...and neither can another executor's commands.
+        other = make_executor(workspace_root=str(workspace))
+        foreign = await _run(other, client, workspace)
+        assert foreign.exit_code != 0
+        assert "hello" not in foreign.stdout.text
+        assert foreign.sandbox is not None and foreign.sandbox.network_denied
+    finally:
+        server.kill()
+        await server.wait()
+
+
+async def test_refused_connection_is_a_network_denial_with_its_own_marker(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    ex = make_executor()
+    with servers(tmp_path) as s:
+        port = s["tcp4"].address[1]  # type: ignore[index]
+        result = await _run(ex, f"curl -sS --max-time 3 http://127.0.0.1:{port}/", workspace)
+        assert s["tcp4"].hits == 0
+    assert result.exit_code not in (0, None)
+    assert result.sandbox is not None
+    assert result.sandbox.network_denied is True
+    assert result.sandbox.denied is False
+    assert network_denial_marker() == "[sandbox: network access denied under isolated network]"
+
+
+def _netns_holders(inode: str) -> list[str]:
+    """Every process namespace link or open fd on this host that still points at ``inode``."""
+    found: list[str] = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/ns/net") == inode:
+                found.append(f"{pid}:ns")
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == inode:
+                        found.append(f"{pid}:fd{fd}")
+    return found
+
+
+async def test_aclose_leaves_no_namespace_mount_or_process(backend: str, workspace: Path) -> None:
+    bound_before = sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else []
+    ex = SandboxBashExecutor(
+        backend=backend, workspace_root=str(workspace), grace_ms=300, mode="workspace-write"
+    )
+    proc = await ex.start(
+        ex.resolve(
+            BashExecRequest(command="sleep 300 & echo $! > pid; wait", workdir=str(workspace))
+        )
+    )
+    result = await _run(
+        ex, "for i in $(seq 100); do [ -s pid ] && exit 0; sleep 0.05; done", workspace
+    )
+    assert result.exit_code == 0
+    inode = os.readlink(f"/proc/self/fd/{ex._netns.fd()}")
+    assert _netns_holders(inode)
+    await ex.aclose()
+    await proc.wait()
+    assert _netns_holders(inode) == []
+    bound_after = sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else []
+    assert bound_after == bound_before
+    with open("/proc/self/mountinfo") as fh:
+        assert "bash-sandbox" not in fh.read()

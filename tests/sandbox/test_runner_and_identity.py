@@ -1,0 +1,211 @@
+"""Runner failures outrank denials; danger-full-access is byte-for-byte the local executor;
+confined spawns stay correct while other threads allocate, log and import."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from bash_local import LocalBashExecutor
+from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
+from bash_seam import BashExecRequest
+from tests.sandbox.conftest import require_backend
+
+
+def _script(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+@pytest.fixture
+def flaky_runner(tmp_path: Path) -> str:
+    """A bwrap-compatible runner that fails (like a broken runner) when the command asks it to."""
+    require_backend("bwrap")
+    return _script(
+        tmp_path / "runner",
+        """
+for a in "$@"; do
+  case "$a" in *RUNNER_BREAKS_NOW*) echo "runner: fatal: cannot set up namespace" >&2; exit 1;; esac
+done
+exec /usr/bin/bwrap "$@"
+""",
+    )
+
+
+async def test_runner_failure_raises_in_foreground_and_the_command_never_ran(
+    flaky_runner: str, tmp_path: Path
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    async with SandboxBashExecutor(
+        runner_command=[flaky_runner],
+        workspace_root=str(ws),
+        runner_failure_signatures=["runner: fatal:"],
+        mode="workspace-write",
+    ) as ex:
+        ok = await ex.run(ex.resolve(BashExecRequest(command="echo ok", workdir=str(ws))))
+        assert ok.stdout.text == "ok\n"
+        assert ok.sandbox is not None and ok.sandbox.backend == "runner"
+        spec = ex.resolve(
+            BashExecRequest(command="touch marker # RUNNER_BREAKS_NOW", workdir=str(ws))
+        )
+        with pytest.raises(SandboxUnavailableError) as info:
+            await ex.run(spec)
+        assert "cannot set up namespace" in info.value.detail
+        proc = await ex.start(spec)
+        await proc.wait()
+        assert proc.sandbox is not None
+        assert proc.sandbox.runner_failed is True
+        assert proc.sandbox.denied is False
+    assert not (ws / "marker").exists()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "exit 1\n",  # broken: fails the probe
+        "sleep 30\n",  # hanging: probe times out
+        'while [ "$1" != "--" ]; do shift; done; shift; exec "$@"\n',  # tampered: unconfined
+    ],
+)
+async def test_broken_hanging_or_tampered_runner_is_refused_before_anything_runs(
+    tmp_path: Path, body: str
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    runner = _script(tmp_path / "runner", body)
+    marker = ws / "marker"
+    async with SandboxBashExecutor(
+        runner_command=[runner],
+        workspace_root=str(ws),
+        probe_timeout_ms=1000,
+        mode="workspace-write",
+    ) as ex:
+        spec = ex.resolve(BashExecRequest(command=f"touch {marker}", workdir=str(ws)))
+        with pytest.raises(SandboxUnavailableError):
+            await ex.run(spec)
+        with pytest.raises(SandboxUnavailableError):
+            await ex.start(spec)
+    assert not marker.exists()
+    assert not (tmp_path / "escape").exists()
+
+
+async def test_missing_runner_is_refused(tmp_path: Path) -> None:
+    async with SandboxBashExecutor(
+        runner_command=[str(tmp_path / "absent")], workspace_root=str(tmp_path)
+    ) as ex:
+        with pytest.raises(SandboxUnavailableError):
+            await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(tmp_path))))
+
+
+IDENTITY_PROBE = r"""
+printf 'argv0=%s\n' "$0"; pwd; umask; ulimit -a; env | sort
+ls -l /proc/self/fd | awk 'NR>1 {print $9, $10, $11}' \
+  | sed -E 's/\[[0-9]+\]//; s#/proc/[0-9]+#/proc/N#'
+readlink /proc/self/fd/0 | sed 's/[0-9]*//g'
+cat /proc/self/status | grep -E '^(Cap|NoNewPrivs|Seccomp)'
+printf '\x00\x01\xfe\xff binary \xc3\x28 tail\n'
+"""
+
+
+async def test_danger_full_access_is_byte_for_byte_the_local_executor(tmp_path: Path) -> None:
+    local = LocalBashExecutor(cwd=str(tmp_path))
+    sandboxed = SandboxBashExecutor(
+        cwd=str(tmp_path), mode="danger-full-access", backend="seatbelt"
+    )  # never touched in this mode
+    try:
+        outs = []
+        for ex in (local, sandboxed):
+            spec = ex.resolve(BashExecRequest(command=IDENTITY_PROBE, stdin="in"))
+            plan = ex._build_spawn_plan(spec)
+            outs.append(
+                (
+                    plan.argv,
+                    dict(plan.env),
+                    plan.cwd,
+                    plan.preexec_fn,
+                    plan.pass_fds,
+                    await ex.run(spec),
+                )
+            )
+        (l_argv, l_env, l_cwd, l_pre, l_fds, l_res), (s_argv, s_env, s_cwd, s_pre, s_fds, s_res) = (
+            outs
+        )
+        assert (l_argv, l_env, l_cwd, l_pre, l_fds) == (s_argv, s_env, s_cwd, s_pre, s_fds)
+        assert l_res.stdout.text == s_res.stdout.text
+        assert l_res.stderr.text == s_res.stderr.text
+        assert l_res.exit_code == s_res.exit_code == 0
+        assert "Seccomp:\t0" in s_res.stdout.text
+        assert l_res.sandbox is None
+        assert s_res.sandbox is not None
+        assert (
+            s_res.sandbox.mode,
+            s_res.sandbox.denied,
+            s_res.sandbox.enforcement,
+            s_res.sandbox.backend,
+        ) == ("danger-full-access", False, None, None)
+    finally:
+        await local.aclose()
+        await sandboxed.aclose()
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "landlock"])
+async def test_hundreds_of_confined_spawns_while_other_threads_allocate_log_and_import(
+    backend: str, tmp_path: Path
+) -> None:
+    require_backend(backend)
+    stop = threading.Event()
+    log = logging.getLogger("bash_sandbox.test.noise")
+    log.addHandler(logging.NullHandler())
+    log.propagate = False
+    # Disjoint per thread: each reloads only its own modules, under the import lock.
+    modules = (("fractions", "statistics"), ("difflib", "textwrap"), ("csv", "wave"))
+    errors: list[BaseException] = []
+
+    def noise(seed: int) -> None:
+        mine = [importlib.import_module(name) for name in modules[seed]]
+        i = 0
+        try:
+            while not stop.is_set():
+                junk = [bytearray(4096) for _ in range(64)]  # malloc pressure
+                log.warning("noise %d %d", seed, len(junk))  # takes logging's locks
+                importlib.reload(mine[i % len(mine)])
+                i += 1
+        except BaseException as exc:  # surfaced below: noise must not die silently
+            errors.append(exc)
+
+    threads = [threading.Thread(target=noise, args=(n,), daemon=True) for n in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        async with SandboxBashExecutor(backend=backend, workspace_root=str(tmp_path)) as ex:
+            sem = asyncio.Semaphore(8)
+
+            async def one(n: int) -> str:
+                async with sem:
+                    r = await ex.run(
+                        ex.resolve(
+                            BashExecRequest(
+                                command=f"echo {n}; echo x > f{n}", workdir=str(tmp_path)
+                            )
+                        )
+                    )
+                    assert r.sandbox is not None and r.sandbox.denied
+                    return r.stdout.text
+
+            outs = await asyncio.wait_for(asyncio.gather(*(one(n) for n in range(200))), 120)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+    assert errors == []
+    assert outs == [f"{n}\n" for n in range(200)]
+    assert not any(name.startswith("f") for name in os.listdir(tmp_path))
