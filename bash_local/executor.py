@@ -1,10 +1,17 @@
 """`LocalBashExecutor`: runs each command unconfined as a fresh `bash -c` in its own session.
 
 It owns the request -> spec -> plan pipeline and the registry of background processes.
-A confining subclass changes only three hooks: `_confine()` rewrites the `SpawnPlan`
-before anything spawns, `_outcome_facts()` classifies the outcome, and `_spawn_error()`
-maps a failed spawn to the error `run()` raises. Spawning and watching (process.py),
-output bounds (output.py) and the environment (environment.py) are shared as they are.
+A confining subclass overrides hooks only:
+
+- `config_type`: the config class built when no config is passed;
+- `_confine(spec, plan)`: rewrites the `SpawnPlan` before anything spawns (may raise);
+- `_outcome_facts(spec, plan, ...)`: classifies a settled command (foreground: may raise);
+- `_spawn_error(spec, plan, exc)`: the error `run()` raises when the spawn itself failed,
+  called while the plan's fds are still open (it is released right after);
+- `_kill_group(pid, sig)`: how a command's process group is signalled.
+
+Spawning and watching (process.py), output bounds (output.py) and the environment
+(environment.py) are shared as they are.
 """
 
 from __future__ import annotations
@@ -95,7 +102,8 @@ class LocalBashExecutor(BashExecutor):
         """Fill in defaults and caps; reject what could never run. Spawns nothing."""
         cfg = self.config
         try:
-            workdir = request.workdir or cfg.cwd or os.getcwd()
+            # An empty workdir is not "unset": it is rejected below as relative.
+            workdir = request.workdir if request.workdir is not None else cfg.cwd or os.getcwd()
         except FileNotFoundError as exc:
             raise WorkdirError("the current directory no longer exists; pass workdir") from exc
         check_workdir(workdir)
@@ -175,7 +183,7 @@ class LocalBashExecutor(BashExecutor):
 
     async def run(self, spec: BashExecSpec) -> BashRunResult:
         timeout_ms = min(spec.timeout_ms, self.config.max_timeout_ms)
-        spawned = self._launch(spec, background=False)
+        spawned, _ = self._launch(spec, background=False)
         spawned.arm_timeout(timeout_ms / 1000)
         try:
             await spawned.settled.wait()
@@ -208,9 +216,8 @@ class LocalBashExecutor(BashExecutor):
     # -- background ------------------------------------------------------------------------
 
     async def start(self, spec: BashExecSpec) -> BashProcess:
-        process_id = f"bash-{next(self._ids)}"
         try:
-            self._launch(spec, background=True, process_id=process_id)
+            _, process = self._launch(spec, background=True)
         except _SpawnFailed as failed:
             # Reported like a process that never got to run: killed, the reason on stderr.
             message = f"bash-local: {failed.error}\n"
@@ -218,8 +225,8 @@ class LocalBashExecutor(BashExecutor):
             stderr.feed(message.encode())
             stdout.close()
             stderr.close()
-            process = LocalBashProcess(process_id, spec.command, spec.owner, stdout, stderr)
-            self._processes[process_id] = process
+            process = LocalBashProcess(failed.process_id, spec.command, spec.owner, stdout, stderr)
+            self._processes[process.id] = process
             facts = self._background_facts(
                 spec, failed.plan, exit_code=None, signal=None, stderr_text=message
             )
@@ -227,7 +234,8 @@ class LocalBashExecutor(BashExecutor):
             # Like every other process, it is reported after start() has returned it.
             asyncio.get_running_loop().call_soon(self._fire_task_done, process)
             return process
-        return self._processes[process_id]
+        assert process is not None
+        return process
 
     def get(self, process_id: str) -> BashProcess | None:
         return self._processes.get(process_id)
@@ -267,20 +275,21 @@ class LocalBashExecutor(BashExecutor):
     # -- spawning --------------------------------------------------------------------------
 
     def _collectors(self, spec: BashExecSpec) -> tuple[OutputCollector, OutputCollector]:
-        return tuple(  # type: ignore[return-value]
-            OutputCollector(
+        def collector(stream: str) -> OutputCollector:
+            return OutputCollector(
                 spec.stdout_max_bytes,
                 stream=stream,
                 spill_dir=self._spill_dir,
                 max_spill_bytes=self.config.max_spill_bytes,
             )
-            for stream in ("stdout", "stderr")
-        )
+
+        return collector("stdout"), collector("stderr")
 
     def _launch(
-        self, spec: BashExecSpec, *, background: bool, process_id: str = ""
-    ) -> SpawnedCommand:
-        """Validate, plan and spawn. Raises before spawning for every infrastructure error."""
+        self, spec: BashExecSpec, *, background: bool
+    ) -> tuple[SpawnedCommand, LocalBashProcess | None]:
+        """Validate, plan and spawn. Raises before spawning for every infrastructure error;
+        a background spawn that fails raises `_SpawnFailed` (it still gets an id)."""
         if self._closing:
             raise ExecutorClosedError("the executor is closed; create a new one")
         if spec.signal is not None and spec.signal.aborted:
@@ -291,6 +300,8 @@ class LocalBashExecutor(BashExecutor):
         stdout, stderr = self._collectors(spec)
         process: LocalBashProcess | None = None
         if background:
+            # Ids are taken only once the spec proved runnable: no gaps for rejected specs.
+            process_id = f"bash-{next(self._ids)}"
             process = LocalBashProcess(process_id, spec.command, spec.owner, stdout, stderr)
         spawned = SpawnedCommand(
             plan,
@@ -311,17 +322,17 @@ class LocalBashExecutor(BashExecutor):
                 error = self._spawn_error(spec, plan, exc)
             finally:
                 spawned.abandon()
-            if background:
-                raise _SpawnFailed(plan, error) from exc
+            if process is not None:
+                raise _SpawnFailed(process.id, plan, error) from exc
             raise error from exc
         # Held until settled, so aclose() can find it even if the awaiting task is gone.
         self._live.add(spawned)
         if process is not None:
             process.attach(spawned)
-            self._processes[process_id] = process
+            self._processes[process.id] = process
         if spec.signal is not None:
             spawned.watch_abort(spec.signal)
-        return spawned
+        return spawned, process
 
     def _on_settled(
         self, spawned: SpawnedCommand, spec: BashExecSpec, process: LocalBashProcess | None
@@ -380,7 +391,8 @@ class LocalBashExecutor(BashExecutor):
 class _SpawnFailed(Exception):
     """Internal: a background spawn failed; `start()` turns it into a killed process."""
 
-    def __init__(self, plan: SpawnPlan, error: BaseException) -> None:
+    def __init__(self, process_id: str, plan: SpawnPlan, error: BaseException) -> None:
         super().__init__(str(error))
+        self.process_id = process_id
         self.plan = plan
         self.error = error

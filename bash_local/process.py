@@ -392,6 +392,7 @@ class LocalBashProcess(BashProcess):
         self._exit_code = exit_code
         self._signal = signal
         self._sandbox = sandbox
+        self._spawned = None  # settled: nothing left to signal, and the plan can be freed
         self._done.set()
 
     @property

@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=("auto", "bwrap", "landlock", "seatbelt"),
                      help="sandbox backend (default: auto)")
     run.add_argument("--timeout-ms", type=_positive_int, metavar="N",
-                     help="kill the command after N milliseconds (default: 120000)")
+                     help="kill the command after N milliseconds (default: the config's "
+                     "timeout_ms, 120000)")
     run.add_argument("--session", metavar="FILE",
                      help="JSON-lines session log whose mode override applies")
     run.add_argument("--json", action="store_true",
@@ -347,15 +348,28 @@ def report_result(result: BashRunResult, *, as_json: bool, stdout: TextIO,
 
 def _install_interrupt_handlers(
     loop: asyncio.AbstractEventLoop, on_signal: Callable[[int], None]
-) -> list[int]:
-    installed: list[int] = []
+) -> list[tuple[int, Any]]:
+    """Route the interrupt signals to ``on_signal``; returns what to restore afterwards."""
+    installed: list[tuple[int, Any]] = []
     for sig in INTERRUPT_SIGNALS:
+        previous = signal.getsignal(sig)
+        if previous is signal.SIG_IGN:
+            continue  # inherited "ignore" (nohup, a background job): keep ignoring it
         try:
             loop.add_signal_handler(sig, on_signal, int(sig))
         except (ValueError, RuntimeError, NotImplementedError):
             break  # not the main thread (an embedding caller): keep the default handlers
-        installed.append(int(sig))
+        installed.append((int(sig), previous))
     return installed
+
+
+def _restore_handlers(loop: asyncio.AbstractEventLoop,
+                      installed: list[tuple[int, Any]]) -> None:
+    for sig, previous in installed:
+        loop.remove_signal_handler(sig)
+        # remove_signal_handler resets to the default; an embedding caller had its own.
+        if previous is not None:
+            signal.signal(sig, previous)
 
 
 async def run_until_interrupted(
@@ -389,8 +403,7 @@ async def run_until_interrupted(
         try:
             await executor.aclose()
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            _restore_handlers(loop, installed)
 
 
 def _run_config(args: argparse.Namespace, workspace: str) -> tuple[SandboxBashConfig, str | None]:
@@ -508,7 +521,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: `sys.argv[1:]`); returns the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            hint = (" (put the command after `--`: bash-sandbox run -- COMMAND)"
+                    if args.subcommand == "run" else "")
+            parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     except SystemExit as exc:  # --help, --version and usage errors: argparse already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Callable[[argparse.Namespace], int] = args.handler

@@ -16,6 +16,7 @@ never be half-read. Every problem becomes one `ConfigError` line naming the key 
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -135,14 +136,16 @@ def load_config(explicit: str | None, workspace: str) -> LoadedConfig:
 
 def describe_validation_error(exc: ValidationError, loaded: LoadedConfig) -> str:
     """A pydantic error as one line: ``key: reason; key[0]: reason``, keys as written."""
-    known = ", ".join(sorted(SandboxBashConfig.model_fields))
+    fields = sorted(SandboxBashConfig.model_fields)
     parts: list[str] = []
     for err in exc.errors():
         loc = err["loc"]
         key = loaded.key_name(str(loc[0])) if loc else "config"
         key += "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
         if err["type"] == "extra_forbidden":
-            parts.append(f"{key}: unknown key (known keys: {known})")
+            close = difflib.get_close_matches(str(loc[0]), fields, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(fields)}"
+            parts.append(f"{key}: unknown key ({hint})")
         else:
             parts.append(f"{key}: {err['msg']}")
     return "; ".join(parts)

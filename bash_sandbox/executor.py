@@ -15,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import weakref
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -54,6 +55,19 @@ def shared_spill_base() -> str:
     return tempfile.mkdtemp(prefix="bash-sandbox-spill-")
 
 
+def remove_state_dir(path: str) -> None:
+    """Delete a state dir, including its mode-000 placeholders and commands' temp files."""
+    if not os.path.isdir(path):
+        return
+    for dirpath, dirnames, _ in os.walk(path):
+        for name in dirnames:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(dirpath, name), 0o700)
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @dataclass(frozen=True)
 class _Confinement:
     """What `_confine` decided, read back by `_outcome_facts` for the same spawn."""
@@ -84,6 +98,8 @@ class SandboxBashExecutor(LocalBashExecutor):
         # Private state: placeholder mount sources, Landlock's TMPDIR, and the spill files,
         # which are hidden from every confined command.
         self._state_dir = tempfile.mkdtemp(prefix="bash-sandbox-")
+        # An executor dropped without aclose() still removes its state dir.
+        self._state_finalizer = weakref.finalize(self, remove_state_dir, self._state_dir)
         # Every executor of this user spills under one base that every sandbox hides, so no
         # confined command reads another run's spill files (its own executor's or another's).
         self._spill_parent = shared_spill_base()
@@ -264,12 +280,6 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._remove_state()
 
     def _remove_state(self) -> None:
-        """Spill files stay readable after close; everything else of the state dir goes."""
-        for name in ("empty", "denied-dir", "denied-file", "tmp"):
-            path = os.path.join(self._state_dir, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                os.chmod(path, 0o700)
-                shutil.rmtree(path, ignore_errors=True)
-            elif os.path.lexists(path):
-                os.unlink(path)
+        """Remove the private state dir (spill files live elsewhere and stay readable)."""
+        remove_state_dir(self._state_dir)
         self._sources = None

@@ -21,7 +21,10 @@ the privileges the next ones drop):
    not govern, plus the always-on set (`seccomp.py`).
 
 The command then runs under `unshare --fork --kill-child`, whose child is PID 1 of the new
-PID namespace: when the group is killed, every process of the command dies with it.
+PID namespace: when the group is killed, every process of the command dies with it. That
+PID 1 is a bash that runs the command as its child and exits with its status, because PID 1
+ignores signals sent from inside its namespace (`kill $$` must still work). Like bwrap, a
+command killed by signal n therefore reports exit 128+n.
 """
 
 from __future__ import annotations
@@ -225,10 +228,23 @@ def _child_setup(plan: ChildPlan, ctx: BackendContext, ruleset_fd: int) -> Child
     return setup
 
 
+def pid1_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """Wrap ``(bash, "-c", command)`` so the command is PID 2 under a waiting bash PID 1.
+
+    The command is passed as a positional argument, never spliced into the script.
+    """
+    if len(argv) == 3 and argv[1] == "-c":
+        # PID 1's own stderr goes to /dev/null so its "Killed" job notice never shows up.
+        script = 'exec 3>&2 2>/dev/null; "$0" -c "$1" 2>&3 3>&-; exit'
+        return (argv[0], "-c", script, argv[0], argv[2])
+    return argv
+
+
 class LandlockBackend(SandboxBackend):
     """Confines with Landlock, namespaces, dropped capabilities and seccomp."""
 
     name = "landlock"
+    folds_signals_into_exit_code = True
 
     def __init__(self) -> None:
         self._abi = landlock_abi()
@@ -266,7 +282,7 @@ class LandlockBackend(SandboxBackend):
 
         return dataclasses.replace(
             plan,
-            argv=(self._init, "--fork", "--kill-child", "--", *plan.argv),
+            argv=(self._init, "--fork", "--kill-child", "--", *pid1_argv(plan.argv)),
             env=env,
             preexec_fn=setup,
             release=release,

@@ -22,8 +22,10 @@ class CliRunner:
         self.env = env
         self.pids: list[int] = []
 
-    def start(self, *args: str, cwd: Path | None = None) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([*self.argv0, *args], stdout=subprocess.PIPE,
+    def start(self, *args: str, cwd: Path | None = None,
+              wrapper: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+        """Start the CLI (behind ``wrapper``, an argv prefix that execs the rest)."""
+        proc = subprocess.Popen([*wrapper, *self.argv0, *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 env=self.env, cwd=cwd)
         self.pids.append(proc.pid)

@@ -45,9 +45,17 @@ def test_bad_value_is_one_line_naming_the_key_and_the_file(
 def test_unknown_key_is_rejected_by_name(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_pyproject(workspace, "timeout = 5\n")
+    write_pyproject(workspace, "colour = 'blue'\n")
     assert main(["run", "--workspace", str(workspace), "--", "true"]) == 2
-    assert "timeout: unknown key (known keys: " in config_error(capsys)
+    assert "colour: unknown key (known keys: backend, cwd, " in config_error(capsys)
+
+
+def test_misspelt_key_gets_a_suggestion(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_pyproject(workspace, "timout-ms = 5\n")
+    assert main(["run", "--workspace", str(workspace), "--", "true"]) == 2
+    assert "timout-ms: unknown key (did you mean timeout_ms?)" in config_error(capsys)
 
 
 def test_dashed_keys_are_accepted_and_errors_quote_them_as_written(

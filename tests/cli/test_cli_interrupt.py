@@ -24,6 +24,8 @@ from cli_probes import (
     wait_until,
 )
 
+from bash_sandbox.cli import main
+
 _unique = itertools.count(1)
 
 
@@ -33,16 +35,16 @@ def _sleep_seconds() -> str:
 
 
 @pytest.mark.parametrize(("mode", "backend", "sig", "expected"), [
-    pytest.param("workspace-write", "auto", signal.SIGINT, 130,
+    pytest.param("workspace-write", "auto", signal.SIGINT, 130, id="sigint-auto",
                  marks=pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK),
                                           reason="no sandbox backend")),
-    pytest.param("workspace-write", "landlock", signal.SIGINT, 130,
+    pytest.param("workspace-write", "landlock", signal.SIGINT, 130, id="sigint-landlock",
                  marks=[pytest.mark.landlock,
                         pytest.mark.skipif(not HAS_LANDLOCK, reason="no Landlock")]),
-    pytest.param("workspace-write", "auto", signal.SIGTERM, 143,
+    pytest.param("workspace-write", "auto", signal.SIGTERM, 143, id="sigterm-auto",
                  marks=pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK),
                                           reason="no sandbox backend")),
-    pytest.param("danger-full-access", "auto", signal.SIGINT, 130),
+    pytest.param("danger-full-access", "auto", signal.SIGINT, 130, id="sigint-unconfined"),
 ])
 def test_signal_to_the_cli_kills_the_command_group(
     mode: str, backend: str, sig: signal.Signals, expected: int,
@@ -74,3 +76,40 @@ def test_signal_to_the_cli_kills_the_command_group(
         kill_if_alive(proc.pid)
         for pid in sleep_pids:
             kill_if_alive(pid)
+
+
+# What nohup does: SIGHUP ignored, and the ignore survives exec.
+IGNORING_SIGHUP = ("/bin/sh", "-c", "trap '' HUP; exec \"$@\"", "sh")
+
+
+@pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK), reason="no sandbox backend")
+def test_an_inherited_ignored_sighup_stays_ignored_like_under_nohup(
+    cli: CliRunner, workspace: Path
+) -> None:
+    proc = cli.start("run", "--mode", "workspace-write", "--workspace", str(workspace), "--",
+                     "touch ready; until [ -e go ]; do sleep 0.01; done; echo finished",
+                     wrapper=IGNORING_SIGHUP)
+    try:
+        wait_until((workspace / "ready").exists, timeout=20, what="command started")
+        os.kill(proc.pid, signal.SIGHUP)
+        (workspace / "go").touch()
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0
+        assert out == b"finished\n"
+    finally:
+        kill_if_alive(proc.pid)
+
+
+@pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK), reason="no sandbox backend")
+def test_in_process_run_restores_the_callers_signal_handlers(workspace: Path) -> None:
+    def mine(signum: int, frame: object) -> None:
+        raise AssertionError("not expected to be called")
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        sigint = signal.getsignal(signal.SIGINT)
+        assert main(["run", "--workspace", str(workspace), "--", "true"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGINT) is sigint
+    finally:
+        signal.signal(signal.SIGTERM, before)

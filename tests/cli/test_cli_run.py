@@ -206,9 +206,7 @@ def test_run_without_a_command_is_a_usage_error(workspace: Path) -> None:
 
 @pytest.mark.parametrize("backend", [
     pytest.param("auto"),
-    pytest.param("landlock", marks=[needs_landlock, pytest.mark.xfail(
-        reason="under Landlock bash is PID 1 of its namespace, which ignores `kill -KILL $$`",
-        strict=False)]),
+    pytest.param("landlock", marks=[needs_landlock]),
 ])
 def test_command_killed_by_signal_exits_128_plus_n(
     backend: str, cli: CliRunner, workspace: Path

@@ -45,3 +45,10 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
 def test_module_entry_point_exits_with_the_status(cli: CliRunner, workspace: Path) -> None:
     assert cli.run("--version").stdout.startswith(b"bash-sandbox ")
     assert cli.run("run", "--timeout-ms", "0", "--", "true").returncode == 2
+
+
+def test_options_meant_for_the_command_need_the_double_dash(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "ls", "-la"]) == 2
+    assert "unrecognized arguments: -la (put the command after `--`" in capsys.readouterr().err

@@ -13,7 +13,13 @@ import pytest
 from local_probes import is_alive, pids_in, wait_dead, wait_for
 
 from bash_local import ExecutorClosedError, LocalBashExecutor
-from bash_seam import AbortController, BashExecRequest, BashExecSpec, BashProcess
+from bash_seam import (
+    AbortController,
+    AbortedBeforeStartError,
+    BashExecRequest,
+    BashExecSpec,
+    BashProcess,
+)
 
 Spec = Callable[..., BashExecSpec]
 
@@ -249,3 +255,14 @@ async def test_pid_of_a_background_command_is_its_process_group(
     pid_line, stat = process.read_output().delta.splitlines()
     assert int(stat.rsplit(")", 1)[1].split()[2]) == int(pid_line)
     assert int(pid_line) != os.getpgrp()
+
+
+async def test_rejected_specs_take_no_id(
+    executor: LocalBashExecutor, spec: Spec, tmp_path: Path
+) -> None:
+    controller = AbortController()
+    controller.abort()
+    with pytest.raises(AbortedBeforeStartError):
+        await executor.start(spec("true", signal=controller.signal))
+    process = await executor.start(spec("true"))
+    assert process.id == "bash-1"

@@ -58,6 +58,8 @@ def test_relative_workdir_is_rejected_by_name() -> None:
     ex = LocalBashExecutor()
     with pytest.raises(WorkdirError, match="some/dir"):
         ex.resolve(BashExecRequest(command="true", workdir="some/dir"))
+    with pytest.raises(WorkdirError, match="absolute"):
+        ex.resolve(BashExecRequest(command="true", workdir=""))
 
 
 def test_missing_or_non_directory_workdir_is_rejected_by_name(tmp_path: Path) -> None:

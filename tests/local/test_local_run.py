@@ -349,3 +349,18 @@ async def test_without_pidfd_a_waiter_thread_watches_the_leader(
     wait_dead(leftover)
     result = await executor.run(spec("sleep 100", timeout_ms=100))
     assert result.timed_out and result.signal == "SIGTERM"
+
+
+async def test_no_descriptor_outlives_its_run(executor: LocalBashExecutor, spec: Spec) -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    await executor.run(spec("true"))  # warm-up: lazy imports and the bash lookup
+    before = open_fds()
+    for _ in range(10):
+        await executor.run(spec("echo x; echo y >&2", stdin=b"z" * 100_000))
+        await executor.run(spec("sleep 100", timeout_ms=20))
+        await executor.run(spec("seq 100000", stdout_max_bytes=10))
+        process = await executor.start(spec("cat", stdin="in"))
+        await process.wait()
+    assert open_fds() == before

@@ -149,6 +149,23 @@ def test_unshare_net_only_when_isolated_without_a_prepared_namespace(
     assert ("--unshare-net" in argv) is expected
 
 
+def test_isolated_enters_the_prepared_namespace_through_nsenter_first() -> None:
+    policy = SandboxPolicy(mode="read-only", workspace_root="/", deny_read=())
+    options = _options(enter_netns="/proc/42/fd/5", nsenter_path="/usr/bin/nsenter")
+    argv = render_bwrap_argv(policy, CMD, workdir="/", mounts=(), options=options)
+    assert argv[:4] == ("/usr/bin/nsenter", "--net=/proc/42/fd/5", "--", "/usr/bin/bwrap")
+    host = SandboxPolicy(mode="read-only", workspace_root="/", network="host", deny_read=())
+    assert render_bwrap_argv(host, CMD, workdir="/", mounts=(), options=options)[0] == (
+        "/usr/bin/bwrap")
+
+
+def test_operator_runner_arguments_follow_the_runner_path() -> None:
+    policy = SandboxPolicy(mode="read-only", workspace_root="/", deny_read=())
+    options = _options(bwrap_path="/opt/runner", runner_args=("--profile", "strict"))
+    argv = render_bwrap_argv(policy, CMD, workdir="/", mounts=(), options=options)
+    assert argv[:4] == ("/opt/runner", "--profile", "strict", "--new-session")
+
+
 def test_hostile_paths_stay_single_arguments() -> None:
     policy = SandboxPolicy(
         mode="workspace-write",
