@@ -125,6 +125,10 @@ class ChildSetup:
         return buf
 
     # -- namespaces ---------------------------------------------------------------
+    def join_userns(self, userns_fd: int) -> None:
+        """Only a single-threaded process may join a user namespace: the forked child is."""
+        self._add("setns(user)", self._lib.setns, userns_fd, CLONE_NEWUSER)
+
     def join_netns(self, netns_fd: int) -> None:
         self._add("setns(net)", self._lib.setns, netns_fd, CLONE_NEWNET)
 

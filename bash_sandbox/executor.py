@@ -153,9 +153,11 @@ class SandboxBashExecutor(LocalBashExecutor):
         if self._sources is None:
             self._sources = make_placeholder_sources(self._state_dir)
         netns_fd: int | None = None
+        userns_fd: int | None = None
         if policy.network is NetworkMode.ISOLATED and backend.name != "seatbelt":
             try:
-                netns_fd = self._netns.fd()
+                fds = self._netns.fds()
+                netns_fd, userns_fd = fds.net, fds.user
             except NetnsError as exc:
                 if backend.name == "landlock":
                     raise SandboxUnavailableError(
@@ -170,6 +172,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             sources=self._sources,
             hidden_paths=hidden,
             netns_fd=netns_fd,
+            userns_fd=userns_fd,
             private_tmp=self._private_tmp,
         )
 

@@ -5,6 +5,11 @@ server started in one call is reachable from the next while nothing outside can 
 It is never bound under `/run/netns`: the open nsfs descriptor is the only thing keeping it
 alive, so closing it (`aclose()`, garbage collection, or the executor's death) frees it.
 pyroute2 is used only here, once per executor, never on the per-command path.
+
+As root the namespace is made by a short-lived thread. An unprivileged executor cannot make
+one directly, so a holder process makes a user namespace that owns a new network namespace
+(`unshare --user --map-root-user --net`), brings `lo` up inside it, and is killed once both
+namespace descriptors are open: commands then join the user namespace, then the network one.
 """
 
 from __future__ import annotations
@@ -12,7 +17,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import threading
+from dataclasses import dataclass
 
 from bash_sandbox.child_setup import CLONE_NEWNET, libc
 
@@ -67,36 +77,117 @@ def create_isolated_netns() -> int:
     return fd
 
 
+_HOLDER_SCRIPT = """
+import sys
+from pyroute2 import IPRoute
+with IPRoute() as ipr:
+    ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+sys.stdout.write("ready\\n")
+sys.stdout.flush()
+sys.stdin.read()
+"""
+
+
+def create_userns_netns(timeout_s: float = 10.0) -> tuple[int, int]:
+    """(user-namespace fd, network-namespace fd) made by a holder process, for non-root."""
+    unshare = shutil.which("unshare") or "/usr/bin/unshare"
+    try:
+        holder = subprocess.Popen(
+            [unshare, "--user", "--map-root-user", "--net", "--",
+             sys.executable, "-I", "-c", _HOLDER_SCRIPT],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise NetnsError(exc.errno or 1, f"cannot start the namespace holder: {exc}") from exc
+    fds: list[int] = []
+    try:
+        assert holder.stdout is not None
+        ready = _read_line(holder.stdout.fileno(), timeout_s)
+        if ready != b"ready":
+            err = holder.stderr.read().decode(errors="replace") if holder.stderr else ""
+            holder.kill()
+            raise NetnsError(1, f"namespace holder failed: {err.strip() or ready!r}")
+        for kind in ("user", "net"):
+            fds.append(os.open(f"/proc/{holder.pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC))
+        return fds[0], fds[1]
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    finally:
+        # The open descriptors keep both namespaces alive; the holder is no longer needed.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(holder.pid, signal.SIGKILL)
+        holder.communicate()
+
+
+def _read_line(fd: int, timeout_s: float) -> bytes:
+    import select
+
+    buf = b""
+    while not buf.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        if not ready:
+            return buf
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return buf
+        buf += chunk
+    return buf.strip()
+
+
+@dataclass(frozen=True)
+class NamespaceFds:
+    """The network namespace, and the user namespace to join first (None as root)."""
+
+    net: int
+    user: int | None = None
+
+
 class NetworkNamespace:
-    """Lazily created, thread-safe holder of one executor's namespace descriptor."""
+    """Lazily created, thread-safe holder of one executor's namespace descriptors."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._fd: int | None = None
+        self._fds: NamespaceFds | None = None
         self._closed = False
 
-    def fd(self) -> int:
-        """The descriptor, creating the namespace on first use. Raises `NetnsError`."""
+    def fds(self) -> NamespaceFds:
+        """The descriptors, creating the namespaces on first use. Raises `NetnsError`."""
         with self._lock:
             if self._closed:
                 raise NetnsError(9, "network namespace already closed")
-            if self._fd is None:
-                self._fd = create_isolated_netns()
-            return self._fd
+            if self._fds is None:
+                if os.geteuid() == 0:
+                    self._fds = NamespaceFds(net=create_isolated_netns())
+                else:
+                    user, net = create_userns_netns()
+                    self._fds = NamespaceFds(net=net, user=user)
+            return self._fds
+
+    def fd(self) -> int:
+        """The network namespace descriptor (see `fds`)."""
+        return self.fds().net
 
     @property
     def created(self) -> bool:
-        return self._fd is not None
+        return self._fds is not None
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            fds, self._fds = self._fds, None
+        if fds is not None:
+            for fd in (fds.net, fds.user):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
 
     def __del__(self) -> None:
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        fds = getattr(self, "_fds", None)
+        if fds is not None:
+            for fd in (fds.net, fds.user):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)

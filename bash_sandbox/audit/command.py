@@ -33,14 +33,29 @@ def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only attacks whose id matches GLOB (repeatable), e.g. 'row11-*'")
 
 
+class _Terminated(Exception):
+    """SIGTERM arrived; the audit was cancelled and has cleaned up."""
+
+
 async def _audit(backends: list[str], modes: list[SandboxMode], globs: list[str]) -> AuditReport:
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
+    terminated = False
+
+    def on_term() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
     # SIGTERM (e.g. a CI timeout) cancels like Ctrl-C does, so the cleanup still runs.
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    loop.add_signal_handler(signal.SIGTERM, on_term)
     try:
         return await run_audit(backends=backends, modes=modes, attacks=select(globs))
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated from None
+        raise
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
 
@@ -69,10 +84,10 @@ def audit_main(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         report = asyncio.run(_audit(backends, modes, globs))
-    except (KeyboardInterrupt, asyncio.CancelledError):
+    except (KeyboardInterrupt, asyncio.CancelledError, _Terminated) as exc:
         print("bash-sandbox audit: interrupted; everything it started was removed",
               file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(exc, _Terminated) else signal.SIGINT)
     sys.stdout.write(render_json(report) if getattr(args, "json", False)
                      else render_table(report))
     return report.exit_code

@@ -81,7 +81,8 @@ def render_table(report: AuditReport) -> str:
             seen.add(key)
             columns = ", ".join(column_name(x.backend, x.mode) for x in reasons
                                 if (x.attack_id, x.detail) == key)
-            lines.append(f"  {_CELL[r.verdict]} {r.attack_id} [{columns}]: {r.detail}")
+            because = f" ({r.evidence[0]})" if r.evidence else ""
+            lines.append(f"  {_CELL[r.verdict]} {r.attack_id} [{columns}]: {r.detail}{because}")
     lines += ["", summary_line(report)]
     return "\n".join(lines) + "\n"
 
@@ -95,9 +96,7 @@ def summary_counts(report: AuditReport) -> dict[str, int]:
 def summary_line(report: AuditReport) -> str:
     counts = summary_counts(report)
     parts = ", ".join(f"{n} {name}" for name, n in counts.items() if n)
-    if report.interrupted:
-        verdict = "INTERRUPTED"
-    elif report.exit_code == 0:
+    if report.exit_code == 0:
         verdict = "PASS: nothing escaped, every control works"
     else:
         verdict = f"FAIL: {len(report.failed)} finding(s)"
@@ -109,7 +108,6 @@ def as_json_data(report: AuditReport) -> dict[str, Any]:
     return {
         "host": report.host,
         "seconds": report.seconds,
-        "interrupted": report.interrupted,
         "probes": {name: {"usable": p.usable, "detail": p.detail}
                    for name, p in report.probes.items()},
         "columns": [{"backend": b, "mode": m} for b, m in report.columns],

@@ -46,7 +46,7 @@ from bash_sandbox.backends.base import BackendProbe
 from bash_sandbox.selection import candidate_backends
 from policies import SandboxMode
 
-DEFAULT_CONCURRENCY = 6
+DEFAULT_CONCURRENCY = 4
 HOOK_MARKER = "AUDIT-BASH-ENV-HOOK-RAN"
 # Credential-shaped names put into the audit's own environment while it runs (real values,
 # if any, are saved and restored; only random canaries are ever visible to a command).
@@ -97,7 +97,6 @@ class AuditReport:
     probes: dict[str, ProbeResult]
     host: dict[str, str]
     seconds: float = 0.0
-    interrupted: bool = False
 
     def cell(self, attack_id: str, backend: str, mode: str) -> CellResult | None:
         for r in self.results:
@@ -112,8 +111,6 @@ class AuditReport:
     @property
     def exit_code(self) -> int:
         """0 only when nothing escaped, no control broke and the audit itself did not fail."""
-        if self.interrupted:
-            return 130
         return 1 if self.failed else 0
 
 
@@ -277,28 +274,30 @@ class AuditSession:
 
     # -- the matrix ----------------------------------------------------------------------------
 
+    async def run_cells(self, cells: Sequence[tuple[Attack, str, SandboxMode]]
+                        ) -> list[CellResult]:
+        """Run cells concurrently (bounded by the session's semaphore), results in order."""
+        # Long attacks (output floods, lifetimes) start first so they do not form the tail.
+        order = sorted(range(len(cells)), key=lambda i: -cells[i][0].budget_s)
+        started = {i: asyncio.ensure_future(self.run_cell(*cells[i])) for i in order}
+        tasks = [started[i] for i in range(len(cells))]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except asyncio.CancelledError:
+            # Interrupted: gather already cancelled every cell; each one's `finally` is now
+            # cleaning up, which must not be cancelled a second time. Wait for all of them.
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
     async def run_matrix(self, attacks: Sequence[Attack], backends: Sequence[str],
                          modes: Sequence[SandboxMode]) -> AuditReport:
         started = time.monotonic()
-        cells = [(a, b, m) for a in attacks for b in backends for m in modes]
         report = AuditReport(columns=[(b, m.value) for b in backends for m in modes],
                              attacks=list(attacks), results=[],
                              probes={b: self.probe(b) for b in backends}, host=host_facts())
-        # Long attacks (output floods, lifetimes) start first so they do not form the tail.
-        order = sorted(range(len(cells)), key=lambda i: -cells[i][0].budget_s)
-        started_tasks = {i: asyncio.ensure_future(self.run_cell(*cells[i])) for i in order}
-        tasks = [started_tasks[i] for i in range(len(cells))]
         try:
-            report.results = list(await asyncio.gather(*tasks))
-        except asyncio.CancelledError:
-            # Interrupted: every task's own `finally` cleans up; wait for them to finish it.
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            report.results = [t.result() for t in tasks if t.done() and not t.cancelled()
-                              and t.exception() is None]
-            report.interrupted = True
-            raise
+            report.results = await self.run_cells(
+                [(a, b, m) for a in attacks for b in backends for m in modes])
         finally:
             report.seconds = round(time.monotonic() - started, 1)
         return report

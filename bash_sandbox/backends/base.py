@@ -82,6 +82,8 @@ class BackendContext:
     sources: PlaceholderSources
     hidden_paths: tuple[str, ...] = ()
     netns_fd: int | None = None
+    # Unprivileged executors: the user namespace owning ``netns_fd``, joined first.
+    userns_fd: int | None = None
     private_tmp: str | None = None
 
 

@@ -66,6 +66,8 @@ class BwrapOptions:
     # The executor's namespace as a path (/proc/<pid>/fd/<n>), entered by nsenter before
     # bwrap starts: cheaper than a pre-exec hook, which forces fork() over vfork().
     enter_netns: str | None = None
+    # Unprivileged: the user namespace owning that network namespace, joined first.
+    enter_userns: str | None = None
     nsenter_path: str = "/usr/bin/nsenter"
     # Extra arguments of an operator's runner, placed right after its path.
     runner_args: tuple[str, ...] = ()
@@ -82,7 +84,10 @@ def render_bwrap_argv(
     """The full argv confining ``argv`` under ``policy``. Pure: no filesystem access."""
     out: list[str] = []
     if options.enter_netns is not None and policy.network is NetworkMode.ISOLATED:
-        out += [options.nsenter_path, f"--net={options.enter_netns}", "--"]
+        out.append(options.nsenter_path)
+        if options.enter_userns is not None:
+            out += [f"--user={options.enter_userns}", "--preserve-credentials"]
+        out += [f"--net={options.enter_netns}", "--"]
     out += [
         options.bwrap_path,
         *options.runner_args,
@@ -230,6 +235,9 @@ class BwrapBackend(SandboxBackend):
             # nsenter opens the path itself, so no namespace fd is inherited by the command.
             enter_netns=(
                 None if ctx.netns_fd is None else f"/proc/{os.getpid()}/fd/{ctx.netns_fd}"
+            ),
+            enter_userns=(
+                None if ctx.userns_fd is None else f"/proc/{os.getpid()}/fd/{ctx.userns_fd}"
             ),
             nsenter_path=self._nsenter,
             runner_args=self._runner_prefix[1:],

@@ -174,6 +174,7 @@ class ChildPlan:
     """Everything the child does before exec, rendered from the policy. Pure data."""
 
     join_netns: bool
+    join_userns: bool
     unshare_flags: int
     map_ids: tuple[int, int] | None
     mounts: tuple[PlannedMount, ...]
@@ -187,14 +188,21 @@ def render_child_plan(
     has_netns: bool,
     euid: int,
     egid: int,
+    has_userns: bool = False,
 ) -> ChildPlan:
+    join_netns = has_netns and policy.network is NetworkMode.ISOLATED
+    # Joining the executor's user namespace already grants the privileges the next steps
+    # need; otherwise an unprivileged executor makes its own.
+    join_userns = join_netns and has_userns
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-    if euid != 0:
+    own_userns = euid != 0 and not join_userns
+    if own_userns:
         flags |= CLONE_NEWUSER
     return ChildPlan(
-        join_netns=has_netns and policy.network is NetworkMode.ISOLATED,
+        join_netns=join_netns,
+        join_userns=join_userns,
         unshare_flags=flags,
-        map_ids=None if euid == 0 else (euid, egid),
+        map_ids=(euid, egid) if own_userns else None,
         mounts=mounts,
         seccomp=SeccompOptions(
             block_unix_sockets=policy.network is NetworkMode.ISOLATED, block_metadata=True
@@ -205,6 +213,8 @@ def render_child_plan(
 def _child_setup(plan: ChildPlan, ctx: BackendContext, ruleset_fd: int) -> ChildSetup:
     setup = ChildSetup()
     setup.die_with_parent()
+    if plan.join_userns and ctx.userns_fd is not None:
+        setup.join_userns(ctx.userns_fd)
     if plan.join_netns and ctx.netns_fd is not None:
         setup.join_netns(ctx.netns_fd)
     setup.unshare(plan.unshare_flags)
@@ -268,6 +278,7 @@ class LandlockBackend(SandboxBackend):
             has_netns=ctx.netns_fd is not None,
             euid=os.geteuid(),
             egid=os.getegid(),
+            has_userns=ctx.userns_fd is not None,
         )
         setup = _child_setup(child, ctx, rs.fileno())  # type: ignore[attr-defined]
         env = dict(plan.env)

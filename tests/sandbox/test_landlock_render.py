@@ -53,6 +53,7 @@ def test_child_plan_as_root_uses_no_user_namespace() -> None:
     plan = ll.render_child_plan(policy, mounts=mounts, has_netns=True, euid=0, egid=0)
     assert plan == ll.ChildPlan(
         join_netns=True,
+        join_userns=False,
         unshare_flags=CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS,
         map_ids=None,
         mounts=mounts,
@@ -67,6 +68,22 @@ def test_child_plan_unprivileged_maps_its_own_ids_and_host_network_joins_nothing
     assert plan.map_ids == (1000, 100)
     assert plan.join_netns is False
     assert plan.seccomp == SeccompOptions(block_unix_sockets=False, block_metadata=True)
+
+
+def test_child_plan_unprivileged_joins_the_executors_user_namespace_when_isolated() -> None:
+    policy = SandboxPolicy(mode="read-only", workspace_root="/srv", deny_read=())
+    plan = ll.render_child_plan(policy, mounts=(), has_netns=True, euid=1000, egid=100,
+                                has_userns=True)
+    assert (plan.join_userns, plan.join_netns) == (True, True)
+    assert not plan.unshare_flags & CLONE_NEWUSER
+    assert plan.map_ids is None
+
+
+def test_pid1_wrapper_passes_the_command_as_an_argument() -> None:
+    argv = ll.pid1_argv(("/bin/bash", "-c", "echo '$1'; exit 3"))
+    assert argv[:2] == ("/bin/bash", "-c")
+    assert argv[3:] == ("/bin/bash", "echo '$1'; exit 3")
+    assert "echo" not in argv[2]
 
 
 def test_landlock_denial_dialect() -> None:
