@@ -117,13 +117,17 @@ def check_user_namespaces(timeout_s: float = 5.0) -> Check:
 def check_network_namespace() -> Check:
     """Make the executor's loopback-only namespace exactly as it would, then drop it."""
     try:
-        from bash_sandbox.netns import create_isolated_netns
+        from bash_sandbox.netns import NetworkNamespace
 
-        fd = create_isolated_netns()
+        netns = NetworkNamespace()
+        fds = netns.fds()
     except Exception as exc:  # ImportError (no pyroute2) included: all mean "not here"
         return Check(available=False, detail=str(exc))
-    os.close(fd)
-    return Check(available=True, detail="created a loopback-only network namespace")
+    owner = "the initial" if fds.user is None else "a private"
+    netns.close()
+    return Check(available=True,
+                 detail=f"created a loopback-only network namespace owned by {owner} "
+                        "user namespace")
 
 
 def _tool_version(path: str) -> str | None:

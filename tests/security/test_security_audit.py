@@ -1,0 +1,179 @@
+"""The audit itself: its catalog covers every row, its report fails on any escape, the CLI
+entry point works end to end, and an interrupted audit leaves nothing behind."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from security_cells import probe
+
+from bash_sandbox.audit import ATTACKS, audit_main
+from bash_sandbox.audit.model import LINUX_BACKENDS, Finding, Verdict
+from bash_sandbox.audit.report import as_json_data, render_json, render_table
+from bash_sandbox.audit.runner import AuditReport, CellResult, ProbeResult
+
+THREAT_MODEL_ROWS = range(1, 15)
+COVERAGE_DOC = Path(__file__).resolve().parents[2] / "docs" / "threat-model-coverage.md"
+
+
+def test_every_threat_model_row_has_attacks_and_ids_name_their_row() -> None:
+    rows = {a.row for a in ATTACKS if a.kind == "attack"}
+    assert rows == set(THREAT_MODEL_ROWS)
+    ids = [a.id for a in ATTACKS]
+    assert len(ids) == len(set(ids))
+    for a in ATTACKS:
+        prefix = "control-" if a.kind == "control" else f"row{a.row}-"
+        assert a.id.startswith(prefix), a.id
+        assert a.modes and a.backends
+
+
+def test_positive_controls_cover_what_stays_allowed() -> None:
+    controls = {a.id for a in ATTACKS if a.kind == "control"}
+    for needed in ("control-read-filesystem", "control-exec", "control-dev-sinks",
+                   "control-write-workspace", "control-loopback-inside",
+                   "control-background-process"):
+        assert needed in controls
+
+
+def test_coverage_document_describes_every_attack() -> None:
+    text = COVERAGE_DOC.read_text()
+    missing = [a.id for a in ATTACKS if f"`{a.id}`" not in text]
+    assert not missing, f"document these in {COVERAGE_DOC.name}: {missing}"
+
+
+def _report(*verdicts: Verdict) -> AuditReport:
+    attack = next(a for a in ATTACKS if a.kind == "attack")
+    results = [CellResult(attack.id, attack.row, attack.title, attack.kind, "bwrap",
+                          mode, v, f"detail {v.value}", ("evidence line",))
+               for v, mode in zip(verdicts, ("read-only", "workspace-write"), strict=False)]
+    return AuditReport(columns=[("bwrap", "read-only"), ("bwrap", "workspace-write")],
+                       attacks=[attack], results=results,
+                       probes={"bwrap": ProbeResult("bwrap", True, "ok")},
+                       host={"kernel": "6.x", "landlock_abi": "7", "euid": "0"})
+
+
+@pytest.mark.parametrize(("verdicts", "code"), [
+    ((Verdict.CONTAINED, Verdict.CONTAINED), 0),
+    ((Verdict.CONTAINED, Verdict.SKIPPED), 0),
+    ((Verdict.NOT_ENFORCEABLE, Verdict.PASSED), 0),
+    ((Verdict.CONTAINED, Verdict.ESCAPED), 1),
+    ((Verdict.BROKEN, Verdict.CONTAINED), 1),
+    ((Verdict.ERROR, Verdict.CONTAINED), 1),
+])
+def test_exit_code_is_zero_only_without_escapes_broken_controls_or_errors(
+    verdicts: tuple[Verdict, ...], code: int
+) -> None:
+    report = _report(*verdicts)
+    assert report.exit_code == code
+    assert as_json_data(report)["exit_code"] == code
+
+
+def test_table_and_json_carry_the_same_cells_and_the_evidence() -> None:
+    report = _report(Verdict.CONTAINED, Verdict.ESCAPED)
+    table = render_table(report)
+    header = next(line for line in table.splitlines() if line.startswith("row "))
+    assert "bwrap/ro" in header and "bwrap/ww" in header
+    assert re.search(r"contained\s+ESCAPED", table)
+    assert "evidence line" in table and "FAIL" in table
+    data = json.loads(render_json(report))
+    assert [r["verdict"] for r in data["results"]] == ["contained", "ESCAPED"]
+    assert data["summary"]["ESCAPED"] == 1 and data["results"][1]["evidence"] == ["evidence line"]
+
+
+def test_a_skipped_premise_is_never_counted_as_contained() -> None:
+    report = _report(Verdict.SKIPPED, Verdict.NOT_ENFORCEABLE)
+    assert as_json_data(report)["summary"]["contained"] == 0
+    assert "never counted as contained" in render_table(report)
+    assert Finding(Verdict.SKIPPED).verdict.fails is False
+
+
+@pytest.mark.skipif(not os.environ.get("CI"), reason="enforced in CI only")
+def test_ci_has_every_linux_backend_usable() -> None:
+    for backend in LINUX_BACKENDS:
+        result = probe(backend)
+        assert result.usable, f"{backend} must be usable in CI: {result.detail}"
+
+
+def _leftovers() -> tuple[set[str], set[int]]:
+    """Audit directories, and processes carrying an audit token or a victim's marker."""
+    dirs = set(glob.glob("/var/tmp/bash-sandbox-audit-*") +
+               glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                      "bash-sandbox-audit-*")))
+    pids = set()
+    for path in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        if b"BASH_SANDBOX_AUDIT_RUN=" in data or b"VICTIM_MEMORY=" in data:
+            pids.add(int(path.split("/")[2]))
+    return dirs, pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux backends only")
+def test_audit_command_reports_json_and_cleans_up() -> None:
+    if not any(probe(b).usable for b in LINUX_BACKENDS):
+        pytest.skip("no usable Linux backend here")
+    before = _leftovers()
+    out = io.StringIO()
+    args = argparse.Namespace(backend="all", mode="all", json=True,
+                              attack=["control-exec", "row6-kill-term-victim"])
+    with contextlib.redirect_stdout(out):
+        code = audit_main(args)
+    data = json.loads(out.getvalue())
+    assert {a["id"] for a in data["attacks"]} == {"control-exec", "row6-kill-term-victim"}
+    assert len(data["results"]) == 2 * len(data["columns"])
+    assert code == data["exit_code"]
+    assert _leftovers() == before
+
+
+def test_audit_command_rejects_an_unknown_attack_glob(capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(backend="all", mode="all", json=False, attack=["no-such-*"])
+    assert audit_main(args) == 2
+    assert "no attack matches" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux backends only")
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_audit_kills_and_removes_everything_it_started(sig: int) -> None:
+    if not any(probe(b).usable for b in LINUX_BACKENDS):
+        pytest.skip("no usable Linux backend here")
+    before = _leftovers()
+    script = ("import argparse, sys; from bash_sandbox.audit import audit_main; "
+              "sys.exit(audit_main(argparse.Namespace(backend='all', mode='all', json=False, "
+              "attack=['row11-after-exit', 'row11-after-timeout', 'row6-*'])))")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # A default SIGINT disposition, as in a terminal (a background job may inherit SIG_IGN).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+    try:
+        deadline = time.monotonic() + 20
+        # Interrupt while attacks are live: their daemons and victims exist.
+        while time.monotonic() < deadline and not (_leftovers()[1] - before[1]):
+            time.sleep(0.05)
+        assert _leftovers()[1] - before[1], "the audit never got going"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig, err.decode()
+    assert b"interrupted" in err
+    deadline = time.monotonic() + 5
+    while _leftovers() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _leftovers() == before
