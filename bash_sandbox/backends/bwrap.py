@@ -42,12 +42,7 @@ from bash_sandbox.backends.base import (
     SandboxBackend,
     run_probe_command,
 )
-from bash_sandbox.backends.mount_plan import (
-    PlannedMount,
-    inspect_deny_read,
-    inspect_protected,
-    render_mount_plan,
-)
+from bash_sandbox.backends.mount_plan import PlannedMount, plan_mounts
 from bash_sandbox.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 
@@ -213,11 +208,7 @@ class BwrapBackend(SandboxBackend):
             return None
 
     def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> SpawnPlan:
-        mounts = render_mount_plan(
-            inspect_protected(policy),
-            inspect_deny_read((*policy.deny_read, *ctx.hidden_paths)),
-            ctx.sources,
-        )
+        mounts = plan_mounts(policy, ctx.hidden_paths, ctx.sources)
         bpf = compile_seccomp(
             SeccompOptions(block_unix_sockets=policy.network is NetworkMode.ISOLATED)
         )

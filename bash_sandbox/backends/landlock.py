@@ -44,12 +44,7 @@ from bash_sandbox.backends.base import (
     SandboxBackend,
     run_probe_command,
 )
-from bash_sandbox.backends.mount_plan import (
-    PlannedMount,
-    inspect_deny_read,
-    inspect_protected,
-    render_mount_plan,
-)
+from bash_sandbox.backends.mount_plan import PlannedMount, plan_mounts
 from bash_sandbox.child_setup import (
     CLONE_NEWIPC,
     CLONE_NEWNS,
@@ -265,11 +260,7 @@ class LandlockBackend(SandboxBackend):
         return self._abi
 
     def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> SpawnPlan:
-        mounts = render_mount_plan(
-            inspect_protected(policy),
-            inspect_deny_read((*policy.deny_read, *ctx.hidden_paths)),
-            ctx.sources,
-        )
+        mounts = plan_mounts(policy, ctx.hidden_paths, ctx.sources)
         ruleset = render_landlock_ruleset(policy, self._abi, private_tmp=ctx.private_tmp)
         rs = _build_ruleset_fd(ruleset)
         child = render_child_plan(

@@ -189,3 +189,14 @@ def make_placeholder_sources(state_dir: str) -> PlaceholderSources:
     os.chmod(sources.deny_dir, 0o000)
     os.chmod(sources.deny_file, 0o000)
     return sources
+
+
+def plan_mounts(
+    policy: SandboxPolicy, hidden_paths: tuple[str, ...], sources: PlaceholderSources
+) -> tuple[PlannedMount, ...]:
+    """Inspect the host now and render the mounts for one spawn (both Linux backends)."""
+    return render_mount_plan(
+        inspect_protected(policy),
+        inspect_deny_read((*policy.deny_read, *hidden_paths)),
+        sources,
+    )
