@@ -24,7 +24,6 @@ from bash_seam import CollectedOutput
 logger = logging.getLogger("bash_local")
 
 _SPILL_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
-_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
 class SpillDirectory:
@@ -167,49 +166,27 @@ class OutputCollector:
     def read_from(self, offset: int, *, final: bool) -> tuple[bytes, int, bool]:
         """Bytes from stream ``offset`` on: ``(data, next_offset, lossy)``.
 
-        Served from memory when still in the tail window, else from the spill file; when
-        neither has them, the read skips to the oldest byte in memory and reports lossy.
-        Unless ``final``, an incomplete trailing UTF-8 character is left for the next read.
+        One read returns at most the cap, always from the in-memory tail: when more is
+        unread, it skips to the last cap bytes and reports lossy (the spill file, when intact,
+        still holds everything), so reading a huge backlog never costs more memory than the
+        tail already does. Unless ``final``, an incomplete trailing UTF-8 character is left
+        for the next read.
         """
         if offset >= self._total:
             return b"", offset, False
         lossy = False
-        data: bytes | None = None
-        if offset < self._mem_start and self.spill_path is not None:
-            data = self._read_spill(offset, self._total)
-        if data is None:
-            if offset < self._mem_start:
-                lossy = True
-                offset = self._mem_start
-            data = b"".join(self._chunks)[offset - self._mem_start :]
-            if lossy:
-                skip = leading_continuation_bytes(data)
-                data, offset = data[skip:], offset + skip
+        if self._total - offset > self._cap:
+            offset, lossy = self._total - self._cap, True
+        # The memory window always covers the last cap bytes, so the read stays bounded.
+        data = b"".join(self._chunks)[offset - self._mem_start :]
+        if lossy:
+            skip = leading_continuation_bytes(data)
+            data, offset = data[skip:], offset + skip
         if not final:
             keep = incomplete_utf8_suffix(data)
             if keep:
                 data = data[:-keep]
         return data, offset + len(data), lossy
-
-    def _read_spill(self, start: int, end: int) -> bytes | None:
-        assert self._spill_path is not None
-        parts: list[bytes] = []
-        try:
-            fd = os.open(self._spill_path, _READ_FLAGS)
-            try:
-                pos = start
-                while pos < end:
-                    part = os.pread(fd, end - pos, pos)
-                    if not part:
-                        return None
-                    parts.append(part)
-                    pos += len(part)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            logger.warning("reading spill file %s failed: %s", self._spill_path, exc)
-            return None
-        return b"".join(parts)
 
     def _start_spill(self, data: bytes) -> None:
         try:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from bash_sandbox.audit.command import add_audit_arguments
 from bash_sandbox.cli_config import ConfigError, build_config, load_config
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
@@ -228,7 +229,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "configured one)")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(handler=_cmd_doctor)
+
+    audit = sub.add_parser(
+        "audit", parents=[common], formatter_class=formatter,
+        help="attack this host's sandbox with every threat-model row",
+        description="Run every row of the threat model as real attacks against each usable "
+        "backend and mode, check the host from outside, and print a table (exit 0 only when "
+        "nothing escaped and every positive control works).",
+    )
+    add_audit_arguments(audit)
+    audit.set_defaults(handler=_cmd_audit)
     return parser
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    # Imported here: the attack catalog is only needed by this subcommand.
+    from bash_sandbox.audit.command import audit_main
+
+    return audit_main(args)
 
 
 # -- shared steps --------------------------------------------------------------------------

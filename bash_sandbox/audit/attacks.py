@@ -128,8 +128,6 @@ def py(body: str) -> str:
     return "{{py}} - <<'PY'\n" + PRELUDE + body.strip("\n") + "\nPY\n"
 
 
-# -- checks: each returns evidence strings (empty: nothing escaped) -------------------------
-
 # -- prepare helpers ---------------------------------------------------------------------------
 
 
@@ -867,8 +865,11 @@ def _nice_unchanged(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> lis
 
 
 def _tuning_prepare() -> Callable[[AttackEnv], Awaitable[AttackSetup]]:
-    base = victim_attack("_", 6, "_", "renice -n 10 -p {{vpid}}; taskset -p 1 {{vpid}}; "
-                         "prlimit --pid {{vpid}} --nofile=16:16; ionice -c3 -p {{vpid}}")
+    base = victim_attack("_", 6, "_",
+                         "renice -n 10 -p {{vpid}} && echo 'ESCAPE renice'; "
+                         "taskset -p 1 {{vpid}} && echo 'ESCAPE taskset'; "
+                         "prlimit --pid {{vpid}} --nofile=16:16 && echo 'ESCAPE prlimit'; "
+                         "ionice -c3 -p {{vpid}} && echo 'ESCAPE ionice'")
 
     async def prepare(env: AttackEnv) -> AttackSetup:
         setup = await base.prepare(env)
@@ -900,14 +901,18 @@ ROW6 = [
     victim_attack("row6-kill-0-victim", 6, "kill -0 a host process",
                   "kill -0 {{vpid}} && echo 'ESCAPE kill -0 reached the victim'", no_escape_lines),
     victim_attack("row6-kill-term-victim", 6, "SIGTERM, SIGHUP, SIGUSR1 a host process",
-                  "kill -TERM {{vpid}}; kill -HUP {{vpid}}; kill -USR1 {{vpid}}", no_escape_lines),
-    victim_attack("row6-kill-kill-victim", 6, "SIGKILL a host process", "kill -KILL {{vpid}}",
+                  "for s in TERM HUP USR1; do kill -$s {{vpid}} && "
+                  "echo \"ESCAPE kill -$s reached the victim\"; done", no_escape_lines),
+    victim_attack("row6-kill-kill-victim", 6, "SIGKILL a host process",
+                  "kill -KILL {{vpid}} && echo 'ESCAPE kill -KILL reached the victim'",
                   no_escape_lines),
     victim_attack("row6-stop-cont-victim", 6, "SIGSTOP then SIGCONT a host process",
-                  "kill -STOP {{vpid}}; sleep 0.2; kill -CONT {{vpid}}", no_escape_lines),
+                  "kill -STOP {{vpid}} && echo 'ESCAPE kill -STOP reached the victim'; "
+                  "sleep 0.2; kill -CONT {{vpid}}", no_escape_lines),
     victim_attack("row6-kill-process-group", 6, "signal a host process group",
-                  "kill -TERM -- -{{vpid}}; kill -0 -- -{{vpid}} && "
-                  "echo 'ESCAPE kill -0 reached the group'", no_escape_lines),
+                  "kill -TERM -- -{{vpid}} && echo 'ESCAPE kill -TERM reached the group'; "
+                  "kill -0 -- -{{vpid}} && echo 'ESCAPE kill -0 reached the group'",
+                  no_escape_lines),
     victim_attack("row6-signal-syscalls", 6, "kill(2), pidfd_send_signal, tgkill, "
                   "rt_sigqueueinfo", SIGNAL_SYSCALLS, no_escape_lines, python=True),
     attack("row6-kill-0-executor", 6, "kill -0 the executor's own process (signal 0 only)",
@@ -1088,9 +1093,13 @@ attempt("setgid(4242)", lambda: os.setgid(4242))
 attempt("setgroups([4242])", lambda: os.setgroups([4242]))
 attempt("setresuid(4242, 4242, 4242)", lambda: os.setresuid(4242, 4242, 4242))
 """, no_escape_lines, python=True),
-    attack("row8-su", 8, "su to another user",
-           "su -s /bin/sh -c 'echo SU-UID=$(id -u)' nobody", output_lacks("SU-UID=65534"),
-           extra=lambda env: {} if shutil.which("su") else {"skip": "su not installed"}),
+    attack("row8-su-newgrp", 8, "switch identity with setuid tools (su to another user, "
+           "newgrp to another group)",
+           "su -s /bin/sh -c 'echo SU-UID=$(id -u)' nobody; "
+           "echo 'echo NEWGRP-GID=$(id -g)' | newgrp nogroup",
+           output_lacks("SU-UID=65534", "NEWGRP-GID=65534"),
+           extra=lambda env: {} if shutil.which("su") and shutil.which("newgrp")
+           else {"skip": "su or newgrp not installed"}),
     attack("row8-new-user-namespace", 8, "a new user namespace to regain capabilities "
            "(unshare -U/-r, unshare(2), clone(2))",
            "unshare -U true && echo 'ESCAPE unshare -U'; unshare -r id -u && "
@@ -1627,7 +1636,7 @@ ROW13 = [
                  "find {{spill_parent}} -type f -exec cat {} + 2>&1 | head", fresh=True),
     spill_attack("row13-spill-search", "search the temp dirs for spill files without "
                  "knowing the path",
-                 "timeout 20 grep -rl AUDIT-SPILL-{{token}} /tmp /var/tmp ${TMPDIR:-/tmp} "
+                 "timeout 20 grep -rl AUDIT-SPILL-{{token}} /tmp ${TMPDIR:-/tmp} "
                  "2>/dev/null | "
                  "head -20 | xargs -r cat 2>&1 | head -5", fresh=True),
 ]

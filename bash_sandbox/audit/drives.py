@@ -18,7 +18,7 @@ import signal
 import sys
 from typing import Any
 
-from bash_sandbox.audit.model import AttackEnv, AttackSetup, Drive, Outcome
+from bash_sandbox.audit.model import TOKEN_VARIABLE, AttackEnv, AttackSetup, Drive, Outcome
 from bash_sandbox.audit.targets import TaggedProcess, find_tagged, pid_alive
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_seam import AbortController, BashExecError
@@ -170,7 +170,7 @@ async def executor_sigkilled(env: AttackEnv, setup: AttackSetup) -> Outcome:
     outcome = Outcome()
     helper = await _spawn_helper(env, _EXECUTOR_HOLDER, {
         "executor": _executor_config(env, setup), "command": setup.command,
-        "env": {"BASH_SANDBOX_AUDIT_RUN": env.token}})
+        "env": {TOKEN_VARIABLE: env.token}})
     assert helper.stdout is not None and helper.stderr is not None
     try:
         line = await asyncio.wait_for(helper.stdout.readline(), 20)
@@ -264,7 +264,7 @@ async def measured(env: AttackEnv, setup: AttackSetup) -> Outcome:
     outcome = Outcome()
     helper = await _spawn_helper(env, _MEASURED_RUN, {
         "executor": _executor_config(env, setup), "command": setup.command,
-        "env": {"BASH_SANDBOX_AUDIT_RUN": env.token}, "timeout_ms": setup.timeout_ms,
+        "env": {TOKEN_VARIABLE: env.token}, "timeout_ms": setup.timeout_ms,
         "background": bool(setup.data.get("background"))})
     try:
         stdout, stderr = await asyncio.wait_for(helper.communicate(), 60)

@@ -100,15 +100,20 @@ async def test_stderr_marker_starts_its_own_line(executor: LocalBashExecutor, sp
     assert process.read_output().delta == "partial\n[stderr]\nproblem"
 
 
-async def test_a_read_behind_the_memory_window_is_served_from_the_spill(
+async def test_a_backlog_larger_than_the_cap_reads_as_its_tail_with_the_spill_named(
     executor: LocalBashExecutor, spec: Spec
 ) -> None:
     process = await executor.start(spec("seq 2000", stdout_max_bytes=100))
     await process.wait()
     read = process.read_output()
-    assert read.delta == "".join(f"{i}\n" for i in range(1, 2001))
-    assert not read.lossy
+    everything = "".join(f"{i}\n" for i in range(1, 2001))
+    assert len(read.delta.encode()) <= 100
+    assert everything.endswith(read.delta)
+    assert read.lossy
     assert read.stdout_spill_path is not None and read.stderr_spill_path is None
+    with open(read.stdout_spill_path) as fh:
+        assert fh.read() == everything
+    assert process.read_output().delta == ""
 
 
 async def test_a_read_of_dropped_bytes_is_lossy(tmp_path: Path) -> None:

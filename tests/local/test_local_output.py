@@ -162,14 +162,19 @@ def test_unusable_spill_parent_still_yields_the_tail(tmp_path: Path) -> None:
     assert collector.collected().spill_path is None
 
 
-def test_read_from_serves_memory_then_spill_then_reports_loss(tmp_path: Path) -> None:
+def test_read_from_returns_at_most_the_cap_and_skips_a_larger_backlog(tmp_path: Path) -> None:
     spill = SpillDirectory(str(tmp_path))
     collector = OutputCollector(10, stream="stdout", spill_dir=spill, max_spill_bytes=1000)
     collector.feed(b"0123456789")
     assert collector.read_from(0, final=False) == (b"0123456789", 10, False)
     collector.feed(b"ABCDEFGHIJ" * 3)
-    data, offset, lossy = collector.read_from(0, final=False)  # out of memory: from the spill
-    assert data == b"0123456789" + b"ABCDEFGHIJ" * 3 and offset == 40 and not lossy
+    # 30 unread bytes, cap 10: the tail is returned, the skip is flagged, the spill is whole.
+    assert collector.read_from(10, final=False) == (b"ABCDEFGHIJ", 40, True)
+    assert collector.spill_path is not None
+    with open(collector.spill_path, "rb") as fh:
+        assert fh.read() == b"0123456789" + b"ABCDEFGHIJ" * 3
+    collector.feed(b"klm")
+    assert collector.read_from(40, final=False) == (b"klm", 43, False)
 
     small = OutputCollector(10, stream="stdout", spill_dir=spill, max_spill_bytes=20)
     small.feed(b"0123456789")

@@ -4,7 +4,9 @@ entry point works end to end, and an interrupted audit leaves nothing behind."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import dataclasses
 import glob
 import io
 import json
@@ -20,9 +22,11 @@ import pytest
 from security_cells import probe
 
 from bash_sandbox.audit import ATTACKS, audit_main
+from bash_sandbox.audit.attacks import by_id
 from bash_sandbox.audit.model import LINUX_BACKENDS, Finding, Verdict
 from bash_sandbox.audit.report import as_json_data, render_json, render_table
-from bash_sandbox.audit.runner import AuditReport, CellResult, ProbeResult
+from bash_sandbox.audit.runner import AuditReport, AuditSession, CellResult, ProbeResult
+from policies import SandboxMode
 
 THREAT_MODEL_ROWS = range(1, 15)
 COVERAGE_DOC = Path(__file__).resolve().parents[2] / "docs" / "threat-model-coverage.md"
@@ -177,3 +181,27 @@ def test_interrupted_audit_kills_and_removes_everything_it_started(sig: int) -> 
     while _leftovers() != before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _leftovers() == before
+
+
+# One attack per kind of outside check: snapshot, canary, victim log, terminal, server count,
+# survivor scan, spill file. Run unconfined, each must be seen escaping, or the audit could
+# pass by checking nothing.
+DETECTOR_CANARIES = ("row1-overwrite", "row2-symlink-to-file", "row4-hook-create",
+                     "row5-cat-files", "row6-kill-term-victim", "row9-write-terminal",
+                     "row10-tcp-loopback", "row11-after-exit", "row13-spill-same-executor")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+def test_detectors_see_each_attack_escape_when_nothing_confines_it() -> None:
+    unconfined = SandboxMode.DANGER_FULL_ACCESS
+    attacks = [dataclasses.replace(by_id(i), modes=frozenset({unconfined}))
+               for i in DETECTOR_CANARIES]
+
+    async def run() -> list[CellResult]:
+        async with AuditSession() as session:
+            return await session.run_cells([(a, "bwrap", unconfined) for a in attacks])
+
+    results = asyncio.run(run())
+    not_seen = [f"{r.attack_id}: {r.verdict.value} {r.detail}" for r in results
+                if r.verdict is not Verdict.ESCAPED]
+    assert not not_seen
