@@ -160,6 +160,30 @@ def find_bwrap() -> str | None:
         return None
 
 
+UNCONFINED_RUNNER_LINE = "bash-sandbox: the runner did not confine the command; refusing to run it"
+UNCONFINED_RUNNER_EXIT = 125
+
+
+def confinement_check_argv(argv: tuple[str, ...], executor_pid: int) -> tuple[str, ...]:
+    """Wrap ``(bash, "-c", command)`` so it runs only if it really is confined.
+
+    An operator's runner passed the probe once; this re-checks every run from inside, with
+    bash builtins only: no_new_privs and a seccomp filter are on, and the mount namespace is
+    not the executor's (its /proc entry is not even visible from a real sandbox).
+    """
+    if len(argv) != 3 or argv[1] != "-c":
+        return argv
+    script = (
+        "nnp= sc=; while IFS=$'\\t' read -r k v; do case $k in NoNewPrivs:) nnp=$v;; "
+        "Seccomp:) sc=$v;; esac; done < /proc/self/status; "
+        f'if [ "$nnp" != 1 ] || [ "$sc" != 2 ] || '
+        f"[ /proc/self/ns/mnt -ef /proc/{executor_pid}/ns/mnt ]; "
+        f'then echo "{UNCONFINED_RUNNER_LINE}" >&2; exit {UNCONFINED_RUNNER_EXIT}; fi; '
+        'exec "$0" -c "$1"'
+    )
+    return (argv[0], "-c", script, argv[0], argv[2])
+
+
 # Lines bwrap prints about itself that are not failures.
 _INFORMATIONAL = ("warning",)
 
@@ -233,9 +257,10 @@ class BwrapBackend(SandboxBackend):
             nsenter_path=self._nsenter,
             runner_args=self._runner_prefix[1:],
         )
-        argv = render_bwrap_argv(
-            policy, plan.argv, workdir=plan.cwd, mounts=mounts, options=options
-        )
+        inner = plan.argv
+        if self._runner_prefix:
+            inner = confinement_check_argv(inner, os.getpid())
+        argv = render_bwrap_argv(policy, inner, workdir=plan.cwd, mounts=mounts, options=options)
         previous_release = plan.release
 
         def release() -> None:
@@ -254,11 +279,15 @@ class BwrapBackend(SandboxBackend):
         return SandboxEnforcement.FULL
 
     def is_denial(self, stderr: str) -> bool:
-        return any(s in stderr for s in (
-            "Read-only file system", "Permission denied", "Device or resource busy"))
+        return any(
+            s in stderr
+            for s in ("Read-only file system", "Permission denied", "Device or resource busy")
+        )
 
     def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
         # Gate on bwrap's own exit code for setup failures (1), or a signature match.
+        if exit_code == UNCONFINED_RUNNER_EXIT and UNCONFINED_RUNNER_LINE in stderr:
+            return UNCONFINED_RUNNER_LINE
         for line in stderr.splitlines():
             text = line.strip()
             if any(sig and sig in text for sig in self._signatures):

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from bash_sandbox.backends.bwrap import BwrapBackend, BwrapOptions, render_bwrap_argv
+from bash_sandbox.backends.bwrap import (
+    UNCONFINED_RUNNER_EXIT,
+    UNCONFINED_RUNNER_LINE,
+    BwrapBackend,
+    BwrapOptions,
+    confinement_check_argv,
+    render_bwrap_argv,
+)
 from bash_sandbox.backends.mount_plan import PlannedMount
 from policies import SandboxPolicy
 
@@ -205,3 +212,13 @@ def test_denial_dialect_is_erofs_or_eacces() -> None:
     assert backend.is_denial("bash: f: Read-only file system")
     assert backend.is_denial("cat: x: Permission denied")
     assert not backend.is_denial("No such file or directory")
+
+
+def test_operator_runner_commands_recheck_their_confinement_from_inside() -> None:
+    argv = confinement_check_argv(("/bin/bash", "-c", "make; echo '$1'"), 4242)
+    assert argv[0:2] == ("/bin/bash", "-c")
+    assert argv[3:] == ("/bin/bash", "make; echo '$1'")
+    assert "/proc/4242/ns/mnt" in argv[2] and "NoNewPrivs" in argv[2]
+    backend = BwrapBackend(runner_prefix=("/opt/runner",))
+    assert backend.runner_failure(UNCONFINED_RUNNER_EXIT, UNCONFINED_RUNNER_LINE + "\n") == (
+        UNCONFINED_RUNNER_LINE)
