@@ -25,8 +25,14 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOEXEC = 8
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
 MS_REMOUNT = 32
 MS_BIND = 4096
+MS_MOVE = 8192
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 
@@ -71,7 +77,8 @@ def libc() -> ctypes.CDLL:
     global _libc  # noqa: PLW0603 - loaded once, before any fork
     if _libc is None:
         lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        for name in ("syscall", "prctl", "setns", "unshare", "mount", "write", "open", "close"):
+        for name in ("syscall", "prctl", "setns", "unshare", "mount", "write", "open", "close",
+                     "symlink", "mkdir", "chdir"):
             getattr(lib, name).restype = ctypes.c_long if name == "syscall" else ctypes.c_int
         _libc = lib
     return _libc
@@ -171,6 +178,31 @@ class ChildSetup:
         src, dst = self._buf(source.encode()), self._buf(target.encode())
         self._add("bind " + target, self._lib.mount, src, dst, None, MS_BIND, None)
 
+    def remount(self, target: str, flags: int) -> None:
+        """Change one mount's per-mount flags (MS_REMOUNT|MS_BIND keeps the filesystem's)."""
+        self._add("remount " + target, self._lib.mount, None, self._buf(target.encode()), None,
+                  MS_REMOUNT | MS_BIND | flags, None)
+
+    def chdir(self, path: str) -> None:
+        """Re-enter ``path``: a cwd taken before the mounts still points below them."""
+        self._add("chdir " + path, self._lib.chdir, self._buf(path.encode()))
+
+    def move_mount(self, source: str, target: str) -> None:
+        self._add("move " + source, self._lib.mount, self._buf(source.encode()),
+                  self._buf(target.encode()), None, MS_MOVE, None)
+
+    def mount_fs(self, fstype: str, target: str, flags: int, data: str) -> None:
+        self._add(f"mount {fstype} {target}", self._lib.mount, self._buf(fstype.encode()),
+                  self._buf(target.encode()), self._buf(fstype.encode()), flags,
+                  self._buf(data.encode()))
+
+    def create_file(self, path: str, mode: int = 0o666) -> None:
+        self._add("create " + path, _CreateFile(self._lib, self._buf(path.encode()), mode))
+
+    def symlink(self, target: str, path: str) -> None:
+        self._add("symlink " + path, self._lib.symlink, self._buf(target.encode()),
+                  self._buf(path.encode()))
+
     def make_dir(self, path: str) -> None:
         """mkdir a placeholder mount point; EEXIST is fine (a concurrent run made it)."""
         self._add("mkdir " + path, self._lib.mkdir, self._buf(path.encode()), 0o755, ok=(17,))
@@ -241,6 +273,21 @@ class ChildSetup:
                         msg = step.what + b": " + os.strerror(err).encode()
                         self._lib.write(self._report_fd, msg, len(msg))
                     raise OSError(err, "sandbox child setup failed")
+
+
+class _CreateFile:
+    """open(O_CREAT|O_EXCL)+close as one pre-bound step: a mount point for a device."""
+
+    def __init__(self, lib: ctypes.CDLL, path: ctypes.Array[ctypes.c_char], mode: int) -> None:
+        self._lib, self._path, self._mode = lib, path, mode
+
+    def __call__(self) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        fd = int(self._lib.open(self._path, flags, self._mode))
+        if fd < 0:
+            return -1
+        self._lib.close(fd)
+        return 0
 
 
 class _WriteFile:

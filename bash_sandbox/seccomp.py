@@ -2,8 +2,8 @@
 
 Landlock and mount namespaces decide *where* a command may write; seccomp closes what they
 cannot see: terminal injection, new user namespaces (the door to capabilities and mounts),
-kernel keyrings, io_uring (syscalls seccomp cannot inspect), unix sockets under an isolated
-network, and, for Landlock, metadata changes (chmod, chown, xattrs, utimes by path).
+kernel keyrings, io_uring (syscalls seccomp cannot inspect), and unix sockets under an
+isolated network.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class SeccompOptions:
     """What this command's filter must refuse beyond the always-on set."""
 
     block_unix_sockets: bool = False
-    block_metadata: bool = False
 
 
 _MOUNT_CALLS = (
@@ -88,26 +87,6 @@ _KERNEL_CALLS = (
     "mq_unlink",
 )
 _IO_URING_CALLS = ("io_uring_setup", "io_uring_enter", "io_uring_register")
-_METADATA_CALLS = (
-    "chmod",
-    "fchmod",
-    "fchmodat",
-    "fchmodat2",
-    "chown",
-    "fchown",
-    "lchown",
-    "fchownat",
-    "setxattr",
-    "lsetxattr",
-    "fsetxattr",
-    "removexattr",
-    "lremovexattr",
-    "fremovexattr",
-    "setxattrat",
-    "removexattrat",
-    "utime",
-    "utimes",
-)
 
 
 def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
@@ -141,22 +120,6 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
                 "no host unix sockets under an isolated network",
             )
         )
-    if options.block_metadata:
-        rules += [
-            SeccompRule(name, eperm, (), "Landlock does not govern metadata")
-            for name in _METADATA_CALLS
-        ]
-        # By path, utimensat/futimesat are unscoped; on a descriptor (NULL path) the open
-        # already passed Landlock, so `touch` of a new file keeps working.
-        rules += [
-            SeccompRule(
-                name,
-                eperm,
-                (ArgCheck(1, 0, 0xFFFFFFFFFFFFFFFF, "ne"),),
-                "Landlock does not govern metadata",
-            )
-            for name in ("utimensat", "futimesat")
-        ]
     return tuple(rules)
 
 

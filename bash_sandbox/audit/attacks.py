@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import functools
 import hashlib
 import os
@@ -66,6 +67,7 @@ from bash_sandbox.audit.model import (
     Drive,
     Finding,
     Outcome,
+    Verdict,
     Verify,
     audit_error,
     contained,
@@ -191,6 +193,20 @@ def attack(id: str, row: int, title: str, template: str, *checks: Check,
 
 
 FILES: tuple[Check, ...] = (guards_unchanged, no_escape_lines)
+
+
+def known_limit(entry: Attack, why: str) -> Attack:
+    """An attack no path-based sandbox can contain: an escape is reported as not
+    enforceable, with ``why`` (documented in docs/threat-model-coverage.md), never hidden."""
+    inner = entry.verify
+
+    async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
+        finding = await inner(env, setup, outcome)
+        if finding.verdict is Verdict.ESCAPED:
+            return Finding(Verdict.NOT_ENFORCEABLE, why, finding.evidence)
+        return finding
+
+    return dataclasses.replace(entry, verify=verify)
 
 
 # -- row 1: write outside the writable roots ----------------------------------------------------
@@ -337,9 +353,12 @@ ROW2 = [
            "ln -s {{host}} {{ws}}/cmd-link && echo pwned > {{ws}}/cmd-link/victim.txt; "
            "ln -sf {{victim}} {{ws}}/cmd-file-link && echo pwned > {{ws}}/cmd-file-link",
            *FILES),
-    attack("row2-hardlink-planted", 2, "write through a hardlink (to a host file) that "
-           "already sits in the workspace",
-           "echo pwned > {{ws}}/hardlink", *FILES),
+    known_limit(
+        attack("row2-hardlink-planted", 2, "write through a hardlink (to a host file) that "
+               "already sits in the workspace",
+               "echo pwned > {{ws}}/hardlink", *FILES),
+        "a hardlink placed in the workspace before the run is a workspace file to every "
+        "path-based sandbox; commands cannot make one (row2-hardlink-made-by-command)"),
     attack("row2-hardlink-made-by-command", 2, "hardlink a host file into the workspace, "
            "then write it",
            "ln {{victim}} {{ws}}/cmd-hardlink && echo pwned > {{ws}}/cmd-hardlink", *FILES),

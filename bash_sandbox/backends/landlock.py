@@ -13,12 +13,15 @@ the privileges the next ones drop):
 1. die with the executor (`PR_SET_PDEATHSIG`), so the tree cannot outlive it;
 2. enter the executor's network namespace;
 3. new mount, PID, IPC and UTS namespaces (plus a user namespace when not root);
-4. protected paths and `deny_read` paths mounted over read-only (`mount_plan`), because a
-   Landlock rule on a root cannot be narrowed for a subpath;
+4. every host mount remounted read-only and the writable roots bound back writable, so
+   metadata changes Landlock does not govern (chmod, chown, xattrs, utimes, also through a
+   read-only descriptor) fail with EROFS outside the roots; protected paths and
+   `deny_read` paths mounted over read-only (`mount_plan`), because a Landlock rule on a
+   root cannot be narrowed for a subpath; a fresh /dev (no host terminals, consoles,
+   input devices or disks) with its own devpts;
 5. drop every capability (bounding set included) and set `no_new_privs`;
 6. `landlock_restrict_self`;
-7. seccomp: metadata changes (chmod, chown, xattrs, utimes by path), which Landlock does
-   not govern, plus the always-on set (`seccomp.py`).
+7. seccomp: the always-on set (`seccomp.py`).
 
 The command then runs under `unshare --fork --kill-child`, whose child is PID 1 of the new
 PID namespace: when the group is killed, every process of the command dies with it. That
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -51,6 +55,14 @@ from bash_sandbox.child_setup import (
     CLONE_NEWPID,
     CLONE_NEWUSER,
     CLONE_NEWUTS,
+    MS_NOATIME,
+    MS_NODEV,
+    MS_NODIRATIME,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_RDONLY,
+    MS_RELATIME,
+    MS_STRICTATIME,
     ChildSetup,
 )
 from bash_sandbox.seccomp import SeccompOptions, compile_seccomp
@@ -96,7 +108,7 @@ WRITE_RIGHTS = (
     | REFER
     | TRUNCATE
 )
-SINK_RIGHTS = WRITE_FILE | TRUNCATE
+SINK_RIGHTS = WRITE_FILE | TRUNCATE | IOCTL_DEV
 WRITABLE_SINKS = ("/dev/null", "/dev/zero", "/dev/full")
 
 
@@ -121,8 +133,6 @@ def render_landlock_ruleset(
     """The ruleset for ``policy`` on a kernel with Landlock ``abi``. Pure."""
     handled = handled_fs_for_abi(abi)
     rules: list[tuple[str, int]] = [("/", READ_RIGHTS)]
-    if abi >= 5:
-        rules.append(("/dev", IOCTL_DEV))  # device ioctls only on devices, never injected
     rules += [(sink, SINK_RIGHTS) for sink in WRITABLE_SINKS]
     if policy.mode is SandboxMode.WORKSPACE_WRITE:
         roots = policy.all_writable_roots()
@@ -174,6 +184,52 @@ class ChildPlan:
     map_ids: tuple[int, int] | None
     mounts: tuple[PlannedMount, ...]
     seccomp: SeccompOptions
+    # Every host mount remounted read-only (with its other per-mount flags kept), then the
+    # writable roots bound back writable: metadata changes (chmod, utimes on a descriptor)
+    # outside them hit EROFS, which Landlock alone would let through.
+    read_only_mounts: tuple[tuple[str, int], ...] = ()
+    writable_binds: tuple[tuple[str, int], ...] = ()
+
+
+# The devices a fresh /dev offers (like bwrap's --dev): no host terminals, consoles, input
+# devices or disks, so nothing can read keystrokes or raw blocks around the rules.
+FRESH_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+FRESH_DEV_LINKS = (("/proc/self/fd", "/dev/fd"), ("/proc/self/fd/0", "/dev/stdin"),
+                   ("/proc/self/fd/1", "/dev/stdout"), ("/proc/self/fd/2", "/dev/stderr"),
+                   ("pts/ptmx", "/dev/ptmx"))
+
+_MOUNT_OPTION_FLAGS = {
+    "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME,
+}
+
+
+def _unescape_mountinfo(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mount_table(mountinfo: str) -> tuple[tuple[str, int], ...]:
+    """(mount point, per-mount flags without MS_RDONLY) for each line of a mountinfo text."""
+    table: list[tuple[str, int]] = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 6:
+            continue
+        flags = 0
+        for option in fields[5].split(","):
+            flags |= _MOUNT_OPTION_FLAGS.get(option, 0)
+        table.append((_unescape_mountinfo(fields[4]), flags))
+    return tuple(table)
+
+
+def _mount_of(path: str, table: tuple[tuple[str, int], ...]) -> int:
+    """Per-mount flags of the deepest mount holding ``path``."""
+    best, flags = "", 0
+    for point, point_flags in table:
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, flags = point, point_flags
+    return flags
 
 
 def render_child_plan(
@@ -184,6 +240,8 @@ def render_child_plan(
     euid: int,
     egid: int,
     has_userns: bool = False,
+    mount_table: tuple[tuple[str, int], ...] = (),
+    private_tmp: str | None = None,
 ) -> ChildPlan:
     join_netns = has_netns and policy.network is NetworkMode.ISOLATED
     # Joining the executor's user namespace already grants the privileges the next steps
@@ -193,19 +251,24 @@ def render_child_plan(
     own_userns = euid != 0 and not join_userns
     if own_userns:
         flags |= CLONE_NEWUSER
+    writable = policy.all_writable_roots()
+    if writable and private_tmp is not None:
+        writable = (*writable, private_tmp)
     return ChildPlan(
+        read_only_mounts=tuple((point, f | MS_RDONLY) for point, f in mount_table),
+        writable_binds=tuple((root, _mount_of(root, mount_table)) for root in writable),
         join_netns=join_netns,
         join_userns=join_userns,
         unshare_flags=flags,
         map_ids=(euid, egid) if own_userns else None,
         mounts=mounts,
-        seccomp=SeccompOptions(
-            block_unix_sockets=policy.network is NetworkMode.ISOLATED, block_metadata=True
-        ),
+        seccomp=SeccompOptions(block_unix_sockets=policy.network is NetworkMode.ISOLATED),
     )
 
 
-def _child_setup(plan: ChildPlan, ctx: BackendContext, ruleset_fd: int) -> ChildSetup:
+def _child_setup(
+    plan: ChildPlan, ctx: BackendContext, ruleset_fd: int, cwd: str
+) -> ChildSetup:
     setup = ChildSetup()
     setup.die_with_parent()
     if plan.join_userns and ctx.userns_fd is not None:
@@ -219,6 +282,11 @@ def _child_setup(plan: ChildPlan, ctx: BackendContext, ruleset_fd: int) -> Child
         setup.write_file("/proc/self/uid_map", f"{uid} {uid} 1".encode())
         setup.write_file("/proc/self/gid_map", f"{gid} {gid} 1".encode())
     setup.make_mounts_private()
+    for point, flags in plan.read_only_mounts:
+        setup.remount(point, flags)
+    for root, flags in plan.writable_binds:
+        setup.bind(root, root)
+        setup.remount(root, flags)
     for m in plan.mounts:
         if m.create:
             setup.make_dir(m.target)
@@ -226,11 +294,41 @@ def _child_setup(plan: ChildPlan, ctx: BackendContext, ruleset_fd: int) -> Child
             setup.bind_read_only(m.source, m.target)
         else:
             setup.bind(m.source, m.target)
+    _fresh_dev(setup, ctx.sources.empty_dir)
+    # subprocess chdir'ed before these mounts: without this, the cwd would still be the
+    # directory underneath them, where protected names are unprotected.
+    setup.chdir(cwd)
     setup.drop_all_capabilities()
     setup.no_new_privs()
     setup.landlock_restrict(ruleset_fd)
     setup.seccomp(compile_seccomp(plan.seccomp))
     return setup
+
+
+def _fresh_dev(setup: ChildSetup, stage: str) -> None:
+    """A tmpfs /dev with the harmless host nodes bound in and a private devpts, read-only.
+
+    Built on ``stage`` (an empty directory) while the host's /dev is still visible, then
+    moved over /dev: a descriptor opened by the parent belongs to the parent's mount
+    namespace and cannot be bound here.
+    """
+    setup.mount_fs("tmpfs", stage, MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for name in FRESH_DEV_NODES:
+        setup.create_file(f"{stage}/{name}")
+        setup.bind(f"/dev/{name}", f"{stage}/{name}")
+    for target, link in FRESH_DEV_LINKS:
+        setup.symlink(target, stage + link.removeprefix("/dev"))
+    setup.make_dir(f"{stage}/pts")
+    setup.make_dir(f"{stage}/shm")
+    setup.mount_fs("devpts", f"{stage}/pts", MS_NOSUID | MS_NOEXEC,
+                   "newinstance,ptmxmode=0666,mode=0620")
+    setup.move_mount(stage, "/dev")
+    setup.remount("/dev", MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+
+
+def read_mount_table() -> tuple[tuple[str, int], ...]:
+    with open("/proc/self/mountinfo") as fh:
+        return parse_mount_table(fh.read())
 
 
 def pid1_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
@@ -270,8 +368,10 @@ class LandlockBackend(SandboxBackend):
             euid=os.geteuid(),
             egid=os.getegid(),
             has_userns=ctx.userns_fd is not None,
+            mount_table=read_mount_table(),
+            private_tmp=ctx.private_tmp,
         )
-        setup = _child_setup(child, ctx, rs.fileno())  # type: ignore[attr-defined]
+        setup = _child_setup(child, ctx, rs.fileno(), plan.cwd)  # type: ignore[attr-defined]
         env = dict(plan.env)
         if policy.mode is SandboxMode.WORKSPACE_WRITE and ctx.private_tmp is not None:
             env["TMPDIR"] = ctx.private_tmp
@@ -302,7 +402,7 @@ class LandlockBackend(SandboxBackend):
             for s in (
                 "Permission denied",  # Landlock's EACCES
                 "Read-only file system",  # protected and hidden paths are read-only mounts
-                "Operation not permitted",  # seccomp: chmod, chown, xattrs
+                "Operation not permitted",  # seccomp: mounts, keyrings, new user namespaces
                 "Device or resource busy",  # renaming a pinned protected path
             )
         )
@@ -377,8 +477,9 @@ class LandlockBackend(SandboxBackend):
                 LayerReport(
                     "files",
                     "full" if self._abi >= 3 else "partial",
-                    f"Landlock ABI {self._abi} rules, read-only mounts for protected "
-                    "and denied paths, seccomp for metadata changes",
+                    f"Landlock ABI {self._abi} rules, every host mount read-only (metadata "
+                    "too) with the roots bound writable, protected and denied paths "
+                    "mounted over, a fresh /dev",
                 ),
                 LayerReport(
                     "processes",

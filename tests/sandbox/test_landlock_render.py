@@ -10,11 +10,17 @@ from bash_sandbox.child_setup import (
     CLONE_NEWPID,
     CLONE_NEWUSER,
     CLONE_NEWUTS,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_RDONLY,
+    MS_RELATIME,
 )
 from bash_sandbox.seccomp import SeccompOptions
 from policies import SandboxPolicy
 
-SINKS = tuple((s, ll.WRITE_FILE | ll.TRUNCATE) for s in ("/dev/null", "/dev/zero", "/dev/full"))
+SINKS = tuple((s, ll.WRITE_FILE | ll.TRUNCATE | ll.IOCTL_DEV)
+              for s in ("/dev/null", "/dev/zero", "/dev/full"))
 
 
 def test_read_only_abi7_grants_reads_everywhere_and_writes_only_to_sinks() -> None:
@@ -24,7 +30,7 @@ def test_read_only_abi7_grants_reads_everywhere_and_writes_only_to_sinks() -> No
         abi=7,
         handled_fs=(1 << 16) - 1,
         scoped=ll.SCOPE_ABSTRACT_UNIX_SOCKET | ll.SCOPE_SIGNAL,
-        rules=(("/", ll.EXECUTE | ll.READ_FILE | ll.READ_DIR), ("/dev", ll.IOCTL_DEV), *SINKS),
+        rules=(("/", ll.EXECUTE | ll.READ_FILE | ll.READ_DIR), *SINKS),
     )
 
 
@@ -44,7 +50,7 @@ def test_old_abi_masks_rights_it_cannot_handle_and_has_no_scopes() -> None:
     assert rs.handled_fs == (1 << 14) - 1
     assert rs.scoped == 0
     assert all(rights & ~rs.handled_fs == 0 for _, rights in rs.rules)
-    assert ("/dev", ll.IOCTL_DEV) not in rs.rules
+    assert all(not rights & ll.IOCTL_DEV for _, rights in rs.rules)
 
 
 def test_child_plan_as_root_uses_no_user_namespace() -> None:
@@ -57,7 +63,7 @@ def test_child_plan_as_root_uses_no_user_namespace() -> None:
         unshare_flags=CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS,
         map_ids=None,
         mounts=mounts,
-        seccomp=SeccompOptions(block_unix_sockets=True, block_metadata=True),
+        seccomp=SeccompOptions(block_unix_sockets=True),
     )
 
 
@@ -67,7 +73,7 @@ def test_child_plan_unprivileged_maps_its_own_ids_and_host_network_joins_nothing
     assert plan.unshare_flags & CLONE_NEWUSER
     assert plan.map_ids == (1000, 100)
     assert plan.join_netns is False
-    assert plan.seccomp == SeccompOptions(block_unix_sockets=False, block_metadata=True)
+    assert plan.seccomp == SeccompOptions(block_unix_sockets=False)
 
 
 def test_child_plan_unprivileged_joins_the_executors_user_namespace_when_isolated() -> None:
@@ -84,6 +90,24 @@ def test_pid1_wrapper_passes_the_command_as_an_argument() -> None:
     assert argv[:2] == ("/bin/bash", "-c")
     assert argv[3:] == ("/bin/bash", "echo '$1'; exit 3")
     assert "echo" not in argv[2]
+
+
+def test_child_plan_remounts_every_mount_read_only_and_rebinds_the_roots() -> None:
+    policy = SandboxPolicy(mode="workspace-write", workspace_root="/srv/ws", deny_read=())
+    table = ll.parse_mount_table(
+        "22 1 0:21 / / rw,relatime - ext4 /dev/vda rw\n"
+        "23 22 0:22 / /srv rw,nosuid,nodev - ext4 /dev/vdb rw\n"
+        "24 22 0:23 / /with\\040space rw,noexec - tmpfs tmpfs rw\n"
+    )
+    plan = ll.render_child_plan(policy, mounts=(), has_netns=False, euid=0, egid=0,
+                                mount_table=table, private_tmp="/state/tmp")
+    assert plan.read_only_mounts == (
+        ("/", MS_RDONLY | MS_RELATIME),
+        ("/srv", MS_RDONLY | MS_NOSUID | MS_NODEV),
+        ("/with space", MS_RDONLY | MS_NOEXEC),
+    )
+    assert plan.writable_binds == (("/srv/ws", MS_NOSUID | MS_NODEV),
+                                   ("/state/tmp", MS_RELATIME))
 
 
 def test_landlock_denial_dialect() -> None:
