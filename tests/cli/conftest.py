@@ -7,6 +7,7 @@ process and for subprocesses) into ``tmp_path`` keeps each test's traces inside 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -39,3 +40,13 @@ def cli(private_tempdir: Path) -> Iterator[CliRunner]:
                        env=dict(os.environ, TMPDIR=str(private_tempdir)))
     yield runner
     runner.kill_all()
+
+
+# A run started as a background job or under nohup (as CI may be) ignores SIGINT, and an
+# ignored signal stays ignored across exec: the CLIs these tests start would never see it.
+# A handler (not SIG_IGN) here resets to the default in every child at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+for _sig in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, signal.SIG_DFL)

@@ -21,7 +21,9 @@ from bash_seam import BashExecRequest, BashRunResult
 from policies import network_denial_marker
 from tests.sandbox.conftest import ExecutorFactory
 
-PY = sys.executable
+# The base interpreter, not the venv's: a venv under /tmp is hidden by the private /tmp of
+# workspace-write (these scripts only need the standard library).
+PY = os.path.realpath(sys.executable)
 
 
 class CountingServer:
