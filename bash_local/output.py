@@ -38,12 +38,16 @@ class SpillDirectory:
         """The directory, or None while no stream has spilled yet."""
         return self._path
 
-    def create_file(self, stream: str) -> tuple[str, int]:
-        """Create a new spill file exclusively; returns its path and a write-only fd."""
+    def ensure(self) -> str:
+        """The directory, created now if no stream has spilled yet (e.g. to hide it)."""
         if self._path is None:
             # mkdtemp creates the directory 0700 with an unpredictable name.
             self._path = tempfile.mkdtemp(prefix="bash-local-spill-", dir=self._parent)
-        path = os.path.join(self._path, f"{secrets.token_hex(16)}.{stream}")
+        return self._path
+
+    def create_file(self, stream: str) -> tuple[str, int]:
+        """Create a new spill file exclusively; returns its path and a write-only fd."""
+        path = os.path.join(self.ensure(), f"{secrets.token_hex(16)}.{stream}")
         # O_EXCL|O_NOFOLLOW: never write through a planted file or symlink.
         return path, os.open(path, _SPILL_FLAGS, 0o600)
 

@@ -164,9 +164,8 @@ class SandboxBashExecutor(LocalBashExecutor):
                         policy.mode, f"isolated network unavailable: {exc}"
                     ) from exc
                 netns_fd = None  # bwrap isolates each command in its own namespace instead
-        hidden: tuple[str, ...] = (self._spill_parent,)
-        if self.config.spill_dir is not None and self.spill_directory is not None:
-            hidden += (self.spill_directory,)
+        # This executor's spill dir exists before its first command, so it is always hidden.
+        hidden: tuple[str, ...] = (self._spill_parent, self._spill_dir.ensure())
         return BackendContext(
             state_dir=self._state_dir,
             sources=self._sources,
