@@ -237,8 +237,8 @@ class LocalBashExecutor(BashExecutor):
         assert process is not None
         return process
 
-    def get(self, process_id: str) -> BashProcess | None:
-        return self._processes.get(process_id)
+    def get(self, process_id: str) -> BashProcess:
+        return self._processes[process_id]
 
     def list(self) -> list[BashProcess]:
         return list(self._processes.values())

@@ -81,7 +81,8 @@ class BashExecutor(abc.ABC):
     async def start(self, spec: BashExecSpec) -> BashProcess: ...
 
     @abc.abstractmethod
-    def get(self, process_id: str) -> BashProcess | None: ...
+    def get(self, process_id: str) -> BashProcess:
+        """The background process with this id; unknown id raises `KeyError`."""
 
     @abc.abstractmethod
     def list(self) -> list[BashProcess]: ...

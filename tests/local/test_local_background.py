@@ -50,7 +50,8 @@ async def test_ids_count_per_executor_and_owner_is_returned_verbatim(
 
 
 async def test_unknown_ids(executor: LocalBashExecutor) -> None:
-    assert executor.get("bash-99") is None
+    with pytest.raises(KeyError):
+        executor.get("bash-99")
     for call in (executor.owner_of, executor.read_output, executor.kill):
         with pytest.raises(KeyError):
             call("bash-99")
