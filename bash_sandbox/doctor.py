@@ -163,6 +163,12 @@ def _landlock() -> SandboxBackend:
     return LandlockBackend()
 
 
+def _landlock_only() -> SandboxBackend:
+    from bash_sandbox.backends.landlock_only import LandlockOnlyBackend
+
+    return LandlockOnlyBackend()
+
+
 def _seatbelt() -> SandboxBackend:
     from bash_sandbox.backends.seatbelt import SeatbeltBackend
 
@@ -196,6 +202,11 @@ def collect_report(
         _safe_probe("landlock", _landlock, probe_timeout_ms),
         _safe_probe("seatbelt", _seatbelt, probe_timeout_ms),
     ]
+    if not probes[1].usable:
+        # The executor falls back to Landlock alone (reported partial): show that instead.
+        fallback = _safe_probe("landlock", _landlock_only, probe_timeout_ms)
+        if fallback.usable:
+            probes[1] = fallback
     if probes[1].binary is None and probes[1].usable:
         # Landlock runs each command under util-linux `unshare --fork --kill-child`.
         unshare = shutil.which("unshare")

@@ -155,12 +155,12 @@ class SandboxBashExecutor(LocalBashExecutor):
             self._sources = make_placeholder_sources(self._state_dir)
         netns_fd: int | None = None
         userns_fd: int | None = None
-        if policy.network is NetworkMode.ISOLATED and backend.name != "seatbelt":
+        if policy.network is NetworkMode.ISOLATED and backend.network_namespace != "none":
             try:
                 fds = self._netns.fds()
                 netns_fd, userns_fd = fds.net, fds.user
             except NetnsError as exc:
-                if backend.name == "landlock":
+                if backend.network_namespace == "required":
                     raise SandboxUnavailableError(
                         policy.mode, f"isolated network unavailable: {exc}"
                     ) from exc

@@ -46,8 +46,14 @@ class SeccompOptions:
     """What this command's filter must refuse beyond the always-on set."""
 
     block_unix_sockets: bool = False
+    # Landlock without a mount namespace: nothing else stops chmod/chown/utimes outside roots.
+    block_metadata: bool = False
 
 
+_METADATA_CALLS = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown",
+                   "fchownat", "setxattr", "lsetxattr", "fsetxattr", "removexattr",
+                   "lremovexattr", "fremovexattr", "setxattrat", "removexattrat", "utime",
+                   "utimes", "utimensat", "futimesat")
 _MOUNT_CALLS = (
     "mount",
     "umount2",
@@ -120,6 +126,9 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
                 "no host unix sockets under an isolated network",
             )
         )
+    if options.block_metadata:
+        rules += [SeccompRule(name, eperm, (), "metadata outside the roots, unscoped here")
+                  for name in _METADATA_CALLS]
     return tuple(rules)
 
 

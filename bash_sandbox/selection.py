@@ -24,6 +24,7 @@ def candidate_backends(
     """Backends to try, in order, for a configured ``backend`` name on ``platform``."""
     from bash_sandbox.backends.bwrap import BwrapBackend
     from bash_sandbox.backends.landlock import LandlockBackend
+    from bash_sandbox.backends.landlock_only import LandlockOnlyBackend
     from bash_sandbox.backends.seatbelt import SeatbeltBackend
 
     if runner_command:
@@ -34,13 +35,14 @@ def candidate_backends(
     if backend == "bwrap":
         return [BwrapBackend()]
     if backend == "landlock":
-        return [LandlockBackend()]
+        # Without namespaces, Landlock alone still confines, and every result says partial.
+        return [LandlockBackend(), LandlockOnlyBackend()]
     # macOS has no private loopback: allowing it (the issue's "loopback still works") also
     # reaches the host's own local services, so Seatbelt reports that network layer partial.
     if backend == "seatbelt" or (backend == "auto" and platform == "darwin"):
         return [SeatbeltBackend(allow_loopback=True)]
     if platform.startswith("linux"):
-        return [BwrapBackend(), LandlockBackend()]
+        return [BwrapBackend(), LandlockBackend(), LandlockOnlyBackend()]
     return []
 
 

@@ -47,6 +47,9 @@ class SandboxBackend(abc.ABC):
     name: str
     # bwrap reports a command killed by signal n as exit 128+n: such exits are never denials.
     folds_signals_into_exit_code: bool = False
+    # The executor's network namespace under `isolated`: "required" (no namespace, no run),
+    # "optional" (the backend isolates on its own without it), "none" (never used).
+    network_namespace: str = "optional"
 
     @abc.abstractmethod
     def probe(self, timeout_ms: int) -> BackendProbe:

@@ -96,6 +96,7 @@ _FS_BY_ABI = {
     5: (1 << 16) - 1,
 }
 READ_RIGHTS = EXECUTE | READ_FILE | READ_DIR
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
 WRITE_RIGHTS = (
     WRITE_FILE
     | REMOVE_DIR
@@ -125,6 +126,8 @@ class LandlockRuleset:
     handled_fs: int
     scoped: int
     rules: tuple[tuple[str, int], ...]
+    # TCP bind/connect handled with no port allowed (only without a network namespace).
+    handled_net: int = 0
 
 
 def render_landlock_ruleset(
@@ -158,18 +161,22 @@ def landlock_abi() -> int:
         return 0
 
 
-def _build_ruleset_fd(ruleset: LandlockRuleset) -> object:
+def build_ruleset_fd(ruleset: LandlockRuleset) -> object:
     """Create the kernel ruleset in the parent; the child only calls restrict_self on it."""
     import landlockpy
 
     rs = landlockpy.Ruleset(
         handled_fs=landlockpy.AccessFS(ruleset.handled_fs),
-        handled_net=landlockpy.AccessNet(0),
+        handled_net=landlockpy.AccessNet(ruleset.handled_net),
         scoped=landlockpy.Scope(ruleset.scoped),
         best_effort=False,
     )
-    for path, rights in ruleset.rules:
-        if os.path.exists(path):
+    for path, wanted in ruleset.rules:
+        if not os.path.exists(path):
+            continue
+        # The kernel refuses directory rights on a rule for a file.
+        rights = wanted if os.path.isdir(path) else wanted & FILE_RIGHTS
+        if rights:
             rs.allow_path(path, landlockpy.AccessFS(rights))
     return rs
 
@@ -348,6 +355,7 @@ class LandlockBackend(SandboxBackend):
 
     name = "landlock"
     folds_signals_into_exit_code = True
+    network_namespace = "required"
 
     def __init__(self) -> None:
         self._abi = landlock_abi()
@@ -360,7 +368,7 @@ class LandlockBackend(SandboxBackend):
     def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> SpawnPlan:
         mounts = plan_mounts(policy, ctx.hidden_paths, ctx.sources)
         ruleset = render_landlock_ruleset(policy, self._abi, private_tmp=ctx.private_tmp)
-        rs = _build_ruleset_fd(ruleset)
+        rs = build_ruleset_fd(ruleset)
         child = render_child_plan(
             policy,
             mounts=mounts,

@@ -346,6 +346,7 @@ class SeatbeltBackend(SandboxBackend):
     """
 
     name = "seatbelt"
+    network_namespace = "none"  # Seatbelt filters the network in its profile
 
     def __init__(self, *, allow_loopback: bool = False, platform: str = sys.platform) -> None:
         self._allow_loopback = allow_loopback
