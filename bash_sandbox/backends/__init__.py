@@ -1,0 +1,1 @@
+"""Confinement backends, one module each, behind the `SandboxBackend` seam in `base.py`."""
