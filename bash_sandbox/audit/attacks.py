@@ -195,6 +195,28 @@ def attack(id: str, row: int, title: str, template: str, *checks: Check,
 FILES: tuple[Check, ...] = (guards_unchanged, no_escape_lines)
 
 
+def _identity_targets(env: AttackEnv) -> dict[str, Any]:
+    """A user and a group the executor is not, so reaching them is a real gain."""
+    import grp
+    import pwd
+
+    if not (shutil.which("su") and shutil.which("newgrp")):
+        return {"skip": "su or newgrp not installed"}
+    try:
+        user = next(u for u in ("nobody", "daemon") if pwd.getpwnam(u).pw_uid != os.geteuid())
+        group = next(g for g in ("nogroup", "daemon") if grp.getgrnam(g).gr_gid != os.getegid())
+        return {"su_user": user, "su_uid": pwd.getpwnam(user).pw_uid,
+                "ng_group": group, "ng_gid": grp.getgrnam(group).gr_gid}
+    except (KeyError, StopIteration):
+        return {"skip": "no second user and group to switch to"}
+
+
+def gained_identity(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
+    text = outcome.all_output()
+    needles = (f"SU-UID={setup.data['su_uid']}", f"NEWGRP-GID={setup.data['ng_gid']}")
+    return [f"output contains {n!r}" for n in needles if n in text]
+
+
 def known_limit(entry: Attack, why: str) -> Attack:
     """An attack no path-based sandbox can contain: an escape is reported as not
     enforceable, with ``why`` (documented in docs/threat-model-coverage.md), never hidden."""
@@ -1114,11 +1136,9 @@ attempt("setresuid(4242, 4242, 4242)", lambda: os.setresuid(4242, 4242, 4242))
 """, no_escape_lines, python=True),
     attack("row8-su-newgrp", 8, "switch identity with setuid tools (su to another user, "
            "newgrp to another group)",
-           "su -s /bin/sh -c 'echo SU-UID=$(id -u)' nobody; "
-           "echo 'echo NEWGRP-GID=$(id -g)' | newgrp nogroup",
-           output_lacks("SU-UID=65534", "NEWGRP-GID=65534"),
-           extra=lambda env: {} if shutil.which("su") and shutil.which("newgrp")
-           else {"skip": "su or newgrp not installed"}),
+           "su -s /bin/sh -c 'echo SU-UID=$(id -u)' {{su_user}}; "
+           "echo 'echo NEWGRP-GID=$(id -g)' | newgrp {{ng_group}}",
+           gained_identity, extra=_identity_targets),
     attack("row8-new-user-namespace", 8, "a new user namespace to regain capabilities "
            "(unshare -U/-r, unshare(2), clone(2))",
            "unshare -U true && echo 'ESCAPE unshare -U'; unshare -r id -u && "
@@ -1755,7 +1775,8 @@ def _existing(paths: Sequence[str]) -> list[str]:
 def _verify_runner(*, expect_error: bool) -> Verify:
     async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
         helper = outcome.notes.get("helper")
-        if setup.data.get("overlay_config") is not None and helper is None:
+        # Only a root audit runs the runner in a helper (inside a copy-on-write view).
+        if setup.data.get("overlay_config", {}).get("overlay") and helper is None:
             return audit_error("the runner helper did not report",
                                [shorten(env, str(outcome.notes.get("helper_stderr", "")
                                                   or outcome.notes.get("helper_output", ""))
