@@ -12,11 +12,12 @@ import asyncio
 import sys
 
 import pytest
-from security_cells import Cell, probe
+from security_cells import Cell
 
 from bash_sandbox.audit.attacks import by_id
 from bash_sandbox.audit.runner import AuditSession, CellResult
 from policies import SandboxMode
+from tests.sandbox.conftest import probe
 
 
 async def _run_cells(cells: list[Cell]) -> dict[Cell, CellResult]:

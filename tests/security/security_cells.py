@@ -1,16 +1,10 @@
-"""What a security test is parametrised by, and the backend gate shared by every test here."""
+"""What a security test is parametrised by (the backend gate is `tests.sandbox.conftest`'s)."""
 
 from __future__ import annotations
 
-import functools
-import os
-import sys
 from dataclasses import dataclass
 
-import pytest
-
-from bash_sandbox.backends.base import BackendProbe
-from bash_sandbox.selection import candidate_backends
+# The backend gate (skip locally, fail in CI) is the one the sandbox tests use.
 
 
 @dataclass(frozen=True)
@@ -25,17 +19,3 @@ class Cell:
         return f"{self.attack_id}-{self.backend}-{self.mode}"
 
 
-@functools.cache
-def probe(backend: str) -> BackendProbe:
-    return candidate_backends(backend)[0].probe(10_000)
-
-
-def require_backend(name: str) -> None:
-    """Skip an unusable backend locally; fail it in CI, where every backend must work."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the Linux backends need Linux")
-    result = probe(name)
-    if not result.usable:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} must be usable in CI: {result.detail}")
-        pytest.skip(f"{name} unusable here: {result.detail}")

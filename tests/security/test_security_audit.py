@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-from security_cells import probe
 
 from bash_sandbox.audit import ATTACKS, audit_main
 from bash_sandbox.audit.attacks import by_id
@@ -27,6 +26,7 @@ from bash_sandbox.audit.model import LINUX_BACKENDS, Finding, Verdict
 from bash_sandbox.audit.report import as_json_data, render_json, render_table
 from bash_sandbox.audit.runner import AuditReport, AuditSession, CellResult, ProbeResult
 from policies import SandboxMode
+from tests.sandbox.conftest import probe
 
 THREAT_MODEL_ROWS = range(1, 15)
 COVERAGE_DOC = Path(__file__).resolve().parents[2] / "docs" / "threat-model-coverage.md"

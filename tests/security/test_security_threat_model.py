@@ -9,11 +9,12 @@ by the run's token. A positive control must still work, or the backend is broken
 from __future__ import annotations
 
 import pytest
-from security_cells import Cell, require_backend
+from security_cells import Cell
 
 from bash_sandbox.audit.attacks import ATTACKS
 from bash_sandbox.audit.model import CONFINED_MODES, LINUX_BACKENDS, Verdict
 from bash_sandbox.audit.runner import CellResult
+from tests.sandbox.conftest import require_backend
 
 
 def _cells(kind: str) -> list[object]:
