@@ -23,5 +23,8 @@ class SpawnPlan:
     pass_fds: tuple[int, ...] = ()
     # Called exactly once after the process settled or the spawn failed (closes pass_fds...).
     release: Callable[[], None] | None = None
+    # The program runs the command as a child and reports "killed by signal n" as exit
+    # 128+n (bwrap does): when the executor killed the group, such an exit is read as n.
+    signal_exit_codes: bool = False
     # Opaque data the confining executor reads back when it classifies the outcome.
     context: object = field(default=None, compare=False)

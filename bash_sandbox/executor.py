@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import tempfile
@@ -36,7 +35,7 @@ from bash_sandbox.denial import classify_denial, classify_network_denial
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.netns import NetnsError, NetworkNamespace
 from bash_sandbox.selection import BackendSelector, candidate_backends
-from bash_seam import BashExecRequest, BashExecSpec, BashRunResult, SandboxFacts
+from bash_seam import BashExecRequest, BashExecSpec, SandboxFacts
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 from policies.service import SandboxPolicyService
 
@@ -204,6 +203,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             enforcement = SandboxEnforcement.PARTIAL
         return dataclasses.replace(
             wrapped,
+            signal_exit_codes=backend.folds_signals_into_exit_code,
             context=_Confinement(policy, backend, enforcement, report_fd),
         )
 
@@ -226,26 +226,6 @@ class SandboxBashExecutor(LocalBashExecutor):
         return super()._spawn_error(spec, plan, exc)
 
     # -- read the outcome ------------------------------------------------------------------
-
-    async def run(self, spec: BashExecSpec) -> BashRunResult:
-        result = await super().run(spec)
-        facts = result.sandbox
-        if (
-            (result.timed_out or result.aborted)
-            and facts is not None
-            and facts.backend is not None
-            and result.exit_code is not None
-            and 128 < result.exit_code < 128 + 65
-            and self._selector.choose(facts.mode).folds_signals_into_exit_code
-        ):
-            # We signalled the group and the runner folded the command's death into 128+n:
-            # report it as the signal it was, like the local executor does.
-            try:
-                name = signal.Signals(result.exit_code - 128).name
-            except ValueError:
-                return result
-            return result.model_copy(update={"exit_code": None, "signal": name})
-        return result
 
     def _outcome_facts(
         self,

@@ -266,3 +266,16 @@ async def test_timeout_and_abort_report_the_signal_and_never_both(
     assert (aborted.timed_out, aborted.aborted, aborted.exit_code, aborted.signal) == (
         False, True, None, "SIGTERM")
     assert timed.sandbox is not None and not timed.sandbox.denied
+    background = await ex.start(ex.resolve(BashExecRequest(command="echo up; sleep 30",
+                                                            workdir=str(workspace))))
+    seen = ""
+    for _ in range(200):  # until the command runs: an earlier SIGTERM meets only the runner
+        seen += background.read_output().delta
+        if "up" in seen:
+            break
+        await asyncio.sleep(0.01)
+    assert "up" in seen
+    assert background.kill() is True
+    await background.wait()
+    assert (background.status, background.exit_code, background.signal) == (
+        "killed", None, "SIGTERM")
