@@ -167,7 +167,6 @@ class SandboxBashExecutor(LocalBashExecutor):
         # This executor's spill dir exists before its first command, so it is always hidden.
         hidden: tuple[str, ...] = (self._spill_parent, self._spill_dir.ensure())
         return BackendContext(
-            state_dir=self._state_dir,
             sources=self._sources,
             hidden_paths=hidden,
             netns_fd=netns_fd,

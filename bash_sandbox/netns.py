@@ -170,10 +170,6 @@ class NetworkNamespace:
         """The network namespace descriptor (see `fds`)."""
         return self.fds().net
 
-    @property
-    def created(self) -> bool:
-        return self._fds is not None
-
     def close(self) -> None:
         with self._lock:
             self._closed = True

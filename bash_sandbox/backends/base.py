@@ -81,7 +81,6 @@ class BackendContext:
     files of other runs) that no confined command may read.
     """
 
-    state_dir: str
     sources: PlaceholderSources
     hidden_paths: tuple[str, ...] = ()
     netns_fd: int | None = None

@@ -201,13 +201,22 @@ class ChildPlan:
 # The devices a fresh /dev offers (like bwrap's --dev): no host terminals, consoles, input
 # devices or disks, so nothing can read keystrokes or raw blocks around the rules.
 FRESH_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-FRESH_DEV_LINKS = (("/proc/self/fd", "/dev/fd"), ("/proc/self/fd/0", "/dev/stdin"),
-                   ("/proc/self/fd/1", "/dev/stdout"), ("/proc/self/fd/2", "/dev/stderr"),
-                   ("pts/ptmx", "/dev/ptmx"))
+FRESH_DEV_LINKS = (
+    ("/proc/self/fd", "/dev/fd"),
+    ("/proc/self/fd/0", "/dev/stdin"),
+    ("/proc/self/fd/1", "/dev/stdout"),
+    ("/proc/self/fd/2", "/dev/stderr"),
+    ("pts/ptmx", "/dev/ptmx"),
+)
 
 _MOUNT_OPTION_FLAGS = {
-    "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-    "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME,
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+    "strictatime": MS_STRICTATIME,
 }
 
 
@@ -273,9 +282,7 @@ def render_child_plan(
     )
 
 
-def _child_setup(
-    plan: ChildPlan, ctx: BackendContext, ruleset_fd: int, cwd: str
-) -> ChildSetup:
+def _child_setup(plan: ChildPlan, ctx: BackendContext, ruleset_fd: int, cwd: str) -> ChildSetup:
     setup = ChildSetup()
     setup.die_with_parent()
     if plan.join_userns and ctx.userns_fd is not None:
@@ -327,8 +334,9 @@ def _fresh_dev(setup: ChildSetup, stage: str) -> None:
         setup.symlink(target, stage + link.removeprefix("/dev"))
     setup.make_dir(f"{stage}/pts")
     setup.make_dir(f"{stage}/shm")
-    setup.mount_fs("devpts", f"{stage}/pts", MS_NOSUID | MS_NOEXEC,
-                   "newinstance,ptmxmode=0666,mode=0620")
+    setup.mount_fs(
+        "devpts", f"{stage}/pts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"
+    )
     setup.move_mount(stage, "/dev")
     setup.remount("/dev", MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
@@ -336,6 +344,30 @@ def _fresh_dev(setup: ChildSetup, stage: str) -> None:
 def read_mount_table() -> tuple[tuple[str, int], ...]:
     with open("/proc/self/mountinfo") as fh:
         return parse_mount_table(fh.read())
+
+
+def confined_plan(
+    plan: SpawnPlan,
+    policy: SandboxPolicy,
+    ctx: BackendContext,
+    ruleset: object,
+    setup: ChildSetup,
+    *,
+    argv: tuple[str, ...],
+) -> SpawnPlan:
+    """``plan`` with the child steps, the private TMPDIR (workspace-write), and a release
+    that closes the parent's ruleset descriptor once the process has settled."""
+    env = dict(plan.env)
+    if policy.mode is SandboxMode.WORKSPACE_WRITE and ctx.private_tmp is not None:
+        env["TMPDIR"] = ctx.private_tmp
+    previous_release = plan.release
+
+    def release() -> None:
+        ruleset.close()  # type: ignore[attr-defined]
+        if previous_release is not None:
+            previous_release()
+
+    return dataclasses.replace(plan, argv=argv, env=env, preexec_fn=setup, release=release)
 
 
 def pid1_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
@@ -380,22 +412,13 @@ class LandlockBackend(SandboxBackend):
             private_tmp=ctx.private_tmp,
         )
         setup = _child_setup(child, ctx, rs.fileno(), plan.cwd)  # type: ignore[attr-defined]
-        env = dict(plan.env)
-        if policy.mode is SandboxMode.WORKSPACE_WRITE and ctx.private_tmp is not None:
-            env["TMPDIR"] = ctx.private_tmp
-        previous_release = plan.release
-
-        def release() -> None:
-            rs.close()  # type: ignore[attr-defined]
-            if previous_release is not None:
-                previous_release()
-
-        return dataclasses.replace(
+        return confined_plan(
             plan,
+            policy,
+            ctx,
+            rs,
+            setup,
             argv=(self._init, "--fork", "--kill-child", "--", *pid1_argv(plan.argv)),
-            env=env,
-            preexec_fn=setup,
-            release=release,
         )
 
     def enforcement(self, policy: SandboxPolicy, ctx: BackendContext) -> SandboxEnforcement:
@@ -419,11 +442,9 @@ class LandlockBackend(SandboxBackend):
         # Child-setup failures surface at spawn time; once bash runs, the stderr is its own.
         return None
 
-    def probe(self, timeout_ms: int) -> BackendProbe:
-        if self._abi <= 0:
-            return BackendProbe(self.name, False, "kernel has no Landlock (ABI 0)")
-        if not os.access(self._init, os.X_OK):
-            return BackendProbe(self.name, False, f"{self._init} (util-linux) not found")
+    def confinement_failure(self, timeout_ms: int) -> str | None:
+        """Confine a probe command with `wrap`; None when it wrote the workspace and not
+        next to it, else why not. A runner that does not confine would write ../escape."""
         with tempfile.TemporaryDirectory(prefix="bash-sandbox-probe-") as tmp:
             state = os.path.join(tmp, "state")
             ws = os.path.join(tmp, "ws")
@@ -431,7 +452,7 @@ class LandlockBackend(SandboxBackend):
             os.mkdir(ws)
             from bash_sandbox.backends.mount_plan import make_placeholder_sources
 
-            ctx = BackendContext(state_dir=state, sources=make_placeholder_sources(state))
+            ctx = BackendContext(sources=make_placeholder_sources(state))
             policy = SandboxPolicy(
                 mode=SandboxMode.WORKSPACE_WRITE,
                 workspace_root=ws,
@@ -460,9 +481,9 @@ class LandlockBackend(SandboxBackend):
                     preexec_fn=plan.preexec_fn,
                 )
             except subprocess.TimeoutExpired:
-                return BackendProbe(self.name, False, f"probe timed out after {timeout_ms} ms")
+                return f"probe timed out after {timeout_ms} ms"
             except (OSError, subprocess.SubprocessError) as exc:
-                return BackendProbe(self.name, False, f"probe could not start: {exc}")
+                return f"probe could not start: {exc}"
             finally:
                 if plan.release is not None:
                     plan.release()
@@ -474,7 +495,17 @@ class LandlockBackend(SandboxBackend):
             os.chmod(os.path.join(state, "denied-dir"), 0o700)
         if not ok:
             detail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-            return BackendProbe(self.name, False, f"probe failed: {detail}")
+            return f"probe failed: {detail}"
+        return None
+
+    def probe(self, timeout_ms: int) -> BackendProbe:
+        if self._abi <= 0:
+            return BackendProbe(self.name, False, "kernel has no Landlock (ABI 0)")
+        if not os.access(self._init, os.X_OK):
+            return BackendProbe(self.name, False, f"{self._init} (util-linux) not found")
+        failure = self.confinement_failure(timeout_ms)
+        if failure is not None:
+            return BackendProbe(self.name, False, failure)
         partial = "full" if self._abi >= 6 else "partial"
         return BackendProbe(
             self.name,

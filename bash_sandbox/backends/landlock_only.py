@@ -21,21 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from collections.abc import Mapping
 
 from bash_local.spawn import SpawnPlan
-from bash_sandbox.backends.base import BackendContext, BackendProbe, LayerReport, run_probe_command
+from bash_sandbox.backends.base import BackendContext, BackendProbe, LayerReport
 from bash_sandbox.backends.landlock import (
     READ_RIGHTS,
     LandlockBackend,
     LandlockRuleset,
     build_ruleset_fd,
+    confined_plan,
     render_landlock_ruleset,
 )
 from bash_sandbox.child_setup import ChildSetup
 from bash_sandbox.seccomp import SeccompOptions, compile_seccomp
-from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
+from policies import NetworkMode, SandboxEnforcement, SandboxPolicy
 
 NET_BIND_TCP = 1 << 0
 NET_CONNECT_TCP = 1 << 1
@@ -151,17 +151,7 @@ class LandlockOnlyBackend(LandlockBackend):
                 )
             )
         )
-        env = dict(plan.env)
-        if policy.mode is SandboxMode.WORKSPACE_WRITE and ctx.private_tmp is not None:
-            env["TMPDIR"] = ctx.private_tmp
-        previous_release = plan.release
-
-        def release() -> None:
-            rs.close()  # type: ignore[attr-defined]
-            if previous_release is not None:
-                previous_release()
-
-        return dataclasses.replace(plan, env=env, preexec_fn=setup, release=release)
+        return confined_plan(plan, policy, ctx, rs, setup, argv=plan.argv)
 
     def enforcement(self, policy: SandboxPolicy, ctx: BackendContext) -> SandboxEnforcement:
         return SandboxEnforcement.PARTIAL
@@ -169,52 +159,9 @@ class LandlockOnlyBackend(LandlockBackend):
     def probe(self, timeout_ms: int) -> BackendProbe:
         if self.abi <= 0:
             return BackendProbe(self.name, False, "kernel has no Landlock (ABI 0)")
-        with tempfile.TemporaryDirectory(prefix="bash-sandbox-probe-") as tmp:
-            ws = os.path.join(tmp, "ws")
-            os.mkdir(ws)
-            from bash_sandbox.backends.mount_plan import make_placeholder_sources
-
-            ctx = BackendContext(state_dir=tmp, sources=make_placeholder_sources(tmp))
-            policy = SandboxPolicy(
-                mode=SandboxMode.WORKSPACE_WRITE,
-                workspace_root=ws,
-                network=NetworkMode.HOST,
-                deny_read=(),
-            )
-            plan = self.wrap(
-                policy,
-                SpawnPlan(
-                    argv=(
-                        "/bin/sh",
-                        "-c",
-                        "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0",
-                    ),
-                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                    cwd=ws,
-                ),
-                ctx,
-            )
-            try:
-                done = run_probe_command(
-                    plan.argv,
-                    timeout_ms,
-                    env=dict(plan.env),
-                    cwd=plan.cwd,
-                    preexec_fn=plan.preexec_fn,
-                )
-            except Exception as exc:
-                return BackendProbe(self.name, False, f"Landlock-only probe failed: {exc}")
-            finally:
-                if plan.release is not None:
-                    plan.release()
-            ok = (
-                done.returncode == 0
-                and os.path.exists(os.path.join(ws, "probe"))
-                and not os.path.exists(os.path.join(tmp, "escape"))
-            )
-            os.chmod(os.path.join(tmp, "denied-dir"), 0o700)
-        if not ok:
-            return BackendProbe(self.name, False, "Landlock-only probe failed")
+        failure = self.confinement_failure(timeout_ms)
+        if failure is not None:
+            return BackendProbe(self.name, False, f"Landlock-only {failure}")
         return BackendProbe(
             self.name,
             True,

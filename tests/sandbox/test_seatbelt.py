@@ -97,7 +97,7 @@ def _policy(mode: str = "read-only", **kw: object) -> SandboxPolicy:
 def _ctx(tmp_path: Path, **kw: object) -> BackendContext:
     sources = PlaceholderSources(empty_dir="/nonexistent/e", deny_dir="/nonexistent/d",
                                  deny_file="/nonexistent/f")
-    return BackendContext(state_dir=str(tmp_path / "state"), sources=sources,
+    return BackendContext(sources=sources,
                           **kw)  # type: ignore[arg-type]
 
 
