@@ -318,8 +318,10 @@ class SpawnedCommand:
         returncode = self._proc.wait()  # reaps the zombie: returns at once
         if returncode < 0:
             self.signal = signal_name(-returncode)
-        elif self.kill_reason is not None and self.plan.signal_exit_codes and (
-            128 < returncode < 128 + signal.NSIG
+        elif (
+            self.kill_reason is not None
+            and self.plan.signal_exit_codes
+            and (128 < returncode < 128 + signal.NSIG)
         ):
             # We signalled the group and a runner reported the death as 128+n: it was n.
             self.signal = signal_name(returncode - 128)

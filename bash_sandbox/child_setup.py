@@ -77,8 +77,19 @@ def libc() -> ctypes.CDLL:
     global _libc  # noqa: PLW0603 - loaded once, before any fork
     if _libc is None:
         lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        for name in ("syscall", "prctl", "setns", "unshare", "mount", "write", "open", "close",
-                     "symlink", "mkdir", "chdir"):
+        for name in (
+            "syscall",
+            "prctl",
+            "setns",
+            "unshare",
+            "mount",
+            "write",
+            "open",
+            "close",
+            "symlink",
+            "mkdir",
+            "chdir",
+        ):
             getattr(lib, name).restype = ctypes.c_long if name == "syscall" else ctypes.c_int
         _libc = lib
     return _libc
@@ -180,28 +191,52 @@ class ChildSetup:
 
     def remount(self, target: str, flags: int) -> None:
         """Change one mount's per-mount flags (MS_REMOUNT|MS_BIND keeps the filesystem's)."""
-        self._add("remount " + target, self._lib.mount, None, self._buf(target.encode()), None,
-                  MS_REMOUNT | MS_BIND | flags, None)
+        self._add(
+            "remount " + target,
+            self._lib.mount,
+            None,
+            self._buf(target.encode()),
+            None,
+            MS_REMOUNT | MS_BIND | flags,
+            None,
+        )
 
     def chdir(self, path: str) -> None:
         """Re-enter ``path``: a cwd taken before the mounts still points below them."""
         self._add("chdir " + path, self._lib.chdir, self._buf(path.encode()))
 
     def move_mount(self, source: str, target: str) -> None:
-        self._add("move " + source, self._lib.mount, self._buf(source.encode()),
-                  self._buf(target.encode()), None, MS_MOVE, None)
+        self._add(
+            "move " + source,
+            self._lib.mount,
+            self._buf(source.encode()),
+            self._buf(target.encode()),
+            None,
+            MS_MOVE,
+            None,
+        )
 
     def mount_fs(self, fstype: str, target: str, flags: int, data: str) -> None:
-        self._add(f"mount {fstype} {target}", self._lib.mount, self._buf(fstype.encode()),
-                  self._buf(target.encode()), self._buf(fstype.encode()), flags,
-                  self._buf(data.encode()))
+        self._add(
+            f"mount {fstype} {target}",
+            self._lib.mount,
+            self._buf(fstype.encode()),
+            self._buf(target.encode()),
+            self._buf(fstype.encode()),
+            flags,
+            self._buf(data.encode()),
+        )
 
     def create_file(self, path: str, mode: int = 0o666) -> None:
         self._add("create " + path, _CreateFile(self._lib, self._buf(path.encode()), mode))
 
     def symlink(self, target: str, path: str) -> None:
-        self._add("symlink " + path, self._lib.symlink, self._buf(target.encode()),
-                  self._buf(path.encode()))
+        self._add(
+            "symlink " + path,
+            self._lib.symlink,
+            self._buf(target.encode()),
+            self._buf(path.encode()),
+        )
 
     def make_dir(self, path: str) -> None:
         """mkdir a placeholder mount point; EEXIST is fine (a concurrent run made it)."""

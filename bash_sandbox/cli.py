@@ -167,71 +167,113 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_MAIN_EPILOG,
         formatter_class=formatter,
     )
-    parser.add_argument("--version", action="version",
-                        version=f"%(prog)s {package_version()}")
-    config_help = ("TOML config file (default: [tool.bash-sandbox] in the workspace's "
-                   "pyproject.toml)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    config_help = (
+        "TOML config file (default: [tool.bash-sandbox] in the workspace's pyproject.toml)"
+    )
     parser.add_argument("--config", metavar="PATH", default=None, help=config_help)
     # Also accepted after the subcommand; SUPPRESS keeps the top-level value otherwise.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS,
-                        help=config_help)
+    common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=config_help)
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
 
     run = sub.add_parser(
-        "run", parents=[common], formatter_class=formatter, epilog=_RUN_EPILOG,
+        "run",
+        parents=[common],
+        formatter_class=formatter,
+        epilog=_RUN_EPILOG,
         help="run one command confined",
         description="Run COMMAND with `bash -c` inside the sandbox; print its stdout and "
         "stderr and exit with its status.",
     )
-    run.add_argument("--mode", type=_mode_arg, metavar="MODE",
-                     help=f"sandbox mode for this command ({_MODES})")
-    run.add_argument("--workspace", metavar="DIR",
-                     help="workspace root and working directory (default: the current "
-                     "directory)")
-    run.add_argument("--network", type=_network_arg, metavar="NET",
-                     help="isolated (own loopback only, the default) or host")
-    run.add_argument("--backend", choices=("auto", "bwrap", "landlock", "seatbelt"),
-                     help="sandbox backend (default: auto)")
-    run.add_argument("--timeout-ms", type=_positive_int, metavar="N",
-                     help="kill the command after N milliseconds (default: the config's "
-                     "timeout_ms, 120000)")
-    run.add_argument("--session", metavar="FILE",
-                     help="JSON-lines session log whose mode override applies")
-    run.add_argument("--json", action="store_true",
-                     help="print the whole result as JSON on stdout instead of the output")
-    run.add_argument("command", nargs="*", metavar="COMMAND",
-                     help="the command, after `--`; several words are joined with spaces")
+    run.add_argument(
+        "--mode", type=_mode_arg, metavar="MODE", help=f"sandbox mode for this command ({_MODES})"
+    )
+    run.add_argument(
+        "--workspace",
+        metavar="DIR",
+        help="workspace root and working directory (default: the current directory)",
+    )
+    run.add_argument(
+        "--network",
+        type=_network_arg,
+        metavar="NET",
+        help="isolated (own loopback only, the default) or host",
+    )
+    run.add_argument(
+        "--backend",
+        choices=("auto", "bwrap", "landlock", "seatbelt"),
+        help="sandbox backend (default: auto)",
+    )
+    run.add_argument(
+        "--timeout-ms",
+        type=_positive_int,
+        metavar="N",
+        help="kill the command after N milliseconds (default: the config's timeout_ms, 120000)",
+    )
+    run.add_argument(
+        "--session", metavar="FILE", help="JSON-lines session log whose mode override applies"
+    )
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print the whole result as JSON on stdout instead of the output",
+    )
+    run.add_argument(
+        "command",
+        nargs="*",
+        metavar="COMMAND",
+        help="the command, after `--`; several words are joined with spaces",
+    )
     run.set_defaults(handler=_cmd_run)
 
     mode = sub.add_parser(
-        "mode", parents=[common], formatter_class=formatter, epilog=_MODE_EPILOG,
+        "mode",
+        parents=[common],
+        formatter_class=formatter,
+        epilog=_MODE_EPILOG,
         help="show or set a session's sandbox mode",
         description="Without MODE, print the session's mode override (or 'default (<mode>)' "
         "when it has none); with MODE, record it as the session's override.",
     )
-    mode.add_argument("--session", metavar="FILE", required=True,
-                      help="JSON-lines session log (created when MODE is set)")
-    mode.add_argument("--workspace", metavar="DIR",
-                      help="where to look for pyproject.toml (default: the current directory)")
-    mode.add_argument("mode", nargs="?", type=_mode_arg, metavar="MODE",
-                      help=f"the new mode ({_MODES})")
+    mode.add_argument(
+        "--session",
+        metavar="FILE",
+        required=True,
+        help="JSON-lines session log (created when MODE is set)",
+    )
+    mode.add_argument(
+        "--workspace",
+        metavar="DIR",
+        help="where to look for pyproject.toml (default: the current directory)",
+    )
+    mode.add_argument(
+        "mode", nargs="?", type=_mode_arg, metavar="MODE", help=f"the new mode ({_MODES})"
+    )
     mode.set_defaults(handler=_cmd_mode)
 
     doctor = sub.add_parser(
-        "doctor", parents=[common], formatter_class=formatter, epilog=_DOCTOR_EPILOG,
+        "doctor",
+        parents=[common],
+        formatter_class=formatter,
+        epilog=_DOCTOR_EPILOG,
         help="report what this host can enforce",
         description="Probe every backend and the host (Landlock ABI, user and network "
         "namespaces) and report how each layer is enforced here.",
     )
-    doctor.add_argument("--network", type=_network_arg, metavar="NET",
-                        help="report the layers for this network mode (default: the "
-                        "configured one)")
+    doctor.add_argument(
+        "--network",
+        type=_network_arg,
+        metavar="NET",
+        help="report the layers for this network mode (default: the configured one)",
+    )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(handler=_cmd_doctor)
 
     audit = sub.add_parser(
-        "audit", parents=[common], formatter_class=formatter,
+        "audit",
+        parents=[common],
+        formatter_class=formatter,
         help="attack this host's sandbox with every threat-model row",
         description="Run every row of the threat model as real attacks against each usable "
         "backend and mode, check the host from outside, and print a table (exit 0 only when "
@@ -257,11 +299,15 @@ def _workspace_dir(raw: str | None) -> str:
     try:
         path = os.path.realpath(os.path.expanduser(raw) if raw else os.getcwd())
     except FileNotFoundError:
-        raise CliError("the current directory no longer exists; pass --workspace",
-                       EXIT_USAGE, "WORKSPACE_INVALID") from None
+        raise CliError(
+            "the current directory no longer exists; pass --workspace",
+            EXIT_USAGE,
+            "WORKSPACE_INVALID",
+        ) from None
     if not os.path.isdir(path):
-        raise CliError(f"workspace {raw!r} is not an existing directory", EXIT_USAGE,
-                       "WORKSPACE_INVALID")
+        raise CliError(
+            f"workspace {raw!r} is not an existing directory", EXIT_USAGE, "WORKSPACE_INVALID"
+        )
     return path
 
 
@@ -269,8 +315,11 @@ def _open_session(path: str) -> JsonlSessionLog:
     try:
         return JsonlSessionLog(path)
     except OSError as exc:
-        raise CliError(f"cannot open session log {path}: {exc.strerror or exc}", EXIT_USAGE,
-                       "SESSION_UNREADABLE") from None
+        raise CliError(
+            f"cannot open session log {path}: {exc.strerror or exc}",
+            EXIT_USAGE,
+            "SESSION_UNREADABLE",
+        ) from None
 
 
 def _config_error(exc: ConfigError | PolicyError, source: str | None = None) -> CliError:
@@ -335,8 +384,7 @@ def _write_output(stream: TextIO, output: CollectedOutput) -> None:
     stream.flush()
 
 
-def report_result(result: BashRunResult, *, as_json: bool, stdout: TextIO,
-                  stderr: TextIO) -> int:
+def report_result(result: BashRunResult, *, as_json: bool, stdout: TextIO, stderr: TextIO) -> int:
     """Print ``result`` the way the user asked; returns the exit status."""
     if as_json:
         stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
@@ -381,8 +429,7 @@ def _install_interrupt_handlers(
     return installed
 
 
-def _restore_handlers(loop: asyncio.AbstractEventLoop,
-                      installed: list[tuple[int, Any]]) -> None:
+def _restore_handlers(loop: asyncio.AbstractEventLoop, installed: list[tuple[int, Any]]) -> None:
     for sig, previous in installed:
         loop.remove_signal_handler(sig)
         # remove_signal_handler resets to the default; an embedding caller had its own.
@@ -446,8 +493,11 @@ def _run_config(args: argparse.Namespace, workspace: str) -> tuple[SandboxBashCo
 
 def _cmd_run(args: argparse.Namespace) -> int:
     if not args.command:
-        raise CliError("run: no command given (usage: bash-sandbox run [options] -- COMMAND)",
-                       EXIT_USAGE, "USAGE")
+        raise CliError(
+            "run: no command given (usage: bash-sandbox run [options] -- COMMAND)",
+            EXIT_USAGE,
+            "USAGE",
+        )
     workspace = _workspace_dir(args.workspace)
     config, source = _run_config(args, workspace)
     workdir = workspace if args.workspace is not None else (config.cwd or workspace)
@@ -458,8 +508,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except PolicyError as exc:  # e.g. a relative path in writable_roots
             raise _config_error(exc, source) from None
         mode = executor.policy_service.resolve_mode(session, args.mode)
-        request = BashExecRequest(command=command_text(args.command), workdir=workdir,
-                                  sandbox_mode=mode)
+        request = BashExecRequest(
+            command=command_text(args.command), workdir=workdir, sandbox_mode=mode
+        )
         try:
             outcome = asyncio.run(run_until_interrupted(executor, request))
         except SandboxUnavailableError as exc:
@@ -476,8 +527,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if isinstance(outcome, Interrupted):
         name = signal.Signals(outcome.signum).name
         status = 128 + outcome.signum
-        _print_error(args, CliError(f"{name}: the command's process group was killed",
-                                    status, "INTERRUPTED"))
+        _print_error(
+            args, CliError(f"{name}: the command's process group was killed", status, "INTERRUPTED")
+        )
         return status
     return report_result(outcome, as_json=args.json, stdout=sys.stdout, stderr=sys.stderr)
 
@@ -509,9 +561,11 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from bash_sandbox.doctor import collect_report, render_text
 
     config = build_config(load_config(args.config, _workspace_dir(None)), {})
-    report = collect_report(network=args.network or config.network,
-                            probe_timeout_ms=config.probe_timeout_ms,
-                            version=package_version())
+    report = collect_report(
+        network=args.network or config.network,
+        probe_timeout_ms=config.probe_timeout_ms,
+        version=package_version(),
+    )
     if args.json:
         payload = report.model_dump(mode="json") | {"usable": report.usable}
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
@@ -529,8 +583,9 @@ def _print_error(args: argparse.Namespace, error: CliError) -> None:
     sys.stderr.flush()
     if getattr(args, "json", False):
         # A JSON consumer reads stdout only: tell it why there is no result.
-        payload = {"error": {"code": error.code, "message": str(error),
-                             "exit_code": error.exit_code}}
+        payload = {
+            "error": {"code": error.code, "message": str(error), "exit_code": error.exit_code}
+        }
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         sys.stdout.flush()
 
@@ -541,8 +596,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:
-            hint = (" (put the command after `--`: bash-sandbox run -- COMMAND)"
-                    if args.subcommand == "run" else "")
+            hint = (
+                " (put the command after `--`: bash-sandbox run -- COMMAND)"
+                if args.subcommand == "run"
+                else ""
+            )
             parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     except SystemExit as exc:  # --help, --version and usage errors: argparse already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE

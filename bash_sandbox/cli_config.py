@@ -105,8 +105,7 @@ def _select_table(document: dict[str, Any], source: ConfigSource) -> dict[str, A
     tool = document.get("tool", {})
     table = tool.get(TOOL_TABLE, {}) if isinstance(tool, dict) else {}
     if not isinstance(table, dict):
-        raise ConfigError(f"[{source.table}] must be a table, got {type(table).__name__}",
-                          source)
+        raise ConfigError(f"[{source.table}] must be a table, got {type(table).__name__}", source)
     return table
 
 

@@ -100,18 +100,25 @@ def check_user_namespaces(timeout_s: float = 5.0) -> Check:
         return Check(available=False, detail=f"disabled: max_user_namespaces={limit}")
     unshare = shutil.which("unshare")
     if unshare is None:
-        return Check(available=False,
-                     detail=f"max_user_namespaces={limit}, but `unshare` (util-linux) is missing")
+        return Check(
+            available=False,
+            detail=f"max_user_namespaces={limit}, but `unshare` (util-linux) is missing",
+        )
     try:
-        done = subprocess.run([unshare, "-U", "true"], capture_output=True, text=True,
-                              timeout=timeout_s, check=False, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [unshare, "-U", "true"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return Check(available=False, detail=f"`unshare -U true` could not run: {exc}")
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         return Check(available=False, detail=f"`unshare -U true` failed: {why}")
-    return Check(available=True,
-                 detail=f"max_user_namespaces={limit}; `unshare -U true` succeeded")
+    return Check(available=True, detail=f"max_user_namespaces={limit}; `unshare -U true` succeeded")
 
 
 def check_network_namespace() -> Check:
@@ -125,15 +132,22 @@ def check_network_namespace() -> Check:
         return Check(available=False, detail=str(exc))
     owner = "the initial" if fds.user is None else "a private"
     netns.close()
-    return Check(available=True,
-                 detail=f"created a loopback-only network namespace owned by {owner} "
-                        "user namespace")
+    return Check(
+        available=True,
+        detail=f"created a loopback-only network namespace owned by {owner} user namespace",
+    )
 
 
 def _tool_version(path: str) -> str | None:
     try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=5,
-                              check=False, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [path, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     lines = done.stdout.strip().splitlines()
@@ -184,9 +198,7 @@ def _seatbelt_layers(network: NetworkMode) -> tuple[LayerReport, ...]:
         return ()
 
 
-def collect_report(
-    *, network: NetworkMode, probe_timeout_ms: int, version: str
-) -> DoctorReport:
+def collect_report(*, network: NetworkMode, probe_timeout_ms: int, version: str) -> DoctorReport:
     """Probe every backend and the host; the layers are reported for ``network``."""
     from bash_sandbox.backends.landlock import landlock_abi
 
@@ -213,16 +225,24 @@ def collect_report(
         if unshare is not None:
             probes[1] = _with_binary(probes[1], unshare, _tool_version(unshare))
     seatbelt_layers = _seatbelt_layers(network) if probes[2].usable else ()
-    return build_report(probes, host, network=network, version=version,
-                        seatbelt_layers=seatbelt_layers)
+    return build_report(
+        probes, host, network=network, version=version, seatbelt_layers=seatbelt_layers
+    )
 
 
 def _with_binary(probe: BackendProbe, binary: str, tool_version: str | None) -> BackendProbe:
     version = probe.version
     if tool_version:
         version = f"{version}; {tool_version}" if version else tool_version
-    return BackendProbe(probe.backend, probe.usable, probe.detail, binary=binary,
-                        version=version, layers=probe.layers, extra=probe.extra)
+    return BackendProbe(
+        probe.backend,
+        probe.usable,
+        probe.detail,
+        binary=binary,
+        version=version,
+        layers=probe.layers,
+        extra=probe.extra,
+    )
 
 
 # -- pure: from probes and host facts to the report ------------------------------------------
@@ -231,20 +251,35 @@ def _with_binary(probe: BackendProbe, binary: str, tool_version: str | None) -> 
 def _bwrap_layers(host: HostFacts, network: NetworkMode) -> dict[str, LayerReport]:
     if network is NetworkMode.HOST:
         return {
-            "network": LayerReport("network", "none", "host network requested: the command "
-                                   "shares the host's network"),
-            "unix sockets": LayerReport("unix sockets", "none", "host network: AF_UNIX is "
-                                        "allowed and the host's abstract sockets are reachable"),
+            "network": LayerReport(
+                "network", "none", "host network requested: the command shares the host's network"
+            ),
+            "unix sockets": LayerReport(
+                "unix sockets",
+                "none",
+                "host network: AF_UNIX is allowed and the host's abstract sockets are reachable",
+            ),
         }
     if host.network_namespace.available:
-        net = LayerReport("network", "full", "the executor's loopback-only network namespace, "
-                          "shared by its commands, entered before bwrap starts")
+        net = LayerReport(
+            "network",
+            "full",
+            "the executor's loopback-only network namespace, "
+            "shared by its commands, entered before bwrap starts",
+        )
     else:
-        net = LayerReport("network", "full", "bwrap --unshare-net: a loopback-only namespace "
-                          "per command (the executor's shared one cannot be created here: "
-                          f"{host.network_namespace.detail})")
-    unix = LayerReport("unix sockets", "full", "seccomp refuses AF_UNIX socket creation; "
-                       "abstract sockets are per network namespace")
+        net = LayerReport(
+            "network",
+            "full",
+            "bwrap --unshare-net: a loopback-only namespace "
+            "per command (the executor's shared one cannot be created here: "
+            f"{host.network_namespace.detail})",
+        )
+    unix = LayerReport(
+        "unix sockets",
+        "full",
+        "seccomp refuses AF_UNIX socket creation; abstract sockets are per network namespace",
+    )
     return {"network": net, "unix sockets": unix}
 
 
@@ -252,29 +287,45 @@ def _landlock_layers(host: HostFacts, network: NetworkMode) -> dict[str, LayerRe
     scoped = host.landlock_abi >= 6
     if network is NetworkMode.HOST:
         return {
-            "network": LayerReport("network", "none", "host network requested: the command "
-                                   "shares the host's network"),
+            "network": LayerReport(
+                "network", "none", "host network requested: the command shares the host's network"
+            ),
             "unix sockets": LayerReport(
-                "unix sockets", "partial" if scoped else "none",
-                "host network: AF_UNIX is allowed; Landlock scopes abstract sockets to the "
-                "sandbox" if scoped else "host network: AF_UNIX is allowed and the host's "
-                "abstract sockets are reachable (no Landlock scoping before ABI 6)"),
+                "unix sockets",
+                "partial" if scoped else "none",
+                "host network: AF_UNIX is allowed; Landlock scopes abstract sockets to the sandbox"
+                if scoped
+                else "host network: AF_UNIX is allowed and the host's "
+                "abstract sockets are reachable (no Landlock scoping before ABI 6)",
+            ),
         }
     if not host.network_namespace.available:
         # The executor refuses isolated Landlock runs rather than run them on the host network.
-        net = LayerReport("network", "none", "no network namespace here "
-                          f"({host.network_namespace.detail}): isolated commands are refused")
+        net = LayerReport(
+            "network",
+            "none",
+            "no network namespace here "
+            f"({host.network_namespace.detail}): isolated commands are refused",
+        )
     else:
-        net = LayerReport("network", "full", "the executor's loopback-only network namespace, "
-                          "entered before Landlock applies")
-    unix = LayerReport("unix sockets", "full", "seccomp refuses AF_UNIX socket creation; "
-                       "abstract sockets are per network namespace"
-                       + (" and scoped by Landlock" if scoped else ""))
+        net = LayerReport(
+            "network",
+            "full",
+            "the executor's loopback-only network namespace, entered before Landlock applies",
+        )
+    unix = LayerReport(
+        "unix sockets",
+        "full",
+        "seccomp refuses AF_UNIX socket creation; "
+        "abstract sockets are per network namespace"
+        + (" and scoped by Landlock" if scoped else ""),
+    )
     return {"network": net, "unix sockets": unix}
 
 
-def _defaults_for(name: str, host: HostFacts, network: NetworkMode,
-                  seatbelt_layers: Sequence[LayerReport]) -> dict[str, LayerReport]:
+def _defaults_for(
+    name: str, host: HostFacts, network: NetworkMode, seatbelt_layers: Sequence[LayerReport]
+) -> dict[str, LayerReport]:
     if name == "bwrap":
         return _bwrap_layers(host, network)
     if name == "landlock":
@@ -282,30 +333,50 @@ def _defaults_for(name: str, host: HostFacts, network: NetworkMode,
     return {r.layer: r for r in seatbelt_layers}
 
 
-def backend_status(probe: BackendProbe, host: HostFacts, network: NetworkMode,
-                   seatbelt_layers: Sequence[LayerReport] = ()) -> BackendStatus:
+def backend_status(
+    probe: BackendProbe,
+    host: HostFacts,
+    network: NetworkMode,
+    seatbelt_layers: Sequence[LayerReport] = (),
+) -> BackendStatus:
     """One backend's row: the probe's own layer reports win, host facts fill the rest."""
     if not probe.usable:
-        layers = tuple(LayerStatus(layer=name, enforcement="none",
-                                   how=f"backend unusable: {probe.detail}") for name in LAYERS)
-        return BackendStatus(name=probe.backend, usable=False, detail=probe.detail,
-                             binary=probe.binary, version=probe.version, enforcement=None,
-                             layers=layers)
+        layers = tuple(
+            LayerStatus(layer=name, enforcement="none", how=f"backend unusable: {probe.detail}")
+            for name in LAYERS
+        )
+        return BackendStatus(
+            name=probe.backend,
+            usable=False,
+            detail=probe.detail,
+            binary=probe.binary,
+            version=probe.version,
+            enforcement=None,
+            layers=layers,
+        )
     reports = _defaults_for(probe.backend, host, network, seatbelt_layers)
     reports.update({r.layer: r for r in probe.layers})
     layers = tuple(_layer_status(reports.get(name), name) for name in LAYERS)
     complete = all(layer.enforcement == "full" for layer in layers)
-    return BackendStatus(name=probe.backend, usable=True, detail=probe.detail,
-                         binary=probe.binary, version=probe.version,
-                         enforcement="full" if complete else "partial", layers=layers)
+    return BackendStatus(
+        name=probe.backend,
+        usable=True,
+        detail=probe.detail,
+        binary=probe.binary,
+        version=probe.version,
+        enforcement="full" if complete else "partial",
+        layers=layers,
+    )
 
 
 def _layer_status(report: LayerReport | None, name: str) -> LayerStatus:
     if report is None:
         return LayerStatus(layer=name, enforcement="none", how="not reported by the backend")
     level: Enforcement = (
-        "full" if report.enforcement == "full"
-        else "partial" if report.enforcement == "partial"
+        "full"
+        if report.enforcement == "full"
+        else "partial"
+        if report.enforcement == "partial"
         else "none"
     )
     return LayerStatus(layer=name, enforcement=level, how=report.how)
@@ -324,8 +395,9 @@ def build_report(
     usable = {s.name for s in statuses if s.usable}
     platform = "linux" if host.platform.startswith("linux") else host.platform
     auto = next((n for n in AUTO_ORDER.get(platform, ()) if n in usable), None)
-    return DoctorReport(version=version, network=network, host=host, backends=statuses,
-                        auto_backend=auto)
+    return DoctorReport(
+        version=version, network=network, host=host, backends=statuses, auto_backend=auto
+    )
 
 
 def _table(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
@@ -347,25 +419,35 @@ def render_text(report: DoctorReport) -> str:
     lines = [
         f"bash-sandbox {report.version} doctor: {host.platform}, kernel {host.kernel}",
         "",
-        *_table([
-            ("Landlock ABI:", str(host.landlock_abi) if host.landlock_abi else "none"),
-            ("user namespaces:", yes(host.user_namespaces)),
-            ("network namespace:", yes(host.network_namespace)),
-            ("auto backend:", report.auto_backend or "none usable"),
-            ("layers shown for:", f"network = {report.network.value}"),
-        ]),
+        *_table(
+            [
+                ("Landlock ABI:", str(host.landlock_abi) if host.landlock_abi else "none"),
+                ("user namespaces:", yes(host.user_namespaces)),
+                ("network namespace:", yes(host.network_namespace)),
+                ("auto backend:", report.auto_backend or "none usable"),
+                ("layers shown for:", f"network = {report.network.value}"),
+            ]
+        ),
         "",
     ]
-    rows: list[tuple[str, ...]] = [("BACKEND", "USABLE", "ENFORCES", "BINARY", "VERSION",
-                                    "DETAIL")]
+    rows: list[tuple[str, ...]] = [("BACKEND", "USABLE", "ENFORCES", "BINARY", "VERSION", "DETAIL")]
     for b in report.backends:
-        rows.append((b.name, "yes" if b.usable else "no", b.enforcement or "-",
-                     b.binary or "-", b.version or "-", b.detail))
+        rows.append(
+            (
+                b.name,
+                "yes" if b.usable else "no",
+                b.enforcement or "-",
+                b.binary or "-",
+                b.version or "-",
+                b.detail,
+            )
+        )
     lines += _table(rows)
     for b in report.backends:
         if not b.usable:
             continue
         lines += ["", f"{b.name} layers:"]
-        lines += _table([(layer.layer, layer.enforcement, layer.how) for layer in b.layers],
-                        indent="  ")
+        lines += _table(
+            [(layer.layer, layer.enforcement, layer.how) for layer in b.layers], indent="  "
+        )
     return "\n".join(lines) + "\n"

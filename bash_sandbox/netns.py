@@ -93,9 +93,20 @@ def create_userns_netns(timeout_s: float = 10.0) -> tuple[int, int]:
     unshare = shutil.which("unshare") or "/usr/bin/unshare"
     try:
         holder = subprocess.Popen(
-            [unshare, "--user", "--map-root-user", "--net", "--",
-             sys.executable, "-I", "-c", _HOLDER_SCRIPT],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [
+                unshare,
+                "--user",
+                "--map-root-user",
+                "--net",
+                "--",
+                sys.executable,
+                "-I",
+                "-c",
+                _HOLDER_SCRIPT,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
         )
     except OSError as exc:

@@ -50,10 +50,28 @@ class SeccompOptions:
     block_metadata: bool = False
 
 
-_METADATA_CALLS = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown",
-                   "fchownat", "setxattr", "lsetxattr", "fsetxattr", "removexattr",
-                   "lremovexattr", "fremovexattr", "setxattrat", "removexattrat", "utime",
-                   "utimes", "utimensat", "futimesat")
+_METADATA_CALLS = (
+    "chmod",
+    "fchmod",
+    "fchmodat",
+    "fchmodat2",
+    "chown",
+    "fchown",
+    "lchown",
+    "fchownat",
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "removexattr",
+    "lremovexattr",
+    "fremovexattr",
+    "setxattrat",
+    "removexattrat",
+    "utime",
+    "utimes",
+    "utimensat",
+    "futimesat",
+)
 _MOUNT_CALLS = (
     "mount",
     "umount2",
@@ -127,8 +145,10 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
             )
         )
     if options.block_metadata:
-        rules += [SeccompRule(name, eperm, (), "metadata outside the roots, unscoped here")
-                  for name in _METADATA_CALLS]
+        rules += [
+            SeccompRule(name, eperm, (), "metadata outside the roots, unscoped here")
+            for name in _METADATA_CALLS
+        ]
     return tuple(rules)
 
 

@@ -35,13 +35,17 @@ SETTLE_S = 0.15
 
 
 def guards_unchanged(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
-    return compare(setup.data["guards"], setup.data["before"],
-                   setup.data.get("placeholders", set()))
+    return compare(
+        setup.data["guards"], setup.data["before"], setup.data.get("placeholders", set())
+    )
 
 
 def no_escape_lines(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
-    return [line.strip()[:200] for line in outcome.all_output().splitlines()
-            if line.startswith("ESCAPE ")]
+    return [
+        line.strip()[:200]
+        for line in outcome.all_output().splitlines()
+        if line.startswith("ESCAPE ")
+    ]
 
 
 def victim_untouched(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
@@ -56,15 +60,17 @@ def victim_untouched(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> li
 
 def servers_silent(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
     servers: list[CountingServer] = setup.data["servers"]
-    return [f"{s.kind} server {s.address} was reached {s.hits} time(s)"
-            for s in servers if s.hits]
+    return [f"{s.kind} server {s.address} was reached {s.hits} time(s)" for s in servers if s.hits]
 
 
 def secrets_kept(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
     secrets: Secrets = setup.data["secrets"]
     text = outcome.all_output()
-    found = [f"secret canary {c.split('-')[2]} in the command's output"
-             for c in secrets.contents if c in text]
+    found = [
+        f"secret canary {c.split('-')[2]} in the command's output"
+        for c in secrets.contents
+        if c in text
+    ]
     extra: Sequence[str] = setup.data.get("extra_canaries", ())
     found += [f"canary {c[:24]}... in the command's output" for c in extra if c in text]
     if setup.data.get("check_listing") and secrets.listed_name in text:
@@ -106,8 +112,9 @@ def host_paths_absent(key: str) -> Check:
 
 def shorten(env: AttackEnv, text: str) -> str:
     state_root = os.path.dirname(os.path.dirname(env.tmp_area))
-    return (text.replace(env.root, "$ROOT").replace(env.tmp_area, "$TMP")
-            .replace(state_root, "$STATE"))
+    return (
+        text.replace(env.root, "$ROOT").replace(env.tmp_area, "$TMP").replace(state_root, "$STATE")
+    )
 
 
 def why_contained(env: AttackEnv, outcome: Outcome) -> str:
@@ -126,21 +133,25 @@ def _partial(outcome: Outcome) -> bool:
     return facts is not None and facts.enforcement is not None and facts.enforcement == "partial"
 
 
-def verify_attack(*checks: Check, markers: Sequence[str] = ("AUDIT-BEGIN",),
-                  python: bool = False) -> Verify:
+def verify_attack(
+    *checks: Check, markers: Sequence[str] = ("AUDIT-BEGIN",), python: bool = False
+) -> Verify:
     """Contained when the attack demonstrably ran and every outside check found nothing."""
 
     async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
         if outcome.error is not None:
-            return audit_error(f"the run raised {type(outcome.error).__name__}: "
-                               f"{outcome.error}"[:300])
+            return audit_error(
+                f"the run raised {type(outcome.error).__name__}: {outcome.error}"[:300]
+            )
         text = outcome.all_output()
         wanted = [*markers, *(("PY-BEGIN",) if python else ())]
         missing = [m for m in wanted if m not in text]
         if missing:
             tail = shorten(env, outcome.stderr.strip()[-300:])
-            return audit_error(f"premise failed: the attack did not run ({missing[0]} missing)",
-                               [tail] if tail else [])
+            return audit_error(
+                f"premise failed: the attack did not run ({missing[0]} missing)",
+                [tail] if tail else [],
+            )
         evidence: list[str] = []
         await asyncio.sleep(SETTLE_S)  # signals reach a victim's handler at its next tick
         for check in checks:
@@ -148,8 +159,11 @@ def verify_attack(*checks: Check, markers: Sequence[str] = ("AUDIT-BEGIN",),
         if evidence:
             evidence = [shorten(env, e) for e in evidence]
             if _partial(outcome):
-                return Finding(Verdict.NOT_ENFORCEABLE,
-                               "the backend reports partial enforcement here", tuple(evidence))
+                return Finding(
+                    Verdict.NOT_ENFORCEABLE,
+                    "the backend reports partial enforcement here",
+                    tuple(evidence),
+                )
             return escaped(evidence[0], evidence)
         return contained(why_contained(env, outcome))
 
@@ -161,8 +175,10 @@ def verify_control(*markers: str, checks: Sequence[Check] = ()) -> Verify:
 
     async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
         if outcome.error is not None:
-            return Finding(Verdict.BROKEN, f"the run raised {type(outcome.error).__name__}: "
-                           f"{outcome.error}"[:300])
+            return Finding(
+                Verdict.BROKEN,
+                f"the run raised {type(outcome.error).__name__}: {outcome.error}"[:300],
+            )
         text = outcome.all_output() + str(outcome.notes.get("delta", ""))
         problems = [f"missing {m}" for m in markers if m not in text]
         for check in checks:

@@ -23,14 +23,28 @@ EXIT_USAGE = 2
 
 def add_audit_arguments(parser: argparse.ArgumentParser) -> None:
     """The `audit` subcommand's flags."""
-    parser.add_argument("--backend", choices=("all", *LINUX_BACKENDS), default="all",
-                        help="backend to attack (default: every Linux backend)")
-    parser.add_argument("--mode", choices=("all", *(m.value for m in CONFINED_MODES)),
-                        default="all", help="confined mode to attack (default: both)")
-    parser.add_argument("--json", action="store_true",
-                        help="print the results as JSON instead of the table")
-    parser.add_argument("--attack", action="append", default=[], metavar="GLOB",
-                        help="only attacks whose id matches GLOB (repeatable), e.g. 'row11-*'")
+    parser.add_argument(
+        "--backend",
+        choices=("all", *LINUX_BACKENDS),
+        default="all",
+        help="backend to attack (default: every Linux backend)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("all", *(m.value for m in CONFINED_MODES)),
+        default="all",
+        help="confined mode to attack (default: both)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as JSON instead of the table"
+    )
+    parser.add_argument(
+        "--attack",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="only attacks whose id matches GLOB (repeatable), e.g. 'row11-*'",
+    )
 
 
 class _Terminated(Exception):
@@ -72,12 +86,16 @@ def audit_main(args: argparse.Namespace) -> int:
         print(f"bash-sandbox audit: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if any(m not in CONFINED_MODES for m in modes):
-        print("bash-sandbox audit: only the confined modes (read-only, workspace-write) can "
-              "be audited", file=sys.stderr)
+        print(
+            "bash-sandbox audit: only the confined modes (read-only, workspace-write) can "
+            "be audited",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if not sys.platform.startswith("linux"):
-        print("bash-sandbox audit: the Linux backends can only be audited on Linux",
-              file=sys.stderr)
+        print(
+            "bash-sandbox audit: the Linux backends can only be audited on Linux", file=sys.stderr
+        )
         return EXIT_USAGE
     if not select(globs):
         print(f"bash-sandbox audit: no attack matches {globs}", file=sys.stderr)
@@ -85,9 +103,7 @@ def audit_main(args: argparse.Namespace) -> int:
     try:
         report = asyncio.run(_audit(backends, modes, globs))
     except (KeyboardInterrupt, asyncio.CancelledError, _Terminated) as exc:
-        print("bash-sandbox audit: interrupted; everything it started was removed",
-              file=sys.stderr)
+        print("bash-sandbox audit: interrupted; everything it started was removed", file=sys.stderr)
         return 128 + (signal.SIGTERM if isinstance(exc, _Terminated) else signal.SIGINT)
-    sys.stdout.write(render_json(report) if getattr(args, "json", False)
-                     else render_table(report))
+    sys.stdout.write(render_json(report) if getattr(args, "json", False) else render_table(report))
     return report.exit_code

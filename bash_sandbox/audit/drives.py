@@ -29,8 +29,9 @@ async def foreground(env: AttackEnv, setup: AttackSetup) -> Outcome:
     ex = env.executor(**setup.executor_kwargs)
     outcome = Outcome()
     try:
-        outcome.result = await ex.run(ex.resolve(env.request(setup.command,
-                                                             timeout_ms=setup.timeout_ms)))
+        outcome.result = await ex.run(
+            ex.resolve(env.request(setup.command, timeout_ms=setup.timeout_ms))
+        )
     except (SandboxUnavailableError, BashExecError) as exc:
         outcome.error = exc
     finally:
@@ -46,8 +47,9 @@ async def background_wait(env: AttackEnv, setup: AttackSetup) -> Outcome:
         proc = await ex.start(ex.resolve(env.request(setup.command, timeout_ms=setup.timeout_ms)))
         await asyncio.wait_for(proc.wait(), setup.timeout_ms / 1000 + 10)
         read = proc.read_output()
-        outcome.notes.update(status=proc.status, exit_code=proc.exit_code, delta=read.delta,
-                             facts=proc.sandbox)
+        outcome.notes.update(
+            status=proc.status, exit_code=proc.exit_code, delta=read.delta, facts=proc.sandbox
+        )
     except (SandboxUnavailableError, BashExecError) as exc:
         outcome.error = exc
     finally:
@@ -87,8 +89,9 @@ def lifetime(trigger: str) -> Drive:
         outcome = Outcome()
         try:
             if trigger in ("kill", "aclose", "background-exit"):
-                proc = await ex.start(ex.resolve(env.request(setup.command,
-                                                             timeout_ms=setup.timeout_ms)))
+                proc = await ex.start(
+                    ex.resolve(env.request(setup.command, timeout_ms=setup.timeout_ms))
+                )
                 _note_seen(outcome, await _watch_daemons(tag, expected, 8))
                 if trigger == "kill":
                     proc.kill()
@@ -100,8 +103,15 @@ def lifetime(trigger: str) -> Drive:
                 outcome.notes["status"] = proc.status
                 return outcome
             controller = AbortController()
-            task = asyncio.ensure_future(ex.run(ex.resolve(env.request(
-                setup.command, timeout_ms=setup.timeout_ms, signal=controller.signal))))
+            task = asyncio.ensure_future(
+                ex.run(
+                    ex.resolve(
+                        env.request(
+                            setup.command, timeout_ms=setup.timeout_ms, signal=controller.signal
+                        )
+                    )
+                )
+            )
             _note_seen(outcome, await _watch_daemons(tag, expected, 8))
             if trigger == "abort":
                 controller.abort("audit")
@@ -137,15 +147,25 @@ asyncio.run(main())
 """
 
 
-async def _spawn_helper(env: AttackEnv, source: str, config: dict[str, Any],
-                        ) -> asyncio.subprocess.Process:
+async def _spawn_helper(
+    env: AttackEnv,
+    source: str,
+    config: dict[str, Any],
+) -> asyncio.subprocess.Process:
     helper_env = dict(os.environ)
     helper_env["TMPDIR"] = env.path("helper-tmp")
     os.makedirs(helper_env["TMPDIR"], exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", source, json.dumps(config), env=helper_env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        sys.executable,
+        "-c",
+        source,
+        json.dumps(config),
+        env=helper_env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
 
     def kill() -> None:
         if proc.returncode is None:
@@ -158,8 +178,12 @@ async def _spawn_helper(env: AttackEnv, source: str, config: dict[str, Any],
 
 def _executor_config(env: AttackEnv, setup: AttackSetup) -> dict[str, Any]:
     cfg: dict[str, Any] = {
-        "backend": env.backend, "mode": env.mode.value, "workspace_root": env.ws,
-        "cwd": env.ws, "deny_read": list(env.deny_read), "grace_ms": 500,
+        "backend": env.backend,
+        "mode": env.mode.value,
+        "workspace_root": env.ws,
+        "cwd": env.ws,
+        "deny_read": list(env.deny_read),
+        "grace_ms": 500,
     }
     cfg.update(setup.executor_kwargs)
     return cfg
@@ -168,9 +192,15 @@ def _executor_config(env: AttackEnv, setup: AttackSetup) -> dict[str, Any]:
 async def executor_sigkilled(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """SIGKILL (by pid) a child process that owns the executor while the command runs."""
     outcome = Outcome()
-    helper = await _spawn_helper(env, _EXECUTOR_HOLDER, {
-        "executor": _executor_config(env, setup), "command": setup.command,
-        "env": {TOKEN_VARIABLE: env.token}})
+    helper = await _spawn_helper(
+        env,
+        _EXECUTOR_HOLDER,
+        {
+            "executor": _executor_config(env, setup),
+            "command": setup.command,
+            "env": {TOKEN_VARIABLE: env.token},
+        },
+    )
     assert helper.stdout is not None and helper.stderr is not None
     try:
         line = await asyncio.wait_for(helper.stdout.readline(), 20)
@@ -262,10 +292,17 @@ asyncio.run(main())
 async def measured(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """Run (or start + read) in a child process that reports its own peak RSS and the spill."""
     outcome = Outcome()
-    helper = await _spawn_helper(env, _MEASURED_RUN, {
-        "executor": _executor_config(env, setup), "command": setup.command,
-        "env": {TOKEN_VARIABLE: env.token}, "timeout_ms": setup.timeout_ms,
-        "background": bool(setup.data.get("background"))})
+    helper = await _spawn_helper(
+        env,
+        _MEASURED_RUN,
+        {
+            "executor": _executor_config(env, setup),
+            "command": setup.command,
+            "env": {TOKEN_VARIABLE: env.token},
+            "timeout_ms": setup.timeout_ms,
+            "background": bool(setup.data.get("background")),
+        },
+    )
     try:
         stdout, stderr = await asyncio.wait_for(helper.communicate(), 60)
     except TimeoutError:
@@ -297,9 +334,14 @@ async def two_runs(env: AttackEnv, setup: AttackSetup) -> Outcome:
         second_ex = first_ex
         if setup.data.get("fresh_executor"):
             second_ex = env.executor(**setup.executor_kwargs)
-        command = env.render(setup.command, {
-            "spill": spill, "spill_dir": os.path.dirname(spill),
-            "spill_parent": os.path.dirname(os.path.dirname(spill))})
+        command = env.render(
+            setup.command,
+            {
+                "spill": spill,
+                "spill_dir": os.path.dirname(spill),
+                "spill_parent": os.path.dirname(os.path.dirname(spill)),
+            },
+        )
         outcome.result = await second_ex.run(second_ex.resolve(env.request(command)))
         outcome.results.append(outcome.result)
         outcome.notes["spill_mode"] = os.stat(spill).st_mode & 0o777

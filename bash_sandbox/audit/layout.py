@@ -23,8 +23,12 @@ PROTECTED_PATHS: tuple[str, ...] = (".git/hooks", ".git/config", ".envrc", "depl
 def deny_read_paths(root: str) -> tuple[str, ...]:
     """The `deny_read` list of every attack: the fake home's stores and a workspace path."""
     home = os.path.join(root, "home")
-    return (os.path.join(home, ".ssh"), os.path.join(home, ".netrc"),
-            os.path.join(home, ".aws"), os.path.join(root, "ws", "secrets"))
+    return (
+        os.path.join(home, ".ssh"),
+        os.path.join(home, ".netrc"),
+        os.path.join(home, ".aws"),
+        os.path.join(root, "ws", "secrets"),
+    )
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,7 @@ def build_layout(env: AttackEnv, *, git: str = "repo") -> Secrets:
     # Links planted in the workspace, pointing outside it (row 2).
     os.symlink(os.path.join(env.host, "victim.txt"), os.path.join(env.ws, "link-file"))
     os.symlink(env.host, os.path.join(env.ws, "link-dir"))
-    os.symlink(os.path.join(env.host, "created-through-link.txt"),
-               os.path.join(env.ws, "dangling"))
+    os.symlink(os.path.join(env.host, "created-through-link.txt"), os.path.join(env.ws, "dangling"))
     os.link(os.path.join(env.host, "victim-hl.txt"), os.path.join(env.ws, "hardlink"))
     # Fake credential stores (row 5); `.aws` is a symlink so its target must be hidden too.
     secrets = Secrets(
@@ -71,8 +74,11 @@ def build_layout(env: AttackEnv, *, git: str = "repo") -> Secrets:
     )
     _write(os.path.join(env.home, ".ssh", "id_ed25519"), secrets.contents[0] + "\n", 0o600)
     _write(os.path.join(env.home, ".ssh", secrets.listed_name), "listed\n", 0o600)
-    _write(os.path.join(env.home, ".netrc"),
-           f"machine example.invalid login audit password {secrets.contents[1]}\n", 0o600)
+    _write(
+        os.path.join(env.home, ".netrc"),
+        f"machine example.invalid login audit password {secrets.contents[1]}\n",
+        0o600,
+    )
     _write(os.path.join(env.home, "real-aws", "credentials"), secrets.contents[2] + "\n", 0o600)
     os.symlink("real-aws", os.path.join(env.home, ".aws"))
     _write(os.path.join(env.home, "public.txt"), secrets.public + "\n")
@@ -88,10 +94,14 @@ def _git_layout(ws: str, git: str) -> None:
         return
     if git == "real":
         subprocess.run(["git", "init", "-q", ws], check=True, capture_output=True)
-        subprocess.run(["git", "-C", ws, "config", "user.email", "audit@example.invalid"],
-                       check=True, capture_output=True)
-        subprocess.run(["git", "-C", ws, "config", "user.name", "audit"], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["git", "-C", ws, "config", "user.email", "audit@example.invalid"],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            ["git", "-C", ws, "config", "user.name", "audit"], check=True, capture_output=True
+        )
         return
     _write(os.path.join(gitdir, "HEAD"), "ref: refs/heads/main\n")
     os.makedirs(os.path.join(gitdir, "objects"), exist_ok=True)
@@ -142,14 +152,21 @@ def take(guards: dict[str, str]) -> dict[str, Snapshot]:
     return {label: snapshot(path) for label, path in guards.items()}
 
 
-def compare(guards: dict[str, str], before: dict[str, Snapshot],
-            allowed_placeholders: set[str] | frozenset[str] = frozenset()) -> list[str]:
+def compare(
+    guards: dict[str, str],
+    before: dict[str, Snapshot],
+    allowed_placeholders: set[str] | frozenset[str] = frozenset(),
+) -> list[str]:
     """Differences between ``before`` and now; an empty placeholder dir is not a change."""
     changes: list[str] = []
     for label, path in guards.items():
         after = snapshot(path)
-        if (path in allowed_placeholders and not before[label] and set(after) == {"."}
-                and after["."].kind == "dir"):
+        if (
+            path in allowed_placeholders
+            and not before[label]
+            and set(after) == {"."}
+            and after["."].kind == "dir"
+        ):
             continue
         changes += snapshot_diff(before[label], after, label)
     return changes

@@ -188,8 +188,9 @@ class AttackEnv:
             env={TOKEN_VARIABLE: self.token},
         )
 
-    def render(self, template: str, extra: Mapping[str, str] | None = None, *,
-               strict: bool = True) -> str:
+    def render(
+        self, template: str, extra: Mapping[str, str] | None = None, *, strict: bool = True
+    ) -> str:
         """Fill ``{{name}}`` placeholders with this env's paths (checked shell-safe); with
         ``strict=False`` unknown names stay for a later pass."""
         values = {

@@ -56,21 +56,21 @@ def render_table(report: AuditReport) -> str:
             cell = cells.get((attack.id, backend, mode))
             row.append(_CELL[cell.verdict] if cell else "")
         rows.append(row)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     lines.append("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-              for r in rows]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     failed = report.failed
     if failed:
         lines += ["", "Findings (each one fails the audit):"]
         for r in failed:
-            lines.append(f"  {r.verdict.value} {r.attack_id} [{column_name(r.backend, r.mode)}]"
-                         f": {r.detail}")
+            lines.append(
+                f"  {r.verdict.value} {r.attack_id} [{column_name(r.backend, r.mode)}]: {r.detail}"
+            )
             lines += [f"      - {e}" for e in r.evidence[:6]]
-    reasons = [r for r in report.results
-               if r.verdict in (Verdict.NOT_ENFORCEABLE, Verdict.SKIPPED)]
+    reasons = [r for r in report.results if r.verdict in (Verdict.NOT_ENFORCEABLE, Verdict.SKIPPED)]
     if reasons:
         lines += ["", "Not enforceable / skipped here (never counted as contained):"]
         seen: set[tuple[str, str]] = set()
@@ -79,8 +79,9 @@ def render_table(report: AuditReport) -> str:
             if key in seen:
                 continue
             seen.add(key)
-            columns = ", ".join(column_name(x.backend, x.mode) for x in reasons
-                                if (x.attack_id, x.detail) == key)
+            columns = ", ".join(
+                column_name(x.backend, x.mode) for x in reasons if (x.attack_id, x.detail) == key
+            )
             because = f" ({r.evidence[0]})" if r.evidence else ""
             lines.append(f"  {_CELL[r.verdict]} {r.attack_id} [{columns}]: {r.detail}{because}")
     lines += ["", summary_line(report)]
@@ -88,8 +89,9 @@ def render_table(report: AuditReport) -> str:
 
 
 def summary_counts(report: AuditReport) -> dict[str, int]:
-    counts = Counter(r.verdict.value for r in report.results
-                     if r.verdict is not Verdict.NOT_APPLICABLE)
+    counts = Counter(
+        r.verdict.value for r in report.results if r.verdict is not Verdict.NOT_APPLICABLE
+    )
     return {v.value: counts.get(v.value, 0) for v in Verdict if v is not Verdict.NOT_APPLICABLE}
 
 
@@ -108,12 +110,21 @@ def as_json_data(report: AuditReport) -> dict[str, Any]:
     return {
         "host": report.host,
         "seconds": report.seconds,
-        "probes": {name: {"usable": p.usable, "detail": p.detail}
-                   for name, p in report.probes.items()},
+        "probes": {
+            name: {"usable": p.usable, "detail": p.detail} for name, p in report.probes.items()
+        },
         "columns": [{"backend": b, "mode": m} for b, m in report.columns],
-        "attacks": [{"id": a.id, "row": a.row, "title": a.title, "kind": a.kind,
-                     "modes": sorted(m.value for m in a.modes), "backends": sorted(a.backends)}
-                    for a in report.attacks],
+        "attacks": [
+            {
+                "id": a.id,
+                "row": a.row,
+                "title": a.title,
+                "kind": a.kind,
+                "modes": sorted(m.value for m in a.modes),
+                "backends": sorted(a.backends),
+            }
+            for a in report.attacks
+        ],
         "results": [r.as_dict() for r in report.results],
         "summary": summary_counts(report),
         "exit_code": report.exit_code,

@@ -50,8 +50,15 @@ DEFAULT_CONCURRENCY = 4
 HOOK_MARKER = "AUDIT-BASH-ENV-HOOK-RAN"
 # Credential-shaped names put into the audit's own environment while it runs (real values,
 # if any, are saved and restored; only random canaries are ever visible to a command).
-CANARY_NAMES = ("GITHUB_TOKEN", "FOO_SECRET", "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY",
-                "DB_PASSWORD", "SERVICE_CREDENTIALS", "npm_config_authToken")
+CANARY_NAMES = (
+    "GITHUB_TOKEN",
+    "FOO_SECRET",
+    "AWS_SECRET_ACCESS_KEY",
+    "OPENAI_API_KEY",
+    "DB_PASSWORD",
+    "SERVICE_CREDENTIALS",
+    "npm_config_authToken",
+)
 
 
 @dataclass(frozen=True)
@@ -117,9 +124,14 @@ class AuditReport:
 def host_facts() -> dict[str, str]:
     from bash_sandbox.backends.landlock import landlock_abi
 
-    return {"platform": platform.platform(), "kernel": platform.release(),
-            "landlock_abi": str(landlock_abi()), "euid": str(os.geteuid()),
-            "python": sys.version.split()[0], "cpus": str(os.cpu_count())}
+    return {
+        "platform": platform.platform(),
+        "kernel": platform.release(),
+        "landlock_abi": str(landlock_abi()),
+        "euid": str(os.geteuid()),
+        "python": sys.version.split()[0],
+        "cpus": str(os.cpu_count()),
+    }
 
 
 def _python_for_commands() -> str | None:
@@ -173,8 +185,12 @@ class AuditSession:
             os.environ[name] = value
         self.canaries = values
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -215,17 +231,35 @@ class AuditSession:
         os.makedirs(tmp_area)
         token = "bsa" + os.urandom(8).hex()
         self._tokens.add(token)
-        return AttackEnv(attack_id=attack.id, backend=backend, mode=mode, root=root,
-                         tmp_area=tmp_area, token=token, python=self.python,
-                         audit_pid=os.getpid(), cleanup=Cleanup(),
-                         sock_dir=os.path.join(self.base, "s"),
-                         deny_read=deny_read_paths(root), canaries=dict(self.canaries))
+        return AttackEnv(
+            attack_id=attack.id,
+            backend=backend,
+            mode=mode,
+            root=root,
+            tmp_area=tmp_area,
+            token=token,
+            python=self.python,
+            audit_pid=os.getpid(),
+            cleanup=Cleanup(),
+            sock_dir=os.path.join(self.base, "s"),
+            deny_read=deny_read_paths(root),
+            canaries=dict(self.canaries),
+        )
 
     async def run_cell(self, attack: Attack, backend: str, mode: SandboxMode) -> CellResult:
         def result(finding: Finding, seconds: float = 0.0) -> CellResult:
-            return CellResult(attack.id, attack.row, attack.title, attack.kind, backend,
-                              mode.value, finding.verdict, finding.detail, finding.evidence,
-                              round(seconds, 2))
+            return CellResult(
+                attack.id,
+                attack.row,
+                attack.title,
+                attack.kind,
+                backend,
+                mode.value,
+                finding.verdict,
+                finding.detail,
+                finding.evidence,
+                round(seconds, 2),
+            )
 
         if not attack.applies(backend, mode):
             return result(Finding(Verdict.NOT_APPLICABLE))
@@ -265,7 +299,8 @@ class AuditSession:
             if finding.verdict is not Verdict.ESCAPED:
                 finding = escaped(
                     f"{len(survivors)} process(es) of the command outlived the attack",
-                    [f"pid {p.pid}: {p.cmdline}" for p in survivors] + list(finding.evidence))
+                    [f"pid {p.pid}: {p.cmdline}" for p in survivors] + list(finding.evidence),
+                )
         self._tokens.discard(env.token)
         if not self.keep:
             _remove_tree(env.root)
@@ -274,8 +309,7 @@ class AuditSession:
 
     # -- the matrix ----------------------------------------------------------------------------
 
-    async def run_cells(self, cells: Sequence[tuple[Attack, str, SandboxMode]]
-                        ) -> list[CellResult]:
+    async def run_cells(self, cells: Sequence[tuple[Attack, str, SandboxMode]]) -> list[CellResult]:
         """Run cells concurrently (bounded by the session's semaphore), results in order."""
         # Long attacks (output floods, lifetimes) start first so they do not form the tail.
         order = sorted(range(len(cells)), key=lambda i: -cells[i][0].budget_s)
@@ -289,15 +323,21 @@ class AuditSession:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    async def run_matrix(self, attacks: Sequence[Attack], backends: Sequence[str],
-                         modes: Sequence[SandboxMode]) -> AuditReport:
+    async def run_matrix(
+        self, attacks: Sequence[Attack], backends: Sequence[str], modes: Sequence[SandboxMode]
+    ) -> AuditReport:
         started = time.monotonic()
-        report = AuditReport(columns=[(b, m.value) for b in backends for m in modes],
-                             attacks=list(attacks), results=[],
-                             probes={b: self.probe(b) for b in backends}, host=host_facts())
+        report = AuditReport(
+            columns=[(b, m.value) for b in backends for m in modes],
+            attacks=list(attacks),
+            results=[],
+            probes={b: self.probe(b) for b in backends},
+            host=host_facts(),
+        )
         try:
             report.results = await self.run_cells(
-                [(a, b, m) for a in attacks for b in backends for m in modes])
+                [(a, b, m) for a in attacks for b in backends for m in modes]
+            )
         finally:
             report.seconds = round(time.monotonic() - started, 1)
         return report
@@ -330,14 +370,19 @@ def select(attack_globs: Iterable[str] = ()) -> list[Attack]:
     return [a for a in ATTACKS if not globs or any(fnmatch.fnmatch(a.id, g) for g in globs)]
 
 
-async def run_audit(*, backends: Sequence[str] = LINUX_BACKENDS,
-                    modes: Sequence[SandboxMode] = CONFINED_MODES,
-                    attacks: Sequence[Attack] | None = None,
-                    concurrency: int = DEFAULT_CONCURRENCY, keep: bool = False) -> AuditReport:
+async def run_audit(
+    *,
+    backends: Sequence[str] = LINUX_BACKENDS,
+    modes: Sequence[SandboxMode] = CONFINED_MODES,
+    attacks: Sequence[Attack] | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    keep: bool = False,
+) -> AuditReport:
     """Run the catalog (or ``attacks``) against ``backends`` x ``modes``; always cleans up."""
     async with AuditSession(concurrency=concurrency, keep=keep) as session:
-        return await session.run_matrix(list(attacks if attacks is not None else ATTACKS),
-                                        backends, modes)
+        return await session.run_matrix(
+            list(attacks if attacks is not None else ATTACKS), backends, modes
+        )
 
 
 __all__ = ["AuditReport", "AuditSession", "CellResult", "ProbeResult", "run_audit", "select"]

@@ -97,10 +97,28 @@ def _entry(path: str) -> Entry:
         xattrs = tuple(sorted(os.listxattr(path, follow_symlinks=False)))
     except OSError:
         xattrs = ()
-    kind = ("dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
-            else "link" if stat.S_ISLNK(st.st_mode) else "other")
-    return Entry(kind, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_size, st.st_ino,
-                 st.st_nlink, st.st_mtime_ns, st.st_ctime_ns, digest, xattrs)
+    kind = (
+        "dir"
+        if stat.S_ISDIR(st.st_mode)
+        else "file"
+        if stat.S_ISREG(st.st_mode)
+        else "link"
+        if stat.S_ISLNK(st.st_mode)
+        else "other"
+    )
+    return Entry(
+        kind,
+        stat.S_IMODE(st.st_mode),
+        st.st_uid,
+        st.st_gid,
+        st.st_size,
+        st.st_ino,
+        st.st_nlink,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+        digest,
+        xattrs,
+    )
 
 
 Snapshot = dict[str, Entry]
@@ -220,24 +238,42 @@ class Victim:
         return bad
 
 
-def _spawn_victim(python: str, *, status_path: str, cwd: str, held_path: str, memory: str,
-                  secret: str) -> subprocess.Popen[bytes]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VICTIM_MEMORY": memory,
-           "VICTIM_SECRET": secret}
+def _spawn_victim(
+    python: str, *, status_path: str, cwd: str, held_path: str, memory: str, secret: str
+) -> subprocess.Popen[bytes]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "VICTIM_MEMORY": memory,
+        "VICTIM_SECRET": secret,
+    }
     # Forked on the event-loop thread (fork+exec, no waiting): the victim's PDEATHSIG follows
     # the thread that forked it, and this one lives as long as the audit.
     return subprocess.Popen(
         [python, "-c", VICTIM_SOURCE, status_path, str(os.getpid()), held_path],
-        cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True)
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
-async def start_victim(python: str, directory: str, cwd: str, held_path: str,
-                       cleanup: Cleanup, *, memory: str, secret: str) -> Victim:
+async def start_victim(
+    python: str,
+    directory: str,
+    cwd: str,
+    held_path: str,
+    cleanup: Cleanup,
+    *,
+    memory: str,
+    secret: str,
+) -> Victim:
     """Start a victim in its own session (so group signals reach only it) and wait for READY."""
     status_path = os.path.join(directory, f"victim-{os.urandom(4).hex()}.log")
-    proc = _spawn_victim(python, status_path=status_path, cwd=cwd, held_path=held_path,
-                         memory=memory, secret=secret)
+    proc = _spawn_victim(
+        python, status_path=status_path, cwd=cwd, held_path=held_path, memory=memory, secret=secret
+    )
     cleanup.kill_process(proc)
     victim = Victim(proc, status_path, memory=memory, secret=secret)
     deadline = time.monotonic() + 10
@@ -359,8 +395,7 @@ class CountingServer:
 
     def start(self) -> None:
         self.sock.settimeout(0.05)
-        self._thread = threading.Thread(target=self._serve, name=f"audit-{self.kind}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=f"audit-{self.kind}", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
@@ -385,9 +420,13 @@ class CountingServer:
         self.sock.close()
 
 
-def start_server(family: socket.AddressFamily, kind: socket.SocketKind,
-                 address: str | tuple[str, int],
-                 label: str, cleanup: Cleanup) -> CountingServer:
+def start_server(
+    family: socket.AddressFamily,
+    kind: socket.SocketKind,
+    address: str | tuple[str, int],
+    label: str,
+    cleanup: Cleanup,
+) -> CountingServer:
     """Bind (and listen) on ``address``; raises OSError when this host cannot (e.g. no ::1)."""
     sock = socket.socket(family, kind)
     try:
@@ -418,8 +457,9 @@ def status_kib(field_name: str, pid: int | str = "self") -> int:
     return 0
 
 
-async def poll_until(check: Callable[[], bool | Awaitable[bool]], timeout_s: float,
-                     interval_s: float = 0.02) -> bool:
+async def poll_until(
+    check: Callable[[], bool | Awaitable[bool]], timeout_s: float, interval_s: float = 0.02
+) -> bool:
     """Poll ``check`` until it is true or the deadline passes (an outside-view wait)."""
     deadline = time.monotonic() + timeout_s
     while True:

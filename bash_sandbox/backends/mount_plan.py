@@ -157,8 +157,11 @@ def render_mount_plan(
     """
     guards = _drop_nested([t for t in protected if t.kind != "pin"])
     pins = sorted(
-        {t.path for t in protected if t.kind == "pin"
-         and not any(_within(t.path, (g.path,)) for g in guards)},
+        {
+            t.path
+            for t in protected
+            if t.kind == "pin" and not any(_within(t.path, (g.path,)) for g in guards)
+        },
         key=lambda p: (p.count("/"), p),
     )
     mounts = [PlannedMount(p, p, read_only=False) for p in pins]

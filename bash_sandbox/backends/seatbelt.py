@@ -215,55 +215,75 @@ def render_seatbelt_profile(
     roots = seatbelt_writable_roots(policy, user_temp_dir=user_temp_dir, private_tmp=private_tmp)
     root_refs = {root: params.add("WRITABLE_ROOT", root) for root in roots}
     if roots:
-        sections.append(_rule(
-            "Writes: the writable roots (workspace, extra roots, temp dirs).",
-            "allow file-write*",
-            (f"(subpath {ref})" for ref in root_refs.values()),
-        ))
+        sections.append(
+            _rule(
+                "Writes: the writable roots (workspace, extra roots, temp dirs).",
+                "allow file-write*",
+                (f"(subpath {ref})" for ref in root_refs.values()),
+            )
+        )
 
     in_root = [(root, name) for root in roots for name in policy.protected_paths]
-    protected = _unique((
-        *(os.path.join(r, n) for r, n in in_root), *map(os.path.normpath, protected_aliases),
-    )) if roots else ()
+    protected = (
+        _unique(
+            (
+                *(os.path.join(r, n) for r, n in in_root),
+                *map(os.path.normpath, protected_aliases),
+            )
+        )
+        if roots
+        else ()
+    )
     # `.git` of `.git/hooks`: were it creatable, a symlink or gitfile there would redirect
     # the protected names to a writable place (bwrap mounts it read-only for the same reason).
-    entries = _unique(p for r, n in in_root for p in _entries_leading_to(r, n)
-                      if p not in protected)
+    entries = _unique(
+        p for r, n in in_root for p in _entries_leading_to(r, n) if p not in protected
+    )
     if protected:
         refs = [params.add("PROTECTED", path) for path in protected]
         entry_refs = [params.add("PROTECTED_PARENT", path) for path in entries]
-        sections.append(_rule(
-            # literal as well as subpath: creating the protected path itself must fail too.
-            "Protected names stay read-only inside every writable root, existing or\n"
-            "not, and the directory entries leading to them cannot be created, moved\n"
-            "or replaced; after the allows, because the last matching rule wins.",
-            "deny file-write*",
-            (*(f for ref in refs for f in (f"(literal {ref})", f"(subpath {ref})")),
-             *(f"(literal {ref})" for ref in entry_refs)),
-        ))
+        sections.append(
+            _rule(
+                # literal as well as subpath: creating the protected path itself must fail too.
+                "Protected names stay read-only inside every writable root, existing or\n"
+                "not, and the directory entries leading to them cannot be created, moved\n"
+                "or replaced; after the allows, because the last matching rule wins.",
+                "deny file-write*",
+                (
+                    *(f for ref in refs for f in (f"(literal {ref})", f"(subpath {ref})")),
+                    *(f"(literal {ref})" for ref in entry_refs),
+                ),
+            )
+        )
 
     secrets = _unique((*policy.deny_read, *map(os.path.normpath, extra_deny_read)))
     if secrets:
         refs = [params.add("DENY_READ", path) for path in secrets]
-        sections.append(_rule(
-            "Secrets: neither read nor written, wherever they sit.",
-            "deny file-read* file-write*",
-            (f for ref in refs for f in (f"(literal {ref})", f"(subpath {ref})")),
-        ))
+        sections.append(
+            _rule(
+                "Secrets: neither read nor written, wherever they sit.",
+                "deny file-read* file-write*",
+                (f for ref in refs for f in (f"(literal {ref})", f"(subpath {ref})")),
+            )
+        )
 
     # Only a writable sandbox can rename; read-only needs no guard.
     guarded = set(protected) | set(entries) | set(secrets)
-    ancestors = _unique(
-        a for path in (*protected, *secrets) for a in _ancestors(path) if a not in guarded
-    ) if roots else ()
+    ancestors = (
+        _unique(a for path in (*protected, *secrets) for a in _ancestors(path) if a not in guarded)
+        if roots
+        else ()
+    )
     if ancestors:
         refs = [params.add("GUARDED_ANCESTOR", path) for path in ancestors]
-        sections.append(_rule(
-            "No renaming or deleting the directories above a protected or secret\n"
-            "path: moving one away would sidestep the path rules above.",
-            "deny file-write-unlink",
-            (f"(literal {ref})" for ref in refs),
-        ))
+        sections.append(
+            _rule(
+                "No renaming or deleting the directories above a protected or secret\n"
+                "path: moving one away would sidestep the path rules above.",
+                "deny file-write-unlink",
+                (f"(literal {ref})" for ref in refs),
+            )
+        )
 
     if policy.network is NetworkMode.HOST:
         sections.append(_HOST_NETWORK)
@@ -278,8 +298,15 @@ def render_seatbelt_profile(
             "allow network-bind",
             (f"(local unix-socket (subpath {ref}))" for ref in socket_refs),
         )
-        connect = "\n".join(["(allow network-outbound", *(
-            f"  (remote unix-socket (subpath {ref}))" for ref in socket_refs)]) + ")"
+        connect = (
+            "\n".join(
+                [
+                    "(allow network-outbound",
+                    *(f"  (remote unix-socket (subpath {ref}))" for ref in socket_refs),
+                ]
+            )
+            + ")"
+        )
         sections.append(f"{bind}\n{connect}")
 
     return SeatbeltProfile(text="\n\n".join(sections) + "\n", params=params.pairs())
@@ -364,8 +391,7 @@ class SeatbeltBackend(SandboxBackend):
         user_temp = darwin_user_temp_dir()
         # The executor made this dir itself; Seatbelt matches resolved paths (/var is a link).
         private_tmp = os.path.realpath(ctx.private_tmp) if ctx.private_tmp else None
-        roots = seatbelt_writable_roots(policy, user_temp_dir=user_temp,
-                                        private_tmp=private_tmp)
+        roots = seatbelt_writable_roots(policy, user_temp_dir=user_temp, private_tmp=private_tmp)
         # The roots are used as the policy fixed them (canonical at resolve time); resolving
         # them again here could follow a symlink planted since and widen the grant.
         protected = [os.path.join(r, n) for r in roots for n in policy.protected_paths]
@@ -373,8 +399,9 @@ class SeatbeltBackend(SandboxBackend):
             policy,
             user_temp_dir=user_temp,
             private_tmp=private_tmp,
-            extra_deny_read=_unique((
-                *_aliases(policy.deny_read), *ctx.hidden_paths, *_aliases(ctx.hidden_paths))),
+            extra_deny_read=_unique(
+                (*_aliases(policy.deny_read), *ctx.hidden_paths, *_aliases(ctx.hidden_paths))
+            ),
             protected_aliases=_aliases(protected),
             allow_loopback=self._allow_loopback,
         )
@@ -389,8 +416,9 @@ class SeatbeltBackend(SandboxBackend):
             profile = self.render(policy, ctx)
             argv = seatbelt_argv(profile, plan.argv)
         except ValueError as exc:
-            raise SandboxUnavailableError(policy.mode, f"cannot render a Seatbelt profile: {exc}"
-                                          ) from exc
+            raise SandboxUnavailableError(
+                policy.mode, f"cannot render a Seatbelt profile: {exc}"
+            ) from exc
         env = plan.env
         if policy.mode is SandboxMode.WORKSPACE_WRITE and ctx.private_tmp is not None:
             # Same as the Linux backends: temp files go to the executor's private dir.
@@ -420,20 +448,37 @@ class SeatbeltBackend(SandboxBackend):
         if network is NetworkMode.HOST:
             net = LayerReport("network", "full", "host network requested: IP allowed")
         elif self._allow_loopback:
-            net = LayerReport("network", "partial", "no IP except loopback, which is the "
-                              "host's: services on the host's 127.0.0.1 are reachable")
+            net = LayerReport(
+                "network",
+                "partial",
+                "no IP except loopback, which is the "
+                "host's: services on the host's 127.0.0.1 are reachable",
+            )
         else:
-            net = LayerReport("network", "full", "no IP traffic at all (no loopback either: "
-                              "Seatbelt cannot give the command a loopback of its own)")
+            net = LayerReport(
+                "network",
+                "full",
+                "no IP traffic at all (no loopback either: "
+                "Seatbelt cannot give the command a loopback of its own)",
+            )
         return (
-            LayerReport("files", "full", "SBPL deny default: writes only to /dev/null, "
-                        "/dev/fd and (workspace-write) the roots plus /private/tmp and the "
-                        "per-user temp dir; protected paths and deny_read win"),
-            LayerReport("processes", "full", "signal and process-info only within the same "
-                        "sandbox; lifetime is the executor's process group"),
+            LayerReport(
+                "files",
+                "full",
+                "SBPL deny default: writes only to /dev/null, "
+                "/dev/fd and (workspace-write) the roots plus /private/tmp and the "
+                "per-user temp dir; protected paths and deny_read win",
+            ),
+            LayerReport(
+                "processes",
+                "full",
+                "signal and process-info only within the same "
+                "sandbox; lifetime is the executor's process group",
+            ),
             net,
-            LayerReport("unix sockets", "full", "bind and connect only under the workspace "
-                        "and extra roots"),
+            LayerReport(
+                "unix sockets", "full", "bind and connect only under the workspace and extra roots"
+            ),
         )
 
     def probe(self, timeout_ms: int) -> BackendProbe:
@@ -448,8 +493,14 @@ class SeatbeltBackend(SandboxBackend):
             shutil.rmtree(workspace, ignore_errors=True)
         if failure is not None:
             return BackendProbe(self.name, False, failure, binary=SANDBOX_EXEC, version=version)
-        return BackendProbe(self.name, True, "confined a probe command", binary=SANDBOX_EXEC,
-                            version=version, layers=self.layers())
+        return BackendProbe(
+            self.name,
+            True,
+            "confined a probe command",
+            binary=SANDBOX_EXEC,
+            version=version,
+            layers=self.layers(),
+        )
 
     def _probe_in(self, workspace: str, timeout_ms: int) -> str | None:
         """None when a write inside the workspace worked and one into a protected path failed,
@@ -457,15 +508,24 @@ class SeatbeltBackend(SandboxBackend):
         os.makedirs(os.path.join(workspace, ".git", "hooks"))
         script = ': > "$1/ok-$2"; : > "$1/.git/hooks/escape-$2"'
         for network in (NetworkMode.ISOLATED, NetworkMode.HOST):
-            policy = SandboxPolicy(mode=SandboxMode.WORKSPACE_WRITE, workspace_root=workspace,
-                                   network=network, deny_read=(os.path.join(workspace, "s"),))
+            policy = SandboxPolicy(
+                mode=SandboxMode.WORKSPACE_WRITE,
+                workspace_root=workspace,
+                network=network,
+                deny_read=(os.path.join(workspace, "s"),),
+            )
             profile = render_seatbelt_profile(policy, user_temp_dir=darwin_user_temp_dir())
-            argv = seatbelt_argv(profile,
-                                 ("/bin/sh", "-c", script, "sh", workspace, network.value))
+            argv = seatbelt_argv(profile, ("/bin/sh", "-c", script, "sh", workspace, network.value))
             try:
-                done = subprocess.run(argv, capture_output=True, text=True, check=False,
-                                      timeout=timeout_ms / 1000, stdin=subprocess.DEVNULL,
-                                      cwd=workspace)
+                done = subprocess.run(
+                    argv,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    timeout=timeout_ms / 1000,
+                    stdin=subprocess.DEVNULL,
+                    cwd=workspace,
+                )
             except subprocess.TimeoutExpired:
                 return f"probe timed out after {timeout_ms} ms"
             except OSError as exc:

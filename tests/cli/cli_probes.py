@@ -22,17 +22,24 @@ class CliRunner:
         self.env = env
         self.pids: list[int] = []
 
-    def start(self, *args: str, cwd: Path | None = None,
-              wrapper: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    def start(
+        self, *args: str, cwd: Path | None = None, wrapper: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
         """Start the CLI (behind ``wrapper``, an argv prefix that execs the rest)."""
-        proc = subprocess.Popen([*wrapper, *self.argv0, *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                env=self.env, cwd=cwd)
+        proc = subprocess.Popen(
+            [*wrapper, *self.argv0, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            cwd=cwd,
+        )
         self.pids.append(proc.pid)
         return proc
 
-    def run(self, *args: str, cwd: Path | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    def run(
+        self, *args: str, cwd: Path | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[bytes]:
         proc = self.start(*args, cwd=cwd)
         out, err = proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -64,8 +71,9 @@ def kill_if_alive(pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
-               what: str = "condition") -> None:
+def wait_until(
+    predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition"
+) -> None:
     """Poll something another process produces (a file, a pid); fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while not predicate():

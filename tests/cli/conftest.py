@@ -36,8 +36,10 @@ def workspace(tmp_path: Path) -> Path:
 @pytest.fixture
 def cli(private_tempdir: Path) -> Iterator[CliRunner]:
     """Runs `bash-sandbox` as a real subprocess; anything it leaves alive is killed by pid."""
-    runner = CliRunner([sys.executable, "-m", "bash_sandbox.cli"],
-                       env=dict(os.environ, TMPDIR=str(private_tempdir)))
+    runner = CliRunner(
+        [sys.executable, "-m", "bash_sandbox.cli"],
+        env=dict(os.environ, TMPDIR=str(private_tempdir)),
+    )
     yield runner
     runner.kill_all()
 

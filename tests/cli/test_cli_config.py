@@ -38,8 +38,10 @@ def test_bad_value_is_one_line_naming_the_key_and_the_file(
     code = main(["run", "--workspace", str(workspace), "--", "true"])
     line = config_error(capsys)
     assert code == 2
-    assert line == (f"bash-sandbox: config error: timeout_ms: Input should be greater than 0 "
-                    f"(in {path} [tool.bash-sandbox])")
+    assert line == (
+        f"bash-sandbox: config error: timeout_ms: Input should be greater than 0 "
+        f"(in {path} [tool.bash-sandbox])"
+    )
 
 
 def test_unknown_key_is_rejected_by_name(
@@ -63,16 +65,16 @@ def test_dashed_keys_are_accepted_and_errors_quote_them_as_written(
 ) -> None:
     write_pyproject(workspace, "max-output-bytes = -1\n")
     assert main(["run", "--workspace", str(workspace), "--", "true"]) == 2
-    assert "config error: max-output-bytes: Input should be greater than 0" in config_error(
-        capsys)
+    assert "config error: max-output-bytes: Input should be greater than 0" in config_error(capsys)
 
 
 def test_unknown_mode_value_names_the_valid_modes(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_pyproject(workspace, "mode = 'write-everything'\n")
-    assert main(["mode", "--session", str(workspace / "s.jsonl"), "--workspace",
-                 str(workspace)]) == 2
+    assert (
+        main(["mode", "--session", str(workspace / "s.jsonl"), "--workspace", str(workspace)]) == 2
+    )
     line = config_error(capsys)
     assert "mode: Input should be 'read-only', 'workspace-write' or 'danger-full-access'" in line
 
@@ -98,8 +100,7 @@ def test_a_bad_file_value_is_reported_even_when_a_flag_overrides_it(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_pyproject(workspace, "timeout_ms = 0\n")
-    assert main(["run", "--workspace", str(workspace), "--timeout-ms", "100", "--",
-                 "true"]) == 2
+    assert main(["run", "--workspace", str(workspace), "--timeout-ms", "100", "--", "true"]) == 2
     assert "timeout_ms" in config_error(capsys)
 
 
@@ -107,8 +108,7 @@ def test_missing_config_file_is_a_config_error(
     tmp_path: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "nope.toml"
-    assert main(["--config", str(missing), "run", "--workspace", str(workspace), "--",
-                 "true"]) == 2
+    assert main(["--config", str(missing), "run", "--workspace", str(workspace), "--", "true"]) == 2
     assert config_error(capsys).endswith(f"file not found (in {missing})")
 
 
@@ -130,12 +130,22 @@ def test_pyproject_in_the_current_directory_is_used(
 
 
 @needs_sandbox
-def test_flags_override_file_values(
-    workspace: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_flags_override_file_values(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_pyproject(workspace, 'mode = "workspace-write"\nnetwork = "host"\n')
-    code = main(["run", "--workspace", str(workspace), "--mode", "read-only",
-                 "--network", "isolated", "--json", "--", "echo x > f"])
+    code = main(
+        [
+            "run",
+            "--workspace",
+            str(workspace),
+            "--mode",
+            "read-only",
+            "--network",
+            "isolated",
+            "--json",
+            "--",
+            "echo x > f",
+        ]
+    )
     sandbox = json.loads(capsys.readouterr().out)["sandbox"]
     assert code != 0
     assert sandbox["mode"] == "read-only" and sandbox["network"] == "isolated"

@@ -22,7 +22,8 @@ from bash_sandbox.doctor import (
 from policies import NetworkMode
 
 on_linux_with_bwrap = pytest.mark.skipif(
-    not (sys.platform.startswith("linux") and HAS_BWRAP), reason="needs Linux with bwrap")
+    not (sys.platform.startswith("linux") and HAS_BWRAP), reason="needs Linux with bwrap"
+)
 
 
 def test_json_report_has_every_backend_layer_and_host_fact(
@@ -91,17 +92,23 @@ def test_doctor_network_host_reports_the_network_layer_as_not_enforced(
 
 
 def host(*, abi: int = 7, netns: bool = True) -> HostFacts:
-    return HostFacts(platform="linux", kernel="6.x", landlock_abi=abi,
-                     user_namespaces=Check(available=True, detail="ok"),
-                     network_namespace=Check(available=netns,
-                                             detail="ok" if netns else "EPERM"))
+    return HostFacts(
+        platform="linux",
+        kernel="6.x",
+        landlock_abi=abi,
+        user_namespaces=Check(available=True, detail="ok"),
+        network_namespace=Check(available=netns, detail="ok" if netns else "EPERM"),
+    )
 
 
 BASE_LAYERS = (LayerReport("files", "full", "f"), LayerReport("processes", "full", "p"))
 
 
-def probe(name: str, usable: bool = True, layers: tuple[LayerReport, ...] = BASE_LAYERS,
-          ) -> BackendProbe:
+def probe(
+    name: str,
+    usable: bool = True,
+    layers: tuple[LayerReport, ...] = BASE_LAYERS,
+) -> BackendProbe:
     return BackendProbe(name, usable, "detail", layers=layers if usable else ())
 
 
@@ -110,8 +117,9 @@ def layers_of(backend: BackendStatus) -> dict[str, str]:
 
 
 def test_unusable_backend_reports_every_layer_as_none() -> None:
-    report = build_report([probe("bwrap", usable=False)], host(),
-                          network=NetworkMode.ISOLATED, version="0")
+    report = build_report(
+        [probe("bwrap", usable=False)], host(), network=NetworkMode.ISOLATED, version="0"
+    )
     (bwrap,) = report.backends
     assert not report.usable and report.auto_backend is None
     assert bwrap.enforcement is None
@@ -120,8 +128,9 @@ def test_unusable_backend_reports_every_layer_as_none() -> None:
 
 
 def test_bwrap_without_a_shared_namespace_still_isolates_with_unshare_net() -> None:
-    report = build_report([probe("bwrap")], host(netns=False), network=NetworkMode.ISOLATED,
-                          version="0")
+    report = build_report(
+        [probe("bwrap")], host(netns=False), network=NetworkMode.ISOLATED, version="0"
+    )
     (bwrap,) = report.backends
     net = bwrap.layers[LAYERS.index("network")]
     assert net.enforcement == "full" and "--unshare-net" in net.how
@@ -129,8 +138,12 @@ def test_bwrap_without_a_shared_namespace_still_isolates_with_unshare_net() -> N
 
 
 def test_landlock_without_a_namespace_cannot_isolate_the_network() -> None:
-    report = build_report([probe("bwrap", usable=False), probe("landlock")],
-                          host(netns=False), network=NetworkMode.ISOLATED, version="0")
+    report = build_report(
+        [probe("bwrap", usable=False), probe("landlock")],
+        host(netns=False),
+        network=NetworkMode.ISOLATED,
+        version="0",
+    )
     landlock = report.backends[1]
     assert layers_of(landlock)["network"] == "none"
     assert landlock.enforcement == "partial"
@@ -139,15 +152,17 @@ def test_landlock_without_a_namespace_cannot_isolate_the_network() -> None:
 
 def test_probe_layer_reports_win_over_the_defaults() -> None:
     own = (*BASE_LAYERS, LayerReport("network", "partial", "the backend's own words"))
-    report = build_report([probe("bwrap", layers=own)], host(), network=NetworkMode.ISOLATED,
-                          version="0")
+    report = build_report(
+        [probe("bwrap", layers=own)], host(), network=NetworkMode.ISOLATED, version="0"
+    )
     net = report.backends[0].layers[LAYERS.index("network")]
     assert (net.enforcement, net.how) == ("partial", "the backend's own words")
 
 
 def test_host_network_leaves_network_and_unix_sockets_unenforced() -> None:
-    report = build_report([probe("bwrap"), probe("landlock")], host(abi=7),
-                          network=NetworkMode.HOST, version="0")
+    report = build_report(
+        [probe("bwrap"), probe("landlock")], host(abi=7), network=NetworkMode.HOST, version="0"
+    )
     bwrap, landlock = report.backends
     assert layers_of(bwrap)["network"] == "none" and layers_of(bwrap)["unix sockets"] == "none"
     # Landlock ABI 6+ still scopes abstract unix sockets to the sandbox.
@@ -155,8 +170,12 @@ def test_host_network_leaves_network_and_unix_sockets_unenforced() -> None:
 
 
 def test_render_text_lists_usable_backends_layers() -> None:
-    report = build_report([probe("bwrap"), probe("seatbelt", usable=False)], host(),
-                          network=NetworkMode.ISOLATED, version="9.9")
+    report = build_report(
+        [probe("bwrap"), probe("seatbelt", usable=False)],
+        host(),
+        network=NetworkMode.ISOLATED,
+        version="9.9",
+    )
     text = render_text(report)
     assert text.startswith("bash-sandbox 9.9 doctor: linux, kernel 6.x\n")
     assert "bwrap layers:" in text and "seatbelt layers:" not in text

@@ -34,32 +34,72 @@ def _sleep_seconds() -> str:
     return f"30.{os.getpid()}{next(_unique):03d}"
 
 
-@pytest.mark.parametrize(("mode", "backend", "sig", "expected"), [
-    pytest.param("workspace-write", "auto", signal.SIGINT, 130, id="sigint-auto",
-                 marks=pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK),
-                                          reason="no sandbox backend")),
-    pytest.param("workspace-write", "landlock", signal.SIGINT, 130, id="sigint-landlock",
-                 marks=[pytest.mark.landlock,
-                        pytest.mark.skipif(not HAS_LANDLOCK, reason="no Landlock")]),
-    pytest.param("workspace-write", "auto", signal.SIGTERM, 143, id="sigterm-auto",
-                 marks=pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK),
-                                          reason="no sandbox backend")),
-    pytest.param("danger-full-access", "auto", signal.SIGINT, 130, id="sigint-unconfined"),
-])
+@pytest.mark.parametrize(
+    ("mode", "backend", "sig", "expected"),
+    [
+        pytest.param(
+            "workspace-write",
+            "auto",
+            signal.SIGINT,
+            130,
+            id="sigint-auto",
+            marks=pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK), reason="no sandbox backend"),
+        ),
+        pytest.param(
+            "workspace-write",
+            "landlock",
+            signal.SIGINT,
+            130,
+            id="sigint-landlock",
+            marks=[
+                pytest.mark.landlock,
+                pytest.mark.skipif(not HAS_LANDLOCK, reason="no Landlock"),
+            ],
+        ),
+        pytest.param(
+            "workspace-write",
+            "auto",
+            signal.SIGTERM,
+            143,
+            id="sigterm-auto",
+            marks=pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK), reason="no sandbox backend"),
+        ),
+        pytest.param("danger-full-access", "auto", signal.SIGINT, 130, id="sigint-unconfined"),
+    ],
+)
 def test_signal_to_the_cli_kills_the_command_group(
-    mode: str, backend: str, sig: signal.Signals, expected: int,
-    cli: CliRunner, workspace: Path,
+    mode: str,
+    backend: str,
+    sig: signal.Signals,
+    expected: int,
+    cli: CliRunner,
+    workspace: Path,
 ) -> None:
     seconds = _sleep_seconds()
     pidfile = workspace / "pidfile"
-    proc = cli.start("run", "--mode", mode, "--backend", backend, "--workspace",
-                     str(workspace), "--", f"sleep {seconds} & echo $! > pidfile; wait")
+    proc = cli.start(
+        "run",
+        "--mode",
+        mode,
+        "--backend",
+        backend,
+        "--workspace",
+        str(workspace),
+        "--",
+        f"sleep {seconds} & echo $! > pidfile; wait",
+    )
     sleep_pids: list[int] = []
     try:
-        wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "",
-                   timeout=20, what="pidfile written")
-        wait_until(lambda: bool(host_pids_with_argv(["sleep", seconds])),
-                   timeout=10, what="sleep visible on the host")
+        wait_until(
+            lambda: pidfile.exists() and pidfile.read_text().strip() != "",
+            timeout=20,
+            what="pidfile written",
+        )
+        wait_until(
+            lambda: bool(host_pids_with_argv(["sleep", seconds])),
+            timeout=10,
+            what="sleep visible on the host",
+        )
         sleep_pids = host_pids_with_argv(["sleep", seconds])
         if mode == "danger-full-access":
             assert sleep_pids == [int(pidfile.read_text())]
@@ -70,8 +110,7 @@ def test_signal_to_the_cli_kills_the_command_group(
         assert proc.returncode == expected
         assert f"{sig.name}: the command's process group was killed".encode() in err
         for pid in sleep_pids:
-            wait_until(lambda pid=pid: not is_alive(pid), timeout=10,
-                       what=f"sleep pid {pid} gone")
+            wait_until(lambda pid=pid: not is_alive(pid), timeout=10, what=f"sleep pid {pid} gone")
     finally:
         kill_if_alive(proc.pid)
         for pid in sleep_pids:
@@ -86,9 +125,16 @@ IGNORING_SIGHUP = ("/bin/sh", "-c", "trap '' HUP; exec \"$@\"", "sh")
 def test_an_inherited_ignored_sighup_stays_ignored_like_under_nohup(
     cli: CliRunner, workspace: Path
 ) -> None:
-    proc = cli.start("run", "--mode", "workspace-write", "--workspace", str(workspace), "--",
-                     "touch ready; until [ -e go ]; do sleep 0.01; done; echo finished",
-                     wrapper=IGNORING_SIGHUP)
+    proc = cli.start(
+        "run",
+        "--mode",
+        "workspace-write",
+        "--workspace",
+        str(workspace),
+        "--",
+        "touch ready; until [ -e go ]; do sleep 0.01; done; echo finished",
+        wrapper=IGNORING_SIGHUP,
+    )
     try:
         wait_until((workspace / "ready").exists, timeout=20, what="command started")
         os.kill(proc.pid, signal.SIGHUP)

@@ -15,7 +15,9 @@ def mode(session: Path, *args: str) -> int:
 
 
 def test_show_without_override_prints_the_configured_default_and_creates_nothing(
-    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.chdir(workspace)
@@ -24,14 +26,15 @@ def test_show_without_override_prints_the_configured_default_and_creates_nothing
     assert capsys.readouterr().out == "default (read-only)\n"
     assert not session.exists()
 
-    (workspace / "pyproject.toml").write_text(
-        '[tool.bash-sandbox]\nmode = "workspace-write"\n')
+    (workspace / "pyproject.toml").write_text('[tool.bash-sandbox]\nmode = "workspace-write"\n')
     assert mode(session) == 0
     assert capsys.readouterr().out == "default (workspace-write)\n"
 
 
 def test_set_records_one_event_and_show_reports_it(
-    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.chdir(workspace)

@@ -97,8 +97,16 @@ def test_json_prints_the_whole_result_and_no_marker(
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert code == data["exit_code"] == 1
-    assert set(data) >= {"exit_code", "signal", "timed_out", "aborted", "timeout_ms",
-                         "stdout", "stderr", "sandbox"}
+    assert set(data) >= {
+        "exit_code",
+        "signal",
+        "timed_out",
+        "aborted",
+        "timeout_ms",
+        "stdout",
+        "stderr",
+        "sandbox",
+    }
     assert data["stdout"] == {"text": "hi\n", "truncated": False, "spill_path": None}
     assert data["signal"] is None and data["timed_out"] is False and data["aborted"] is False
     sandbox = data["sandbox"]
@@ -109,15 +117,26 @@ def test_json_prints_the_whole_result_and_no_marker(
     assert err == ""
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param("bwrap", marks=[needs_bwrap, pytest.mark.bwrap]),
-    pytest.param("landlock", marks=[needs_landlock, pytest.mark.landlock]),
-])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("bwrap", marks=[needs_bwrap, pytest.mark.bwrap]),
+        pytest.param("landlock", marks=[needs_landlock, pytest.mark.landlock]),
+    ],
+)
 def test_each_linux_backend_runs_and_confines(
     backend: str, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = run(workspace, "--backend", backend, "--mode", "workspace-write", "--json", "--",
-               "echo ok > inside && ! echo x > ../outside")
+    code = run(
+        workspace,
+        "--backend",
+        backend,
+        "--mode",
+        "workspace-write",
+        "--json",
+        "--",
+        "echo ok > inside && ! echo x > ../outside",
+    )
     data = json.loads(capsys.readouterr().out)
     assert code == 0
     assert data["sandbox"]["backend"] == backend
@@ -169,8 +188,7 @@ def test_unavailable_backend_exits_125_and_runs_nothing(
 ) -> None:
     if sys.platform == "darwin":
         pytest.skip("Seatbelt is available on macOS")
-    code = run(workspace, "--backend", "seatbelt", "--mode", "workspace-write", "--",
-               "touch ran")
+    code = run(workspace, "--backend", "seatbelt", "--mode", "workspace-write", "--", "touch ran")
     err = capsys.readouterr().err
     assert code == 125
     assert err.startswith("bash-sandbox: sandbox unavailable for workspace-write mode")
@@ -204,16 +222,20 @@ def test_run_without_a_command_is_a_usage_error(workspace: Path) -> None:
 # -- as a real process -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param("auto"),
-    pytest.param("landlock", marks=[needs_landlock]),
-])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("auto"),
+        pytest.param("landlock", marks=[needs_landlock]),
+    ],
+)
 def test_command_killed_by_signal_exits_128_plus_n(
     backend: str, cli: CliRunner, workspace: Path
 ) -> None:
     # bwrap folds a signal death into exit 128+n itself; either way the CLI exits 137.
-    done = cli.run("run", "--backend", backend, "--workspace", str(workspace), "--",
-                   "kill -KILL $$")
+    done = cli.run(
+        "run", "--backend", backend, "--workspace", str(workspace), "--", "kill -KILL $$"
+    )
     assert done.returncode == 128 + signal.SIGKILL
 
 
@@ -236,20 +258,29 @@ def test_exit_codes_through_the_console_script(cli: CliRunner, workspace: Path) 
 
 def _result(exit_code: int | None, sig: str | None) -> BashRunResult:
     empty = CollectedOutput(text="")
-    return BashRunResult(exit_code=exit_code, signal=sig, timed_out=False, aborted=False,
-                         timeout_ms=1, stdout=empty, stderr=empty)
+    return BashRunResult(
+        exit_code=exit_code,
+        signal=sig,
+        timed_out=False,
+        aborted=False,
+        timeout_ms=1,
+        stdout=empty,
+        stderr=empty,
+    )
 
 
-@pytest.mark.parametrize(("exit_code", "sig", "expected"), [
-    (0, None, 0),
-    (7, None, 7),
-    (None, "SIGKILL", 137),
-    (None, "SIGTERM", 143),
-    (None, "SIG40", 168),
-    (None, None, 1),
-])
+@pytest.mark.parametrize(
+    ("exit_code", "sig", "expected"),
+    [
+        (0, None, 0),
+        (7, None, 7),
+        (None, "SIGKILL", 137),
+        (None, "SIGTERM", 143),
+        (None, "SIG40", 168),
+        (None, None, 1),
+    ],
+)
 def test_exit_status_follows_the_shell_convention(
     exit_code: int | None, sig: str | None, expected: int
 ) -> None:
     assert exit_status(_result(exit_code, sig)) == expected
-

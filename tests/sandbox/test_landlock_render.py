@@ -19,8 +19,9 @@ from bash_sandbox.child_setup import (
 from bash_sandbox.seccomp import SeccompOptions
 from policies import SandboxPolicy
 
-SINKS = tuple((s, ll.WRITE_FILE | ll.TRUNCATE | ll.IOCTL_DEV)
-              for s in ("/dev/null", "/dev/zero", "/dev/full"))
+SINKS = tuple(
+    (s, ll.WRITE_FILE | ll.TRUNCATE | ll.IOCTL_DEV) for s in ("/dev/null", "/dev/zero", "/dev/full")
+)
 
 
 def test_read_only_abi7_grants_reads_everywhere_and_writes_only_to_sinks() -> None:
@@ -78,8 +79,9 @@ def test_child_plan_unprivileged_maps_its_own_ids_and_host_network_joins_nothing
 
 def test_child_plan_unprivileged_joins_the_executors_user_namespace_when_isolated() -> None:
     policy = SandboxPolicy(mode="read-only", workspace_root="/srv", deny_read=())
-    plan = ll.render_child_plan(policy, mounts=(), has_netns=True, euid=1000, egid=100,
-                                has_userns=True)
+    plan = ll.render_child_plan(
+        policy, mounts=(), has_netns=True, euid=1000, egid=100, has_userns=True
+    )
     assert (plan.join_userns, plan.join_netns) == (True, True)
     assert not plan.unshare_flags & CLONE_NEWUSER
     assert plan.map_ids is None
@@ -99,15 +101,21 @@ def test_child_plan_remounts_every_mount_read_only_and_rebinds_the_roots() -> No
         "23 22 0:22 / /srv rw,nosuid,nodev - ext4 /dev/vdb rw\n"
         "24 22 0:23 / /with\\040space rw,noexec - tmpfs tmpfs rw\n"
     )
-    plan = ll.render_child_plan(policy, mounts=(), has_netns=False, euid=0, egid=0,
-                                mount_table=table, private_tmp="/state/tmp")
+    plan = ll.render_child_plan(
+        policy,
+        mounts=(),
+        has_netns=False,
+        euid=0,
+        egid=0,
+        mount_table=table,
+        private_tmp="/state/tmp",
+    )
     assert plan.read_only_mounts == (
         ("/", MS_RDONLY | MS_RELATIME),
         ("/srv", MS_RDONLY | MS_NOSUID | MS_NODEV),
         ("/with space", MS_RDONLY | MS_NOEXEC),
     )
-    assert plan.writable_binds == (("/srv/ws", MS_NOSUID | MS_NODEV),
-                                   ("/state/tmp", MS_RELATIME))
+    assert plan.writable_binds == (("/srv/ws", MS_NOSUID | MS_NODEV), ("/state/tmp", MS_RELATIME))
 
 
 def test_landlock_denial_dialect() -> None:

@@ -52,7 +52,9 @@ def test_symlinked_protected_name_protects_its_target_inside_the_root(tmp_path: 
     assert PathTarget(str(tmp_path / ".git"), "pin") in targets
     # ...but the links themselves cannot be mounted over: that is reported as partial.
     assert symlinked_protected_paths(_policy(tmp_path)) == (
-        str(tmp_path / ".git" / "hooks"), str(tmp_path / ".git" / "config"))
+        str(tmp_path / ".git" / "hooks"),
+        str(tmp_path / ".git" / "config"),
+    )
 
 
 def test_symlink_leaving_every_root_needs_no_mount(tmp_path: Path) -> None:

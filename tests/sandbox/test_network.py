@@ -189,7 +189,7 @@ async def test_background_server_is_reachable_from_later_calls_only_of_this_exec
         assert waited.exit_code == 0
         port = int(port_file.read_text())
         client = (
-            f"{PY} -c \"import socket; "
+            f'{PY} -c "import socket; '
             f"print(socket.create_connection(('127.0.0.1',{port}),timeout=2).recv(5).decode())\""
         )
         same = await _run(ex, client, workspace)

@@ -95,10 +95,10 @@ def _policy(mode: str = "read-only", **kw: object) -> SandboxPolicy:
 
 
 def _ctx(tmp_path: Path, **kw: object) -> BackendContext:
-    sources = PlaceholderSources(empty_dir="/nonexistent/e", deny_dir="/nonexistent/d",
-                                 deny_file="/nonexistent/f")
-    return BackendContext(sources=sources,
-                          **kw)  # type: ignore[arg-type]
+    sources = PlaceholderSources(
+        empty_dir="/nonexistent/e", deny_dir="/nonexistent/d", deny_file="/nonexistent/f"
+    )
+    return BackendContext(sources=sources, **kw)  # type: ignore[arg-type]
 
 
 def _plan(cwd: str, script: str = "true") -> SpawnPlan:
@@ -113,7 +113,10 @@ def test_read_only_isolated_profile_is_exact() -> None:
 
     profile = render_seatbelt_profile(policy, user_temp_dir=USER_TEMP)
 
-    assert profile.text == BASE + """\
+    assert (
+        profile.text
+        == BASE
+        + """\
 ; Secrets: neither read nor written, wherever they sit.
 (deny file-read* file-write*
   (literal (param "DENY_READ_0"))
@@ -121,7 +124,9 @@ def test_read_only_isolated_profile_is_exact() -> None:
   (literal (param "DENY_READ_1"))
   (subpath (param "DENY_READ_1")))
 
-""" + NO_NETWORK
+"""
+        + NO_NETWORK
+    )
     # read-only: no writable root, not even the temp dirs.
     assert profile.params == (
         ("DENY_READ_0", "/Users/me/.ssh"),
@@ -139,7 +144,10 @@ def test_workspace_write_isolated_profile_is_exact() -> None:
 
     profile = render_seatbelt_profile(policy, user_temp_dir=USER_TEMP)
 
-    assert profile.text == BASE + """\
+    assert (
+        profile.text
+        == BASE
+        + """\
 ; Writes: the writable roots (workspace, extra roots, temp dirs).
 (allow file-write*
   (subpath (param "WRITABLE_ROOT_0"))
@@ -191,7 +199,9 @@ def test_workspace_write_isolated_profile_is_exact() -> None:
   (literal (param "GUARDED_ANCESTOR_8"))
   (literal (param "GUARDED_ANCESTOR_9")))
 
-""" + NO_NETWORK + """
+"""
+        + NO_NETWORK
+        + """
 ; Unix sockets: bind and connect only under the workspace and extra roots.
 (allow network-bind
   (local unix-socket (subpath (param "WRITABLE_ROOT_0")))
@@ -200,6 +210,7 @@ def test_workspace_write_isolated_profile_is_exact() -> None:
   (remote unix-socket (subpath (param "WRITABLE_ROOT_0")))
   (remote unix-socket (subpath (param "WRITABLE_ROOT_1"))))
 """
+    )
     assert profile.params == (
         ("WRITABLE_ROOT_0", "/Users/me/proj"),
         ("WRITABLE_ROOT_1", "/Users/me/cache"),
@@ -237,7 +248,10 @@ def test_workspace_write_host_profile_is_exact() -> None:
 
     profile = render_seatbelt_profile(policy, user_temp_dir=None)
 
-    assert profile.text == BASE + """\
+    assert (
+        profile.text
+        == BASE
+        + """\
 ; Writes: the writable roots (workspace, extra roots, temp dirs).
 (allow file-write*
   (subpath (param "WRITABLE_ROOT_0"))
@@ -263,6 +277,7 @@ def test_workspace_write_host_profile_is_exact() -> None:
 (allow network-outbound
   (remote unix-socket (subpath (param "WRITABLE_ROOT_0"))))
 """
+    )
     assert profile.params == (
         ("WRITABLE_ROOT_0", "/Users/me/proj"),
         ("WRITABLE_ROOT_1", "/private/tmp"),
@@ -272,13 +287,17 @@ def test_workspace_write_host_profile_is_exact() -> None:
 def test_isolated_loopback_option_allows_only_localhost() -> None:
     profile = render_seatbelt_profile(_policy(), user_temp_dir=None, allow_loopback=True)
 
-    assert profile.text == BASE + """\
+    assert (
+        profile.text
+        == BASE
+        + """\
 ; Network: loopback only. This is the host's loopback, so host services
 ; listening on it are reachable too (the network layer is partial).
 (allow network-bind (local ip "localhost:*"))
 (allow network-inbound (local ip "localhost:*"))
 (allow network-outbound (remote ip "localhost:*"))
 """
+    )
 
 
 def test_isolated_profile_has_no_ip_rule_and_host_profile_has_no_localhost_only_rule() -> None:
@@ -300,8 +319,9 @@ def test_narrowing_rules_come_after_the_grants_they_narrow() -> None:
 
 
 def test_private_tmp_and_hidden_paths_and_aliases_become_params() -> None:
-    policy = _policy("workspace-write", protected_paths=(".git/hooks",),
-                     deny_read=("/Users/me/.ssh",))
+    policy = _policy(
+        "workspace-write", protected_paths=(".git/hooks",), deny_read=("/Users/me/.ssh",)
+    )
 
     profile = render_seatbelt_profile(
         policy,
@@ -320,16 +340,21 @@ def test_private_tmp_and_hidden_paths_and_aliases_become_params() -> None:
 def test_duplicate_roots_are_rendered_once() -> None:
     policy = _policy("workspace-write", writable_roots=("/Users/me/proj", "/private/tmp"))
 
-    profile = render_seatbelt_profile(policy, user_temp_dir="/private/tmp/",
-                                      private_tmp="/Users/me/proj")
+    profile = render_seatbelt_profile(
+        policy, user_temp_dir="/private/tmp/", private_tmp="/Users/me/proj"
+    )
 
     roots = [v for k, v in profile.params if k.startswith("WRITABLE_ROOT_")]
     assert roots == ["/Users/me/proj", "/private/tmp"]
 
 
 def test_read_only_renders_no_write_rule_even_with_aliases() -> None:
-    profile = render_seatbelt_profile(_policy(), user_temp_dir=USER_TEMP, private_tmp="/x/tmp",
-                                      protected_aliases=("/Users/me/proj/realgit/hooks",))
+    profile = render_seatbelt_profile(
+        _policy(),
+        user_temp_dir=USER_TEMP,
+        private_tmp="/x/tmp",
+        protected_aliases=("/Users/me/proj/realgit/hooks",),
+    )
 
     assert "file-write*" not in profile.text
     assert profile.params == ()
@@ -387,8 +412,9 @@ def test_hostile_path_reaches_sandbox_exec_as_one_param_value(hostile: str) -> N
 
 
 def test_profile_text_never_contains_a_policy_path() -> None:
-    policy = _policy("workspace-write", writable_roots=("/Users/me/cache",),
-                     deny_read=("/Users/me/.ssh",))
+    policy = _policy(
+        "workspace-write", writable_roots=("/Users/me/cache",), deny_read=("/Users/me/.ssh",)
+    )
 
     text = render_seatbelt_profile(policy, user_temp_dir=USER_TEMP).text
 
@@ -412,8 +438,12 @@ def test_nul_in_a_policy_path_is_rejected_by_the_model(field: dict[str, object])
 
 def test_nul_that_bypassed_the_model_is_rejected_by_the_renderer() -> None:
     forged = SandboxPolicy.model_construct(
-        mode=SandboxMode.WORKSPACE_WRITE, workspace_root="/Users/me/a\x00b",
-        network=NetworkMode.ISOLATED, writable_roots=(), protected_paths=(), deny_read=(),
+        mode=SandboxMode.WORKSPACE_WRITE,
+        workspace_root="/Users/me/a\x00b",
+        network=NetworkMode.ISOLATED,
+        writable_roots=(),
+        protected_paths=(),
+        deny_read=(),
     )
 
     with pytest.raises(ValueError, match="NUL"):
@@ -438,9 +468,17 @@ def test_argv_starts_with_absolute_sandbox_exec_and_ends_with_the_command() -> N
     argv = seatbelt_argv(profile, ("/bin/bash", "-c", "echo hi"))
 
     assert argv == (
-        "/usr/bin/sandbox-exec", "-p", "(version 1)",
-        "-D", "A_0=/x", "-D", "B_0=/y=z",
-        "--", "/bin/bash", "-c", "echo hi",
+        "/usr/bin/sandbox-exec",
+        "-p",
+        "(version 1)",
+        "-D",
+        "A_0=/x",
+        "-D",
+        "B_0=/y=z",
+        "--",
+        "/bin/bash",
+        "-c",
+        "echo hi",
     )
     assert SANDBOX_EXEC == "/usr/bin/sandbox-exec"
 
@@ -485,8 +523,12 @@ def test_wrap_adds_hidden_paths_private_tmp_and_symlink_aliases(
     secret_link.symlink_to(secret_target)
     private_tmp = tmp_path / "state" / "tmp"
     private_tmp.mkdir(parents=True)
-    policy = _policy("workspace-write", workspace_root=str(ws),
-                     protected_paths=(".git/hooks",), deny_read=(str(secret_link),))
+    policy = _policy(
+        "workspace-write",
+        workspace_root=str(ws),
+        protected_paths=(".git/hooks",),
+        deny_read=(str(secret_link),),
+    )
     ctx = _ctx(tmp_path, hidden_paths=(str(tmp_path / "spill"),), private_tmp=str(private_tmp))
 
     wrapped = darwin_backend.wrap(policy, _plan(str(ws)), ctx)
@@ -505,8 +547,12 @@ def test_wrap_turns_a_nul_path_into_sandbox_unavailable(
     darwin_backend: SeatbeltBackend, tmp_path: Path
 ) -> None:
     forged = SandboxPolicy.model_construct(
-        mode=SandboxMode.READ_ONLY, workspace_root=str(tmp_path), network=NetworkMode.ISOLATED,
-        writable_roots=(), protected_paths=(), deny_read=("/Users/me/a\x00b",),
+        mode=SandboxMode.READ_ONLY,
+        workspace_root=str(tmp_path),
+        network=NetworkMode.ISOLATED,
+        writable_roots=(),
+        protected_paths=(),
+        deny_read=("/Users/me/a\x00b",),
     )
 
     with pytest.raises(SandboxUnavailableError) as err:
@@ -524,8 +570,11 @@ def test_wrap_off_macos_fails_closed(tmp_path: Path) -> None:
 
 def test_wrap_refuses_danger_full_access(darwin_backend: SeatbeltBackend, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="never goes through a backend"):
-        darwin_backend.wrap(_policy("danger-full-access", workspace_root=str(tmp_path)),
-                            _plan(str(tmp_path)), _ctx(tmp_path))
+        darwin_backend.wrap(
+            _policy("danger-full-access", workspace_root=str(tmp_path)),
+            _plan(str(tmp_path)),
+            _ctx(tmp_path),
+        )
 
 
 # -- user temp dir -----------------------------------------------------------------------
@@ -557,14 +606,26 @@ def test_user_temp_dir_is_accepted_only_under_var_folders(
 @pytest.mark.parametrize(
     ("exit_code", "stderr", "expected"),
     [
-        (71, "sandbox-exec: sandbox_apply: Operation not permitted\n",
-         "sandbox-exec: sandbox_apply: Operation not permitted"),
-        (65, "sandbox-exec: <input string>:3:1: unbound variable: bogus\n",
-         "sandbox-exec: <input string>:3:1: unbound variable: bogus"),
-        (71, "sandbox-exec: execvp() of '/bin/nope' failed: No such file or directory\n",
-         "sandbox-exec: execvp() of '/bin/nope' failed: No such file or directory"),
-        (1, "\n  sandbox_apply: Operation not permitted\n",
-         "sandbox_apply: Operation not permitted"),
+        (
+            71,
+            "sandbox-exec: sandbox_apply: Operation not permitted\n",
+            "sandbox-exec: sandbox_apply: Operation not permitted",
+        ),
+        (
+            65,
+            "sandbox-exec: <input string>:3:1: unbound variable: bogus\n",
+            "sandbox-exec: <input string>:3:1: unbound variable: bogus",
+        ),
+        (
+            71,
+            "sandbox-exec: execvp() of '/bin/nope' failed: No such file or directory\n",
+            "sandbox-exec: execvp() of '/bin/nope' failed: No such file or directory",
+        ),
+        (
+            1,
+            "\n  sandbox_apply: Operation not permitted\n",
+            "sandbox_apply: Operation not permitted",
+        ),
         (1, "bash: /ws/f: Operation not permitted\n", None),
         (1, "bash: /ws/f: Operation not permitted\nsandbox-exec: printed by the command\n", None),
         (0, "sandbox-exec: sandbox_apply: Operation not permitted\n", None),
@@ -598,7 +659,8 @@ def test_enforcement_is_full_unless_loopback_is_shared_with_the_host(tmp_path: P
     assert loopback.enforcement(_policy(), ctx) is SandboxEnforcement.PARTIAL
     assert loopback.enforcement(_policy(network="host"), ctx) is SandboxEnforcement.FULL
     assert [layer.enforcement for layer in loopback.layers() if layer.layer == "network"] == [
-        "partial"]
+        "partial"
+    ]
 
 
 # -- probe and selection -----------------------------------------------------------------
@@ -660,14 +722,22 @@ def outside() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _run(policy: SandboxPolicy, script: str, tmp_path: Path,
-         backend: SeatbeltBackend | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    policy: SandboxPolicy, script: str, tmp_path: Path, backend: SeatbeltBackend | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "TMPDIR": tempfile.gettempdir()}
     plan = SpawnPlan(argv=("/bin/bash", "-c", script), env=env, cwd=policy.workspace_root)
     wrapped = (backend or SeatbeltBackend()).wrap(policy, plan, _ctx(tmp_path))
-    return subprocess.run(list(wrapped.argv), env=dict(wrapped.env), cwd=wrapped.cwd,
-                          capture_output=True, text=True, timeout=60, check=False,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        list(wrapped.argv),
+        env=dict(wrapped.env),
+        cwd=wrapped.cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _ws_policy(mode: str, ws: Path, **kw: object) -> SandboxPolicy:
@@ -686,8 +756,9 @@ def test_probe_on_macos_confines_a_command() -> None:
 def test_read_only_write_is_denied_and_host_unchanged(ws: Path, tmp_path: Path) -> None:
     (ws / "kept").write_text("original")
 
-    done = _run(_ws_policy("read-only", ws),
-                'echo x > new; echo x > kept; rm -f kept; mkdir d', tmp_path)
+    done = _run(
+        _ws_policy("read-only", ws), "echo x > new; echo x > kept; rm -f kept; mkdir d", tmp_path
+    )
 
     assert "Operation not permitted" in done.stderr
     assert SeatbeltBackend().is_denial(done.stderr)
@@ -698,8 +769,11 @@ def test_read_only_write_is_denied_and_host_unchanged(ws: Path, tmp_path: Path) 
 
 @macos_only
 def test_dev_null_is_writable_in_read_only(ws: Path, tmp_path: Path) -> None:
-    done = _run(_ws_policy("read-only", ws),
-                "echo x > /dev/null && echo y 2>/dev/null >&2 && echo ok", tmp_path)
+    done = _run(
+        _ws_policy("read-only", ws),
+        "echo x > /dev/null && echo y 2>/dev/null >&2 && echo ok",
+        tmp_path,
+    )
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
@@ -711,9 +785,12 @@ def test_workspace_write_stops_at_the_workspace_boundary(
 ) -> None:
     (outside / "kept").write_text("original")
 
-    done = _run(_ws_policy("workspace-write", ws),
-                f'echo in > inside; echo x > "{outside}/new"; echo x >> "{outside}/kept"; '
-                f'rm -f "{outside}/kept"', tmp_path)
+    done = _run(
+        _ws_policy("workspace-write", ws),
+        f'echo in > inside; echo x > "{outside}/new"; echo x >> "{outside}/kept"; '
+        f'rm -f "{outside}/kept"',
+        tmp_path,
+    )
 
     assert (ws / "inside").read_text() == "in\n"
     assert not (outside / "new").exists()
@@ -727,16 +804,21 @@ def test_workspace_write_hardlink_to_an_outside_file_cannot_change_it(
 ) -> None:
     (outside / "victim").write_text("original")
 
-    _run(_ws_policy("workspace-write", ws),
-         f'ln "{outside}/victim" link; echo pwned >> link', tmp_path)
+    _run(
+        _ws_policy("workspace-write", ws),
+        f'ln "{outside}/victim" link; echo pwned >> link',
+        tmp_path,
+    )
 
     assert (outside / "victim").read_text() == "original"
 
 
 @macos_only
 def test_temp_dirs_are_writable_in_workspace_write_only(ws: Path, tmp_path: Path) -> None:
-    script = ('f=$(mktemp "$TMPDIR/bs.XXXXXX") && echo x > "$f" && rm "$f" && '
-              'g=$(mktemp /tmp/bs.XXXXXX) && rm "$g" && echo ok')
+    script = (
+        'f=$(mktemp "$TMPDIR/bs.XXXXXX") && echo x > "$f" && rm "$f" && '
+        'g=$(mktemp /tmp/bs.XXXXXX) && rm "$g" && echo ok'
+    )
 
     writable = _run(_ws_policy("workspace-write", ws), script, tmp_path)
     read_only = _run(_ws_policy("read-only", ws), script, tmp_path)
@@ -762,9 +844,11 @@ def test_protected_paths_are_denied_existing_or_not(ws: Path, tmp_path: Path) ->
     )
 
     existing = _run(_ws_policy("workspace-write", repo), script, tmp_path)
-    missing = _run(_ws_policy("workspace-write", fresh),
-                   f'mkdir -p .git/hooks; ln -s "{elsewhere}" .git; echo "gitdir: x" > .git',
-                   tmp_path)
+    missing = _run(
+        _ws_policy("workspace-write", fresh),
+        f'mkdir -p .git/hooks; ln -s "{elsewhere}" .git; echo "gitdir: x" > .git',
+        tmp_path,
+    )
 
     assert not (repo / ".git" / "hooks" / "pre-commit").exists()
     assert (repo / ".git" / "config").read_text() == "[core]\n"
@@ -779,8 +863,11 @@ def test_deny_read_paths_cannot_be_read(ws: Path, tmp_path: Path) -> None:
     vault.mkdir()
     (vault / "key").write_text("s3cret")
 
-    done = _run(_ws_policy("workspace-write", ws, deny_read=(str(vault),)),
-                f'cat "{vault}/key"; ls "{vault}"; cp "{vault}/key" stolen', tmp_path)
+    done = _run(
+        _ws_policy("workspace-write", ws, deny_read=(str(vault),)),
+        f'cat "{vault}/key"; ls "{vault}"; cp "{vault}/key" stolen',
+        tmp_path,
+    )
 
     assert "s3cret" not in done.stdout
     assert not (ws / "stolen").exists()
@@ -789,41 +876,45 @@ def test_deny_read_paths_cannot_be_read(ws: Path, tmp_path: Path) -> None:
 
 @macos_only
 def test_background_process_is_confined_too(ws: Path, tmp_path: Path) -> None:
-    done = _run(_ws_policy("read-only", ws),
-                '( echo x > bg ) & wait $!; echo "bg=$?"', tmp_path)
+    done = _run(_ws_policy("read-only", ws), '( echo x > bg ) & wait $!; echo "bg=$?"', tmp_path)
 
     assert done.stdout.strip() == "bg=1"
     assert not (ws / "bg").exists()
 
 
 @macos_only
-def test_signalling_a_process_outside_the_sandbox_is_denied(
-    ws: Path, tmp_path: Path
-) -> None:
-    done = _run(_ws_policy("workspace-write", ws),
-                f"kill -0 $$ && echo self-ok; kill -0 {os.getpid()} && echo escaped", tmp_path)
+def test_signalling_a_process_outside_the_sandbox_is_denied(ws: Path, tmp_path: Path) -> None:
+    done = _run(
+        _ws_policy("workspace-write", ws),
+        f"kill -0 $$ && echo self-ok; kill -0 {os.getpid()} && echo escaped",
+        tmp_path,
+    )
 
     assert "self-ok" in done.stdout
     assert "escaped" not in done.stdout
 
 
 @macos_only
-def test_isolated_network_cannot_reach_a_host_loopback_server(
-    ws: Path, tmp_path: Path
-) -> None:
+def test_isolated_network_cannot_reach_a_host_loopback_server(ws: Path, tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
 
-        isolated = _run(_ws_policy("workspace-write", ws),
-                        f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected", tmp_path)
+        isolated = _run(
+            _ws_policy("workspace-write", ws),
+            f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected",
+            tmp_path,
+        )
 
         server.setblocking(False)
         with pytest.raises(BlockingIOError):
             server.accept()  # nothing reached the server
         assert "connected" not in isolated.stdout
 
-        host = _run(_ws_policy("workspace-write", ws, network="host"),
-                    f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected", tmp_path)
+        host = _run(
+            _ws_policy("workspace-write", ws, network="host"),
+            f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected",
+            tmp_path,
+        )
         assert "connected" in host.stdout, host.stderr
 
 
@@ -839,8 +930,11 @@ def test_isolated_network_cannot_reach_a_host_unix_socket_outside_the_roots(
             server.bind(path)
             server.listen()
             connect = f"import socket; socket.socket(socket.AF_UNIX).connect({path!r})"
-            done = _run(_ws_policy("workspace-write", ws),
-                        f"{shlex.quote(sys.executable)} -c {shlex.quote(connect)}", tmp_path)
+            done = _run(
+                _ws_policy("workspace-write", ws),
+                f"{shlex.quote(sys.executable)} -c {shlex.quote(connect)}",
+                tmp_path,
+            )
             assert done.returncode != 0
             server.setblocking(False)
             with pytest.raises(BlockingIOError):

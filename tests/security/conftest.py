@@ -23,7 +23,8 @@ from tests.sandbox.conftest import probe
 async def _run_cells(cells: list[Cell]) -> dict[Cell, CellResult]:
     async with AuditSession() as session:
         results = await session.run_cells(
-            [(by_id(c.attack_id), c.backend, SandboxMode(c.mode)) for c in cells])
+            [(by_id(c.attack_id), c.backend, SandboxMode(c.mode)) for c in cells]
+        )
     return dict(zip(cells, results, strict=True))
 
 

@@ -17,5 +17,3 @@ class Cell:
 
     def __str__(self) -> str:
         return f"{self.attack_id}-{self.backend}-{self.mode}"
-
-

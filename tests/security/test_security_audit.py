@@ -45,9 +45,14 @@ def test_every_threat_model_row_has_attacks_and_ids_name_their_row() -> None:
 
 def test_positive_controls_cover_what_stays_allowed() -> None:
     controls = {a.id for a in ATTACKS if a.kind == "control"}
-    for needed in ("control-read-filesystem", "control-exec", "control-dev-sinks",
-                   "control-write-workspace", "control-loopback-inside",
-                   "control-background-process"):
+    for needed in (
+        "control-read-filesystem",
+        "control-exec",
+        "control-dev-sinks",
+        "control-write-workspace",
+        "control-loopback-inside",
+        "control-background-process",
+    ):
         assert needed in controls
 
 
@@ -59,23 +64,40 @@ def test_coverage_document_describes_every_attack() -> None:
 
 def _report(*verdicts: Verdict) -> AuditReport:
     attack = next(a for a in ATTACKS if a.kind == "attack")
-    results = [CellResult(attack.id, attack.row, attack.title, attack.kind, "bwrap",
-                          mode, v, f"detail {v.value}", ("evidence line",))
-               for v, mode in zip(verdicts, ("read-only", "workspace-write"), strict=False)]
-    return AuditReport(columns=[("bwrap", "read-only"), ("bwrap", "workspace-write")],
-                       attacks=[attack], results=results,
-                       probes={"bwrap": ProbeResult("bwrap", True, "ok")},
-                       host={"kernel": "6.x", "landlock_abi": "7", "euid": "0"})
+    results = [
+        CellResult(
+            attack.id,
+            attack.row,
+            attack.title,
+            attack.kind,
+            "bwrap",
+            mode,
+            v,
+            f"detail {v.value}",
+            ("evidence line",),
+        )
+        for v, mode in zip(verdicts, ("read-only", "workspace-write"), strict=False)
+    ]
+    return AuditReport(
+        columns=[("bwrap", "read-only"), ("bwrap", "workspace-write")],
+        attacks=[attack],
+        results=results,
+        probes={"bwrap": ProbeResult("bwrap", True, "ok")},
+        host={"kernel": "6.x", "landlock_abi": "7", "euid": "0"},
+    )
 
 
-@pytest.mark.parametrize(("verdicts", "code"), [
-    ((Verdict.CONTAINED, Verdict.CONTAINED), 0),
-    ((Verdict.CONTAINED, Verdict.SKIPPED), 0),
-    ((Verdict.NOT_ENFORCEABLE, Verdict.PASSED), 0),
-    ((Verdict.CONTAINED, Verdict.ESCAPED), 1),
-    ((Verdict.BROKEN, Verdict.CONTAINED), 1),
-    ((Verdict.ERROR, Verdict.CONTAINED), 1),
-])
+@pytest.mark.parametrize(
+    ("verdicts", "code"),
+    [
+        ((Verdict.CONTAINED, Verdict.CONTAINED), 0),
+        ((Verdict.CONTAINED, Verdict.SKIPPED), 0),
+        ((Verdict.NOT_ENFORCEABLE, Verdict.PASSED), 0),
+        ((Verdict.CONTAINED, Verdict.ESCAPED), 1),
+        ((Verdict.BROKEN, Verdict.CONTAINED), 1),
+        ((Verdict.ERROR, Verdict.CONTAINED), 1),
+    ],
+)
 def test_exit_code_is_zero_only_without_escapes_broken_controls_or_errors(
     verdicts: tuple[Verdict, ...], code: int
 ) -> None:
@@ -112,9 +134,10 @@ def test_ci_has_every_linux_backend_usable() -> None:
 
 def _leftovers() -> tuple[set[str], set[int]]:
     """Audit directories, and processes carrying an audit token or a victim's marker."""
-    dirs = set(glob.glob("/var/tmp/bash-sandbox-audit-*") +
-               glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"),
-                                      "bash-sandbox-audit-*")))
+    dirs = set(
+        glob.glob("/var/tmp/bash-sandbox-audit-*")
+        + glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), "bash-sandbox-audit-*"))
+    )
     pids = set()
     for path in glob.glob("/proc/[0-9]*/environ"):
         try:
@@ -133,8 +156,9 @@ def test_audit_command_reports_json_and_cleans_up() -> None:
         pytest.skip("no usable Linux backend here")
     before = _leftovers()
     out = io.StringIO()
-    args = argparse.Namespace(backend="all", mode="all", json=True,
-                              attack=["control-exec", "row6-kill-term-victim"])
+    args = argparse.Namespace(
+        backend="all", mode="all", json=True, attack=["control-exec", "row6-kill-term-victim"]
+    )
     with contextlib.redirect_stdout(out):
         code = audit_main(args)
     data = json.loads(out.getvalue())
@@ -156,13 +180,18 @@ def test_interrupted_audit_kills_and_removes_everything_it_started(sig: int) -> 
     if not any(probe(b).usable for b in LINUX_BACKENDS):
         pytest.skip("no usable Linux backend here")
     before = _leftovers()
-    script = ("import argparse, sys; from bash_sandbox.audit import audit_main; "
-              "sys.exit(audit_main(argparse.Namespace(backend='all', mode='all', json=False, "
-              "attack=['row11-after-exit', 'row11-after-timeout', 'row6-*'])))")
+    script = (
+        "import argparse, sys; from bash_sandbox.audit import audit_main; "
+        "sys.exit(audit_main(argparse.Namespace(backend='all', mode='all', json=False, "
+        "attack=['row11-after-exit', 'row11-after-timeout', 'row6-*'])))"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         # A default SIGINT disposition, as in a terminal (a background job may inherit SIG_IGN).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # noqa: PLW1509
     try:
         deadline = time.monotonic() + 20
         # Interrupt while attacks are live: their daemons and victims exist.
@@ -186,22 +215,34 @@ def test_interrupted_audit_kills_and_removes_everything_it_started(sig: int) -> 
 # One attack per kind of outside check: snapshot, canary, victim log, terminal, server count,
 # survivor scan, spill file. Run unconfined, each must be seen escaping, or the audit could
 # pass by checking nothing.
-DETECTOR_CANARIES = ("row1-overwrite", "row2-symlink-to-file", "row4-hook-create",
-                     "row5-cat-files", "row6-kill-term-victim", "row9-write-terminal",
-                     "row10-tcp-loopback", "row11-after-exit", "row13-spill-same-executor")
+DETECTOR_CANARIES = (
+    "row1-overwrite",
+    "row2-symlink-to-file",
+    "row4-hook-create",
+    "row5-cat-files",
+    "row6-kill-term-victim",
+    "row9-write-terminal",
+    "row10-tcp-loopback",
+    "row11-after-exit",
+    "row13-spill-same-executor",
+)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 def test_detectors_see_each_attack_escape_when_nothing_confines_it() -> None:
     unconfined = SandboxMode.DANGER_FULL_ACCESS
-    attacks = [dataclasses.replace(by_id(i), modes=frozenset({unconfined}))
-               for i in DETECTOR_CANARIES]
+    attacks = [
+        dataclasses.replace(by_id(i), modes=frozenset({unconfined})) for i in DETECTOR_CANARIES
+    ]
 
     async def run() -> list[CellResult]:
         async with AuditSession() as session:
             return await session.run_cells([(a, "bwrap", unconfined) for a in attacks])
 
     results = asyncio.run(run())
-    not_seen = [f"{r.attack_id}: {r.verdict.value} {r.detail}" for r in results
-                if r.verdict is not Verdict.ESCAPED]
+    not_seen = [
+        f"{r.attack_id}: {r.verdict.value} {r.detail}"
+        for r in results
+        if r.verdict is not Verdict.ESCAPED
+    ]
     assert not not_seen

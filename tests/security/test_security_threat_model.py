@@ -19,16 +19,23 @@ from tests.sandbox.conftest import require_backend
 
 def _cells(kind: str) -> list[object]:
     return [
-        pytest.param(Cell(a.id, b, m.value), id=f"{a.id}-{b}-{m.value}",
-                     marks=[getattr(pytest.mark, b)])
-        for a in ATTACKS if a.kind == kind
-        for b in LINUX_BACKENDS for m in CONFINED_MODES if a.applies(b, m)
+        pytest.param(
+            Cell(a.id, b, m.value), id=f"{a.id}-{b}-{m.value}", marks=[getattr(pytest.mark, b)]
+        )
+        for a in ATTACKS
+        if a.kind == kind
+        for b in LINUX_BACKENDS
+        for m in CONFINED_MODES
+        if a.applies(b, m)
     ]
 
 
 def _explain(result: CellResult) -> str:
-    lines = [f"{result.attack_id} on {result.backend}/{result.mode}: {result.verdict.value}",
-             f"  {result.title}", f"  {result.detail}"]
+    lines = [
+        f"{result.attack_id} on {result.backend}/{result.mode}: {result.verdict.value}",
+        f"  {result.title}",
+        f"  {result.detail}",
+    ]
     lines += [f"  - {e}" for e in result.evidence]
     return "\n".join(lines)
 
