@@ -190,8 +190,8 @@ def test_interrupted_audit_kills_and_removes_everything_it_started(sig: int) -> 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         # A default SIGINT disposition, as in a terminal (a background job may inherit SIG_IGN).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # noqa: PLW1509
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+    )
     try:
         deadline = time.monotonic() + 20
         # Interrupt while attacks are live: their daemons and victims exist.
