@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, StrictStr, field_validator
 
 from bash_local.config import LocalBashConfig, PositiveInt
-from policies import DEFAULT_PROTECTED_PATHS, NetworkMode, SandboxMode
+from policies import DEFAULT_PROTECTED_PATHS, NetworkMode, ResourceLimits, SandboxMode
 
 BackendName = Literal["auto", "bwrap", "landlock", "seatbelt"]
 
@@ -26,6 +26,12 @@ class SandboxBashConfig(LocalBashConfig):
     writable_roots: tuple[str, ...] = ()
     protected_paths: tuple[str, ...] = DEFAULT_PROTECTED_PATHS
     deny_read: tuple[str, ...] | None = None  # None: the policy's default credential stores
+    # Egress allowlist (served by the executor's proxy under `isolated`) and named host sockets.
+    allow_domains: tuple[str, ...] = ()
+    allow_unix_sockets: tuple[str, ...] = ()
+    limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    # workspace-write: the tools' cache variables point at the sandbox's own cache home.
+    tool_caches: bool = True
 
     @field_validator("workspace_root")
     @classmethod

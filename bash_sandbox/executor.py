@@ -29,11 +29,11 @@ from bash_sandbox.backends.mount_plan import (
     make_placeholder_sources,
     symlinked_protected_paths,
 )
-from bash_sandbox.child_setup import ChildSetup
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.denial import classify_denial, classify_network_denial
 from bash_sandbox.errors import SandboxUnavailableError
-from bash_sandbox.netns import NetnsError, NetworkNamespace
+from bash_sandbox.linux.child_setup import ChildSetup
+from bash_sandbox.linux.netns import NetnsError, NetworkNamespace
 from bash_sandbox.selection import BackendSelector, candidate_backends
 from bash_seam import BashExecRequest, BashExecSpec, SandboxFacts
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy

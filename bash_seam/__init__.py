@@ -17,6 +17,9 @@ from bash_seam.models import (
     BashProcessRead,
     BashRunResult,
     CollectedOutput,
+    DenialEvidence,
+    DenialKind,
+    SandboxDenial,
     SandboxFacts,
 )
 
@@ -33,9 +36,12 @@ __all__ = [
     "BashProcessRead",
     "BashRunResult",
     "CollectedOutput",
+    "DenialEvidence",
+    "DenialKind",
     "EnvChannelError",
     "InvalidRequestError",
     "ProcessStatus",
+    "SandboxDenial",
     "SandboxFacts",
     "ShellNotFoundError",
     "TaskDoneListener",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
@@ -82,8 +83,45 @@ class CollectedOutput(BaseModel):
     spill_path: str | None = None
 
 
+class DenialKind(enum.StrEnum):
+    """What a confined command was refused."""
+
+    FILE_WRITE = "file-write"
+    FILE_READ = "file-read"
+    SOCKET = "socket"  # a unix socket or a socket family outside the policy
+    NETWORK_CONNECT = "network-connect"
+    NETWORK_RESOLVE = "network-resolve"
+
+
+class DenialEvidence(enum.StrEnum):
+    """Who saw the refusal. Only `inferred` comes from the command's own output."""
+
+    SUPERVISOR = "supervisor"  # the executor's seccomp supervisor refused the syscall
+    OVERLAY = "overlay"  # a write the git control plane discarded (found in its upper dir)
+    PROXY = "proxy"  # the egress proxy refused the destination
+    KERNEL = "kernel"  # a kernel record (e.g. Landlock audit) named the access
+    INFERRED = "inferred"  # an error message naming a path, checked against the policy
+
+
+class SandboxDenial(BaseModel):
+    """One refused operation: what, where, why, and who saw it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: DenialKind
+    target: str  # a path, `host:port`, a socket path, or a socket family
+    operation: str | None = None  # e.g. "open", "mkdir", "connect", "socket(AF_VSOCK)"
+    reason: str  # why the policy refuses it, e.g. "outside the writable roots"
+    evidence: DenialEvidence
+
+
 class SandboxFacts(BaseModel):
-    """What confinement did for one command; `None` fields mean "unconfined"."""
+    """What confinement did for one command; `None` fields mean "unconfined".
+
+    ``denials`` lists the first refusals (bounded); ``denials_total`` counts all of them.
+    ``denied`` and ``network_denied`` keep their contract meaning: the run failed (nonzero
+    exit, no signal) and at least one file/socket, resp. network, denial explains it.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -94,6 +132,14 @@ class SandboxFacts(BaseModel):
     backend: str | None = None
     network: NetworkMode | None = None
     network_denied: bool = False
+    denials: tuple[SandboxDenial, ...] = ()
+    denials_total: int = 0
+    # A limit that stopped the command ("memory", "processes", "tmp-space", ...), if any.
+    limit_exceeded: str | None = None
+    # Nested git repositories or gitlinks the command created: host git would trust them.
+    nested_repositories: tuple[str, ...] = ()
+    # Loud notes about a degraded or interrupted confinement (never silent).
+    warnings: tuple[str, ...] = ()
 
 
 class BashRunResult(BaseModel):

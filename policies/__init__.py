@@ -1,6 +1,8 @@
 """What a confined command may do: modes, the per-call policy, session overrides, escalation."""
 
 from policies.errors import PolicyError
+from policies.jsonl_log import JsonlSessionLog
+from policies.limits import ResourceLimits
 from policies.modes import (
     WIDER_MODES,
     NetworkMode,
@@ -19,7 +21,6 @@ from policies.service import SandboxPolicyService
 from policies.session import (
     SANDBOX_MODE_EVENT_TYPE,
     InMemorySession,
-    JsonlSessionLog,
     SandboxModeEvent,
     Session,
     effective_sandbox_mode,
@@ -34,6 +35,7 @@ __all__ = [
     "JsonlSessionLog",
     "NetworkMode",
     "PolicyError",
+    "ResourceLimits",
     "SandboxEnforcement",
     "SandboxMode",
     "SandboxModeEvent",

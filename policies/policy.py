@@ -7,6 +7,7 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.limits import ResourceLimits
 from policies.modes import NetworkMode, SandboxMode
 
 # Kept read-only inside every writable root, so `git commit` works while hooks and config
@@ -62,6 +63,11 @@ class SandboxPolicy(BaseModel):
     writable_roots: tuple[str, ...] = ()
     protected_paths: tuple[str, ...] = DEFAULT_PROTECTED_PATHS
     deny_read: tuple[str, ...] = Field(default_factory=default_deny_read)
+    # Destinations the egress proxy may reach under `isolated` (domains, `*.suffix`, `:port`).
+    allow_domains: tuple[str, ...] = ()
+    # Host unix sockets a confined command may connect to (absolute paths, `@name` abstract).
+    allow_unix_sockets: tuple[str, ...] = ()
+    limits: ResourceLimits = Field(default_factory=ResourceLimits)
 
     @field_validator("workspace_root")
     @classmethod

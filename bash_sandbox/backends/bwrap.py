@@ -43,7 +43,7 @@ from bash_sandbox.backends.base import (
     run_probe_command,
 )
 from bash_sandbox.backends.mount_plan import PlannedMount, plan_mounts
-from bash_sandbox.seccomp import SeccompOptions, compile_seccomp
+from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 
 

@@ -49,7 +49,7 @@ from bash_sandbox.backends.base import (
     run_probe_command,
 )
 from bash_sandbox.backends.mount_plan import PlannedMount, plan_mounts
-from bash_sandbox.child_setup import (
+from bash_sandbox.linux.child_setup import (
     CLONE_NEWIPC,
     CLONE_NEWNS,
     CLONE_NEWPID,
@@ -65,7 +65,7 @@ from bash_sandbox.child_setup import (
     MS_STRICTATIME,
     ChildSetup,
 )
-from bash_sandbox.seccomp import SeccompOptions, compile_seccomp
+from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 
 # Access-right bits of linux/landlock.h (mirrored so the renderer stays pure and testable).

@@ -33,8 +33,8 @@ from bash_sandbox.backends.landlock import (
     confined_plan,
     render_landlock_ruleset,
 )
-from bash_sandbox.child_setup import ChildSetup
-from bash_sandbox.seccomp import SeccompOptions, compile_seccomp
+from bash_sandbox.linux.child_setup import ChildSetup
+from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxPolicy
 
 NET_BIND_TCP = 1 << 0

@@ -12,7 +12,7 @@ import pytest
 from cli_probes import HAS_BWRAP, HAS_LANDLOCK
 
 from bash_sandbox.cli import main
-from bash_sandbox.cli_config import ConfigError, build_config, load_config
+from bash_sandbox.cli.config_file import ConfigError, build_config, load_config
 from policies import NetworkMode, SandboxMode
 
 needs_sandbox = pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK), reason="no sandbox backend")

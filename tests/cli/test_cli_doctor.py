@@ -11,7 +11,7 @@ from cli_probes import HAS_BWRAP
 from bash_sandbox.backends.base import BackendProbe, LayerReport
 from bash_sandbox.backends.landlock import landlock_abi
 from bash_sandbox.cli import main
-from bash_sandbox.doctor import (
+from bash_sandbox.cli.doctor import (
     LAYERS,
     BackendStatus,
     Check,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from cli_probes import HAS_BWRAP, HAS_LANDLOCK, CliRunner
 
-from bash_sandbox.cli import exit_status, main
+from bash_sandbox.cli.main import exit_status, main
 from bash_seam import BashRunResult, CollectedOutput
 from policies import JsonlSessionLog, network_denial_marker, sandbox_denial_marker
 

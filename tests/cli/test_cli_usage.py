@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from cli_probes import CliRunner
 
-from bash_sandbox.cli import main, package_version
+from bash_sandbox.cli.main import main, package_version
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

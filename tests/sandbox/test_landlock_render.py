@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bash_sandbox.backends import landlock as ll
 from bash_sandbox.backends.mount_plan import PlannedMount
-from bash_sandbox.child_setup import (
+from bash_sandbox.linux.child_setup import (
     CLONE_NEWIPC,
     CLONE_NEWNS,
     CLONE_NEWPID,
@@ -16,7 +16,7 @@ from bash_sandbox.child_setup import (
     MS_RDONLY,
     MS_RELATIME,
 )
-from bash_sandbox.seccomp import SeccompOptions
+from bash_sandbox.linux.seccomp import SeccompOptions
 from policies import SandboxPolicy
 
 SINKS = tuple(

@@ -24,7 +24,7 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from bash_sandbox.child_setup import CLONE_NEWNET, libc
+from bash_sandbox.linux.child_setup import CLONE_NEWNET, libc
 
 
 class NetnsError(OSError):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from bash_sandbox.audit.command import add_audit_arguments
-from bash_sandbox.cli_config import ConfigError, build_config, load_config
+from bash_sandbox.cli.config_file import ConfigError, build_config, load_config
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.executor import SandboxBashExecutor
@@ -558,7 +558,7 @@ def _cmd_mode(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from bash_sandbox.doctor import collect_report, render_text
+    from bash_sandbox.cli.doctor import collect_report, render_text
 
     config = build_config(load_config(args.config, _workspace_dir(None)), {})
     report = collect_report(

@@ -124,7 +124,7 @@ def check_user_namespaces(timeout_s: float = 5.0) -> Check:
 def check_network_namespace() -> Check:
     """Make the executor's loopback-only namespace exactly as it would, then drop it."""
     try:
-        from bash_sandbox.netns import NetworkNamespace
+        from bash_sandbox.linux.netns import NetworkNamespace
 
         netns = NetworkNamespace()
         fds = netns.fds()

@@ -1,0 +1,1 @@
+"""Linux kernel mechanics the confining backends share: child setup, seccomp, namespaces."""
