@@ -3,7 +3,7 @@
 from bash_local.config import LocalBashConfig
 from bash_local.environment import build_command_env
 from bash_local.executor import ExecutorClosedError, LocalBashExecutor
-from bash_local.output import OutputCollector, SpillDirectory
+from bash_local.output import OutputCollector, OutputListener, SpillDirectory
 from bash_local.process import LocalBashProcess, SpawnedCommand
 from bash_local.spawn import SpawnPlan
 
@@ -13,6 +13,7 @@ __all__ = [
     "LocalBashExecutor",
     "LocalBashProcess",
     "OutputCollector",
+    "OutputListener",
     "SpawnPlan",
     "SpawnedCommand",
     "SpillDirectory",

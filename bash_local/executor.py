@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from bash_local.config import LocalBashConfig
 from bash_local.environment import build_command_env, check_env_channels
-from bash_local.output import OutputCollector, SpillDirectory
+from bash_local.output import OutputCollector, OutputListener, SpillDirectory
 from bash_local.process import KillReason, LocalBashProcess, SpawnedCommand
 from bash_local.spawn import SpawnPlan
 from bash_seam import (
@@ -181,9 +181,18 @@ class LocalBashExecutor(BashExecutor):
 
     # -- foreground ------------------------------------------------------------------------
 
-    async def run(self, spec: BashExecSpec) -> BashRunResult:
+    async def _prepare(self, spec: BashExecSpec) -> None:
+        """Slow one-time work before a spawn (probes, namespaces), run off the event loop by
+        confining subclasses; the spawn itself stays on the loop thread (see `spawn()`)."""
+
+    async def run(
+        self, spec: BashExecSpec, *, on_output: OutputListener | None = None
+    ) -> BashRunResult:
+        """Run ``spec`` to completion. ``on_output`` sees every chunk as it is written (a
+        CLI streams with it); the result still carries the bounded output."""
         timeout_ms = min(spec.timeout_ms, self.config.max_timeout_ms)
-        spawned, _ = self._launch(spec, background=False)
+        await self._prepare(spec)
+        spawned, _ = self._launch(spec, background=False, on_output=on_output)
         spawned.arm_timeout(timeout_ms / 1000)
         try:
             await spawned.settled.wait()
@@ -215,9 +224,12 @@ class LocalBashExecutor(BashExecutor):
 
     # -- background ------------------------------------------------------------------------
 
-    async def start(self, spec: BashExecSpec) -> BashProcess:
+    async def start(
+        self, spec: BashExecSpec, *, on_output: OutputListener | None = None
+    ) -> BashProcess:
+        await self._prepare(spec)
         try:
-            _, process = self._launch(spec, background=True)
+            _, process = self._launch(spec, background=True, on_output=on_output)
         except _SpawnFailed as failed:
             # Reported like a process that never got to run: killed, the reason on stderr.
             message = f"bash-local: {failed.error}\n"
@@ -274,19 +286,26 @@ class LocalBashExecutor(BashExecutor):
 
     # -- spawning --------------------------------------------------------------------------
 
-    def _collectors(self, spec: BashExecSpec) -> tuple[OutputCollector, OutputCollector]:
+    def _collectors(
+        self, spec: BashExecSpec, listener: OutputListener | None = None
+    ) -> tuple[OutputCollector, OutputCollector]:
         def collector(stream: str) -> OutputCollector:
             return OutputCollector(
                 spec.stdout_max_bytes,
                 stream=stream,
                 spill_dir=self._spill_dir,
                 max_spill_bytes=self.config.max_spill_bytes,
+                listener=listener,
             )
 
         return collector("stdout"), collector("stderr")
 
     def _launch(
-        self, spec: BashExecSpec, *, background: bool
+        self,
+        spec: BashExecSpec,
+        *,
+        background: bool,
+        on_output: OutputListener | None = None,
     ) -> tuple[SpawnedCommand, LocalBashProcess | None]:
         """Validate, plan and spawn. Raises before spawning for every infrastructure error;
         a background spawn that fails raises `_SpawnFailed` (it still gets an id)."""
@@ -297,7 +316,7 @@ class LocalBashExecutor(BashExecutor):
         check_workdir(spec.workdir)
         plan = self._build_spawn_plan(spec)
         stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else spec.stdin
-        stdout, stderr = self._collectors(spec)
+        stdout, stderr = self._collectors(spec, on_output)
         process: LocalBashProcess | None = None
         if background:
             # Ids are taken only once the spec proved runnable: no gaps for rejected specs.

@@ -18,10 +18,14 @@ import logging
 import os
 import secrets
 import tempfile
+from collections.abc import Callable
 
 from bash_seam import CollectedOutput
 
 logger = logging.getLogger("bash_local")
+
+# Called with ("stdout" | "stderr", chunk) as the command writes, before the chunk is stored.
+OutputListener = Callable[[str, bytes], None]
 
 _SPILL_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 
@@ -90,9 +94,16 @@ class OutputCollector:
     """
 
     def __init__(
-        self, cap: int, *, stream: str, spill_dir: SpillDirectory, max_spill_bytes: int
+        self,
+        cap: int,
+        *,
+        stream: str,
+        spill_dir: SpillDirectory,
+        max_spill_bytes: int,
+        listener: OutputListener | None = None,
     ) -> None:
         self._cap = cap
+        self._listener = listener
         self._stream = stream
         self._spill_dir = spill_dir
         self._max_spill = max_spill_bytes
@@ -123,6 +134,13 @@ class OutputCollector:
         """Append bytes produced by the command. Never raises."""
         if not data or self._closed:
             return
+        if self._listener is not None:
+            try:
+                self._listener(self._stream, data)
+            except Exception:
+                # A caller's display must never break collection: the bytes are still kept.
+                logger.exception("output listener failed; it is not called again")
+                self._listener = None
         new_total = self._total + len(data)
         if self._spill_state == "open":
             if new_total > self._max_spill:
