@@ -5,7 +5,7 @@ from bash_local.environment import build_command_env
 from bash_local.executor import ExecutorClosedError, LocalBashExecutor
 from bash_local.output import OutputCollector, OutputListener, SpillDirectory
 from bash_local.process import LocalBashProcess, SpawnedCommand
-from bash_local.spawn import SpawnPlan
+from bash_local.spawn import SpawnPlan, folded_signal
 
 __all__ = [
     "ExecutorClosedError",
@@ -18,4 +18,5 @@ __all__ = [
     "SpawnedCommand",
     "SpillDirectory",
     "build_command_env",
+    "folded_signal",
 ]

@@ -4,7 +4,10 @@ It owns the request -> spec -> plan pipeline and the registry of background proc
 A confining subclass overrides hooks only:
 
 - `config_type`: the config class built when no config is passed;
+- `_prepare(spec)`: awaited before each spawn (slow one-time work, off the loop);
 - `_confine(spec, plan)`: rewrites the `SpawnPlan` before anything spawns (may raise);
+- `_after_spawn(spec, plan)` / `_after_settle(spec, plan)`: right after the spawn, and
+  once the process has settled (before its facts);
 - `_outcome_facts(spec, plan, ...)`: classifies a settled command (foreground: may raise);
 - `_spawn_error(spec, plan, exc)`: the error `run()` raises when the spawn itself failed,
   called while the plan's fds are still open (it is released right after);
@@ -149,6 +152,14 @@ class LocalBashExecutor(BashExecutor):
         """Rewrite the plan to confine it; may raise (nothing has spawned yet)."""
         return plan
 
+    def _after_spawn(self, spec: BashExecSpec, plan: SpawnPlan) -> None:
+        """Right after a successful spawn, on the loop thread (may raise: the command is
+        killed and the error propagates)."""
+
+    def _after_settle(self, spec: BashExecSpec, plan: SpawnPlan) -> None:
+        """Once per spawn, when the process has settled, before its facts are read; runs
+        even when the task awaiting `run()` was cancelled."""
+
     def _outcome_facts(
         self,
         spec: BashExecSpec,
@@ -283,6 +294,7 @@ class LocalBashExecutor(BashExecutor):
             await spawned.settled.wait()
         for process in list(self._processes.values()):
             await process.wait()
+        self._spill_dir.remove_if_empty()
 
     # -- spawning --------------------------------------------------------------------------
 
@@ -344,6 +356,12 @@ class LocalBashExecutor(BashExecutor):
             if process is not None:
                 raise _SpawnFailed(process.id, plan, error) from exc
             raise error from exc
+        try:
+            self._after_spawn(spec, plan)
+        except BaseException:
+            # The command runs but cannot be watched as the subclass needs: it dies now.
+            spawned.kill_now()
+            raise
         # Held until settled, so aclose() can find it even if the awaiting task is gone.
         self._live.add(spawned)
         if process is not None:
@@ -357,6 +375,10 @@ class LocalBashExecutor(BashExecutor):
         self, spawned: SpawnedCommand, spec: BashExecSpec, process: LocalBashProcess | None
     ) -> None:
         self._live.discard(spawned)
+        try:
+            self._after_settle(spec, spawned.plan)
+        except Exception:
+            logger.exception("finishing the settled spawn %d failed", spawned.pid)
         if process is None:
             return
         reason: KillReason | None = spawned.kill_reason

@@ -20,6 +20,7 @@ import secrets
 import tempfile
 from collections.abc import Callable
 
+from bash_local.userdir import default_spill_parent, register_spill_parent
 from bash_seam import CollectedOutput
 
 logger = logging.getLogger("bash_local")
@@ -31,7 +32,11 @@ _SPILL_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLL
 
 
 class SpillDirectory:
-    """A private directory (mode 0700) for one executor's spill files, created on first use."""
+    """A private directory (mode 0700) for one executor's spill files, created on first use.
+
+    Its parent is the per-user spill directory (`userdir.default_spill_parent`) unless
+    ``parent`` names another, which is then registered so confining executors hide it.
+    """
 
     def __init__(self, parent: str | None) -> None:
         self._parent = parent
@@ -45,9 +50,20 @@ class SpillDirectory:
     def ensure(self) -> str:
         """The directory, created now if no stream has spilled yet (e.g. to hide it)."""
         if self._path is None:
+            parent = self._parent
+            if parent is None:
+                parent = default_spill_parent()
+            else:
+                register_spill_parent(parent)
             # mkdtemp creates the directory 0700 with an unpredictable name.
-            self._path = tempfile.mkdtemp(prefix="bash-local-spill-", dir=self._parent)
+            self._path = tempfile.mkdtemp(prefix="bash-local-spill-", dir=parent)
         return self._path
+
+    def remove_if_empty(self) -> None:
+        """Remove the directory when no spill file is left in it (the files stay callers')."""
+        if self._path is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._path)
 
     def create_file(self, stream: str) -> tuple[str, int]:
         """Create a new spill file exclusively; returns its path and a write-only fd."""

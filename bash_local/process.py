@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from bash_local.output import OutputCollector, decode
-from bash_local.spawn import SpawnPlan
+from bash_local.spawn import SpawnPlan, folded_signal
 from bash_seam import AbortSignal, BashProcess, BashProcessRead, ProcessStatus, SandboxFacts
 
 logger = logging.getLogger("bash_local")
@@ -134,6 +134,10 @@ class SpawnedCommand:
 
     def spawn(self) -> None:
         """Fork and exec on the loop thread.
+
+        Always on the loop thread, never a worker: a confined child arms PR_SET_PDEATHSIG,
+        which fires when the *thread* that forked it exits, so a fork from a short-lived
+        worker thread would kill the command as soon as that thread ends.
 
         On failure every descriptor opened here is closed and the exception (OSError,
         SubprocessError) propagates: nothing is running. The plan is not released yet, so
@@ -316,15 +320,12 @@ class SpawnedCommand:
             self._feeder.close()
         assert self._proc is not None
         returncode = self._proc.wait()  # reaps the zombie: returns at once
+        folded = folded_signal(returncode) if self.plan.folds_signals else None
         if returncode < 0:
             self.signal = signal_name(-returncode)
-        elif (
-            self.kill_reason is not None
-            and self.plan.signal_exit_codes
-            and (128 < returncode < 128 + signal.NSIG)
-        ):
+        elif self.kill_reason is not None and folded is not None:
             # We signalled the group and a runner reported the death as 128+n: it was n.
-            self.signal = signal_name(returncode - 128)
+            self.signal = signal_name(folded)
         else:
             self.exit_code = returncode
         self.stdout.close()

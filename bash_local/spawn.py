@@ -6,8 +6,20 @@ rewrite it (wrap argv, add a pre-exec step and the fds it needs) before anything
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+
+def folded_signal(returncode: int | None) -> int | None:
+    """n when a runner reported "killed by signal n" as exit status 128+n, else None.
+
+    The one place the 128+n convention is read (bwrap and the Landlock backend's PID-1
+    wrapper fold signals this way; so does any shell).
+    """
+    if returncode is not None and 128 < returncode < 128 + signal.NSIG:
+        return returncode - 128
+    return None
 
 
 @dataclass(frozen=True)
@@ -25,6 +37,4 @@ class SpawnPlan:
     release: Callable[[], None] | None = None
     # The program runs the command as a child and reports "killed by signal n" as exit
     # 128+n (bwrap does): when the executor killed the group, such an exit is read as n.
-    signal_exit_codes: bool = False
-    # Opaque data the confining executor reads back when it classifies the outcome.
-    context: object = field(default=None, compare=False)
+    folds_signals: bool = False

@@ -1,6 +1,9 @@
 """`SandboxBashExecutor`: the local executor with every confined spawn wrapped by a backend.
 
-It stamps a complete policy on each spec in `resolve()`, wraps the spawn in `_confine()`,
+It stamps a complete policy on each spec in `resolve()`, prepares the backend and its own
+namespaces off the event loop (`_prepare`), builds the host view and wraps the spawn in
+`_confine()`, hands the command's supervised syscalls to its seccomp supervisor
+(`_after_spawn`), merges the git overlays back and collects the evidence (`_after_settle`),
 and reads the outcome in `_outcome_facts()`. `danger-full-access` never reaches a backend:
 the spawn is exactly the local executor's. When confinement cannot be guaranteed, it raises
 `SandboxUnavailableError` before anything runs; it never falls back to an unconfined run.
@@ -8,74 +11,113 @@ the spawn is exactly the local executor's. When confinement cannot be guaranteed
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import dataclasses
 import os
-import shutil
-import stat
-import subprocess
-import tempfile
+import socket
+import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bash_local.config import LocalBashConfig
+from bash_local.environment import build_command_env
 from bash_local.executor import LocalBashExecutor
-from bash_local.output import SpillDirectory
-from bash_local.spawn import SpawnPlan
-from bash_sandbox.backends.base import BackendContext, BackendProbe, SandboxBackend
+from bash_local.spawn import SpawnPlan, folded_signal
+from bash_sandbox.backends.base import (
+    BackendContext,
+    ConfinedPlan,
+    SandboxBackend,
+)
 from bash_sandbox.backends.mount_plan import (
-    PlaceholderSources,
-    make_placeholder_sources,
-    symlinked_protected_paths,
+    GitOverlay,
+    HostView,
+    inspect_protected,
+    inspect_shadows,
+    tmp_tops,
+    visible,
+    within_any,
 )
 from bash_sandbox.config import SandboxBashConfig
-from bash_sandbox.denial import classify_denial, classify_network_denial
+from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
-from bash_sandbox.linux.child_setup import ChildSetup
-from bash_sandbox.linux.netns import NetnsError, NetworkNamespace
+from bash_sandbox.git_plane import (
+    MergeReport,
+    discover_gitdirs,
+    merge_back,
+    new_repositories,
+    prepare_placeholders,
+)
+from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError
+from bash_sandbox.linux.supervisor import (
+    ConnectPolicy,
+    SeccompSupervisor,
+    SupervisedCommand,
+    identity,
+    receive_listener,
+)
 from bash_sandbox.selection import BackendSelector, candidate_backends
-from bash_seam import BashExecRequest, BashExecSpec, SandboxFacts
+from bash_sandbox.state import ExecutorState, remove_tree
+from bash_sandbox.tool_env import confined_environment, tool_cache_home
+from bash_seam import (
+    BashExecRequest,
+    BashExecSpec,
+    DenialEvidence,
+    DenialKind,
+    SandboxDenial,
+    SandboxFacts,
+    WorkdirError,
+)
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 from policies.service import SandboxPolicyService
 
-
-def shared_spill_base() -> str:
-    """`$TMPDIR/bash-sandbox-spill-<uid>` (0700, ours), or a private dir if that is not safe.
-
-    The temp dir is shared with other users: a pre-planted path, a symlink, or a directory
-    owned by someone else or open to others is never used.
-    """
-    path = os.path.join(tempfile.gettempdir(), f"bash-sandbox-spill-{os.geteuid()}")
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    st = os.lstat(path)
-    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0:
-        return path
-    return tempfile.mkdtemp(prefix="bash-sandbox-spill-")
+MAX_DENIALS = 16
 
 
-def remove_state_dir(path: str) -> None:
-    """Delete a state dir, including its mode-000 placeholders and commands' temp files."""
-    if not os.path.isdir(path):
-        return
-    for dirpath, dirnames, _ in os.walk(path):
-        for name in dirnames:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(dirpath, name), 0o700)
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+@dataclass
+class _SpawnRecord:
+    """What happened to one confined spawn, filled in as it goes."""
+
+    supervised: SupervisedCommand | None = None
+    merges: list[MergeReport] = field(default_factory=list)
+    nested: tuple[str, ...] = ()
+    warnings: list[str] = field(default_factory=list)
+    settled: bool = False
 
 
 @dataclass(frozen=True)
-class _Confinement:
-    """What `_confine` decided, read back by `_outcome_facts` for the same spawn."""
+class SandboxSpawn(ConfinedPlan):
+    """A confined plan plus what the executor decided for it and reads back later."""
 
-    policy: SandboxPolicy
-    backend: SandboxBackend
-    enforcement: SandboxEnforcement
-    report_fd: int | None = None
+    policy: SandboxPolicy | None = None
+    backend: SandboxBackend | None = None
+    enforcement: SandboxEnforcement = SandboxEnforcement.FULL
+    started_ns: int = 0
+    overlays: tuple[GitOverlay, ...] = ()
+    listener_socket: socket.socket | None = None
+    record: _SpawnRecord = field(default_factory=_SpawnRecord, compare=False)
+
+
+def _resolv_nameservers() -> frozenset[str]:
+    try:
+        with open("/etc/resolv.conf") as fh:
+            lines = fh.read(65536).splitlines()
+    except OSError:
+        return frozenset()
+    return frozenset(
+        parts[1]
+        for parts in (line.split() for line in lines)
+        if len(parts) > 1 and parts[0] == "nameserver"
+    )
+
+
+def _cleanup(
+    state: ExecutorState, namespaces: ExecutorNamespaces, supervisor: list[SeccompSupervisor]
+) -> None:
+    for sup in supervisor:
+        sup.close()
+    namespaces.close()
+    state.remove()
 
 
 class SandboxBashExecutor(LocalBashExecutor):
@@ -95,20 +137,18 @@ class SandboxBashExecutor(LocalBashExecutor):
             protected_paths=cfg.protected_paths,
             deny_read=cfg.deny_read,
         )
-        # Private state: placeholder mount sources, Landlock's TMPDIR, and the spill files,
-        # which are hidden from every confined command.
-        self._state_dir = tempfile.mkdtemp(prefix="bash-sandbox-")
-        # An executor dropped without aclose() still removes its state dir.
-        self._state_finalizer = weakref.finalize(self, remove_state_dir, self._state_dir)
-        # Every executor of this user spills under one base that every sandbox hides, so no
-        # confined command reads another run's spill files (its own executor's or another's).
-        self._spill_parent = shared_spill_base()
-        if cfg.spill_dir is None:
-            self._spill_dir = SpillDirectory(self._spill_parent)
-        self._sources: PlaceholderSources | None = None
-        self._private_tmp = os.path.join(self._state_dir, "tmp")
-        os.mkdir(self._private_tmp, 0o700)
-        self._netns = NetworkNamespace()
+        configured = tuple(
+            os.path.realpath(r) for r in (*cfg.writable_roots, cfg.workspace_root or "/nonexistent")
+        )
+        self._state = ExecutorState(configured)
+        self._namespaces = ExecutorNamespaces(
+            self._state.scratch, tmp_bytes=cfg.limits.tmp_bytes, shm_bytes=cfg.limits.shm_bytes
+        )
+        self._supervisors: list[SeccompSupervisor] = []
+        # An executor dropped without aclose() still frees its namespaces and state.
+        self._finalizer = weakref.finalize(
+            self, _cleanup, self._state, self._namespaces, self._supervisors
+        )
         self._selector = BackendSelector(
             candidate_backends(
                 cfg.backend,
@@ -117,6 +157,8 @@ class SandboxBashExecutor(LocalBashExecutor):
             ),
             cfg.probe_timeout_ms,
         )
+        self._prepared = False
+        self._nameservers = _resolv_nameservers()
 
     @property
     def sandbox_mode(self) -> SandboxMode:
@@ -126,18 +168,34 @@ class SandboxBashExecutor(LocalBashExecutor):
     def policy_service(self) -> SandboxPolicyService:
         return self._service
 
-    def probes(self) -> list[BackendProbe]:
+    @property
+    def selector(self) -> BackendSelector:
+        return self._selector
+
+    def probes(self) -> list[Any]:
         """The functional probe of each candidate backend (cached after the first call)."""
         return self._selector.probes()
 
-    # -- resolve: stamp the policy ---------------------------------------------------------
+    # -- resolve: stamp the policy, place the workdir ------------------------------------
 
     def resolve(self, request: BashExecRequest) -> BashExecSpec:
+        if request.workdir is None:
+            # The default workdir is the workspace root, not the harness's own cwd.
+            root = self.config.workspace_root or self.config.cwd
+            if root is not None:
+                request = request.model_copy(update={"workdir": root})
         spec = super().resolve(request)
         policy = request.sandbox_policy
         if policy is None:
             root = self.config.workspace_root or spec.workdir
             policy = self._service.resolve(mode=request.sandbox_mode, cwd=root)
+        if policy.confined:
+            roots = (policy.workspace_root, *policy.writable_roots)
+            if not within_any(os.path.realpath(spec.workdir), roots):
+                raise WorkdirError(
+                    f"workdir {spec.workdir!r} is outside the workspace {policy.workspace_root!r} "
+                    "and every writable root: pass a workdir inside them"
+                )
         return spec.model_copy(update={"sandbox_policy": policy})
 
     def _policy_of(self, spec: BashExecSpec) -> SandboxPolicy:
@@ -147,84 +205,246 @@ class SandboxBashExecutor(LocalBashExecutor):
         root = self.config.workspace_root or spec.workdir
         return self._service.resolve(cwd=root)
 
+    # -- prepare: probes and namespaces, off the event loop ------------------------------
+
+    async def _prepare(self, spec: BashExecSpec) -> None:
+        if self._prepared or not self._policy_of(spec).confined:
+            return
+        # Probing forks and waits, and so does making the namespaces: in a thread, so other
+        # tasks (and the CLI's signal handling) keep running meanwhile.
+        await asyncio.to_thread(self._prepare_blocking, self._policy_of(spec).mode)
+        self._prepared = True
+
+    def _prepare_blocking(self, mode: SandboxMode) -> None:
+        backend = self._selector.choose(mode)
+        if backend.mounts:
+            try:
+                self._namespaces.fds()
+            except NamespaceError as exc:
+                raise SandboxUnavailableError(
+                    mode, f"cannot make the executor's namespaces: {exc}"
+                ) from exc
+        if not self._supervisors:
+            self._supervisors.append(SeccompSupervisor())
+
     # -- confine the spawn -----------------------------------------------------------------
 
-    def _context(self, policy: SandboxPolicy, backend: SandboxBackend) -> BackendContext:
-        if self._sources is None:
-            self._sources = make_placeholder_sources(self._state_dir)
-        netns_fd: int | None = None
-        userns_fd: int | None = None
-        if policy.network is NetworkMode.ISOLATED and backend.network_namespace != "none":
-            try:
-                fds = self._netns.fds()
-                netns_fd, userns_fd = fds.net, fds.user
-            except NetnsError as exc:
-                if backend.network_namespace == "required":
-                    raise SandboxUnavailableError(
-                        policy.mode, f"isolated network unavailable: {exc}"
-                    ) from exc
-                netns_fd = None  # bwrap isolates each command in its own namespace instead
-        # This executor's spill dir exists before its first command, so it is always hidden.
-        hidden: tuple[str, ...] = (self._spill_parent, self._spill_dir.ensure())
-        return BackendContext(
-            sources=self._sources,
-            hidden_paths=hidden,
-            netns_fd=netns_fd,
-            userns_fd=userns_fd,
-            private_tmp=self._private_tmp,
+    def _view(
+        self, policy: SandboxPolicy, backend: SandboxBackend
+    ) -> tuple[HostView, tuple[str, ...]]:
+        """Inspect the host for one spawn: overlays, protected names, shadows, covers."""
+        partial: list[str] = []
+        roots = policy.all_writable_roots()
+        hidden = self._state.hidden_paths()
+        if not backend.mounts:
+            return HostView(hidden=hidden), ()
+        private_tmp = True
+        tops = tmp_tops((policy.workspace_root, *roots))
+        gitdirs = discover_gitdirs(policy)
+        protected = inspect_protected(policy, gitdirs)
+        overlays: list[GitOverlay] = []
+        covers = list(protected.protect)
+        for gitdir in gitdirs:
+            upper = self._state.git_upper()
+            names = tuple((name, is_dir) for g, name, is_dir in protected.in_git if g == gitdir)
+            made = prepare_placeholders(gitdir, upper.upper, names)
+            overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
+            covers += [os.path.join(gitdir, name) for g, name, _ in protected.in_git if g == gitdir]
+        # A missing protected name outside git: its first missing component stays
+        # uncreatable only while it is covered, so the policy reports it as partial.
+        for path, _ in protected.missing:
+            partial.append(
+                f"{path}: a missing protected name cannot be covered without a placeholder"
+            )
+        if protected.symlinked:
+            partial.append("a protected name is a symlink inside a writable root")
+        denied = (*policy.deny_read, *hidden)
+        shadows, deny_dirs, deny_files = inspect_shadows(denied, roots)
+        deny_dirs = tuple(p for p in deny_dirs if visible(p, tops, private_tmp))
+        deny_files = tuple(p for p in deny_files if visible(p, tops, private_tmp))
+        shadows = tuple(s for s in shadows if visible(s.directory, tops, private_tmp))
+        view = HostView(
+            shadows=shadows,
+            tmp_tops=tops,
+            overlays=tuple(overlays),
+            pins=protected.pins,
+            protect=tuple(dict.fromkeys(covers)),
+            deny_dirs=deny_dirs,
+            deny_files=deny_files,
+            hidden=hidden,
+            partial=tuple(partial),
         )
+        return view, gitdirs
 
     def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:
         policy = self._policy_of(spec)
         if not policy.confined:
             return plan  # danger-full-access: exactly the local executor's spawn
         backend = self._selector.choose(policy.mode)
-        ctx = self._context(policy, backend)
-        wrapped = backend.wrap(policy, plan, ctx)
-        report_fd: int | None = None
-        if isinstance(wrapped.preexec_fn, ChildSetup):
-            # subprocess only says "exception in preexec_fn": the child names the step here.
-            read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            wrapped.preexec_fn.report_failures_to(write_end)
-            report_fd = read_end
-            inner_release = wrapped.release
+        self._state.check(policy)
+        self._check_binaries(policy, backend)
+        namespaces = self._namespaces.ready if backend.mounts else None
+        if backend.mounts and namespaces is None:
+            # _prepare runs before every spawn; a hand-driven _launch may skip it.
+            self._prepare_blocking(policy.mode)
+            namespaces = self._namespaces.ready
+        if not self._supervisors:
+            self._supervisors.append(SeccompSupervisor())
+        cache_home: str | None = None
+        if policy.mode is SandboxMode.WORKSPACE_WRITE and self.config.tool_caches:
+            # The sandbox's own cache home is writable like a root, for this spawn only.
+            cache_home = tool_cache_home()
+            policy = policy.model_copy(
+                update={"writable_roots": (*policy.writable_roots, cache_home)}
+            )
+        started_ns = time.time_ns()
+        view, _ = self._view(policy, backend)
+        env = confined_environment(
+            build_command_env(sandbox_inherited_env(os.environ), spec.env, spec.dsh_env),
+            policy,
+            private_tmp=backend.mounts,
+            cache_home=cache_home,
+            request_env=spec.env,
+        )
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        ctx = BackendContext(
+            sources=self._state.sources,
+            view=view,
+            namespaces=namespaces,
+            scratch=self._state.scratch if backend.mounts else None,
+            stage=self._state.stage,
+            private_tmpdir=self._state.private_tmpdir,
+            listener_fd=theirs.fileno(),
+        )
+        try:
+            confined = backend.wrap(policy, dataclasses.replace(plan, env=env), ctx)
+        except BaseException:
+            ours.close()
+            theirs.close()
+            for overlay in view.overlays:
+                remove_tree(os.path.dirname(overlay.upper))
+            raise
+        inner_release = confined.release
 
-            def release() -> None:
-                for fd in (read_end, write_end):
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-                if inner_release is not None:
-                    inner_release()
+        def release() -> None:
+            theirs.close()
+            if inner_release is not None:
+                inner_release()
 
-            wrapped = dataclasses.replace(wrapped, release=release)
-        enforcement = backend.enforcement(policy, ctx)
-        if symlinked_protected_paths(policy):
+        enforcement = backend.enforcement(policy)
+        if view.partial:
             enforcement = SandboxEnforcement.PARTIAL
-        return dataclasses.replace(
-            wrapped,
-            signal_exit_codes=backend.folds_signals_into_exit_code,
-            context=_Confinement(policy, backend, enforcement, report_fd),
+        record = _SpawnRecord()
+        if self._selector.degraded:
+            record.warnings.append(self._selector.degraded)
+        record.warnings += list(view.partial)
+        fields = {f.name: getattr(confined, f.name) for f in dataclasses.fields(ConfinedPlan)}
+        fields["release"] = release
+        return SandboxSpawn(
+            **fields,
+            policy=policy,
+            backend=backend,
+            enforcement=enforcement,
+            started_ns=started_ns,
+            overlays=view.overlays,
+            listener_socket=ours,
+            record=record,
         )
 
-    def _spawn_error(self, spec: BashExecSpec, plan: SpawnPlan, exc: BaseException) -> Exception:
-        confinement = plan.context
-        if not isinstance(confinement, _Confinement):
-            return super()._spawn_error(spec, plan, exc)
-        detail = str(exc)
-        if confinement.report_fd is not None:
-            try:
-                reported = os.read(confinement.report_fd, 4096).decode(errors="replace")
-            except OSError:
-                reported = ""
-            if reported:
-                detail = f"child setup failed at {reported}"
-        if isinstance(exc, subprocess.SubprocessError | OSError) or detail:
-            return SandboxUnavailableError(
-                confinement.policy.mode, f"{confinement.backend.name} could not start: {detail}"
+    def _check_binaries(self, policy: SandboxPolicy, backend: SandboxBackend) -> None:
+        path = getattr(backend, "path", None)
+        if isinstance(path, str) and within_any(
+            os.path.realpath(path), policy.all_writable_roots()
+        ):
+            raise SandboxUnavailableError(
+                policy.mode,
+                f"the {backend.name} binary {path} lies inside a writable root: a command could replace it",
             )
-        return super()._spawn_error(spec, plan, exc)
 
-    # -- read the outcome ------------------------------------------------------------------
+    def _connect_policy(self, spawn: SandboxSpawn) -> ConnectPolicy:
+        policy = spawn.policy
+        assert policy is not None
+        dirs = [identity(root) for root in policy.all_writable_roots()]
+        ns = self._namespaces.ready
+        if ns is not None and spawn.backend is not None and spawn.backend.mounts:
+            for fd in (ns.tmp, ns.shm):
+                st = os.fstat(fd)
+                dirs.append((st.st_dev, st.st_ino))
+        else:
+            dirs.append(identity(self._state.private_tmpdir))
+        sockets = [identity(p) for p in policy.allow_unix_sockets if not p.startswith("@")]
+        names = [p[1:].encode() for p in policy.allow_unix_sockets if p.startswith("@")]
+        private = spawn.backend is not None and spawn.backend.network_namespace != "none"
+        return ConnectPolicy(
+            isolated=policy.network is NetworkMode.ISOLATED,
+            private_loopback=private,
+            socket_dirs=frozenset(d for d in dirs if d is not None),
+            sockets=frozenset(s for s in sockets if s is not None),
+            abstract_names=frozenset(names),
+            nameservers=self._nameservers,
+        )
+
+    def _after_spawn(self, spec: BashExecSpec, plan: SpawnPlan) -> None:
+        if not isinstance(plan, SandboxSpawn) or plan.listener_socket is None:
+            return
+        sock = plan.listener_socket
+        try:
+            listener = receive_listener(sock)
+        except OSError as exc:
+            raise SandboxUnavailableError(
+                plan.policy.mode if plan.policy else "read-only",
+                f"the sandboxed command did not hand over its seccomp listener: {exc}",
+            ) from exc
+        finally:
+            sock.close()
+        plan.record.supervised = self._supervisors[0].register(listener, self._connect_policy(plan))
+
+    def _spawn_error(self, spec: BashExecSpec, plan: SpawnPlan, exc: BaseException) -> Exception:
+        if not isinstance(plan, SandboxSpawn) or plan.backend is None or plan.policy is None:
+            return super()._spawn_error(spec, plan, exc)
+        if plan.listener_socket is not None:
+            plan.listener_socket.close()
+        detail = plan.backend.explain_failure(plan, exc)
+        return SandboxUnavailableError(
+            plan.policy.mode, f"{plan.backend.name} could not start: {detail}"
+        )
+
+    # -- after the command ------------------------------------------------------------------
+
+    def _after_settle(self, spec: BashExecSpec, plan: SpawnPlan) -> None:
+        if not isinstance(plan, SandboxSpawn) or plan.record.settled:
+            return
+        record = plan.record
+        record.settled = True
+        if record.supervised is not None and self._supervisors:
+            self._supervisors[0].unregister(record.supervised)
+        policy = plan.policy
+        assert policy is not None
+        if (
+            policy.mode is SandboxMode.WORKSPACE_WRITE
+            and plan.backend is not None
+            and plan.backend.mounts
+        ):
+            gitdirs = tuple(o.gitdir for o in plan.overlays)
+            nested = new_repositories(
+                policy.all_writable_roots(), plan.started_ns, overlaid=gitdirs
+            )
+            for overlay in plan.overlays:
+                report = merge_back(overlay, plan.started_ns)
+                record.merges.append(report)
+                nested += [
+                    os.path.join(os.path.dirname(overlay.gitdir), p) for p in report.new_gitlinks
+                ]
+                record.warnings += [f"git: not copied back: {c}" for c in report.conflicts]
+            record.nested = tuple(dict.fromkeys(nested))
+            if record.nested:
+                record.warnings.append(
+                    "the command created or changed git repositories (their config and hooks are "
+                    "the command's; do not run git there before reviewing them): "
+                    + ", ".join(record.nested)
+                )
+        for overlay in plan.overlays:
+            remove_tree(os.path.dirname(overlay.upper))
 
     def _outcome_facts(
         self,
@@ -236,8 +456,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         stderr_text: str,
         background: bool,
     ) -> SandboxFacts | None:
-        confinement = plan.context
-        if not isinstance(confinement, _Confinement):
+        if not isinstance(plan, SandboxSpawn) or plan.policy is None or plan.backend is None:
             return SandboxFacts(
                 mode=self._policy_of(spec).mode,
                 denied=False,
@@ -245,7 +464,8 @@ class SandboxBashExecutor(LocalBashExecutor):
                 backend=None,
                 network=NetworkMode.HOST,
             )
-        policy, backend = confinement.policy, confinement.backend
+        policy, backend, record = plan.policy, plan.backend, plan.record
+        self._after_settle(spec, plan)
         failure = backend.runner_failure(exit_code, stderr_text)
         if failure is not None:
             if not background:
@@ -253,35 +473,57 @@ class SandboxBashExecutor(LocalBashExecutor):
             return SandboxFacts(
                 mode=policy.mode,
                 denied=False,
-                enforcement=confinement.enforcement,
+                enforcement=plan.enforcement,
                 runner_failed=True,
                 backend=backend.name,
                 network=policy.network,
             )
-        folds = backend.folds_signals_into_exit_code
-        denied = classify_denial(
-            exit_code, signal, stderr_text, backend.is_denial, signals_as_exit=folds
-        )
-        network_denied = policy.network is NetworkMode.ISOLATED and classify_network_denial(
-            exit_code, signal, stderr_text, signals_as_exit=folds
-        )
+        denials: list[SandboxDenial] = []
+        total = 0
+        if record.supervised is not None:
+            seen, count = record.supervised.snapshot()
+            denials += seen
+            total += count
+        for report in record.merges:
+            denials += report.denials
+            total += report.refused_total
+        inferred = _inferred_denials(stderr_text, policy)
+        denials += inferred
+        total += len(inferred)
+        failed = signal is None and exit_code not in (None, 0)
+        if failed and plan.folds_signals and folded_signal(exit_code) is not None:
+            failed = False  # "killed by signal n" folded into 128+n: not a refusal
+        file_kinds = (DenialKind.FILE_WRITE, DenialKind.FILE_READ, DenialKind.SOCKET)
         return SandboxFacts(
             mode=policy.mode,
-            denied=denied,
-            enforcement=confinement.enforcement,
+            denied=failed and any(d.kind in file_kinds for d in denials),
+            enforcement=plan.enforcement,
             backend=backend.name,
             network=policy.network,
-            network_denied=network_denied,
+            network_denied=failed and any(d.kind not in file_kinds for d in denials),
+            denials=tuple(denials[:MAX_DENIALS]),
+            denials_total=total,
+            nested_repositories=record.nested,
+            warnings=tuple(dict.fromkeys(record.warnings)),
         )
 
     # -- lifetime ----------------------------------------------------------------------------
 
     async def aclose(self) -> None:
         await super().aclose()
-        self._netns.close()
-        self._remove_state()
+        self._finalizer()
 
-    def _remove_state(self) -> None:
-        """Remove the private state dir (spill files live elsewhere and stay readable)."""
-        remove_state_dir(self._state_dir)
-        self._sources = None
+
+def _inferred_denials(stderr: str, policy: SandboxPolicy) -> list[SandboxDenial]:
+    """Interim: the refusal phrases of the read-only mounts, until path-checked inference lands."""
+    phrases = ("Read-only file system", "Permission denied")
+    if not any(p in stderr for p in phrases):
+        return []
+    return [
+        SandboxDenial(
+            kind=DenialKind.FILE_WRITE,
+            target="(unknown path)",
+            reason="outside the writable roots",
+            evidence=DenialEvidence.INFERRED,
+        )
+    ]

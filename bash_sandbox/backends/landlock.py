@@ -1,59 +1,64 @@
 """Landlock backend: a pure `policy -> ruleset` renderer and the child steps that apply it.
 
 Semantics: every filesystem right the running ABI knows is handled; reads and execution
-are granted on `/`, writes only on `/dev/null`-like sinks and (workspace-write) the
-writable roots plus a private per-executor temp dir (`TMPDIR`; the host `/tmp` stays
-read-only because Landlock cannot give a private view of it, and a shared writable `/tmp`
-lets a command plant files for host processes). Signals and abstract unix sockets are
-scoped to the sandbox (ABI 6).
+are granted on `/`, writes only on `/dev/null`-like sinks, the executor's private /tmp,
+/dev/shm and ptys, and (workspace-write) the writable roots. Signals and abstract unix
+sockets are scoped to the sandbox (ABI 6).
 
-What Landlock alone cannot do is layered on in the child, in this order (each step needs
-the privileges the next ones drop):
+What Landlock alone cannot do is layered on in the child (`landlock_child_setup`), in this
+order (each step needs the privileges the next ones drop):
 
-1. die with the executor (`PR_SET_PDEATHSIG`), so the tree cannot outlive it;
-2. enter the executor's network namespace;
-3. new mount, PID, IPC and UTS namespaces (plus a user namespace when not root);
-4. every host mount remounted read-only and the writable roots bound back writable, so
-   metadata changes Landlock does not govern (chmod, chown, xattrs, utimes, also through a
-   read-only descriptor) fail with EROFS outside the roots; protected paths and
-   `deny_read` paths mounted over read-only (`mount_plan`), because a Landlock rule on a
-   root cannot be narrowed for a subpath; a fresh /dev (no host terminals, consoles,
-   input devices or disks) with its own devpts;
-5. drop every capability (bounding set included) and set `no_new_privs`;
-6. `landlock_restrict_self`;
-7. seccomp: the always-on set (`seccomp.py`).
+1. the shared prefix (`linux_child.join_executor`): die with the executor, join the
+   executor's user, mount and (isolated) network namespaces, take the limits;
+2. new mount, PID, IPC and UTS namespaces;
+3. every host mount remounted read-only (per-mount flags kept), so metadata changes Landlock
+   does not govern (chmod, chown, xattrs, utimes) fail with EROFS outside the roots;
+4. the git overlays, then a staging bind of the whole view (`stage`), so every later bind
+   takes its source from the view as it was, like bwrap's `/oldroot`;
+5. the shared view (`mount_plan`): shadows, the private /tmp, writable roots bound back
+   writable, protected names and covers;
+6. a fresh /dev (no host terminals, consoles, input devices or disks) with the executor's
+   /dev/shm and ptys, read-only; the stage detached; the working directory re-entered;
+7. fork: the parent stays as a waiter (exits with the command's status); the child is PID 1
+   of the new PID namespace and mounts its own /proc (only the command's processes);
+8. drop every capability (bounding set included) and set `no_new_privs`;
+9. `landlock_restrict_self`;
+10. seccomp: the refusal filter, then the supervised filter (`linux_child.supervise`).
 
-The command then runs under `unshare --fork --kill-child`, whose child is PID 1 of the new
-PID namespace: when the group is killed, every process of the command dies with it. That
-PID 1 is a bash that runs the command as its child and exits with its status, because PID 1
-ignores signals sent from inside its namespace (`kill $$` must still work). Like bwrap, a
-command killed by signal n therefore reports exit 128+n.
+PID 1 then execs a bash that runs the command as its child and exits with its status,
+because PID 1 ignores signals sent from inside its namespace (`kill $$` must still work).
+Like bwrap, a command killed by signal n therefore reports exit 128+n.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 
 from bash_local.spawn import SpawnPlan
 from bash_sandbox.backends.base import (
     BackendContext,
     BackendProbe,
+    ConfinedPlan,
     LayerReport,
+    NetworkNamespaceUse,
     SandboxBackend,
     run_probe_command,
 )
-from bash_sandbox.backends.mount_plan import PlannedMount, plan_mounts
+from bash_sandbox.backends.linux_child import (
+    in_user_namespace,
+    join_executor,
+    mount_overlays,
+    probe_context,
+    supervise,
+)
+from bash_sandbox.backends.mount_plan import MountOp, render_mount_plan
 from bash_sandbox.linux.child_setup import (
     CLONE_NEWIPC,
     CLONE_NEWNS,
     CLONE_NEWPID,
-    CLONE_NEWUSER,
     CLONE_NEWUTS,
     MS_NOATIME,
     MS_NODEV,
@@ -131,17 +136,25 @@ class LandlockRuleset:
 
 
 def render_landlock_ruleset(
-    policy: SandboxPolicy, abi: int, *, private_tmp: str | None
+    policy: SandboxPolicy,
+    abi: int,
+    *,
+    scratch: tuple[str, ...] = (),
+    ptys: str | None = None,
 ) -> LandlockRuleset:
-    """The ruleset for ``policy`` on a kernel with Landlock ``abi``. Pure."""
+    """The ruleset for ``policy`` on a kernel with Landlock ``abi``. Pure.
+
+    ``scratch`` are the private /tmp and /dev/shm (writable in every confined mode: they are
+    the executor's, never the host's); ``ptys`` the private devpts.
+    """
     handled = handled_fs_for_abi(abi)
     rules: list[tuple[str, int]] = [("/", READ_RIGHTS)]
     rules += [(sink, SINK_RIGHTS) for sink in WRITABLE_SINKS]
+    rules += [(path, READ_RIGHTS | WRITE_RIGHTS) for path in scratch]
+    if ptys is not None:
+        rules.append((ptys, READ_FILE | READ_DIR | WRITE_FILE | IOCTL_DEV))
     if policy.mode is SandboxMode.WORKSPACE_WRITE:
-        roots = policy.all_writable_roots()
-        rules += [(root, WRITE_RIGHTS) for root in roots]
-        if private_tmp is not None:
-            rules.append((private_tmp, WRITE_RIGHTS))
+        rules += [(root, WRITE_RIGHTS) for root in policy.all_writable_roots()]
     scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0
     return LandlockRuleset(
         abi=abi,
@@ -179,23 +192,6 @@ def build_ruleset_fd(ruleset: LandlockRuleset) -> object:
         if rights:
             rs.allow_path(path, landlockpy.AccessFS(rights))
     return rs
-
-
-@dataclass(frozen=True)
-class ChildPlan:
-    """Everything the child does before exec, rendered from the policy. Pure data."""
-
-    join_netns: bool
-    join_userns: bool
-    unshare_flags: int
-    map_ids: tuple[int, int] | None
-    mounts: tuple[PlannedMount, ...]
-    seccomp: SeccompOptions
-    # Every host mount remounted read-only (with its other per-mount flags kept), then the
-    # writable roots bound back writable: metadata changes (chmod, utimes on a descriptor)
-    # outside them hit EROFS, which Landlock alone would let through.
-    read_only_mounts: tuple[tuple[str, int], ...] = ()
-    writable_binds: tuple[tuple[str, int], ...] = ()
 
 
 # The devices a fresh /dev offers (like bwrap's --dev): no host terminals, consoles, input
@@ -248,84 +244,82 @@ def _mount_of(path: str, table: tuple[tuple[str, int], ...]) -> int:
     return flags
 
 
-def render_child_plan(
-    policy: SandboxPolicy,
-    *,
-    mounts: tuple[PlannedMount, ...],
-    has_netns: bool,
-    euid: int,
-    egid: int,
-    has_userns: bool = False,
-    mount_table: tuple[tuple[str, int], ...] = (),
-    private_tmp: str | None = None,
-) -> ChildPlan:
-    join_netns = has_netns and policy.network is NetworkMode.ISOLATED
-    # Joining the executor's user namespace already grants the privileges the next steps
-    # need; otherwise an unprivileged executor makes its own.
-    join_userns = join_netns and has_userns
-    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-    own_userns = euid != 0 and not join_userns
-    if own_userns:
-        flags |= CLONE_NEWUSER
-    writable = policy.all_writable_roots()
-    if writable and private_tmp is not None:
-        writable = (*writable, private_tmp)
-    return ChildPlan(
-        read_only_mounts=tuple((point, f | MS_RDONLY) for point, f in mount_table),
-        writable_binds=tuple((root, _mount_of(root, mount_table)) for root in writable),
-        join_netns=join_netns,
-        join_userns=join_userns,
-        unshare_flags=flags,
-        map_ids=(euid, egid) if own_userns else None,
-        mounts=mounts,
-        seccomp=SeccompOptions(block_unix_sockets=policy.network is NetworkMode.ISOLATED),
-    )
+# Where the child keeps the stage open (below the default 1024 descriptor limit; the
+# open-files rlimit is applied only after the stage is closed).
+STAGE_FD = 1000
+STAGE = f"/proc/self/fd/{STAGE_FD}"
 
 
-def _child_setup(plan: ChildPlan, ctx: BackendContext, ruleset_fd: int, cwd: str) -> ChildSetup:
-    setup = ChildSetup()
-    setup.die_with_parent()
-    if plan.join_userns and ctx.userns_fd is not None:
-        setup.join_userns(ctx.userns_fd)
-    if plan.join_netns and ctx.netns_fd is not None:
-        setup.join_netns(ctx.netns_fd)
-    setup.unshare(plan.unshare_flags)
-    if plan.map_ids is not None:
-        uid, gid = plan.map_ids
-        setup.write_file("/proc/self/setgroups", b"deny")
-        setup.write_file("/proc/self/uid_map", f"{uid} {uid} 1".encode())
-        setup.write_file("/proc/self/gid_map", f"{gid} {gid} 1".encode())
-    setup.make_mounts_private()
-    for point, flags in plan.read_only_mounts:
-        setup.remount(point, flags)
-    for root, flags in plan.writable_binds:
-        setup.bind(root, root)
-        setup.remount(root, flags)
-    for m in plan.mounts:
-        if m.create:
-            setup.make_dir(m.target)
-        if m.read_only:
-            setup.bind_read_only(m.source, m.target)
+def _apply_op(
+    setup: ChildSetup, op: MountOp, stage: str, table: tuple[tuple[str, int], ...]
+) -> None:
+    """One shared view step; every bind source is taken from the stage (the view as it was)."""
+    if op.kind == "tmpfs":
+        setup.mount_fs("tmpfs", op.target, MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    elif op.kind == "mkdir":
+        setup.make_dir(op.target)
+    elif op.kind == "mkfile":
+        setup.create_file(op.target, 0o644)
+    elif op.kind == "symlink":
+        setup.symlink(op.source or "", op.target)
+    elif op.kind == "readonly":
+        setup.remount(op.target, MS_RDONLY | MS_NOSUID | MS_NODEV)
+    elif op.kind == "bind":
+        source = stage + (op.source or op.target)
+        if op.writable:
+            setup.bind(source, op.target, recursive=True)
+            setup.remount(op.target, _mount_of(op.target, table))
         else:
-            setup.bind(m.source, m.target)
-    _fresh_dev(setup, ctx.sources.empty_dir)
+            setup.bind_read_only(source, op.target)
+
+
+def landlock_child_setup(
+    policy: SandboxPolicy,
+    ctx: BackendContext,
+    *,
+    ops: tuple[MountOp, ...],
+    mount_table: tuple[tuple[str, int], ...],
+    ruleset_fd: int,
+    cwd: str,
+) -> ChildSetup:
+    """Every pre-exec step of a Landlock-confined command, in order (module docstring)."""
+    setup = ChildSetup()
+    join_executor(setup, policy, ctx)
+    setup.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS)
+    setup.make_mounts_private()
+    # Before the read-only remounts: an overlay needs its upper layer's mount writable when
+    # it is made (it keeps a private clone of that mount from then on).
+    mount_overlays(setup, ctx.view.overlays, in_user_namespace(ctx))
+    for point, flags in mount_table:
+        setup.remount(point, flags | MS_RDONLY)
+    # The stage is reached by descriptor: the view's later mounts may cover its path.
+    setup.bind("/", ctx.stage, recursive=True)
+    setup.hold_dir(ctx.stage, STAGE_FD)
+    for op in ops:
+        _apply_op(setup, op, STAGE, mount_table)
+    _fresh_dev(setup, ctx)
+    setup.unmount(STAGE)
+    setup.close_fd(STAGE_FD)
     # subprocess chdir'ed before these mounts: without this, the cwd would still be the
     # directory underneath them, where protected names are unprotected.
     setup.chdir(cwd)
+    setup.fork_waiter()
+    setup.mount_fs("proc", "/proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "")
+    setup.bind_read_only("/proc/sys", "/proc/sys")
     setup.drop_all_capabilities()
     setup.no_new_privs()
     setup.landlock_restrict(ruleset_fd)
-    setup.seccomp(compile_seccomp(plan.seccomp))
+    setup.seccomp(compile_seccomp(SeccompOptions()))
+    supervise(setup, ctx)
     return setup
 
 
-def _fresh_dev(setup: ChildSetup, stage: str) -> None:
-    """A tmpfs /dev with the harmless host nodes bound in and a private devpts, read-only.
-
-    Built on ``stage`` (an empty directory) while the host's /dev is still visible, then
-    moved over /dev: a descriptor opened by the parent belongs to the parent's mount
-    namespace and cannot be bound here.
-    """
+def _fresh_dev(setup: ChildSetup, ctx: BackendContext) -> None:
+    """A tmpfs /dev with the harmless host nodes bound in, the executor's /dev/shm and ptys,
+    read-only. Built on an empty staging directory while the host's /dev is still visible,
+    then moved over /dev. The staging directory is reached through the stage, since the
+    private /tmp may cover the executor's state."""
+    stage = STAGE + ctx.sources.empty_dir
     setup.mount_fs("tmpfs", stage, MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
     for name in FRESH_DEV_NODES:
         setup.create_file(f"{stage}/{name}")
@@ -334,9 +328,9 @@ def _fresh_dev(setup: ChildSetup, stage: str) -> None:
         setup.symlink(target, stage + link.removeprefix("/dev"))
     setup.make_dir(f"{stage}/pts")
     setup.make_dir(f"{stage}/shm")
-    setup.mount_fs(
-        "devpts", f"{stage}/pts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"
-    )
+    if ctx.scratch is not None:
+        setup.bind(STAGE + ctx.scratch.pts, f"{stage}/pts")
+        setup.bind(STAGE + ctx.scratch.shm, f"{stage}/shm")
     setup.move_mount(stage, "/dev")
     setup.remount("/dev", MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
@@ -346,28 +340,49 @@ def read_mount_table() -> tuple[tuple[str, int], ...]:
         return parse_mount_table(fh.read())
 
 
+def scratch_rules(ctx: BackendContext) -> tuple[tuple[str, ...], str | None]:
+    """The private /tmp, /dev/shm and devpts as paths the parent can open (their tmpfs and
+    devpts live only in the executor's mount namespace, so they are reached by descriptor)."""
+    ns = ctx.namespaces
+    if ns is None:
+        return (), None
+    return (f"/proc/self/fd/{ns.tmp}", f"/proc/self/fd/{ns.shm}"), f"/proc/self/fd/{ns.pts}"
+
+
 def confined_plan(
+    name: str,
     plan: SpawnPlan,
-    policy: SandboxPolicy,
-    ctx: BackendContext,
     ruleset: object,
     setup: ChildSetup,
     *,
     argv: tuple[str, ...],
-) -> SpawnPlan:
-    """``plan`` with the child steps, the private TMPDIR (workspace-write), and a release
-    that closes the parent's ruleset descriptor once the process has settled."""
-    env = dict(plan.env)
-    if policy.mode is SandboxMode.WORKSPACE_WRITE and ctx.private_tmp is not None:
-        env["TMPDIR"] = ctx.private_tmp
+    folds: bool,
+    env: dict[str, str] | None = None,
+) -> ConfinedPlan:
+    """``plan`` with the child steps, a failure report pipe, and a release that closes the
+    parent's ruleset descriptor once the process has settled."""
+    report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    setup.report_failures_to(report_w)
     previous_release = plan.release
 
     def release() -> None:
         ruleset.close()  # type: ignore[attr-defined]
+        for fd in (report_r, report_w):
+            os.close(fd)
         if previous_release is not None:
             previous_release()
 
-    return dataclasses.replace(plan, argv=argv, env=env, preexec_fn=setup, release=release)
+    return ConfinedPlan(
+        argv=argv,
+        env=dict(plan.env) if env is None else env,
+        cwd=plan.cwd,
+        preexec_fn=setup,
+        pass_fds=plan.pass_fds,
+        release=release,
+        folds_signals=folds,
+        backend_name=name,
+        report_fd=report_r,
+    )
 
 
 def pid1_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
@@ -386,73 +401,77 @@ class LandlockBackend(SandboxBackend):
     """Confines with Landlock, namespaces, dropped capabilities and seccomp."""
 
     name = "landlock"
-    folds_signals_into_exit_code = True
-    network_namespace = "required"
+    folds_signals = True
+    network_namespace: NetworkNamespaceUse = "required"
 
     def __init__(self) -> None:
         self._abi = landlock_abi()
-        self._init = shutil.which("unshare") or "/usr/bin/unshare"
 
     @property
     def abi(self) -> int:
         return self._abi
 
-    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> SpawnPlan:
-        mounts = plan_mounts(policy, ctx.hidden_paths, ctx.sources)
-        ruleset = render_landlock_ruleset(policy, self._abi, private_tmp=ctx.private_tmp)
+    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> ConfinedPlan:
+        private_tmp = ctx.scratch.tmp if ctx.scratch is not None else None
+        ops = render_mount_plan(policy, ctx.view, ctx.sources, private_tmp=private_tmp)
+        scratch, ptys = scratch_rules(ctx)
+        ruleset = render_landlock_ruleset(policy, self._abi, scratch=scratch, ptys=ptys)
         rs = build_ruleset_fd(ruleset)
-        child = render_child_plan(
-            policy,
-            mounts=mounts,
-            has_netns=ctx.netns_fd is not None,
-            euid=os.geteuid(),
-            egid=os.getegid(),
-            has_userns=ctx.userns_fd is not None,
-            mount_table=read_mount_table(),
-            private_tmp=ctx.private_tmp,
-        )
-        setup = _child_setup(child, ctx, rs.fileno(), plan.cwd)  # type: ignore[attr-defined]
-        return confined_plan(
-            plan,
+        setup = landlock_child_setup(
             policy,
             ctx,
-            rs,
-            setup,
-            argv=(self._init, "--fork", "--kill-child", "--", *pid1_argv(plan.argv)),
+            ops=ops,
+            mount_table=read_mount_table(),
+            ruleset_fd=rs.fileno(),  # type: ignore[attr-defined]
+            cwd=plan.cwd,
         )
+        return confined_plan(self.name, plan, rs, setup, argv=pid1_argv(plan.argv), folds=True)
 
-    def enforcement(self, policy: SandboxPolicy, ctx: BackendContext) -> SandboxEnforcement:
-        complete = self._abi >= 6 and (
-            policy.network is NetworkMode.HOST or ctx.netns_fd is not None
+    def enforcement(self, policy: SandboxPolicy) -> SandboxEnforcement:
+        return SandboxEnforcement.FULL if self._abi >= 6 else SandboxEnforcement.PARTIAL
+
+    def layers(self, network: NetworkMode) -> tuple[LayerReport, ...]:
+        scoped = self._abi >= 6
+        return (
+            LayerReport(
+                "files",
+                "full" if self._abi >= 3 else "partial",
+                f"Landlock ABI {self._abi} rules, every host mount read-only (metadata "
+                "too) with the roots bound writable, directories holding denied paths "
+                "shadowed, protected names covered, git directories overlaid, a fresh /dev",
+            ),
+            LayerReport(
+                "processes",
+                "full" if scoped else "partial",
+                "PID namespace with its own /proc, no capabilities, no_new_privs, "
+                + (
+                    "Landlock signal scoping"
+                    if scoped
+                    else "no Landlock signal scoping before ABI 6"
+                ),
+            ),
+            LayerReport("network", "none", "host network requested: the command shares it")
+            if network is NetworkMode.HOST
+            else LayerReport(
+                "network",
+                "full",
+                "the executor's loopback-only network namespace; every connect() checked by "
+                "the executor's seccomp supervisor",
+            ),
+            LayerReport(
+                "unix sockets",
+                "full",
+                "every connect() resolved in the command's view by the seccomp supervisor: "
+                "host sockets outside the writable roots refused; datagram unix sockets refused",
+            ),
         )
-        return SandboxEnforcement.FULL if complete else SandboxEnforcement.PARTIAL
-
-    def is_denial(self, stderr: str) -> bool:
-        return any(
-            s in stderr
-            for s in (
-                "Permission denied",  # Landlock's EACCES
-                "Read-only file system",  # protected and hidden paths are read-only mounts
-                "Operation not permitted",  # seccomp: mounts, keyrings, new user namespaces
-                "Device or resource busy",  # renaming a pinned protected path
-            )
-        )
-
-    def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
-        # Child-setup failures surface at spawn time; once bash runs, the stderr is its own.
-        return None
 
     def confinement_failure(self, timeout_ms: int) -> str | None:
-        """Confine a probe command with `wrap`; None when it wrote the workspace and not
-        next to it, else why not. A runner that does not confine would write ../escape."""
-        with tempfile.TemporaryDirectory(prefix="bash-sandbox-probe-") as tmp:
-            state = os.path.join(tmp, "state")
+        """Confine a probe command exactly as `wrap` confines commands (namespaces, mounts,
+        rules, filters); None when it wrote the workspace and not next to it, else why not."""
+        with probe_context(self.mounts) as (tmp, ctx):
             ws = os.path.join(tmp, "ws")
-            os.mkdir(state, 0o700)
             os.mkdir(ws)
-            from bash_sandbox.backends.mount_plan import make_placeholder_sources
-
-            ctx = BackendContext(sources=make_placeholder_sources(state))
             policy = SandboxPolicy(
                 mode=SandboxMode.WORKSPACE_WRITE,
                 workspace_root=ws,
@@ -462,12 +481,8 @@ class LandlockBackend(SandboxBackend):
             plan = self.wrap(
                 policy,
                 SpawnPlan(
-                    argv=(
-                        "/bin/sh",
-                        "-c",
-                        "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0",
-                    ),
-                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                    argv=("/bin/sh", "-c", "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0"),
+                    env={"PATH": "/usr/bin:/bin"},
                     cwd=ws,
                 ),
                 ctx,
@@ -483,7 +498,7 @@ class LandlockBackend(SandboxBackend):
             except subprocess.TimeoutExpired:
                 return f"probe timed out after {timeout_ms} ms"
             except (OSError, subprocess.SubprocessError) as exc:
-                return f"probe could not start: {exc}"
+                return f"probe could not start: {self.explain_failure(plan, exc)}"
             finally:
                 if plan.release is not None:
                     plan.release()
@@ -492,7 +507,6 @@ class LandlockBackend(SandboxBackend):
                 and os.path.exists(os.path.join(ws, "probe"))
                 and not os.path.exists(os.path.join(tmp, "escape"))
             )
-            os.chmod(os.path.join(state, "denied-dir"), 0o700)
         if not ok:
             detail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
             return f"probe failed: {detail}"
@@ -501,32 +515,14 @@ class LandlockBackend(SandboxBackend):
     def probe(self, timeout_ms: int) -> BackendProbe:
         if self._abi <= 0:
             return BackendProbe(self.name, False, "kernel has no Landlock (ABI 0)")
-        if not os.access(self._init, os.X_OK):
-            return BackendProbe(self.name, False, f"{self._init} (util-linux) not found")
         failure = self.confinement_failure(timeout_ms)
         if failure is not None:
             return BackendProbe(self.name, False, failure)
-        partial = "full" if self._abi >= 6 else "partial"
         return BackendProbe(
             self.name,
             True,
             f"confined a probe command (Landlock ABI {self._abi})",
             version=f"ABI {self._abi}",
-            layers=(
-                LayerReport(
-                    "files",
-                    "full" if self._abi >= 3 else "partial",
-                    f"Landlock ABI {self._abi} rules, every host mount read-only (metadata "
-                    "too) with the roots bound writable, protected and denied paths "
-                    "mounted over, a fresh /dev",
-                ),
-                LayerReport(
-                    "processes",
-                    partial,
-                    "PID namespace, no capabilities, no_new_privs, Landlock signal scoping"
-                    if self._abi >= 6
-                    else "PID namespace, no capabilities; no Landlock signal scoping before ABI 6",
-                ),
-            ),
+            layers=self.layers(NetworkMode.ISOLATED),
             extra={"landlock_abi": self._abi},
         )

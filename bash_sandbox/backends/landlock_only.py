@@ -24,7 +24,7 @@ import os
 from collections.abc import Mapping
 
 from bash_local.spawn import SpawnPlan
-from bash_sandbox.backends.base import BackendContext, BackendProbe, LayerReport
+from bash_sandbox.backends.base import BackendContext, BackendProbe, ConfinedPlan, LayerReport
 from bash_sandbox.backends.landlock import (
     READ_RIGHTS,
     LandlockBackend,
@@ -33,6 +33,7 @@ from bash_sandbox.backends.landlock import (
     confined_plan,
     render_landlock_ruleset,
 )
+from bash_sandbox.backends.linux_child import join_executor, supervise
 from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxPolicy
@@ -109,9 +110,11 @@ def list_ancestors(
 def render_landlock_only_ruleset(
     policy: SandboxPolicy, abi: int, *, read_grants: tuple[str, ...], private_tmp: str | None
 ) -> LandlockRuleset:
-    """The full backend's ruleset with `/` replaced by ``read_grants`` and, under an isolated
-    network (ABI 4+), TCP bind/connect handled with no port allowed. Pure."""
-    base = render_landlock_ruleset(policy, abi, private_tmp=private_tmp)
+    """The full backend's ruleset with `/` replaced by ``read_grants``, the private TMPDIR
+    readable and writable, and, under an isolated network (ABI 4+), TCP bind/connect
+    handled with no port allowed. Pure."""
+    scratch = (private_tmp,) if private_tmp is not None else ()
+    base = render_landlock_ruleset(policy, abi, scratch=scratch)
     rules = [(path, READ_RIGHTS & base.handled_fs) for path in read_grants]
     rules += [rule for rule in base.rules if rule[0] != "/"]
     handled_net = 0
@@ -123,38 +126,63 @@ def render_landlock_only_ruleset(
 class LandlockOnlyBackend(LandlockBackend):
     """The Landlock backend where no namespace can be made; always reported partial."""
 
-    folds_signals_into_exit_code = False
+    folds_signals = False
     network_namespace = "none"
+    mounts = False
 
-    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> SpawnPlan:
+    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> ConfinedPlan:
         denied = frozenset(
-            os.path.realpath(p)
-            for p in (*policy.deny_read, *ctx.hidden_paths)
-            if os.path.lexists(p)
+            os.path.realpath(p) for p in (*policy.deny_read, *ctx.view.hidden) if os.path.lexists(p)
         )
         ruleset = render_landlock_only_ruleset(
             policy,
             self.abi,
             read_grants=render_read_grants(denied, *list_ancestors(denied)),
-            private_tmp=ctx.private_tmp,
+            private_tmp=ctx.private_tmpdir,
         )
         rs = build_ruleset_fd(ruleset)
         setup = ChildSetup()
-        setup.die_with_parent()
+        join_executor(setup, policy, ctx)
         setup.drop_all_capabilities()
         setup.no_new_privs()
         setup.landlock_restrict(rs.fileno())  # type: ignore[attr-defined]
-        setup.seccomp(
-            compile_seccomp(
-                SeccompOptions(
-                    block_unix_sockets=policy.network is NetworkMode.ISOLATED, block_metadata=True
-                )
-            )
-        )
-        return confined_plan(plan, policy, ctx, rs, setup, argv=plan.argv)
+        setup.seccomp(compile_seccomp(SeccompOptions(block_metadata=True)))
+        supervise(setup, ctx)
+        env = dict(plan.env)
+        env["TMPDIR"] = ctx.private_tmpdir
+        return confined_plan(self.name, plan, rs, setup, argv=plan.argv, folds=False, env=env)
 
-    def enforcement(self, policy: SandboxPolicy, ctx: BackendContext) -> SandboxEnforcement:
+    def enforcement(self, policy: SandboxPolicy) -> SandboxEnforcement:
         return SandboxEnforcement.PARTIAL
+
+    def layers(self, network: NetworkMode) -> tuple[LayerReport, ...]:
+        return (
+            LayerReport(
+                "files",
+                "partial",
+                "Landlock rules; metadata refused everywhere by seccomp; protected names "
+                "inside roots, private /tmp and git overlays not enforceable without mounts",
+            ),
+            LayerReport(
+                "processes",
+                "partial",
+                "no capabilities, no_new_privs, Landlock scoping; no PID namespace, so a "
+                "daemon can outlive the run and host processes are visible",
+            ),
+            LayerReport("network", "none", "host network requested")
+            if network is NetworkMode.HOST
+            else LayerReport(
+                "network",
+                "partial",
+                "no network namespace: every connect() refused by the seccomp supervisor; "
+                "UDP sendto without connect is not covered",
+            ),
+            LayerReport(
+                "unix sockets",
+                "full",
+                "every connect() resolved by the seccomp supervisor; datagram unix sockets refused",
+            ),
+        )
 
     def probe(self, timeout_ms: int) -> BackendProbe:
         if self.abi <= 0:
@@ -167,25 +195,6 @@ class LandlockOnlyBackend(LandlockBackend):
             True,
             f"no namespaces here: Landlock ABI {self.abi} alone, reported partial",
             version=f"ABI {self.abi} (no namespaces)",
-            layers=(
-                LayerReport(
-                    "files",
-                    "partial",
-                    "Landlock rules; metadata refused everywhere "
-                    "by seccomp; protected names inside roots not enforceable",
-                ),
-                LayerReport(
-                    "processes",
-                    "partial",
-                    "no capabilities, no_new_privs, Landlock "
-                    "scoping; no PID namespace, so a daemon can outlive the run",
-                ),
-                LayerReport(
-                    "network",
-                    "partial" if self.abi >= 4 else "none",
-                    "Landlock TCP bind/connect rules; UDP not covered",
-                ),
-                LayerReport("unix sockets", "full", "seccomp refuses AF_UNIX sockets"),
-            ),
+            layers=self.layers(NetworkMode.ISOLATED),
             extra={"landlock_abi": self.abi, "namespaces": False},
         )

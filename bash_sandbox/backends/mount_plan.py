@@ -1,46 +1,65 @@
-"""Which paths get a read-only mount on top of the writable roots, shared by bwrap and Landlock.
+"""The filesystem view of a confined command, as an ordered list of mount operations.
 
-Semantics: protected names win over the writable root they sit in, also when they do not
-exist yet (the first missing component gets a read-only empty directory, so nothing can be
-created under it) or are symlinks (the link's target is protected); every directory between
-the root and a protected name is bound onto itself (still writable) so it is a mount point
-that cannot be renamed or removed (otherwise `mv .git .git-old; mkdir -p .git/hooks` would
-plant a hook); `deny_read` paths are covered by an unreadable (mode 000) empty file or
-directory. `inspect_*` look at the host;
-`render_mount_plan` is pure so its output can be asserted exactly.
+Both Linux backends apply the same plan (bwrap as arguments, the Landlock backend as child
+steps), after their own base: the host read-only, a fresh `/dev`, a `/proc` of the command's
+PID namespace. Semantics, and why each step comes where it does:
+
+1. **Shadows.** Each directory that directly holds a `deny_read` path outside the writable
+   roots (`~` for `~/.netrc`) is replaced by a read-only tmpfs holding the directory's other
+   entries, bound back one by one, and an unreadable placeholder for each denied entry that
+   exists. A name the host creates or replaces later (an atomic rewrite of
+   `~/.git-credentials`, a `~/.pgpass` that did not exist) never appears in a running
+   command: the command sees the directory as it was when it started. Shallow first, so a
+   deeper shadow (`~/.config` for `~/.config/gh`) refines the shallower one.
+2. **Private `/tmp`** (both modes): the executor's tmpfs. Roots under the host's `/tmp` get
+   their top-level entry bound back read-only, so the workspace stays visible there.
+3. **Writable roots** (workspace-write), bound writable; they come after the shadows, so a
+   workspace under a shadowed home stays writable.
+4. **Git overlays**: each git directory in a writable root is an overlay whose upper layer
+   is private to the command; the executor merges back what git needs to commit, branch,
+   stash, rebase and fetch, and discards the rest (`git_plane.py`). An overlay is a mount,
+   so nothing renames it away and no rename or link crosses into it.
+5. **Protected names** inside the roots, after the roots they sit in so they win: an existing
+   name is bound read-only onto itself; a missing one gets a placeholder (inside a git
+   overlay's private upper layer, or a refcounted host placeholder of the right kind) bound
+   read-only; the directories leading to a protected name are pinned (bound onto themselves)
+   so they cannot be renamed away.
+6. **Denied paths inside the roots** and the executor-private paths, covered last.
+
+`inspect_*` look at the host; `render_mount_plan` is pure so its output can be asserted exactly.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Literal
 
 from policies import SandboxPolicy
 
-MountKind = Literal["pin", "protect-existing", "protect-missing", "hide-dir", "hide-file"]
+MountOpKind = Literal["bind", "tmpfs", "symlink", "mkdir", "mkfile", "readonly", "overlay"]
+EntryKind = Literal["dir", "file", "symlink", "denied-dir", "denied-file"]
+# Directories with this many entries are covered entry by entry instead of shadowed.
+MAX_SHADOW_ENTRIES = 512
+# System directories are never shadowed: their credentials are covered where they lie.
+UNSHADOWED = frozenset({"/", "/etc", "/usr", "/var", "/proc", "/sys", "/dev", "/run", "/tmp"})
+# Names inside a git directory that are directories when they exist (placeholders follow).
+GIT_DIRECTORY_NAMES = frozenset({"hooks", "info", "modules", "worktrees", "objects", "refs"})
 
 
 @dataclass(frozen=True)
-class PathTarget:
-    """A host path to cover, as found on the host when the command is about to start."""
+class MountOp:
+    """One step of the view. ``source`` is a host path (binds), a link text (symlinks) or
+    the lower directory (overlays); ``upper``/``work`` only for overlays."""
 
-    path: str
-    kind: MountKind
-
-
-@dataclass(frozen=True)
-class PlannedMount:
-    """Bind ``source`` over ``target``; ``create``: the target is a placeholder to make first.
-
-    ``read_only=False`` only for pins: a directory bound onto itself to make it a mount point.
-    """
-
-    source: str
+    kind: MountOpKind
     target: str
-    create: bool = False
-    read_only: bool = True
+    source: str | None = None
+    writable: bool = False
+    upper: str | None = None
+    work: str | None = None
 
 
 @dataclass(frozen=True)
@@ -52,128 +71,270 @@ class PlaceholderSources:
     deny_file: str
 
 
-def _within(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+@dataclass(frozen=True)
+class ShadowEntry:
+    name: str
+    kind: EntryKind
+    link: str | None = None  # the symlink's text
+
+
+@dataclass(frozen=True)
+class Shadow:
+    """A directory replaced by a tmpfs with these entries."""
+
+    directory: str
+    entries: tuple[ShadowEntry, ...]
+
+
+@dataclass(frozen=True)
+class GitOverlay:
+    """A git directory mounted as an overlay; ``placeholders`` were made in ``upper``."""
+
+    gitdir: str
+    upper: str
+    work: str
+    placeholders: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostView:
+    """What the host looks like for one spawn: everything the pure renderer needs."""
+
+    shadows: tuple[Shadow, ...] = ()
+    tmp_tops: tuple[str, ...] = ()
+    overlays: tuple[GitOverlay, ...] = ()
+    pins: tuple[str, ...] = ()
+    protect: tuple[str, ...] = ()  # existing paths (or placeholders) to bind read-only
+    deny_dirs: tuple[str, ...] = ()  # covered by the unreadable dir
+    deny_files: tuple[str, ...] = ()  # covered by the unreadable file
+    hidden: tuple[str, ...] = ()  # executor-private paths (Landlock alone hides them by rules)
+    partial: tuple[str, ...] = field(default=(), compare=False)  # why enforcement is partial
+
+
+def within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def within_any(path: str, roots: Iterable[str]) -> bool:
+    return any(within(path, r) for r in roots)
+
+
+def render_mount_plan(
+    policy: SandboxPolicy,
+    view: HostView,
+    sources: PlaceholderSources,
+    *,
+    private_tmp: str | None,
+) -> tuple[MountOp, ...]:
+    """The ordered operations (see the module docstring). Pure."""
+    ops: list[MountOp] = []
+    for shadow in sorted(view.shadows, key=lambda s: (s.directory.count("/"), s.directory)):
+        ops.append(MountOp("tmpfs", shadow.directory))
+        for entry in shadow.entries:
+            path = os.path.join(shadow.directory, entry.name)
+            if entry.kind == "symlink":
+                ops.append(MountOp("symlink", path, entry.link))
+            elif entry.kind == "denied-dir":
+                ops += [MountOp("mkdir", path), MountOp("bind", path, sources.deny_dir)]
+            elif entry.kind == "denied-file":
+                ops += [MountOp("mkfile", path), MountOp("bind", path, sources.deny_file)]
+            else:
+                ops += [
+                    MountOp("mkdir" if entry.kind == "dir" else "mkfile", path),
+                    MountOp("bind", path, path),
+                ]
+        ops.append(MountOp("readonly", shadow.directory))
+    if private_tmp is not None:
+        ops.append(MountOp("bind", "/tmp", private_tmp, writable=True))
+        for top in view.tmp_tops:
+            ops += [MountOp("mkdir", top), MountOp("bind", top, top)]
+    ops += [MountOp("bind", root, root, writable=True) for root in policy.all_writable_roots()]
+    ops += [
+        MountOp("overlay", o.gitdir, o.gitdir, writable=True, upper=o.upper, work=o.work)
+        for o in view.overlays
+    ]
+    ops += [MountOp("bind", p, p, writable=True) for p in view.pins]
+    ops += [MountOp("bind", p, p) for p in view.protect]
+    ops += [MountOp("bind", p, sources.deny_dir) for p in view.deny_dirs]
+    ops += [MountOp("bind", p, sources.deny_file) for p in view.deny_files]
+    return tuple(ops)
+
+
+# -- inspecting the host -------------------------------------------------------------------
+
+
+def tmp_tops(paths: Iterable[str]) -> tuple[str, ...]:
+    """`/tmp/<first>` for every path strictly below /tmp, deduplicated, in order."""
+    tops: dict[str, None] = {}
+    for path in paths:
+        parts = path.split("/")
+        if len(parts) > 2 and parts[1] == "tmp" and parts[2]:
+            tops.setdefault("/tmp/" + parts[2], None)
+    return tuple(tops)
+
+
+def visible(path: str, tops: tuple[str, ...], private_tmp: bool) -> bool:
+    """Whether ``path`` is reachable in the view: the private /tmp hides the host's, except
+    the top-level entries bound back."""
+    if not private_tmp or not within(path, "/tmp"):
+        return True
+    return within_any(path, tops)
+
+
+def _nearest_existing(path: str) -> str:
+    while not os.path.isdir(path) and path != "/":
+        path = os.path.dirname(path)
+    return path
+
+
+def _entry(path: str, name: str, denied: frozenset[str]) -> ShadowEntry:
+    full = os.path.join(path, name)
+    st = os.lstat(full)
+    if full in denied or os.path.realpath(full) in denied:
+        try:
+            target_is_dir = stat.S_ISDIR(os.stat(full).st_mode)
+        except OSError:
+            target_is_dir = stat.S_ISDIR(st.st_mode)
+        return ShadowEntry(name, "denied-dir" if target_is_dir else "denied-file")
+    if stat.S_ISLNK(st.st_mode):
+        return ShadowEntry(name, "symlink", os.readlink(full))
+    return ShadowEntry(name, "dir" if stat.S_ISDIR(st.st_mode) else "file")
+
+
+def inspect_shadows(
+    denied: Iterable[str], roots: tuple[str, ...]
+) -> tuple[tuple[Shadow, ...], tuple[str, ...], tuple[str, ...]]:
+    """(shadows, dirs to cover, files to cover) for the denied paths, as the host has them.
+
+    A denied path inside a writable root, or one whose directory is a system directory or
+    too large, is covered where it lies (existing only) instead of shadowed.
+    """
+    names: set[str] = set()
+    for p in denied:
+        names.add(os.path.normpath(p))
+        names.add(os.path.realpath(p))
+    frozen = frozenset(names)
+    parents: dict[str, None] = {}
+    cover_dirs: list[str] = []
+    cover_files: list[str] = []
+    for path in sorted(frozen):
+        parent = _nearest_existing(os.path.dirname(path))
+        inside = within_any(path, roots) or within_any(parent, roots)
+        if not inside and parent not in UNSHADOWED and not any(within(r, path) for r in roots):
+            try:
+                count = sum(1 for _ in os.scandir(parent))
+            except OSError:
+                count = MAX_SHADOW_ENTRIES + 1
+            if count <= MAX_SHADOW_ENTRIES:
+                parents.setdefault(parent, None)
+                continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # missing and not shadowable: nothing to read now
+        (cover_dirs if stat.S_ISDIR(st.st_mode) else cover_files).append(os.path.realpath(path))
+    shadows = []
+    for parent in parents:
+        try:
+            listing = sorted(os.listdir(parent))
+        except OSError:
+            continue
+        entries = []
+        for name in listing:
+            try:
+                entries.append(_entry(parent, name, frozen))
+            except OSError:
+                continue  # vanished meanwhile
+        shadows.append(Shadow(parent, tuple(entries)))
+    # A denied path inside a shadowed directory is already a placeholder there.
+    covered = [p for p in cover_dirs if not any(within(p, s.directory) for s in shadows)]
+    files = [p for p in cover_files if not any(within(p, s.directory) for s in shadows)]
+    return tuple(shadows), _drop_nested(covered), _drop_nested(files)
+
+
+def _drop_nested(paths: list[str]) -> tuple[str, ...]:
+    kept: list[str] = []
+    for p in sorted(dict.fromkeys(paths), key=lambda p: (p.count("/"), p)):
+        if not any(within(p, k) for k in kept):
+            kept.append(p)
+    return tuple(kept)
 
 
 def _first_missing(path: str, root: str) -> str | None:
     """The shallowest component of ``path`` below ``root`` that does not exist, if any."""
-    rel = os.path.relpath(path, root)
     cur = root
-    for part in rel.split("/"):
+    for part in os.path.relpath(path, root).split("/"):
         cur = os.path.join(cur, part)
         if not os.path.lexists(cur):
             return cur
     return None
 
 
-def inspect_protected(policy: SandboxPolicy) -> tuple[PathTarget, ...]:
-    """Protected names under every writable root, resolved on the host right now."""
-    roots = policy.all_writable_roots()
-    targets: list[PathTarget] = []
-    for root in roots:
-        for name in policy.protected_paths:
-            # realpath also resolves a dangling final symlink: writing through the link would
-            # create its target, so the target is what must stay read-only.
-            lexical = os.path.join(root, name)
-            resolved = os.path.realpath(lexical)
-            # The names leading to it stay put even when it is a symlink to elsewhere.
-            targets += _pins_between(root, lexical)
-            if not _within(resolved, roots):
-                continue  # already read-only: it lies outside every writable root
-            owner = next(r for r in roots if _within(resolved, (r,)))
-            missing = _first_missing(resolved, owner)
-            target = resolved if missing is None else missing
-            targets += _pins_between(owner, target)
-            if missing is None:
-                targets.append(PathTarget(resolved, "protect-existing"))
-            else:
-                targets.append(PathTarget(missing, "protect-missing"))
-    return tuple(targets)
-
-
-def symlinked_protected_paths(policy: SandboxPolicy) -> tuple[str, ...]:
-    """Protected names that are (or sit under) a symlink inside a writable root.
-
-    Their target is protected, but the link itself cannot be mounted over, so a command could
-    unlink it and create a real directory in its place: enforcement is only partial.
-    """
-    found: list[str] = []
-    for root in policy.all_writable_roots():
-        for name in policy.protected_paths:
-            cur = root
-            for part in name.split("/"):
-                cur = os.path.join(cur, part)
-                if os.path.islink(cur):
-                    found.append(cur)
-                    break
-    return tuple(found)
-
-
-def _pins_between(root: str, target: str) -> list[PathTarget]:
-    """Existing directories strictly between ``root`` and ``target``."""
-    pins: list[PathTarget] = []
+def _pins_between(root: str, target: str) -> list[str]:
+    """Existing real directories strictly between ``root`` and ``target``."""
+    pins: list[str] = []
     cur = root
     for part in os.path.relpath(target, root).split("/")[:-1]:
         cur = os.path.join(cur, part)
         if os.path.isdir(cur) and not os.path.islink(cur):
-            pins.append(PathTarget(cur, "pin"))
+            pins.append(cur)
     return pins
 
 
-def inspect_deny_read(paths: tuple[str, ...]) -> tuple[PathTarget, ...]:
-    """Existing denied paths (and their symlink targets); missing ones have nothing to read."""
-    targets: list[PathTarget] = []
-    for p in paths:
-        for candidate in dict.fromkeys((p, os.path.realpath(p))):
-            try:
-                st = os.stat(candidate)
-            except OSError:
-                continue
-            kind: MountKind = "hide-dir" if stat.S_ISDIR(st.st_mode) else "hide-file"
-            targets.append(PathTarget(os.path.realpath(candidate), kind))
-    return tuple(targets)
+@dataclass(frozen=True)
+class ProtectedView:
+    """Protected names found on the host for one spawn."""
+
+    protect: tuple[str, ...]  # existing paths to bind read-only onto themselves
+    pins: tuple[str, ...]
+    missing: tuple[tuple[str, bool], ...]  # (path, is_dir) needing a host placeholder
+    in_git: tuple[tuple[str, str, bool], ...]  # (gitdir, name inside it, is_dir) to cover
+    symlinked: tuple[str, ...]
 
 
-def _drop_nested(targets: list[PathTarget]) -> list[PathTarget]:
-    """Keep the first target per path and drop targets beneath an earlier-kept one."""
-    kept: list[PathTarget] = []
-    for t in sorted(dict.fromkeys(targets), key=lambda t: (t.path.count("/"), t.path)):
-        if not any(_within(t.path, (k.path,)) for k in kept):
-            kept.append(t)
-    return kept
-
-
-def render_mount_plan(
-    protected: tuple[PathTarget, ...],
-    hidden: tuple[PathTarget, ...],
-    sources: PlaceholderSources,
-) -> tuple[PlannedMount, ...]:
-    """Mounts in the order they must be applied: pins, protections, then hidden paths.
-
-    Pins come first (shallowest first) because a later mount on an ancestor would cover the
-    protections beneath it; hidden paths come last so a denied path inside a writable root
-    stays unreadable.
-    """
-    guards = _drop_nested([t for t in protected if t.kind != "pin"])
-    pins = sorted(
-        {
-            t.path
-            for t in protected
-            if t.kind == "pin" and not any(_within(t.path, (g.path,)) for g in guards)
-        },
-        key=lambda p: (p.count("/"), p),
+def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> ProtectedView:
+    """Protected names under every writable root and every overlaid git directory."""
+    roots = policy.all_writable_roots()
+    protect: list[str] = []
+    pins: list[str] = []
+    missing: list[tuple[str, bool]] = []
+    in_git: list[tuple[str, str, bool]] = []
+    symlinked: list[str] = []
+    git_names = {"config", "hooks"} | {
+        p.removeprefix(".git/") for p in policy.protected_paths if p.startswith(".git/")
+    }
+    for gitdir in gitdirs:
+        for name in sorted(git_names):
+            in_git.append((gitdir, name, name.split("/")[0] in GIT_DIRECTORY_NAMES))
+    for root in roots:
+        for name in policy.protected_paths:
+            lexical = os.path.join(root, name)
+            if name == ".git" or name.startswith(".git/"):
+                continue  # the overlay holds the git control plane (and its covers)
+            cur = root
+            for part in name.split("/"):
+                cur = os.path.join(cur, part)
+                if os.path.islink(cur):
+                    symlinked.append(cur)
+                    break
+            resolved = os.path.realpath(lexical)
+            pins += _pins_between(root, lexical)
+            if not within_any(resolved, roots) or within_any(resolved, gitdirs):
+                continue  # read-only already, or inside an overlay
+            owner = next(r for r in roots if within(resolved, r))
+            first = _first_missing(resolved, owner)
+            pins += _pins_between(owner, resolved if first is None else first)
+            if first is None:
+                protect.append(resolved)
+            else:
+                missing.append((first, first != resolved or name.endswith("/")))
+    return ProtectedView(
+        protect=tuple(dict.fromkeys(protect)),
+        pins=tuple(dict.fromkeys(p for p in pins if not within_any(p, gitdirs))),
+        missing=tuple(dict.fromkeys(missing)),
+        in_git=tuple(in_git),
+        symlinked=tuple(dict.fromkeys(symlinked)),
     )
-    mounts = [PlannedMount(p, p, read_only=False) for p in pins]
-    for t in guards:
-        if t.kind == "protect-existing":
-            mounts.append(PlannedMount(t.path, t.path))
-        else:
-            mounts.append(PlannedMount(sources.empty_dir, t.path, create=True))
-    for t in _drop_nested(list(hidden)):
-        source = sources.deny_dir if t.kind == "hide-dir" else sources.deny_file
-        mounts.append(PlannedMount(source, t.path))
-    return tuple(mounts)
 
 
 def make_placeholder_sources(state_dir: str) -> PlaceholderSources:
@@ -192,14 +353,3 @@ def make_placeholder_sources(state_dir: str) -> PlaceholderSources:
     os.chmod(sources.deny_dir, 0o000)
     os.chmod(sources.deny_file, 0o000)
     return sources
-
-
-def plan_mounts(
-    policy: SandboxPolicy, hidden_paths: tuple[str, ...], sources: PlaceholderSources
-) -> tuple[PlannedMount, ...]:
-    """Inspect the host now and render the mounts for one spawn (both Linux backends)."""
-    return render_mount_plan(
-        inspect_protected(policy),
-        inspect_deny_read((*policy.deny_read, *hidden_paths)),
-        sources,
-    )

@@ -30,7 +30,6 @@ the profile means. NUL cannot pass through argv and is rejected before anything 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import platform as platform_module
 import shutil
@@ -41,7 +40,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bash_local.spawn import SpawnPlan
-from bash_sandbox.backends.base import BackendContext, BackendProbe, LayerReport, SandboxBackend
+from bash_sandbox.backends.base import (
+    BackendContext,
+    BackendProbe,
+    ConfinedPlan,
+    LayerReport,
+    NetworkNamespaceUse,
+    SandboxBackend,
+    run_probe_command,
+)
 from bash_sandbox.errors import SandboxUnavailableError
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 
@@ -373,7 +380,8 @@ class SeatbeltBackend(SandboxBackend):
     """
 
     name = "seatbelt"
-    network_namespace = "none"  # Seatbelt filters the network in its profile
+    network_namespace: NetworkNamespaceUse = "none"  # Seatbelt filters the network itself
+    mounts = False
 
     def __init__(self, *, allow_loopback: bool = False, platform: str = sys.platform) -> None:
         self._allow_loopback = allow_loopback
@@ -390,7 +398,7 @@ class SeatbeltBackend(SandboxBackend):
         """Resolve this host's facts for ``policy`` and render its profile."""
         user_temp = darwin_user_temp_dir()
         # The executor made this dir itself; Seatbelt matches resolved paths (/var is a link).
-        private_tmp = os.path.realpath(ctx.private_tmp) if ctx.private_tmp else None
+        private_tmp = os.path.realpath(ctx.private_tmpdir) if ctx.private_tmpdir else None
         roots = seatbelt_writable_roots(policy, user_temp_dir=user_temp, private_tmp=private_tmp)
         # The roots are used as the policy fixed them (canonical at resolve time); resolving
         # them again here could follow a symlink planted since and widen the grant.
@@ -400,13 +408,13 @@ class SeatbeltBackend(SandboxBackend):
             user_temp_dir=user_temp,
             private_tmp=private_tmp,
             extra_deny_read=_unique(
-                (*_aliases(policy.deny_read), *ctx.hidden_paths, *_aliases(ctx.hidden_paths))
+                (*_aliases(policy.deny_read), *ctx.view.hidden, *_aliases(ctx.view.hidden))
             ),
             protected_aliases=_aliases(protected),
             allow_loopback=self._allow_loopback,
         )
 
-    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> SpawnPlan:
+    def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> ConfinedPlan:
         if not policy.confined:
             raise ValueError("danger-full-access never goes through a backend")
         reason = self._unavailable_reason()
@@ -420,12 +428,19 @@ class SeatbeltBackend(SandboxBackend):
                 policy.mode, f"cannot render a Seatbelt profile: {exc}"
             ) from exc
         env = plan.env
-        if policy.mode is SandboxMode.WORKSPACE_WRITE and ctx.private_tmp is not None:
-            # Same as the Linux backends: temp files go to the executor's private dir.
-            env = {**plan.env, "TMPDIR": ctx.private_tmp}
-        return dataclasses.replace(plan, argv=argv, env=env)
+        if policy.mode is SandboxMode.WORKSPACE_WRITE and ctx.private_tmpdir:
+            # Like Landlock alone: temp files go to the executor's private dir.
+            env = {**plan.env, "TMPDIR": ctx.private_tmpdir}
+        return ConfinedPlan(
+            argv=argv,
+            env=env,
+            cwd=plan.cwd,
+            pass_fds=plan.pass_fds,
+            release=plan.release,
+            backend_name=self.name,
+        )
 
-    def enforcement(self, policy: SandboxPolicy, ctx: BackendContext) -> SandboxEnforcement:
+    def enforcement(self, policy: SandboxPolicy) -> SandboxEnforcement:
         if self._allow_loopback and policy.network is NetworkMode.ISOLATED:
             return SandboxEnforcement.PARTIAL
         return SandboxEnforcement.FULL
@@ -517,15 +532,8 @@ class SeatbeltBackend(SandboxBackend):
             profile = render_seatbelt_profile(policy, user_temp_dir=darwin_user_temp_dir())
             argv = seatbelt_argv(profile, ("/bin/sh", "-c", script, "sh", workspace, network.value))
             try:
-                done = subprocess.run(
-                    argv,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                    timeout=timeout_ms / 1000,
-                    stdin=subprocess.DEVNULL,
-                    cwd=workspace,
-                )
+                # The group is killed on timeout: a grandchild cannot hold the pipes open.
+                done = run_probe_command(argv, timeout_ms, cwd=workspace)
             except subprocess.TimeoutExpired:
                 return f"probe timed out after {timeout_ms} ms"
             except OSError as exc:

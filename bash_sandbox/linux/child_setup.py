@@ -4,7 +4,15 @@ Other threads of the executor may hold locks (malloc, logging, import) when we f
 child must not import, log or build anything: `ChildSetup` pre-binds every libc function
 and pre-encodes every argument in the parent, and `__call__` only issues those syscalls.
 The first failing step raises `OSError`, which `subprocess` reports as a spawn failure and
-the command never runs.
+the command never runs; the step's name goes to the report pipe first, so the parent can
+say which step failed (subprocess itself only says "exception in preexec_fn").
+
+Two steps change the shape of the child: `fork_waiter()` forks, and the forking process
+becomes a waiter that never returns (it holds no descriptor but a liveness pipe and exits
+with the child's status), while the child continues the remaining steps as PID 1 of the
+new PID namespace; `seccomp_listener()` installs a filter whose user-notification listener
+descriptor is sent to the executor over a socket, so the executor's supervisor answers the
+syscalls that filter hands it.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -35,6 +44,8 @@ MS_BIND = 4096
 MS_MOVE = 8192
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+MNT_DETACH = 2
 
 PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24
@@ -48,9 +59,24 @@ PR_SET_SECUREBITS = 28
 # SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED: uid 0 regains nothing on exec.
 SECUREBITS_LOCKED_DOWN = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
 
+SIGKILL = 9
+EINTR = 4
+EEXIST = 17
+EINVAL = 22
+EPERM = 1
+
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-_SYS_CAPSET = {"x86_64": 126, "aarch64": 91}.get(os.uname().machine, -1)
+_MACHINE = os.uname().machine
+_SYS_CAPSET = {"x86_64": 126, "aarch64": 91}.get(_MACHINE, -1)
+_SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}.get(_MACHINE, -1)
 _SYS_LANDLOCK_RESTRICT_SELF = 446
+_SYS_CLOSE_RANGE = 436
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
+_SOL_SOCKET = 1
+_SCM_RIGHTS = 1
+_POLLIN = 1
+_UINT_MAX = 0xFFFFFFFF
 
 
 class _CapHeader(ctypes.Structure):
@@ -65,11 +91,55 @@ class _CapData(ctypes.Structure):
     ]
 
 
-class _SockFprog(ctypes.Structure):
+class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
+class _Rlimit(ctypes.Structure):
+    _fields_ = [("cur", ctypes.c_uint64), ("max", ctypes.c_uint64)]
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _Msghdr(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_void_p),
+        ("namelen", ctypes.c_uint32),
+        ("iov", ctypes.POINTER(_Iovec)),
+        ("iovlen", ctypes.c_size_t),
+        ("control", ctypes.c_void_p),
+        ("controllen", ctypes.c_size_t),
+        ("flags", ctypes.c_int),
+    ]
+
+
+class _Pollfd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
 _libc: ctypes.CDLL | None = None
+
+_INT_FUNCTIONS = (
+    "prctl",
+    "setns",
+    "unshare",
+    "mount",
+    "umount2",
+    "write",
+    "open",
+    "close",
+    "symlink",
+    "mkdir",
+    "chdir",
+    "fork",
+    "waitpid",
+    "pipe2",
+    "poll",
+    "prlimit",
+    "dup3",
+)
 
 
 def libc() -> ctypes.CDLL:
@@ -77,20 +147,10 @@ def libc() -> ctypes.CDLL:
     global _libc  # noqa: PLW0603 - loaded once, before any fork
     if _libc is None:
         lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        for name in (
-            "syscall",
-            "prctl",
-            "setns",
-            "unshare",
-            "mount",
-            "write",
-            "open",
-            "close",
-            "symlink",
-            "mkdir",
-            "chdir",
-        ):
-            getattr(lib, name).restype = ctypes.c_long if name == "syscall" else ctypes.c_int
+        for name in _INT_FUNCTIONS:
+            getattr(lib, name).restype = ctypes.c_int
+        lib.syscall.restype = ctypes.c_long
+        lib.sendmsg.restype = ctypes.c_ssize_t
         _libc = lib
     return _libc
 
@@ -129,6 +189,10 @@ class ChildSetup:
         """The child writes the failing step's name here (subprocess only says "preexec")."""
         self._report_fd = fd
 
+    def step_names(self) -> tuple[str, ...]:
+        """The steps in order, as the report pipe would name them (exact-output tests)."""
+        return tuple(step.what.decode() for step in self._steps)
+
     def __bool__(self) -> bool:
         return bool(self._steps)
 
@@ -143,12 +207,9 @@ class ChildSetup:
         return buf
 
     # -- namespaces ---------------------------------------------------------------
-    def join_userns(self, userns_fd: int) -> None:
-        """Only a single-threaded process may join a user namespace: the forked child is."""
-        self._add("setns(user)", self._lib.setns, userns_fd, CLONE_NEWUSER)
-
-    def join_netns(self, netns_fd: int) -> None:
-        self._add("setns(net)", self._lib.setns, netns_fd, CLONE_NEWNET)
+    def join_ns(self, fd: int, nstype: int, name: str) -> None:
+        """`setns`; joining a user namespace needs a single-threaded process: the child is."""
+        self._add(f"setns({name})", self._lib.setns, fd, nstype)
 
     def unshare(self, flags: int) -> None:
         self._add("unshare", self._lib.unshare, flags)
@@ -160,6 +221,13 @@ class ChildSetup:
             _WriteFile(self._lib, self._buf(path.encode()), self._buf(data), len(data)),
         )
 
+    def map_ids(self, uid: int, gid: int) -> None:
+        """Map ``uid``/``gid`` onto themselves in a user namespace this child just made."""
+        self.write_file("/proc/self/setgroups", b"deny")
+        self.write_file("/proc/self/uid_map", f"{uid} {uid} 1".encode())
+        self.write_file("/proc/self/gid_map", f"{gid} {gid} 1".encode())
+
+    # -- mounts -------------------------------------------------------------------
     def make_mounts_private(self) -> None:
         self._add(
             "mount(private)",
@@ -169,6 +237,12 @@ class ChildSetup:
             None,
             MS_REC | MS_PRIVATE,
             None,
+        )
+
+    def make_mounts_slave(self) -> None:
+        """Host mount events still propagate in; nothing mounted here propagates out."""
+        self._add(
+            "mount(slave)", self._lib.mount, None, self._buf(b"/"), None, MS_REC | MS_SLAVE, None
         )
 
     def bind_read_only(self, source: str, target: str) -> None:
@@ -184,10 +258,11 @@ class ChildSetup:
             None,
         )
 
-    def bind(self, source: str, target: str) -> None:
+    def bind(self, source: str, target: str, *, recursive: bool = False) -> None:
         """A writable bind; onto itself it pins a directory (mount points cannot be renamed)."""
         src, dst = self._buf(source.encode()), self._buf(target.encode())
-        self._add("bind " + target, self._lib.mount, src, dst, None, MS_BIND, None)
+        flags = MS_BIND | (MS_REC if recursive else 0)
+        self._add("bind " + target, self._lib.mount, src, dst, None, flags, None)
 
     def remount(self, target: str, flags: int) -> None:
         """Change one mount's per-mount flags (MS_REMOUNT|MS_BIND keeps the filesystem's)."""
@@ -200,10 +275,6 @@ class ChildSetup:
             MS_REMOUNT | MS_BIND | flags,
             None,
         )
-
-    def chdir(self, path: str) -> None:
-        """Re-enter ``path``: a cwd taken before the mounts still points below them."""
-        self._add("chdir " + path, self._lib.chdir, self._buf(path.encode()))
 
     def move_mount(self, source: str, target: str) -> None:
         self._add(
@@ -227,6 +298,10 @@ class ChildSetup:
             self._buf(data.encode()),
         )
 
+    def unmount(self, target: str) -> None:
+        """Detach a staging mount (lazily: binds taken from it stay)."""
+        self._add("umount " + target, self._lib.umount2, self._buf(target.encode()), MNT_DETACH)
+
     def create_file(self, path: str, mode: int = 0o666) -> None:
         self._add("create " + path, _CreateFile(self._lib, self._buf(path.encode()), mode))
 
@@ -238,21 +313,45 @@ class ChildSetup:
             self._buf(path.encode()),
         )
 
-    def make_dir(self, path: str) -> None:
-        """mkdir a placeholder mount point; EEXIST is fine (a concurrent run made it)."""
-        self._add("mkdir " + path, self._lib.mkdir, self._buf(path.encode()), 0o755, ok=(17,))
+    def make_dir(self, path: str, mode: int = 0o755) -> None:
+        """mkdir a mount point; EEXIST is fine (it may be there already)."""
+        self._add("mkdir " + path, self._lib.mkdir, self._buf(path.encode()), mode, ok=(EEXIST,))
 
-    # -- privilege ----------------------------------------------------------------
+    def chdir(self, path: str) -> None:
+        """Re-enter ``path``: a cwd taken before the mounts still points below them."""
+        self._add("chdir " + path, self._lib.chdir, self._buf(path.encode()))
+
+    # -- processes ----------------------------------------------------------------
     def die_with_parent(self) -> None:
         # The parent is the executor's spawning thread: if it dies, so does the command tree.
-        self._add("pdeathsig", self._lib.prctl, PR_SET_PDEATHSIG, 9, 0, 0, 0)
+        self._add("pdeathsig", self._lib.prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
 
+    def fork_waiter(self) -> None:
+        """Fork: the parent waits and exits with the child's status (128+n for signal n);
+        the child, PID 1 of a PID namespace unshared before, runs the remaining steps."""
+        self._add("fork", _ForkWaiter(self._lib))
+
+    def set_rlimit(self, resource: int, soft: int, hard: int) -> None:
+        limit = _Rlimit(soft, hard)
+        self._keep.append(limit)
+        self._add(f"rlimit {resource}", self._lib.prlimit, 0, resource, ctypes.byref(limit), None)
+
+    def hold_dir(self, path: str, fd: int) -> None:
+        """Open ``path`` and keep it at descriptor ``fd`` (close-on-exec): later steps reach
+        it as `/proc/self/fd/<fd>` even after its path has been mounted over."""
+        self._add(f"hold {path}", _HoldDir(self._lib, self._buf(path.encode()), fd))
+
+    def close_fd(self, fd: int) -> None:
+        self._add(f"close {fd}", self._lib.close, fd)
+
+    # -- privilege ----------------------------------------------------------------
     def drop_all_capabilities(self) -> None:
         """Empty the bounding and ambient sets, lock securebits, then clear the cap sets.
 
         With an empty bounding set and locked securebits, exec as uid 0 (or of a setuid or
         file-capability binary) cannot regain anything.
         """
+        # EPERM without CAP_SETPCAP (unprivileged): the bounding set is still emptied.
         self._add(
             "securebits",
             self._lib.prctl,
@@ -261,12 +360,19 @@ class ChildSetup:
             0,
             0,
             0,
-            ok=(1,),
-        )  # EPERM without CAP_SETPCAP (unprivileged): bounding set still empty
+            ok=(EPERM,),
+        )
         for cap in range(last_cap() + 1):
-            self._add("capbset", self._lib.prctl, PR_CAPBSET_DROP, cap, 0, 0, 0, ok=(1, 22))
+            self._add("capbset", self._lib.prctl, PR_CAPBSET_DROP, cap, 0, 0, 0, ok=(EPERM, EINVAL))
         self._add(
-            "ambient", self._lib.prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0, ok=(22,)
+            "ambient",
+            self._lib.prctl,
+            PR_CAP_AMBIENT,
+            PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+            ok=(EINVAL,),
         )
         header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
         data = (_CapData * 2)()
@@ -283,11 +389,15 @@ class ChildSetup:
             "landlock_restrict_self", self._lib.syscall, _SYS_LANDLOCK_RESTRICT_SELF, ruleset_fd, 0
         )
 
+    def _prog(self, bpf: bytes) -> SockFprog:
+        buf = self._buf(bpf)
+        prog = SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
+        self._keep.append(prog)
+        return prog
+
     def seccomp(self, bpf: bytes) -> None:
         """Install a classic-BPF program (as exported by libseccomp) on this thread."""
-        buf = self._buf(bpf)
-        prog = _SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
-        self._keep.append(prog)
+        prog = self._prog(bpf)
         self._add(
             "seccomp",
             self._lib.prctl,
@@ -297,6 +407,11 @@ class ChildSetup:
             0,
             0,
         )
+
+    def seccomp_listener(self, bpf: bytes, sock_fd: int) -> None:
+        """Install ``bpf`` with a user-notification listener and send the listener over
+        ``sock_fd`` (SCM_RIGHTS), then close both: the command never holds either."""
+        self._add("seccomp(listener)", _SeccompListener(self._lib, self._prog(bpf), sock_fd))
 
     # -- in the child ---------------------------------------------------------------
     def __call__(self) -> None:
@@ -344,3 +459,107 @@ class _WriteFile:
         n = int(self._lib.write(fd, self._data, self._size))
         self._lib.close(fd)
         return 0 if n == self._size else -1
+
+
+class _HoldDir:
+    """open(O_PATH|O_DIRECTORY) + dup3 onto a fixed number + close, as one step."""
+
+    def __init__(self, lib: ctypes.CDLL, path: ctypes.Array[ctypes.c_char], fd: int) -> None:
+        self._lib, self._path, self._fd = lib, path, fd
+
+    def __call__(self) -> int:
+        fd = int(self._lib.open(self._path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        if fd < 0:
+            return -1
+        ok = self._lib.dup3(fd, self._fd, os.O_CLOEXEC)
+        self._lib.close(fd)
+        return 0 if ok == self._fd else -1
+
+
+class _ForkWaiter:
+    """The fork step. The waiter keeps only the write end of a liveness pipe (so the child
+    can tell, once its own PDEATHSIG is armed, that the waiter was still alive) and closes
+    everything else at once: the executor's pipes reach EOF when the command ends, and
+    subprocess's exec-status pipe closes as soon as the child execs."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = lib
+        self._pipe = (ctypes.c_int * 2)()
+        self._status = ctypes.c_int(0)
+        self._poll = _Pollfd(0, _POLLIN, 0)
+
+    def __call__(self) -> int:
+        lib = self._lib
+        if lib.pipe2(self._pipe, os.O_CLOEXEC) < 0:
+            return -1
+        read_end, write_end = self._pipe[0], self._pipe[1]
+        pid = lib.fork()
+        if pid < 0:
+            return -1
+        if pid == 0:
+            lib.close(write_end)
+            if lib.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0:
+                return -1
+            self._poll.fd = read_end
+            # Readable (EOF) means the waiter died before our PDEATHSIG was armed.
+            if lib.poll(ctypes.byref(self._poll), 1, 0) != 0:
+                lib._exit(125)
+            lib.close(read_end)
+            return 0
+        lib.close(read_end)
+        if write_end > 0:
+            lib.syscall(_SYS_CLOSE_RANGE, 0, write_end - 1, 0)
+        lib.syscall(_SYS_CLOSE_RANGE, write_end + 1, _UINT_MAX, 0)
+        while lib.waitpid(pid, ctypes.byref(self._status), 0) != pid:
+            if ctypes.get_errno() != EINTR:
+                lib._exit(125)
+        status = self._status.value
+        signum = status & 0x7F
+        lib._exit((status >> 8) & 0xFF if signum == 0 else 128 + signum)
+        return -1  # not reached
+
+
+class _SeccompListener:
+    """seccomp(NEW_LISTENER), then sendmsg(SCM_RIGHTS) of the listener, then close both.
+    The message and its control buffer are built in the parent; only the fd is filled in."""
+
+    def __init__(self, lib: ctypes.CDLL, prog: SockFprog, sock_fd: int) -> None:
+        self._lib = lib
+        self._prog = prog
+        self._sock = sock_fd
+        self._byte = ctypes.create_string_buffer(b"L", 1)
+        self._iov = _Iovec(ctypes.cast(self._byte, ctypes.c_void_p), 1)
+        # struct cmsghdr {size_t len; int level; int type;} + one int, padded to 24 bytes.
+        self._control = ctypes.create_string_buffer(24)
+        header = ctypes.c_size_t.from_buffer(self._control, 0)
+        header.value = 20
+        ctypes.c_int.from_buffer(self._control, 8).value = _SOL_SOCKET
+        ctypes.c_int.from_buffer(self._control, 12).value = _SCM_RIGHTS
+        self._slot = ctypes.c_int.from_buffer(self._control, 16)
+        self._msg = _Msghdr(
+            None,
+            0,
+            ctypes.pointer(self._iov),
+            1,
+            ctypes.cast(self._control, ctypes.c_void_p),
+            24,
+            0,
+        )
+
+    def __call__(self) -> int:
+        lib = self._lib
+        fd = int(
+            lib.syscall(
+                _SYS_SECCOMP,
+                SECCOMP_SET_MODE_FILTER,
+                SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                ctypes.byref(self._prog),
+            )
+        )
+        if fd < 0:
+            return -1
+        self._slot.value = fd
+        sent = lib.sendmsg(self._sock, ctypes.byref(self._msg), 0)
+        lib.close(fd)
+        lib.close(self._sock)
+        return 0 if sent == 1 else -1

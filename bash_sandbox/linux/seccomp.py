@@ -1,9 +1,20 @@
-"""The seccomp filter of confined commands: a pure rule list, compiled by libseccomp.
+"""The seccomp filters of confined commands: pure rule lists, compiled by libseccomp.
 
 Landlock and mount namespaces decide *where* a command may write; seccomp closes what they
-cannot see: terminal injection, new user namespaces (the door to capabilities and mounts),
-kernel keyrings, io_uring (syscalls seccomp cannot inspect), and unix sockets under an
-isolated network.
+cannot see. Two filters, both installed on every confined command:
+
+- the *refusal* filter (`render_seccomp_rules`): terminal injection, new user namespaces
+  (the door to capabilities and mounts), mounts, kernel keyrings and global knobs, io_uring
+  (its operations are invisible to seccomp); each refused with an errno;
+- the *supervised* filter (`render_notify_rules`): calls handed to the executor's supervisor
+  (`supervisor.py`) as user notifications. Every `connect()` (a pathname unix socket is
+  reached by path, which no mount or Landlock rule of this kernel refuses, so the
+  supervisor resolves the path in the command's own view and connects only to sockets the
+  command may reach), and every socket family or type outside the list commands need:
+  AF_UNIX stream and seqpacket (a datagram or raw unix socket could `sendto()` any path,
+  bypassing connect), AF_INET and AF_INET6 (UDP and TCP; raw needs a capability nobody
+  has), AF_NETLINK with NETLINK_ROUTE only (resolvers and `ip` ask for addresses). The
+  supervisor refuses those and records each as a denial: the kernel saw it, not the text.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ import functools
 import logging
 import tempfile
 from dataclasses import dataclass
+from typing import Literal
 
 log = logging.getLogger("bash_sandbox")
 
@@ -20,6 +32,15 @@ TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 CLONE_NEWUSER = 0x10000000
 AF_UNIX = 1
+AF_INET = 2
+AF_INET6 = 10
+AF_NETLINK = 16
+AF_MAX = 46
+SOCK_DGRAM = 2
+SOCK_RAW = 3
+SOCK_TYPE_MASK = 0xF
+NETLINK_ROUTE = 0
+ALLOWED_SOCKET_FAMILIES = (AF_UNIX, AF_INET, AF_INET6, AF_NETLINK)
 _U32 = 0xFFFFFFFF
 
 
@@ -30,13 +51,15 @@ class ArgCheck:
     index: int
     value: int
     mask: int = _U32
-    op: str = "masked_eq"
+    op: Literal["masked_eq", "ne", "gt"] = "masked_eq"
 
 
 @dataclass(frozen=True)
 class SeccompRule:
+    """``syscall`` matching every ``args`` check gets ``errno`` (None: a user notification)."""
+
     syscall: str
-    errno: int
+    errno: int | None
     args: tuple[ArgCheck, ...] = ()
     why: str = ""
 
@@ -45,7 +68,6 @@ class SeccompRule:
 class SeccompOptions:
     """What this command's filter must refuse beyond the always-on set."""
 
-    block_unix_sockets: bool = False
     # Landlock without a mount namespace: nothing else stops chmod/chown/utimes outside roots.
     block_metadata: bool = False
 
@@ -135,15 +157,6 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
         SeccompRule(name, errno.ENOSYS, (), "not inspectable by seccomp")
         for name in _IO_URING_CALLS
     ]
-    if options.block_unix_sockets:
-        rules.append(
-            SeccompRule(
-                "socket",
-                eperm,
-                (ArgCheck(0, AF_UNIX),),
-                "no host unix sockets under an isolated network",
-            )
-        )
     if options.block_metadata:
         rules += [
             SeccompRule(name, eperm, (), "metadata outside the roots, unscoped here")
@@ -152,22 +165,53 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
     return tuple(rules)
 
 
-@functools.lru_cache(maxsize=8)
-def compile_seccomp(options: SeccompOptions) -> bytes:
+def render_notify_rules() -> tuple[SeccompRule, ...]:
+    """The supervised calls, in a stable order (default action: allow)."""
+    rules = [SeccompRule("connect", None, (), "the supervisor checks every destination")]
+    for call in ("socket", "socketpair"):
+        rules += [
+            SeccompRule(call, None, (ArgCheck(0, family),), "socket family outside the list")
+            for family in range(AF_MAX)
+            if family not in ALLOWED_SOCKET_FAMILIES
+        ]
+        rules.append(SeccompRule(call, None, (ArgCheck(0, AF_MAX - 1, op="gt"),), "unknown family"))
+        rules += [
+            SeccompRule(
+                call,
+                None,
+                (ArgCheck(0, AF_UNIX), ArgCheck(1, kind, SOCK_TYPE_MASK)),
+                "a unix datagram socket could sendto() any path",
+            )
+            for kind in (SOCK_DGRAM, SOCK_RAW)
+        ]
+    rules.append(
+        SeccompRule(
+            "socket",
+            None,
+            (ArgCheck(0, AF_NETLINK), ArgCheck(2, NETLINK_ROUTE, op="ne")),
+            "netlink beyond routing",
+        )
+    )
+    return tuple(rules)
+
+
+def _compile(rules: tuple[SeccompRule, ...]) -> bytes:
     """Classic BPF for the native architecture; other architectures' syscalls are killed."""
     import pyseccomp
 
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
-    ops = {"masked_eq": pyseccomp.MASKED_EQ, "ne": pyseccomp.NE}
-    for rule in render_seccomp_rules(options):
+    for rule in rules:
         args = []
         for a in rule.args:
             if a.op == "masked_eq":
-                args.append(pyseccomp.Arg(a.index, ops[a.op], a.mask, a.value))
+                args.append(pyseccomp.Arg(a.index, pyseccomp.MASKED_EQ, a.mask, a.value))
+            elif a.op == "ne":
+                args.append(pyseccomp.Arg(a.index, pyseccomp.NE, a.value))
             else:
-                args.append(pyseccomp.Arg(a.index, ops[a.op], a.value))
+                args.append(pyseccomp.Arg(a.index, pyseccomp.GT, a.value))
+        action = pyseccomp.NOTIFY if rule.errno is None else pyseccomp.ERRNO(rule.errno)
         try:
-            flt.add_rule(pyseccomp.ERRNO(rule.errno), rule.syscall, *args)
+            flt.add_rule(action, rule.syscall, *args)
         except (OSError, ValueError) as exc:
             # A syscall this libseccomp/arch does not know cannot be called here either.
             log.debug("seccomp: skipping %s: %s", rule.syscall, exc)
@@ -175,3 +219,15 @@ def compile_seccomp(options: SeccompOptions) -> bytes:
         flt.export_bpf(fh)
         fh.seek(0)
         return fh.read()
+
+
+@functools.lru_cache(maxsize=8)
+def compile_seccomp(options: SeccompOptions) -> bytes:
+    """The refusal filter for ``options`` as BPF."""
+    return _compile(render_seccomp_rules(options))
+
+
+@functools.lru_cache(maxsize=1)
+def compile_notify_filter() -> bytes:
+    """The supervised filter as BPF (installed with a user-notification listener)."""
+    return _compile(render_notify_rules())

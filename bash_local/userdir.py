@@ -1,0 +1,81 @@
+"""The per-user directory every executor of this uid shares, and the spill dirs it knows of.
+
+`user_base_dir()` is `<tempdir>/bash-sandbox-<uid>` (0700, owned by this uid; a planted path,
+a symlink or a directory open to others is never used: the next candidate is). Every
+executor spills under `<base>/spill/` unless its config names another parent; such a parent
+is registered in `<base>/spill-dirs`, so a confining executor can hide every spill this
+uid's executors write, whichever executor wrote it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import stat
+import tempfile
+
+_REGISTRY = "spill-dirs"
+
+
+def _usable(path: str) -> bool:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0
+
+
+@functools.cache
+def _base_for(uid: int, tempdir: str) -> str:
+    name = f"bash-sandbox-{uid}"
+    for parent in dict.fromkeys((tempdir, "/tmp", "/var/tmp")):
+        candidate = os.path.join(parent, name)
+        if _usable(candidate):
+            return os.path.realpath(candidate)
+    raise OSError(f"no safe per-user directory for bash-sandbox (tried {tempdir}, /tmp, /var/tmp)")
+
+
+def user_base_dir() -> str:
+    """This uid's shared directory (created on first use)."""
+    return _base_for(os.geteuid(), tempfile.gettempdir())
+
+
+def default_spill_parent() -> str:
+    path = os.path.join(user_base_dir(), "spill")
+    if not _usable(path):
+        raise OSError(f"unsafe spill directory {path}")
+    return path
+
+
+def register_spill_parent(path: str) -> None:
+    """Record a custom spill parent so every sandbox of this uid hides it."""
+    real = os.path.realpath(path)
+    if real in registered_spill_parents():
+        return
+    registry = os.path.join(user_base_dir(), _REGISTRY)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(registry, flags, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, real.encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
+def registered_spill_parents() -> tuple[str, ...]:
+    """Every custom spill parent this uid's executors registered that still exists."""
+    registry = os.path.join(user_base_dir(), _REGISTRY)
+    try:
+        fd = os.open(registry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ()
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            lines = fh.read(1 << 20).decode(errors="replace").splitlines()
+    except OSError:
+        return ()
+    return tuple(p for p in dict.fromkeys(lines) if p.startswith("/") and os.path.isdir(p))

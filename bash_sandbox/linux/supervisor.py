@@ -1,0 +1,510 @@
+"""The seccomp supervisor: answers the calls the supervised filter hands to the executor.
+
+Every confined command carries a filter (`seccomp.render_notify_rules`) whose user
+notifications arrive here, on one thread per executor (epoll over every command's listener).
+The supervisor never lets the kernel continue a call it checked (`SECCOMP_USER_NOTIF_FLAG_
+CONTINUE` would re-read the arguments after the check, and another thread of the command could
+change them in between). Instead it *performs* the allowed call itself on a duplicate of the
+command's socket (`pidfd_getfd`) with the address it copied and checked, and returns the
+result:
+
+- `connect()` to AF_INET/AF_INET6: under an isolated network only loopback (the namespace's
+  own) is reachable; other destinations are refused with ENETUNREACH and recorded as network
+  denials (port 53 of a resolver: a name resolution). Under the host network all are allowed.
+- `connect()` to a pathname unix socket: the path is resolved in the command's own view
+  (`/proc/<pid>/root`, `RESOLVE_IN_ROOT`, its cwd for relative paths), the socket is found by
+  inode, and the connect happens through `/proc/self/fd/N` of that very inode, so what was
+  checked is what is reached. Allowed: sockets inside a writable root or the private /tmp and
+  /dev/shm (the command's own servers), and the policy's `allow_unix_sockets`. Everything else
+  (docker.sock, an ssh agent, journald) is refused with EACCES and recorded.
+- `connect()` to an abstract unix socket: allowed in a private network namespace (abstract
+  names are per namespace), refused under the host network unless the policy names it.
+- `socket()`/`socketpair()` of a family or type outside the list: refused and recorded.
+
+A blocking connect runs on a small pool so one slow destination never stalls the others.
+The peer of an emulated unix connect sees the executor's credentials (`SO_PEERCRED`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import ctypes
+import errno
+import ipaddress
+import logging
+import os
+import select
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bash_sandbox.linux.child_setup import libc
+from bash_seam import DenialEvidence, DenialKind, SandboxDenial
+
+logger = logging.getLogger("bash_sandbox")
+
+_MACHINE = os.uname().machine
+_SYSCALLS = {
+    "x86_64": {"connect": 42, "socket": 41, "socketpair": 53},
+    "aarch64": {"connect": 203, "socket": 198, "socketpair": 199},
+}.get(_MACHINE, {})
+_SYS_PIDFD_OPEN = 434
+_SYS_PIDFD_GETFD = 438
+_SYS_OPENAT2 = 437
+_PIDFD_THREAD = os.O_EXCL
+_NOTIF_RECV = 0xC0502100
+_NOTIF_SEND = 0xC0182101
+_NOTIF_ID_VALID = 0x40082102
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+_MAX_SYMLINKS = 40
+MAX_DENIALS = 16
+
+_FAMILY_NAMES = {
+    getattr(socket, name): name
+    for name in dir(socket)
+    if name.startswith("AF_") and isinstance(getattr(socket, name), int)
+}
+
+
+class _Data(ctypes.Structure):
+    _fields_ = [
+        ("nr", ctypes.c_int),
+        ("arch", ctypes.c_uint32),
+        ("ip", ctypes.c_uint64),
+        ("args", ctypes.c_uint64 * 6),
+    ]
+
+
+class _Notif(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_uint64),
+        ("pid", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("data", _Data),
+    ]
+
+
+class _Resp(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_uint64),
+        ("val", ctypes.c_int64),
+        ("error", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+    ]
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+@dataclass(frozen=True)
+class _ViaInode:
+    """A checked unix socket, held by an O_PATH descriptor and reached through it."""
+
+    fd: int
+
+    def address(self) -> bytes:
+        return struct.pack("H", socket.AF_UNIX) + f"/proc/self/fd/{self.fd}".encode() + b"\0"
+
+
+@dataclass(frozen=True)
+class ConnectPolicy:
+    """What one command's connects may reach, with host paths already turned into inodes.
+
+    ``socket_dirs`` are directories (device, inode) whose sockets the command may reach: its
+    writable roots and private temp dirs. ``private_loopback``: the command has a network
+    namespace of its own, so loopback and abstract names are its own.
+    """
+
+    isolated: bool
+    private_loopback: bool
+    socket_dirs: frozenset[tuple[int, int]] = frozenset()
+    sockets: frozenset[tuple[int, int]] = frozenset()
+    abstract_names: frozenset[bytes] = frozenset()
+    nameservers: frozenset[str] = frozenset()
+
+
+@dataclass
+class SupervisedCommand:
+    """One command's registration: its listener and the denials seen for it."""
+
+    listener: int
+    policy: ConnectPolicy
+    denials: list[SandboxDenial] = field(default_factory=list)
+    total: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, denial: SandboxDenial) -> None:
+        with self.lock:
+            self.total += 1
+            if len(self.denials) < MAX_DENIALS and denial not in self.denials:
+                self.denials.append(denial)
+
+    def snapshot(self) -> tuple[tuple[SandboxDenial, ...], int]:
+        with self.lock:
+            return tuple(self.denials), self.total
+
+
+def identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of ``path`` (following symlinks), None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class SeccompSupervisor:
+    """One thread answering every confined command's notifications for one executor."""
+
+    def __init__(self) -> None:
+        self._lib = libc()
+        self._epoll = select.epoll()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._epoll.register(self._wake_r, select.EPOLLIN)
+        self._commands: dict[int, SupervisedCommand] = {}
+        self._lock = threading.Lock()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=16, thread_name_prefix="bash-sandbox-connect"
+        )
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._loop, name="bash-sandbox-supervisor", daemon=True
+        )
+        self._thread.start()
+
+    def register(self, listener: int, policy: ConnectPolicy) -> SupervisedCommand:
+        """Answer ``listener``'s notifications from now on (the supervisor owns the fd)."""
+        command = SupervisedCommand(listener, policy)
+        with self._lock:
+            if self._closed:
+                os.close(listener)
+                raise RuntimeError("the supervisor is closed")
+            self._commands[listener] = command
+            self._epoll.register(listener, select.EPOLLIN)
+        return command
+
+    def unregister(self, command: SupervisedCommand) -> None:
+        """Stop answering and close the listener: any call still pending gets ENOSYS."""
+        with self._lock:
+            if self._commands.pop(command.listener, None) is None:
+                return
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(command.listener)
+            os.close(command.listener)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            commands = list(self._commands.values())
+        for command in commands:
+            self.unregister(command)
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._epoll.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                events = self._epoll.poll()
+            except InterruptedError:
+                continue
+            except (OSError, ValueError):
+                return
+            for fd, mask in events:
+                if fd == self._wake_r:
+                    return
+                with self._lock:
+                    command = self._commands.get(fd)
+                if command is None:
+                    continue
+                if mask & select.EPOLLIN:
+                    self._receive(command)
+                elif mask & (select.EPOLLHUP | select.EPOLLERR):
+                    # Every process of the filter is gone; the executor unregisters it.
+                    with self._lock, contextlib.suppress(OSError, ValueError):
+                        self._epoll.unregister(fd)
+
+    def _receive(self, command: SupervisedCommand) -> None:
+        notif = _Notif()
+        if self._lib.ioctl(command.listener, _NOTIF_RECV, ctypes.byref(notif)) < 0:
+            return  # the caller died or was interrupted before we read it
+        try:
+            self._dispatch(command, notif)
+        except Exception:
+            logger.exception("seccomp supervisor failed on syscall %d", notif.data.nr)
+            self._respond(command, notif.id, -1, errno.EPERM)
+
+    def _respond(self, command: SupervisedCommand, notif_id: int, val: int, err: int) -> None:
+        resp = _Resp(notif_id, val, -err if err else 0, 0)
+        # ENOENT: the caller was interrupted or died meanwhile; nothing to answer.
+        self._lib.ioctl(command.listener, _NOTIF_SEND, ctypes.byref(resp))
+
+    def _dispatch(self, command: SupervisedCommand, notif: _Notif) -> None:
+        nr = notif.data.nr
+        args = notif.data.args
+        if nr == _SYSCALLS.get("connect"):
+            self._connect(command, notif)
+            return
+        family, kind, proto = int(args[0]) & 0xFFFFFFFF, int(args[1]) & 0xF, int(args[2])
+        name = _FAMILY_NAMES.get(family, f"family {family}")
+        what = "socketpair" if nr == _SYSCALLS.get("socketpair") else "socket"
+        target = f"{name} type {kind}" + (f" protocol {proto}" if proto else "")
+        command.record(
+            SandboxDenial(
+                kind=DenialKind.SOCKET,
+                target=target,
+                operation=what,
+                reason="socket family or type outside the sandbox's list",
+                evidence=DenialEvidence.SUPERVISOR,
+            )
+        )
+        self._respond(command, notif.id, -1, errno.EAFNOSUPPORT)
+
+    # -- connect ------------------------------------------------------------------------
+
+    def _connect(self, command: SupervisedCommand, notif: _Notif) -> None:
+        fd_number, address, length = (int(a) for a in notif.data.args[:3])
+        length = min(length, 128)
+        raw = self._read_memory(notif.pid, address, length)
+        if raw is None or len(raw) < 2:
+            self._respond(command, notif.id, -1, errno.EFAULT)
+            return
+        sock = self._take_socket(command, notif, fd_number)
+        if sock is None:
+            return
+        try:
+            family = struct.unpack_from("H", raw)[0]
+            if family == socket.AF_UNIX:
+                target = self._unix_target(command, notif.pid, raw)
+            elif family in (socket.AF_INET, socket.AF_INET6):
+                target = self._inet_target(command, family, raw)
+            else:
+                target = raw  # AF_UNSPEC (disconnect) and netlink: as asked
+            if isinstance(target, int):
+                os.close(sock)
+                self._respond(command, notif.id, -1, target)
+                return
+            if os.get_blocking(sock):
+                self._pool.submit(self._finish_connect, command, notif.id, sock, target)
+            else:
+                self._finish_connect(command, notif.id, sock, target)
+        except BaseException:
+            os.close(sock)
+            raise
+
+    def _finish_connect(
+        self, command: SupervisedCommand, notif_id: int, sock: int, target: bytes | _ViaInode
+    ) -> None:
+        try:
+            addr = target.address() if isinstance(target, _ViaInode) else target
+            buf = ctypes.create_string_buffer(addr, len(addr))
+            rc = self._lib.connect(sock, buf, len(addr))
+            err = ctypes.get_errno() if rc < 0 else 0
+        finally:
+            os.close(sock)
+            if isinstance(target, _ViaInode):
+                os.close(target.fd)
+        self._respond(command, notif_id, rc if rc < 0 else 0, err)
+
+    def _take_socket(self, command: SupervisedCommand, notif: _Notif, fd_number: int) -> int | None:
+        pidfd = self._lib.syscall(_SYS_PIDFD_OPEN, notif.pid, 0)
+        if pidfd < 0:
+            pidfd = self._lib.syscall(_SYS_PIDFD_OPEN, notif.pid, _PIDFD_THREAD)
+        if pidfd < 0:
+            self._respond(command, notif.id, -1, errno.ESRCH)
+            return None
+        try:
+            sock = int(self._lib.syscall(_SYS_PIDFD_GETFD, pidfd, fd_number, 0))
+        finally:
+            os.close(pidfd)
+        if sock < 0:
+            self._respond(command, notif.id, -1, errno.EBADF)
+            return None
+        # The pid may have been recycled between the notification and pidfd_open.
+        notif_id = ctypes.c_uint64(notif.id)
+        if self._lib.ioctl(command.listener, _NOTIF_ID_VALID, ctypes.byref(notif_id)) < 0:
+            os.close(sock)
+            return None
+        try:
+            kind = os.fstat(sock).st_mode
+        except OSError:
+            kind = 0
+        if not stat.S_ISSOCK(kind):
+            os.close(sock)
+            self._respond(command, notif.id, -1, errno.ENOTSOCK)
+            return None
+        return sock
+
+    def _read_memory(self, pid: int, address: int, length: int) -> bytes | None:
+        local = ctypes.create_string_buffer(length)
+        liov = _Iovec(ctypes.cast(local, ctypes.c_void_p), length)
+        riov = _Iovec(address, length)
+        n = self._lib.process_vm_readv(pid, ctypes.byref(liov), 1, ctypes.byref(riov), 1, 0)
+        return None if n < 0 else local.raw[:n]
+
+    def _inet_target(self, command: SupervisedCommand, family: int, raw: bytes) -> bytes | int:
+        policy = command.policy
+        if family == socket.AF_INET:
+            port = struct.unpack_from("!H", raw, 2)[0]
+            host = ipaddress.ip_address(raw[4:8])
+        else:
+            if len(raw) < 24:
+                return errno.EINVAL
+            port = struct.unpack_from("!H", raw, 2)[0]
+            host = ipaddress.ip_address(raw[8:24])
+        if not policy.isolated:
+            return raw
+        address = host.ipv4_mapped if isinstance(host, ipaddress.IPv6Address) else None
+        local = host.is_loopback or host.is_unspecified or bool(address and address.is_loopback)
+        resolver = str(host) in policy.nameservers and port == 53
+        if local and policy.private_loopback and not resolver:
+            return raw
+        shown = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        command.record(
+            SandboxDenial(
+                kind=DenialKind.NETWORK_RESOLVE if port == 53 else DenialKind.NETWORK_CONNECT,
+                target=shown,
+                operation="connect",
+                reason="isolated network",
+                evidence=DenialEvidence.SUPERVISOR,
+            )
+        )
+        return errno.ENETUNREACH if not local else errno.ECONNREFUSED
+
+    def _unix_target(
+        self, command: SupervisedCommand, pid: int, raw: bytes
+    ) -> _ViaInode | bytes | int:
+        path = raw[2:]
+        if not path:
+            return raw  # autobind / unnamed: the kernel decides
+        policy = command.policy
+        if path[0] == 0:
+            name = path[1:].rstrip(b"\0")
+            if policy.private_loopback or name in policy.abstract_names:
+                return raw
+            return self._refuse_unix(command, "@" + name.decode(errors="replace"), "abstract")
+        name = path.split(b"\0", 1)[0]
+        try:
+            found = self._resolve_in_view(pid, name)
+        except OSError as exc:
+            return exc.errno or errno.ENOENT
+        sock_fd, directory, shown = found
+        try:
+            st = os.fstat(sock_fd)
+            if not stat.S_ISSOCK(st.st_mode):
+                os.close(sock_fd)
+                return errno.ECONNREFUSED
+            allowed = (st.st_dev, st.st_ino) in policy.sockets or self._inside(
+                directory, policy.socket_dirs
+            )
+        finally:
+            os.close(directory)
+        if not allowed:
+            os.close(sock_fd)
+            return self._refuse_unix(command, shown, "pathname")
+        return _ViaInode(sock_fd)
+
+    def _refuse_unix(self, command: SupervisedCommand, shown: str, kind: str) -> int:
+        reason = (
+            "host abstract unix socket"
+            if kind == "abstract"
+            else "host unix socket outside the writable roots"
+        )
+        command.record(
+            SandboxDenial(
+                kind=DenialKind.SOCKET,
+                target=shown,
+                operation="connect",
+                reason=reason,
+                evidence=DenialEvidence.SUPERVISOR,
+            )
+        )
+        return errno.EACCES
+
+    def _openat2(self, dirfd: int, path: bytes, flags: int, resolve: int) -> int:
+        how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
+        fd = int(
+            self._lib.syscall(_SYS_OPENAT2, dirfd, path, ctypes.byref(how), ctypes.sizeof(how))
+        )
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return fd
+
+    def _resolve_in_view(self, pid: int, name: bytes) -> tuple[int, int, str]:
+        """(O_PATH fd of the socket, O_PATH fd of its directory, the path as the command
+        sees it), resolving symlinks the way the command's own lookup would."""
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if not name.startswith(b"/"):
+                cwd = os.readlink(f"/proc/{pid}/cwd").encode()
+                if not cwd.startswith(b"/") or cwd.endswith(b" (deleted)"):
+                    raise OSError(errno.ENOENT, "the caller's directory is gone")
+                name = cwd.rstrip(b"/") + b"/" + name
+            resolve = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS
+            for _ in range(_MAX_SYMLINKS):
+                parent, _, base = name.rpartition(b"/")
+                directory = self._openat2(root, parent or b"/", os.O_PATH | os.O_DIRECTORY, resolve)
+                try:
+                    st = os.stat(base, dir_fd=directory, follow_symlinks=False)
+                except OSError:
+                    os.close(directory)
+                    raise
+                if not stat.S_ISLNK(st.st_mode):
+                    fd = self._openat2(directory, base, os.O_PATH | os.O_NOFOLLOW, resolve)
+                    return fd, directory, name.decode(errors="replace")
+                link = os.readlink(base, dir_fd=directory)
+                os.close(directory)
+                target = link.encode() if isinstance(link, str) else link
+                name = target if target.startswith(b"/") else (parent or b"") + b"/" + target
+            raise OSError(errno.ELOOP, "too many symbolic links")
+        finally:
+            os.close(root)
+
+    def _inside(self, directory: int, allowed: frozenset[tuple[int, int]]) -> bool:
+        """Whether ``directory`` or one of its ancestors (in the command's view) is allowed."""
+        if not allowed:
+            return False
+        current = os.dup(directory)
+        try:
+            for _ in range(256):
+                st = os.fstat(current)
+                if (st.st_dev, st.st_ino) in allowed:
+                    return True
+                parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=current)
+                pst = os.fstat(parent)
+                os.close(current)
+                current = parent
+                if (pst.st_dev, pst.st_ino) == (st.st_dev, st.st_ino):
+                    return False  # the root of the command's view
+            return False
+        finally:
+            os.close(current)
+
+
+def receive_listener(sock: socket.socket) -> int:
+    """The listener fd a child sent over ``sock`` before exec (already there by then)."""
+    _, fds, _, _ = socket.recv_fds(sock, 1, 1, socket.MSG_DONTWAIT)
+    if not fds:
+        raise OSError(errno.EPROTO, "the sandbox child sent no seccomp listener")
+    return fds[0]
+
+
+ListenerSink = Callable[[int], None]

@@ -1,0 +1,159 @@
+"""The executor's private state: where it lives, and the check that it stays out of reach.
+
+Every confined spawn uses paths here (the mount points of the private `/tmp`, `/dev/shm` and
+ptys, the placeholder sources, the git overlays' upper directories), so a command that could
+write here could redirect the next spawn. The rule, by construction:
+
+1. the state directory is made 0700 under this uid's base (`bash_local.userdir`), or, when
+   that base lies inside a configured writable root, under the first candidate that does
+   not (`/var/tmp`, `/tmp`, `~/.cache`);
+2. it is held by a descriptor from creation on, and before each spawn `check()` verifies
+   that the path still names that very directory (device, inode, owner, mode) and that no
+   writable root of *this call's* policy contains it (a per-call policy can add roots);
+3. every confined command has the whole per-user base hidden (`hidden_paths`), so no command
+   reads another executor's state or any spill file of this uid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+
+from bash_local.userdir import registered_spill_parents, user_base_dir
+from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholder_sources
+from bash_sandbox.errors import SandboxUnavailableError
+from bash_sandbox.linux.namespaces import ScratchPaths
+from policies import SandboxPolicy
+
+
+def within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _safe_dir(path: str) -> bool:
+    with contextlib.suppress(FileExistsError):
+        os.makedirs(path, 0o700, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0
+
+
+def state_parent(roots: tuple[str, ...]) -> str:
+    """A 0700 directory of this uid for executor state, outside every root in ``roots``."""
+    uid = os.geteuid()
+    candidates = [
+        os.path.join(user_base_dir(), "state"),
+        f"/var/tmp/bash-sandbox-{uid}/state",
+        f"/tmp/bash-sandbox-{uid}/state",
+        os.path.join(os.path.expanduser("~"), ".cache", "bash-sandbox", "state"),
+    ]
+    for candidate in candidates:
+        real = os.path.realpath(candidate)
+        if any(within(real, r) or within(r, real) for r in roots):
+            continue
+        if _safe_dir(os.path.dirname(real)) and _safe_dir(real):
+            return real
+    raise SandboxUnavailableError(
+        "read-only",
+        "no place for the executor's state outside the writable roots "
+        f"(tried {', '.join(candidates)})",
+    )
+
+
+def remove_tree(path: str) -> None:
+    """Delete a state tree, including mode-000 placeholders and overlay work dirs."""
+    if not os.path.lexists(path):
+        return
+    for dirpath, dirnames, _ in os.walk(path):
+        for name in dirnames:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(dirpath, name), 0o700, follow_symlinks=False)
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class GitUpper:
+    """One git overlay's private directories for one spawn."""
+
+    upper: str
+    work: str
+
+
+class ExecutorState:
+    """One executor's private state directory, held by descriptor and checked per spawn."""
+
+    def __init__(self, roots: tuple[str, ...]) -> None:
+        self.path = tempfile.mkdtemp(prefix="exec-", dir=state_parent(roots))
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(self._fd)
+        self._identity = (st.st_dev, st.st_ino)
+        for name in ("tmp", "shm", "pts", "git", "stage", "landlock-tmp"):
+            os.mkdir(os.path.join(self.path, name), 0o700)
+        self.scratch = ScratchPaths(
+            tmp=os.path.join(self.path, "tmp"),
+            shm=os.path.join(self.path, "shm"),
+            pts=os.path.join(self.path, "pts"),
+        )
+        # Landlock alone has no mount namespace: its TMPDIR is a private directory here.
+        self.private_tmpdir = os.path.join(self.path, "landlock-tmp")
+        self.stage = os.path.join(self.path, "stage")
+        self.sources: PlaceholderSources = make_placeholder_sources(self.path)
+        self._uppers = 0
+
+    def hidden_paths(self) -> tuple[str, ...]:
+        """What no confined command may see: this uid's base (every executor's state and
+        spills), this state dir when it lives elsewhere, and registered spill parents."""
+        base = os.path.realpath(user_base_dir())
+        paths = [base]
+        parent = os.path.dirname(self.path)
+        if not within(parent, base):
+            paths.append(parent)
+        paths += registered_spill_parents()
+        return tuple(dict.fromkeys(paths))
+
+    def check(self, policy: SandboxPolicy) -> None:
+        """Refuse the spawn unless the state is intact and outside this call's roots."""
+        try:
+            st = os.lstat(self.path)
+        except OSError as exc:
+            raise SandboxUnavailableError(policy.mode, f"executor state missing: {exc}") from exc
+        if (
+            (st.st_dev, st.st_ino) != self._identity
+            or not stat.S_ISDIR(st.st_mode)
+            or st.st_uid != os.geteuid()
+            or st.st_mode & 0o077
+        ):
+            raise SandboxUnavailableError(
+                policy.mode, f"executor state {self.path} was replaced or opened to others"
+            )
+        for root in policy.all_writable_roots():
+            if within(self.path, root) or within(user_base_dir(), root):
+                raise SandboxUnavailableError(
+                    policy.mode,
+                    f"writable root {root} contains the executor's private state "
+                    f"({self.path}): a command could redirect the next spawn; "
+                    "use a narrower writable root",
+                )
+
+    def git_upper(self) -> GitUpper:
+        """Fresh upper and work directories for one git overlay of one spawn."""
+        self._uppers += 1
+        base = os.path.join(self.path, "git", str(self._uppers))
+        os.mkdir(base, 0o700)
+        upper, work = os.path.join(base, "upper"), os.path.join(base, "work")
+        os.mkdir(upper, 0o755)
+        os.mkdir(work, 0o700)
+        return GitUpper(upper, work)
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        remove_tree(self.path)

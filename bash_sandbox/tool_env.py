@@ -1,0 +1,89 @@
+"""What confined commands' tools are told: scratch space, caches, and to fail fast offline.
+
+- `TMPDIR=/tmp`: under bwrap and the Landlock backend `/tmp` is the executor's private,
+  size-capped tmpfs in every confined mode.
+- Caches: in workspace-write, the tools' cache variables point into the sandbox's own cache
+  home (`~/.cache/bash-sandbox/tools`, per user, shared by executors, made writable for the
+  command like a writable root), never the host's own tool state (`~/.npm`, `~/.cache/pip`,
+  `~/go`, `~/.gradle`). In read-only, they point into the private /tmp (thrown away).
+  The list: `npm_config_cache`, `YARN_CACHE_FOLDER`, `PIP_CACHE_DIR`, `UV_CACHE_DIR`,
+  `POETRY_CACHE_DIR`, `GOCACHE`, `GOMODCACHE`, `CARGO_HOME` (only when `~/.cargo` does not
+  exist: moving it would hide the user's installed tools), `GRADLE_USER_HOME`,
+  `XDG_CACHE_HOME`, `PRE_COMMIT_HOME`, `HF_HOME` is not moved (it holds tokens).
+- Fail fast on the isolated network (no allowlist): `npm_config_offline=true` (npm answers
+  from its cache or fails at once with ENOTCACHED instead of retrying for a minute),
+  `npm_config_fetch_retries=0`, `PIP_RETRIES=0`, `PIP_TIMEOUT=3`, `UV_OFFLINE=1`,
+  `CARGO_NET_OFFLINE=true`, `GOPROXY=off`, `GOFLAGS=-mod=mod`, `YARN_ENABLE_OFFLINE_MODE=1`.
+  A request's own `env` wins over all of these.
+"""
+
+from __future__ import annotations
+
+import os
+
+from policies import NetworkMode, SandboxMode, SandboxPolicy
+
+OFFLINE = {
+    "npm_config_offline": "true",
+    "npm_config_fetch_retries": "0",
+    "PIP_RETRIES": "0",
+    "PIP_TIMEOUT": "3",
+    "UV_OFFLINE": "1",
+    "CARGO_NET_OFFLINE": "true",
+    "GOPROXY": "off",
+    "GOFLAGS": "-mod=mod",
+    "YARN_ENABLE_OFFLINE_MODE": "1",
+}
+_CACHE_DIRS = {
+    "npm_config_cache": "npm",
+    "YARN_CACHE_FOLDER": "yarn",
+    "PIP_CACHE_DIR": "pip",
+    "UV_CACHE_DIR": "uv",
+    "POETRY_CACHE_DIR": "poetry",
+    "GOCACHE": "go-build",
+    "GOMODCACHE": "go-mod",
+    "GRADLE_USER_HOME": "gradle",
+    "XDG_CACHE_HOME": "xdg",
+    "PRE_COMMIT_HOME": "pre-commit",
+}
+
+
+def tool_cache_home() -> str:
+    """The sandbox's own cache home for this user (created 0700 on first use)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.realpath(os.path.join(base, "bash-sandbox", "tools"))
+    os.makedirs(path, 0o700, exist_ok=True)
+    return path
+
+
+def cache_variables(home: str) -> dict[str, str]:
+    """The cache variables pointing into ``home``."""
+    env = {name: os.path.join(home, sub) for name, sub in _CACHE_DIRS.items()}
+    if not os.path.isdir(os.path.join(os.path.expanduser("~"), ".cargo")):
+        env["CARGO_HOME"] = os.path.join(home, "cargo")
+    return env
+
+
+def confined_environment(
+    built: dict[str, str],
+    policy: SandboxPolicy,
+    *,
+    private_tmp: bool,
+    cache_home: str | None = None,
+    request_env: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """``built`` (inherited allowlist plus the request's channels) with the tool settings;
+    the request's own ``env`` keeps the last word."""
+    env = dict(built)
+    extra: dict[str, str] = {}
+    if private_tmp:
+        extra["TMPDIR"] = "/tmp"
+    if policy.mode is SandboxMode.WORKSPACE_WRITE and cache_home is not None:
+        extra |= cache_variables(cache_home)
+    elif private_tmp:
+        extra |= cache_variables("/tmp/.cache")
+    if policy.network is NetworkMode.ISOLATED and not policy.allow_domains:
+        extra |= OFFLINE
+    env |= extra
+    env |= request_env or {}
+    return env
