@@ -246,10 +246,24 @@ class SandboxBashExecutor(LocalBashExecutor):
         covers = list(protected.protect)
         for gitdir in gitdirs:
             upper = self._state.git_upper()
-            names = tuple((name, is_dir) for g, name, is_dir in protected.in_git if g == gitdir)
-            made = prepare_placeholders(gitdir, upper.upper, names)
+            names: list[tuple[str, bool]] = []
+            for g, name, is_dir in protected.in_git:
+                if g != gitdir:
+                    continue
+                path = os.path.join(gitdir, name)
+                if not os.path.islink(path):
+                    names.append((name, is_dir))
+                    covers.append(path)
+                    continue
+                # A link out of the git dir: host git follows it, so its target is covered.
+                target = os.path.realpath(path)
+                if within_any(target, roots):
+                    if os.path.exists(target):
+                        covers.append(target)
+                    else:
+                        partial.append(f"{path} links to {target}, which does not exist yet")
+            made = prepare_placeholders(gitdir, upper.upper, tuple(names))
             overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
-            covers += [os.path.join(gitdir, name) for g, name, _ in protected.in_git if g == gitdir]
         # A missing protected name outside git: its first missing component stays
         # uncreatable only while it is covered, so the policy reports it as partial.
         for path, _ in protected.missing:
@@ -358,18 +372,18 @@ class SandboxBashExecutor(LocalBashExecutor):
         ):
             raise SandboxUnavailableError(
                 policy.mode,
-                f"the {backend.name} binary {path} lies inside a writable root: a command could replace it",
+                f"the {backend.name} binary {path} lies inside a writable root: "
+                "a command could replace it",
             )
 
     def _connect_policy(self, spawn: SandboxSpawn) -> ConnectPolicy:
         policy = spawn.policy
         assert policy is not None
         dirs = [identity(root) for root in policy.all_writable_roots()]
+        devices: list[int] = []
         ns = self._namespaces.ready
         if ns is not None and spawn.backend is not None and spawn.backend.mounts:
-            for fd in (ns.tmp, ns.shm):
-                st = os.fstat(fd)
-                dirs.append((st.st_dev, st.st_ino))
+            devices = [os.fstat(fd).st_dev for fd in (ns.tmp, ns.shm)]
         else:
             dirs.append(identity(self._state.private_tmpdir))
         sockets = [identity(p) for p in policy.allow_unix_sockets if not p.startswith("@")]
@@ -379,6 +393,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             isolated=policy.network is NetworkMode.ISOLATED,
             private_loopback=private,
             socket_dirs=frozenset(d for d in dirs if d is not None),
+            socket_devices=frozenset(devices),
             sockets=frozenset(s for s in sockets if s is not None),
             abstract_names=frozenset(names),
             nameservers=self._nameservers,
@@ -516,7 +531,7 @@ class SandboxBashExecutor(LocalBashExecutor):
 
 def _inferred_denials(stderr: str, policy: SandboxPolicy) -> list[SandboxDenial]:
     """Interim: the refusal phrases of the read-only mounts, until path-checked inference lands."""
-    phrases = ("Read-only file system", "Permission denied")
+    phrases = ("Read-only file system", "Permission denied", "Device or resource busy")
     if not any(p in stderr for p in phrases):
         return []
     return [

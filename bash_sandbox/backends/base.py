@@ -68,13 +68,14 @@ class BackendContext:
     """
 
     sources: PlaceholderSources
-    view: HostView
-    namespaces: NamespaceFds | None
-    scratch: ScratchPaths | None
-    stage: str
-    private_tmpdir: str
-    listener_fd: int
-    limits: ChildLimits = ChildLimits()
+    view: HostView = field(default_factory=HostView)
+    namespaces: NamespaceFds | None = None
+    scratch: ScratchPaths | None = None
+    stage: str = ""
+    # The executor's private TMPDIR for backends that mount nothing (Landlock alone, Seatbelt).
+    private_tmpdir: str = ""
+    listener_fd: int = -1
+    limits: ChildLimits = field(default_factory=ChildLimits)
 
 
 @dataclass(frozen=True)

@@ -481,7 +481,11 @@ class LandlockBackend(SandboxBackend):
             plan = self.wrap(
                 policy,
                 SpawnPlan(
-                    argv=("/bin/sh", "-c", "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0"),
+                    argv=(
+                        "/bin/sh",
+                        "-c",
+                        "echo ok > probe; echo x > ../escape 2>/dev/null; exit 0",
+                    ),
                     env={"PATH": "/usr/bin:/bin"},
                     cwd=ws,
                 ),

@@ -102,7 +102,7 @@ def probe_context(with_namespaces: bool) -> Iterator[tuple[str, BackendContext]]
             namespaces = create_namespaces(scratch, tmp_bytes=1 << 20, shm_bytes=1 << 20)
         ctx = BackendContext(
             sources=make_placeholder_sources(state),
-            view=HostView(tmp_tops=tmp_tops((tmp + '/ws',))),
+            view=HostView(tmp_tops=tmp_tops((tmp + "/ws",))),
             namespaces=namespaces,
             scratch=scratch if with_namespaces else None,
             stage=os.path.join(state, "stage"),

@@ -445,10 +445,6 @@ class SeatbeltBackend(SandboxBackend):
             return SandboxEnforcement.PARTIAL
         return SandboxEnforcement.FULL
 
-    def is_denial(self, stderr: str) -> bool:
-        # A runner failure also says "Operation not permitted" (sandbox_apply); it is not a denial.
-        return DENIAL_DIALECT in stderr and self.runner_failure(1, stderr) is None
-
     def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
         # sandbox-exec fails before the command starts, so its message is the first line.
         if exit_code is None or exit_code == 0:

@@ -562,8 +562,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     config = build_config(load_config(args.config, _workspace_dir(None)), {})
     report = collect_report(
+        config,
         network=args.network or config.network,
-        probe_timeout_ms=config.probe_timeout_ms,
         version=package_version(),
     )
     if args.json:

@@ -121,13 +121,17 @@ class ConnectPolicy:
     """What one command's connects may reach, with host paths already turned into inodes.
 
     ``socket_dirs`` are directories (device, inode) whose sockets the command may reach: its
-    writable roots and private temp dirs. ``private_loopback``: the command has a network
+    writable roots. ``socket_devices`` are filesystems private to the executor (its /tmp and
+    /dev/shm tmpfs): every socket there is the executor's commands' own. (An ancestry walk
+    would be wrong for those: host directories are bound back inside the private /tmp.)
+    ``private_loopback``: the command has a network
     namespace of its own, so loopback and abstract names are its own.
     """
 
     isolated: bool
     private_loopback: bool
     socket_dirs: frozenset[tuple[int, int]] = frozenset()
+    socket_devices: frozenset[int] = frozenset()
     sockets: frozenset[tuple[int, int]] = frozenset()
     abstract_names: frozenset[bytes] = frozenset()
     nameservers: frozenset[str] = frozenset()
@@ -411,8 +415,10 @@ class SeccompSupervisor:
             if not stat.S_ISSOCK(st.st_mode):
                 os.close(sock_fd)
                 return errno.ECONNREFUSED
-            allowed = (st.st_dev, st.st_ino) in policy.sockets or self._inside(
-                directory, policy.socket_dirs
+            allowed = (
+                (st.st_dev, st.st_ino) in policy.sockets
+                or st.st_dev in policy.socket_devices
+                or self._inside(directory, policy.socket_dirs)
             )
         finally:
             os.close(directory)

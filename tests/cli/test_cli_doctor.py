@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from cli_probes import HAS_BWRAP
@@ -13,12 +14,14 @@ from bash_sandbox.backends.landlock import landlock_abi
 from bash_sandbox.cli import main
 from bash_sandbox.cli.doctor import (
     LAYERS,
-    BackendStatus,
     Check,
+    DoctorReport,
     HostFacts,
-    build_report,
+    backend_status,
+    collect_report,
     render_text,
 )
+from bash_sandbox.config import SandboxBashConfig
 from policies import NetworkMode
 
 on_linux_with_bwrap = pytest.mark.skipif(
@@ -40,8 +43,7 @@ def test_json_report_has_every_backend_layer_and_host_fact(
             assert layer["enforcement"] in ("full", "partial", "none") and layer["how"]
     host = data["host"]
     assert host["landlock_abi"] == landlock_abi()
-    assert set(host["user_namespaces"]) == {"available", "detail"}
-    assert set(host["network_namespace"]) == {"available", "detail"}
+    assert set(host["namespaces"]) == {"available", "detail"}
     assert data["network"] == "isolated"
 
 
@@ -57,9 +59,8 @@ def test_on_this_linux_host_bwrap_and_landlock_are_usable_and_seatbelt_is_not(
     assert backends["landlock"]["usable"]
     assert not backends["seatbelt"]["usable"]
     assert "macOS" in backends["seatbelt"]["detail"]
-    assert data["auto_backend"] == "bwrap"
-    assert data["host"]["user_namespaces"]["available"]
-    assert data["host"]["network_namespace"]["available"]
+    assert data["chosen_backend"] == "bwrap"
+    assert data["host"]["namespaces"]["available"]
     bwrap_layers = {layer["layer"]: layer["enforcement"] for layer in backends["bwrap"]["layers"]}
     assert bwrap_layers == dict.fromkeys(LAYERS, "full")
 
@@ -68,8 +69,8 @@ def test_human_report_is_a_table(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["doctor"])
     out = capsys.readouterr().out
     assert code in (0, 1)
-    assert "Landlock ABI:" in out and "user namespaces:" in out
-    assert "network namespace:" in out
+    assert "Landlock ABI:" in out and "namespaces:" in out
+    assert "chosen backend:" in out
     header = next(line for line in out.splitlines() if line.startswith("BACKEND"))
     assert header.split() == ["BACKEND", "USABLE", "ENFORCES", "BINARY", "VERSION", "DETAIL"]
     for name in ("bwrap", "landlock", "seatbelt"):
@@ -88,95 +89,74 @@ def test_doctor_network_host_reports_the_network_layer_as_not_enforced(
             assert net["enforcement"] == "none"
 
 
-# -- the report from fake probes (pure) --------------------------------------------------------
+# -- what the executor would do, and the pure parts ---------------------------------------------
 
 
-def host(*, abi: int = 7, netns: bool = True) -> HostFacts:
+@on_linux_with_bwrap
+def test_doctor_reports_the_runner_the_executor_would_use(tmp_path: Path) -> None:
+    # A runner replaces bwrap in the executor; doctor must say so instead of "bwrap".
+    runner = tmp_path / "my-bwrap"
+    runner.write_text('#!/bin/sh\nexec /usr/bin/bwrap "$@"\n')
+    runner.chmod(0o755)
+    config = SandboxBashConfig(runner_command=[str(runner)])
+    report = collect_report(config, network=NetworkMode.ISOLATED, version="0")
+    assert report.chosen_backend == "runner"
+    assert report.backends[0].name == "runner" and report.backends[0].usable
+
+
+@on_linux_with_bwrap
+def test_doctor_reports_a_refusal_when_the_configured_backend_cannot_run(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.write_text("#!/bin/sh\nexit 7\n")
+    broken.chmod(0o755)
+    report = collect_report(
+        SandboxBashConfig(runner_command=[str(broken)]), network=NetworkMode.ISOLATED, version="0"
+    )
+    assert report.chosen_backend is None and not report.usable
+    assert report.refusal and "runner" in report.refusal
+
+
+BASE_LAYERS = tuple(LayerReport(name, "full", name) for name in LAYERS)
+
+
+def host() -> HostFacts:
     return HostFacts(
         platform="linux",
         kernel="6.x",
-        landlock_abi=abi,
-        user_namespaces=Check(available=True, detail="ok"),
-        network_namespace=Check(available=netns, detail="ok" if netns else "EPERM"),
+        landlock_abi=7,
+        namespaces=Check(available=True, detail="ok"),
     )
 
 
-BASE_LAYERS = (LayerReport("files", "full", "f"), LayerReport("processes", "full", "p"))
+def test_an_unusable_backend_reports_every_layer_as_none() -> None:
+    status = backend_status(BackendProbe("bwrap", False, "no bwrap"), ())
+    assert status.enforcement is None
+    assert {layer.enforcement for layer in status.layers} == {"none"}
+    assert all(layer.how.startswith("backend unusable") for layer in status.layers)
 
 
-def probe(
-    name: str,
-    usable: bool = True,
-    layers: tuple[LayerReport, ...] = BASE_LAYERS,
-) -> BackendProbe:
-    return BackendProbe(name, usable, "detail", layers=layers if usable else ())
+def test_a_layer_the_backend_does_not_report_is_none_and_makes_it_partial() -> None:
+    status = backend_status(BackendProbe("x", True, "ok"), BASE_LAYERS[:2])
+    assert [layer.enforcement for layer in status.layers] == ["full", "full", "none", "none"]
+    assert status.enforcement == "partial"
 
 
-def layers_of(backend: BackendStatus) -> dict[str, str]:
-    return {layer.layer: layer.enforcement for layer in backend.layers}
-
-
-def test_unusable_backend_reports_every_layer_as_none() -> None:
-    report = build_report(
-        [probe("bwrap", usable=False)], host(), network=NetworkMode.ISOLATED, version="0"
-    )
-    (bwrap,) = report.backends
-    assert not report.usable and report.auto_backend is None
-    assert bwrap.enforcement is None
-    assert layers_of(bwrap) == dict.fromkeys(LAYERS, "none")
-    assert all(layer.how.startswith("backend unusable") for layer in bwrap.layers)
-
-
-def test_bwrap_without_a_shared_namespace_still_isolates_with_unshare_net() -> None:
-    report = build_report(
-        [probe("bwrap")], host(netns=False), network=NetworkMode.ISOLATED, version="0"
-    )
-    (bwrap,) = report.backends
-    net = bwrap.layers[LAYERS.index("network")]
-    assert net.enforcement == "full" and "--unshare-net" in net.how
-    assert bwrap.enforcement == "full"
-
-
-def test_landlock_without_a_namespace_cannot_isolate_the_network() -> None:
-    report = build_report(
-        [probe("bwrap", usable=False), probe("landlock")],
-        host(netns=False),
-        network=NetworkMode.ISOLATED,
-        version="0",
-    )
-    landlock = report.backends[1]
-    assert layers_of(landlock)["network"] == "none"
-    assert landlock.enforcement == "partial"
-    assert report.auto_backend == "landlock"
-
-
-def test_probe_layer_reports_win_over_the_defaults() -> None:
-    own = (*BASE_LAYERS, LayerReport("network", "partial", "the backend's own words"))
-    report = build_report(
-        [probe("bwrap", layers=own)], host(), network=NetworkMode.ISOLATED, version="0"
-    )
-    net = report.backends[0].layers[LAYERS.index("network")]
-    assert (net.enforcement, net.how) == ("partial", "the backend's own words")
-
-
-def test_host_network_leaves_network_and_unix_sockets_unenforced() -> None:
-    report = build_report(
-        [probe("bwrap"), probe("landlock")], host(abi=7), network=NetworkMode.HOST, version="0"
-    )
-    bwrap, landlock = report.backends
-    assert layers_of(bwrap)["network"] == "none" and layers_of(bwrap)["unix sockets"] == "none"
-    # Landlock ABI 6+ still scopes abstract unix sockets to the sandbox.
-    assert layers_of(landlock)["unix sockets"] == "partial"
-
-
-def test_render_text_lists_usable_backends_layers() -> None:
-    report = build_report(
-        [probe("bwrap"), probe("seatbelt", usable=False)],
-        host(),
-        network=NetworkMode.ISOLATED,
+def test_render_text_lists_usable_backends_layers_and_loud_notes() -> None:
+    report = DoctorReport(
         version="9.9",
+        network=NetworkMode.ISOLATED,
+        host=host(),
+        backends=(
+            backend_status(BackendProbe("bwrap", True, "ok"), BASE_LAYERS),
+            backend_status(BackendProbe("seatbelt", False, "macOS only"), ()),
+        ),
+        chosen_backend="bwrap",
+        degraded="weaker than it should be",
+        notes=("workspace config is not read",),
     )
     text = render_text(report)
     assert text.startswith("bash-sandbox 9.9 doctor: linux, kernel 6.x\n")
     assert "bwrap layers:" in text and "seatbelt layers:" not in text
-    assert "auto backend:       bwrap" in text
+    assert "chosen backend:    bwrap" in text
+    assert "WARNING: weaker than it should be" in text
+    assert "note: workspace config is not read" in text

@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,13 @@ from bash_seam import (
 from policies import SandboxMode
 
 FACTS = SandboxFacts(mode=SandboxMode.READ_ONLY, denied=False, enforcement=None)
+
+
+@dataclass(frozen=True)
+class TaggedPlan(SpawnPlan):
+    """A subclass's typed plan: the executor hands this very plan back to every hook."""
+
+    tag: str = "confined"
 
 
 class RecordingExecutor(LocalBashExecutor):
@@ -50,7 +57,8 @@ class RecordingExecutor(LocalBashExecutor):
         def release() -> None:
             self.releases += 1
 
-        return replace(plan, argv=(*self.wrapper, *plan.argv), release=release, context="ctx")
+        wrapped = replace(plan, argv=(*self.wrapper, *plan.argv), release=release)
+        return TaggedPlan(**{f.name: getattr(wrapped, f.name) for f in fields(SpawnPlan)})
 
     def _outcome_facts(
         self,
@@ -64,7 +72,7 @@ class RecordingExecutor(LocalBashExecutor):
     ) -> SandboxFacts | None:
         self.facts_calls.append(
             {
-                "context": plan.context,
+                "tag": getattr(plan, "tag", None),
                 "exit_code": exit_code,
                 "signal": signal,
                 "stderr_text": stderr_text,
@@ -117,7 +125,7 @@ async def test_outcome_facts_see_the_settled_run_and_land_in_the_result(
     assert result.sandbox == FACTS
     (call,) = recording.facts_calls
     assert call == {
-        "context": "ctx",
+        "tag": "confined",
         "exit_code": 3,
         "signal": None,
         "stderr_text": "nope\n",

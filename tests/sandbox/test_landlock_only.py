@@ -18,6 +18,7 @@ from bash_sandbox.backends.landlock_only import (
     render_landlock_only_ruleset,
     render_read_grants,
 )
+from bash_sandbox.selection import Candidates
 from bash_seam import BashExecRequest
 from policies import SandboxPolicy
 from tests.sandbox.conftest import require_backend
@@ -90,7 +91,8 @@ async def test_landlock_alone_confines_and_reports_partial(tmp_path: Path) -> No
             workspace_root=str(ws),
             deny_read=(str(secrets),),
         ) as ex:
-            ex._selector._candidates = [backend]  # as on a host without namespaces
+            # As on a host without namespaces.
+            ex._selector._candidates = Candidates((backend,))
             result = await ex.run(
                 ex.resolve(
                     BashExecRequest(

@@ -1,90 +1,68 @@
-"""Exact-output tests of the pure Landlock ruleset and child-plan renderers."""
+"""Exact-output tests of the Landlock ruleset, the child's step sequence, and seccomp rules.
+
+Only end-to-end attacks would otherwise notice two steps swapped: each step needs the
+privileges the next ones drop, so the order is part of the confinement.
+"""
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
+
 from bash_sandbox.backends import landlock as ll
-from bash_sandbox.backends.mount_plan import PlannedMount
-from bash_sandbox.linux.child_setup import (
-    CLONE_NEWIPC,
-    CLONE_NEWNS,
-    CLONE_NEWPID,
-    CLONE_NEWUSER,
-    CLONE_NEWUTS,
-    MS_NODEV,
-    MS_NOEXEC,
-    MS_NOSUID,
-    MS_RDONLY,
-    MS_RELATIME,
+from bash_sandbox.backends.base import BackendContext
+from bash_sandbox.backends.mount_plan import GitOverlay, HostView, MountOp, PlaceholderSources
+from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
+from bash_sandbox.linux.seccomp import (
+    SeccompOptions,
+    render_notify_rules,
+    render_seccomp_rules,
 )
-from bash_sandbox.linux.seccomp import SeccompOptions
 from policies import SandboxPolicy
 
 SINKS = tuple(
     (s, ll.WRITE_FILE | ll.TRUNCATE | ll.IOCTL_DEV) for s in ("/dev/null", "/dev/zero", "/dev/full")
 )
+SCRATCH = ScratchPaths("/st/tmp", "/st/shm", "/st/pts")
+TABLE = ll.parse_mount_table(
+    "22 1 0:21 / / rw,relatime - ext4 /dev/vda rw\n"
+    "23 22 0:22 / /proc rw,nosuid,nodev,noexec - proc proc rw\n"
+)
 
 
-def test_read_only_abi7_grants_reads_everywhere_and_writes_only_to_sinks() -> None:
+def test_read_only_abi7_reads_everywhere_writes_sinks_and_private_scratch() -> None:
     policy = SandboxPolicy(mode="read-only", workspace_root="/srv", deny_read=())
-    rs = ll.render_landlock_ruleset(policy, 7, private_tmp="/state/tmp")
+    rs = ll.render_landlock_ruleset(policy, 7, scratch=("/fd/t", "/fd/s"), ptys="/fd/p")
     assert rs == ll.LandlockRuleset(
         abi=7,
         handled_fs=(1 << 16) - 1,
         scoped=ll.SCOPE_ABSTRACT_UNIX_SOCKET | ll.SCOPE_SIGNAL,
-        rules=(("/", ll.EXECUTE | ll.READ_FILE | ll.READ_DIR), *SINKS),
+        rules=(
+            ("/", ll.EXECUTE | ll.READ_FILE | ll.READ_DIR),
+            *SINKS,
+            ("/fd/t", ll.READ_RIGHTS | ll.WRITE_RIGHTS),
+            ("/fd/s", ll.READ_RIGHTS | ll.WRITE_RIGHTS),
+            ("/fd/p", ll.READ_FILE | ll.READ_DIR | ll.WRITE_FILE | ll.IOCTL_DEV),
+        ),
     )
 
 
-def test_workspace_write_adds_roots_and_private_tmp_without_device_creation() -> None:
+def test_workspace_write_adds_the_roots_without_device_creation() -> None:
     policy = SandboxPolicy(
         mode="workspace-write", workspace_root="/srv", writable_roots=("/data",), deny_read=()
     )
-    rs = ll.render_landlock_ruleset(policy, 7, private_tmp="/state/tmp")
-    write = ll.WRITE_RIGHTS
-    assert rs.rules[-3:] == (("/srv", write), ("/data", write), ("/state/tmp", write))
-    assert not write & (ll.MAKE_CHAR | ll.MAKE_BLOCK)
+    rs = ll.render_landlock_ruleset(policy, 7)
+    assert rs.rules[-2:] == (("/srv", ll.WRITE_RIGHTS), ("/data", ll.WRITE_RIGHTS))
+    assert not ll.WRITE_RIGHTS & (ll.MAKE_CHAR | ll.MAKE_BLOCK)
 
 
 def test_old_abi_masks_rights_it_cannot_handle_and_has_no_scopes() -> None:
     policy = SandboxPolicy(mode="workspace-write", workspace_root="/srv", deny_read=())
-    rs = ll.render_landlock_ruleset(policy, 2, private_tmp=None)
+    rs = ll.render_landlock_ruleset(policy, 2)
     assert rs.handled_fs == (1 << 14) - 1
     assert rs.scoped == 0
     assert all(rights & ~rs.handled_fs == 0 for _, rights in rs.rules)
-    assert all(not rights & ll.IOCTL_DEV for _, rights in rs.rules)
-
-
-def test_child_plan_as_root_uses_no_user_namespace() -> None:
-    policy = SandboxPolicy(mode="read-only", workspace_root="/srv", deny_read=())
-    mounts = (PlannedMount("/s/empty", "/srv/.git", create=True),)
-    plan = ll.render_child_plan(policy, mounts=mounts, has_netns=True, euid=0, egid=0)
-    assert plan == ll.ChildPlan(
-        join_netns=True,
-        join_userns=False,
-        unshare_flags=CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS,
-        map_ids=None,
-        mounts=mounts,
-        seccomp=SeccompOptions(block_unix_sockets=True),
-    )
-
-
-def test_child_plan_unprivileged_maps_its_own_ids_and_host_network_joins_nothing() -> None:
-    policy = SandboxPolicy(mode="read-only", workspace_root="/srv", network="host", deny_read=())
-    plan = ll.render_child_plan(policy, mounts=(), has_netns=True, euid=1000, egid=100)
-    assert plan.unshare_flags & CLONE_NEWUSER
-    assert plan.map_ids == (1000, 100)
-    assert plan.join_netns is False
-    assert plan.seccomp == SeccompOptions(block_unix_sockets=False)
-
-
-def test_child_plan_unprivileged_joins_the_executors_user_namespace_when_isolated() -> None:
-    policy = SandboxPolicy(mode="read-only", workspace_root="/srv", deny_read=())
-    plan = ll.render_child_plan(
-        policy, mounts=(), has_netns=True, euid=1000, egid=100, has_userns=True
-    )
-    assert (plan.join_userns, plan.join_netns) == (True, True)
-    assert not plan.unshare_flags & CLONE_NEWUSER
-    assert plan.map_ids is None
 
 
 def test_pid1_wrapper_passes_the_command_as_an_argument() -> None:
@@ -94,33 +72,130 @@ def test_pid1_wrapper_passes_the_command_as_an_argument() -> None:
     assert "echo" not in argv[2]
 
 
-def test_child_plan_remounts_every_mount_read_only_and_rebinds_the_roots() -> None:
-    policy = SandboxPolicy(mode="workspace-write", workspace_root="/srv/ws", deny_read=())
-    table = ll.parse_mount_table(
-        "22 1 0:21 / / rw,relatime - ext4 /dev/vda rw\n"
-        "23 22 0:22 / /srv rw,nosuid,nodev - ext4 /dev/vdb rw\n"
-        "24 22 0:23 / /with\\040space rw,noexec - tmpfs tmpfs rw\n"
+def _ctx(*, user: bool, overlays: tuple[GitOverlay, ...] = ()) -> BackendContext:
+    return BackendContext(
+        sources=PlaceholderSources("/st/empty", "/st/denied-dir", "/st/denied-file"),
+        view=HostView(overlays=overlays),
+        namespaces=NamespaceFds(
+            mnt=5, net=6, tmp=7, shm=8, pts=9, listener=10, user=11 if user else None
+        ),
+        scratch=SCRATCH,
+        stage="/st/stage",
+        private_tmpdir="/st/lt",
+        listener_fd=12,
     )
-    plan = ll.render_child_plan(
-        policy,
-        mounts=(),
-        has_netns=False,
-        euid=0,
-        egid=0,
-        mount_table=table,
-        private_tmp="/state/tmp",
-    )
-    assert plan.read_only_mounts == (
-        ("/", MS_RDONLY | MS_RELATIME),
-        ("/srv", MS_RDONLY | MS_NOSUID | MS_NODEV),
-        ("/with space", MS_RDONLY | MS_NOEXEC),
-    )
-    assert plan.writable_binds == (("/srv/ws", MS_NOSUID | MS_NODEV), ("/state/tmp", MS_RELATIME))
 
 
-def test_landlock_denial_dialect() -> None:
-    backend = ll.LandlockBackend()
-    assert backend.is_denial("bash: /etc/x: Permission denied")
-    assert backend.is_denial("chmod: changing permissions of 'a': Operation not permitted")
-    assert not backend.is_denial("ls: cannot access 'x': No such file or directory")
-    assert backend.runner_failure(1, "unshare: unshare failed: Operation not permitted") is None
+def _steps(policy: SandboxPolicy, ctx: BackendContext, ops: tuple[MountOp, ...] = ()) -> list[str]:
+    setup = ll.landlock_child_setup(
+        policy, ctx, ops=ops, mount_table=TABLE, ruleset_fd=20, cwd=policy.workspace_root
+    )
+    # One "capbset" step per capability: collapse runs of the same step.
+    return [name for name, _ in itertools.groupby(setup.step_names())]
+
+
+STAGE = ll.STAGE
+DEV = STAGE + "/st/empty"
+FRESH_DEV = [
+    f"mount tmpfs {DEV}",
+    *itertools.chain.from_iterable(
+        (f"create {DEV}/{n}", f"bind {DEV}/{n}") for n in ll.FRESH_DEV_NODES
+    ),
+    *(f"symlink {DEV}{link.removeprefix('/dev')}" for _, link in ll.FRESH_DEV_LINKS),
+    f"mkdir {DEV}/pts",
+    f"mkdir {DEV}/shm",
+    f"bind {DEV}/pts",
+    f"bind {DEV}/shm",
+    f"move {DEV}",
+    "remount /dev",
+]
+PRIVILEGE = [
+    "fork",
+    "mount proc /proc",
+    "bind /proc/sys",
+    "remount-ro /proc/sys",
+    "securebits",
+    "capbset",
+    "ambient",
+    "capset",
+    "no_new_privs",
+    "landlock_restrict_self",
+    "seccomp",
+    "no_new_privs",
+    "seccomp(listener)",
+]
+
+
+@pytest.mark.parametrize(
+    ("user", "network", "joins"),
+    [
+        (False, "isolated", ["setns(mnt)", "setns(net)"]),
+        (False, "host", ["setns(mnt)"]),
+        (True, "isolated", ["setns(user)", "setns(mnt)", "setns(net)"]),
+        (True, "host", ["setns(user)", "setns(mnt)"]),
+    ],
+)
+def test_the_child_steps_in_order_as_root_and_unprivileged_isolated_and_host(
+    user: bool, network: str, joins: list[str]
+) -> None:
+    policy = SandboxPolicy(mode="read-only", workspace_root="/srv", network=network, deny_read=())
+    ops = (MountOp("bind", "/tmp", "/st/tmp", writable=True), MountOp("bind", "/x", "/x"))
+    assert _steps(policy, _ctx(user=user), ops) == [
+        "pdeathsig",
+        *joins,
+        "unshare",
+        "mount(private)",
+        "remount /",
+        "remount /proc",
+        "bind /st/stage",
+        "hold /st/stage",
+        "bind /tmp",
+        "remount /tmp",
+        "bind /x",
+        "remount-ro /x",
+        *FRESH_DEV,
+        f"umount {STAGE}",
+        f"close {ll.STAGE_FD}",
+        "chdir /srv",
+        *PRIVILEGE,
+    ]
+
+
+def test_git_overlays_are_mounted_before_the_read_only_remounts() -> None:
+    policy = SandboxPolicy(mode="workspace-write", workspace_root="/srv", deny_read=())
+    steps = _steps(policy, _ctx(user=False, overlays=(GitOverlay("/srv/.git", "/u", "/w"),)))
+    assert steps.index("mount overlay /srv/.git") < steps.index("remount /")
+    assert steps.index("mount(private)") < steps.index("mount overlay /srv/.git")
+
+
+def test_the_refusal_filter_rules_in_order() -> None:
+    names = [(r.syscall, r.errno, tuple((a.index, a.value, a.op) for a in r.args))
+             for r in render_seccomp_rules(SeccompOptions())]  # fmt: skip
+    assert names[:5] == [
+        ("ioctl", 1, ((1, 0x5412, "masked_eq"),)),
+        ("ioctl", 1, ((1, 0x541C, "masked_eq"),)),
+        ("unshare", 1, ((0, 0x10000000, "masked_eq"),)),
+        ("clone", 1, ((0, 0x10000000, "masked_eq"),)),
+        ("clone3", 38, ()),
+    ]
+    calls = [n for n, _, _ in names]
+    for call in ("mount", "open_tree", "fsopen", "keyctl", "bpf", "perf_event_open",
+                 "io_uring_setup", "sethostname", "mq_open"):  # fmt: skip
+        assert call in calls
+    assert "chmod" not in calls  # only without a mount namespace
+    assert "chmod" in [r.syscall for r in render_seccomp_rules(SeccompOptions(block_metadata=True))]
+
+
+def test_the_supervised_filter_hands_over_connect_and_every_foreign_socket() -> None:
+    rules = render_notify_rules()
+    assert all(r.errno is None for r in rules)
+    assert rules[0].syscall == "connect" and rules[0].args == ()
+    socket_families = {r.args[0].value for r in rules if r.syscall == "socket" and len(r.args) == 1}
+    assert socket_families == set(range(46)) - {1, 2, 10, 16} | {45}
+    unix_types = {r.args[1].value for r in rules if r.syscall == "socketpair" and len(r.args) == 2}
+    assert unix_types == {2, 3}  # datagram and raw (which AF_UNIX treats as datagram)
+    netlink = [r for r in rules if r.syscall == "socket" and r.args[0].value == 16]
+    assert [(a.index, a.value, a.op) for a in netlink[0].args] == [
+        (0, 16, "masked_eq"),
+        (2, 0, "ne"),
+    ]

@@ -1,108 +1,171 @@
-"""Which paths get read-only mounts: protected names (existing, missing, symlinked), hidden."""
+"""The shared view: exact operations from a host view, and what inspecting the host finds."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from bash_sandbox.backends.mount_plan import (
-    PathTarget,
+    GitOverlay,
+    HostView,
+    MountOp,
     PlaceholderSources,
-    PlannedMount,
-    inspect_deny_read,
+    Shadow,
+    ShadowEntry,
     inspect_protected,
+    inspect_shadows,
     make_placeholder_sources,
     render_mount_plan,
-    symlinked_protected_paths,
+    tmp_tops,
+    visible,
 )
 from policies import SandboxPolicy
 
 SOURCES = PlaceholderSources("/s/empty", "/s/denied-dir", "/s/denied-file")
 
 
-def _policy(ws: Path, **kw: object) -> SandboxPolicy:
-    return SandboxPolicy(mode="workspace-write", workspace_root=str(ws), deny_read=(), **kw)  # type: ignore[arg-type]
+def _policy(ws: Path | str, mode: str = "workspace-write", **kw: object) -> SandboxPolicy:
+    return SandboxPolicy(mode=mode, workspace_root=str(ws), deny_read=(), **kw)  # type: ignore[arg-type]
 
 
-def test_missing_git_protects_the_first_missing_component(tmp_path: Path) -> None:
-    targets = inspect_protected(_policy(tmp_path))
-    assert set(targets) == {PathTarget(str(tmp_path / ".git"), "protect-missing")}
-
-
-def test_existing_and_missing_names_under_an_existing_git(tmp_path: Path) -> None:
-    (tmp_path / ".git").mkdir()
-    (tmp_path / ".git" / "config").write_text("[core]\n")
-    targets = inspect_protected(_policy(tmp_path))
-    assert set(targets) == {
-        PathTarget(str(tmp_path / ".git"), "pin"),
-        PathTarget(str(tmp_path / ".git" / "hooks"), "protect-missing"),
-        PathTarget(str(tmp_path / ".git" / "config"), "protect-existing"),
-    }
-
-
-def test_symlinked_protected_name_protects_its_target_inside_the_root(tmp_path: Path) -> None:
-    (tmp_path / ".git").mkdir()
-    (tmp_path / "elsewhere").mkdir()
-    os.symlink(tmp_path / "elsewhere", tmp_path / ".git" / "hooks")
-    os.symlink(tmp_path / "planted-config", tmp_path / ".git" / "config")  # dangling
-    targets = set(inspect_protected(_policy(tmp_path)))
-    assert PathTarget(str(tmp_path / "elsewhere"), "protect-existing") in targets
-    assert PathTarget(str(tmp_path / "planted-config"), "protect-missing") in targets
-    # The directory holding the links is pinned so it cannot be renamed away...
-    assert PathTarget(str(tmp_path / ".git"), "pin") in targets
-    # ...but the links themselves cannot be mounted over: that is reported as partial.
-    assert symlinked_protected_paths(_policy(tmp_path)) == (
-        str(tmp_path / ".git" / "hooks"),
-        str(tmp_path / ".git" / "config"),
+def test_render_orders_shadows_tmp_roots_overlays_pins_covers() -> None:
+    view = HostView(
+        shadows=(
+            Shadow(
+                "/h/.config",
+                (ShadowEntry("gh", "denied-dir"), ShadowEntry("nvim", "dir")),
+            ),
+            Shadow(
+                "/h",
+                (
+                    ShadowEntry(".netrc", "denied-file"),
+                    ShadowEntry("bin", "symlink", "/usr/bin"),
+                    ShadowEntry("notes.txt", "file"),
+                ),
+            ),
+        ),
+        tmp_tops=("/tmp/a",),
+        overlays=(GitOverlay("/w/.git", "/up", "/wk"),),
+        pins=("/w/d",),
+        protect=("/w/.git/config",),
+        deny_dirs=("/w/secrets",),
+        deny_files=("/w/.env",),
+    )
+    ops = render_mount_plan(_policy("/w"), view, SOURCES, private_tmp="/st/tmp")
+    assert ops == (
+        # shallow first: the deeper shadow refines the shallower one
+        MountOp("tmpfs", "/h"),
+        MountOp("mkfile", "/h/.netrc"),
+        MountOp("bind", "/h/.netrc", "/s/denied-file"),
+        MountOp("symlink", "/h/bin", "/usr/bin"),
+        MountOp("mkfile", "/h/notes.txt"),
+        MountOp("bind", "/h/notes.txt", "/h/notes.txt"),
+        MountOp("readonly", "/h"),
+        MountOp("tmpfs", "/h/.config"),
+        MountOp("mkdir", "/h/.config/gh"),
+        MountOp("bind", "/h/.config/gh", "/s/denied-dir"),
+        MountOp("mkdir", "/h/.config/nvim"),
+        MountOp("bind", "/h/.config/nvim", "/h/.config/nvim"),
+        MountOp("readonly", "/h/.config"),
+        MountOp("bind", "/tmp", "/st/tmp", writable=True),
+        MountOp("mkdir", "/tmp/a"),
+        MountOp("bind", "/tmp/a", "/tmp/a"),
+        MountOp("bind", "/w", "/w", writable=True),
+        MountOp("overlay", "/w/.git", "/w/.git", writable=True, upper="/up", work="/wk"),
+        MountOp("bind", "/w/d", "/w/d", writable=True),
+        MountOp("bind", "/w/.git/config", "/w/.git/config"),
+        MountOp("bind", "/w/secrets", "/s/denied-dir"),
+        MountOp("bind", "/w/.env", "/s/denied-file"),
     )
 
 
-def test_symlink_leaving_every_root_needs_no_mount(tmp_path: Path) -> None:
+def test_read_only_binds_no_root_writable() -> None:
+    ops = render_mount_plan(_policy("/w", "read-only"), HostView(), SOURCES, private_tmp="/st/t")
+    assert ops == (MountOp("bind", "/tmp", "/st/t", writable=True),)
+
+
+def test_tmp_tops_and_visibility_under_a_private_tmp() -> None:
+    assert tmp_tops(("/tmp/x/ws", "/srv/y", "/tmp/x/other", "/tmp/z")) == ("/tmp/x", "/tmp/z")
+    assert visible("/tmp/x/deep", ("/tmp/x",), True)
+    assert not visible("/tmp/bash-sandbox-0", ("/tmp/x",), True)
+    assert visible("/tmp/bash-sandbox-0", (), False)
+    assert visible("/home/u/.ssh", (), True)
+
+
+def test_shadows_hold_every_sibling_and_placeholders_for_existing_secrets(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".netrc").write_text("machine x")
+    (home / "notes").write_text("hi")
+    os.symlink("/usr/bin", home / "bin")
+    denied = (str(home / ".ssh"), str(home / ".netrc"), str(home / ".pgpass"))
+    shadows, dirs, files = inspect_shadows(denied, roots=())
+    assert shadows == (
+        Shadow(
+            str(home),
+            (
+                ShadowEntry(".netrc", "denied-file"),
+                ShadowEntry(".ssh", "denied-dir"),
+                ShadowEntry("bin", "symlink", "/usr/bin"),
+                ShadowEntry("notes", "file"),
+            ),
+        ),
+    )
+    # .pgpass does not exist: it simply is not in the shadow, so a later one never shows.
+    assert (dirs, files) == ((), ())
+
+
+def test_a_missing_secret_shadows_its_nearest_existing_directory(tmp_path: Path) -> None:
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "pip").mkdir()
+    shadows, _, _ = inspect_shadows((str(tmp_path / "cache" / "huggingface" / "token"),), ())
+    assert [s.directory for s in shadows] == [str(tmp_path / "cache")]
+    assert shadows[0].entries == (ShadowEntry("pip", "dir"),)
+
+
+def test_secrets_inside_a_writable_root_are_covered_where_they_lie(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
-    (ws / ".git").mkdir(parents=True)
-    os.symlink(tmp_path, ws / ".git" / "hooks")
-    os.symlink(tmp_path / "cfg", ws / ".git" / "config")
-    assert inspect_protected(_policy(ws)) == (PathTarget(str(ws / ".git"), "pin"),) * 2
+    (ws / "keys").mkdir(parents=True)
+    (ws / ".env").write_text("X=1")
+    denied = (str(ws / "keys"), str(ws / ".env"), str(ws / "missing"))
+    shadows, dirs, files = inspect_shadows(denied, roots=(str(ws),))
+    assert shadows == ()
+    assert (dirs, files) == ((str(ws / "keys"),), (str(ws / ".env"),))
+
+
+def test_a_home_that_is_a_writable_root_is_never_shadowed(tmp_path: Path) -> None:
+    (tmp_path / ".ssh").mkdir()
+    shadows, dirs, _ = inspect_shadows((str(tmp_path / ".ssh"),), roots=(str(tmp_path),))
+    assert shadows == () and dirs == (str(tmp_path / ".ssh"),)
+
+
+def test_git_names_go_to_the_overlay_and_other_names_are_covered_or_pinned(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "app.toml").write_text("x")
+    policy = _policy(
+        tmp_path, protected_paths=(".git/hooks", ".git/config", "conf/app.toml", "x/y")
+    )
+    view = inspect_protected(policy, (str(tmp_path / ".git"),))
+    assert view.in_git == (
+        (str(tmp_path / ".git"), "config", False),
+        (str(tmp_path / ".git"), "hooks", True),
+    )
+    assert view.protect == (str(tmp_path / "conf" / "app.toml"),)
+    assert view.pins == (str(tmp_path / "conf"),)
+    assert view.missing == ((str(tmp_path / "x"), True),)
 
 
 def test_read_only_mode_protects_nothing(tmp_path: Path) -> None:
-    policy = SandboxPolicy(mode="read-only", workspace_root=str(tmp_path), deny_read=())
-    assert inspect_protected(policy) == ()
-
-
-def test_deny_read_covers_existing_paths_and_symlink_targets(tmp_path: Path) -> None:
-    (tmp_path / "real-ssh").mkdir()
-    os.symlink(tmp_path / "real-ssh", tmp_path / ".ssh")
-    (tmp_path / ".netrc").write_text("machine x")
-    targets = inspect_deny_read(
-        (str(tmp_path / ".ssh"), str(tmp_path / ".netrc"), str(tmp_path / "absent"))
-    )
-    assert set(targets) == {
-        PathTarget(str(tmp_path / "real-ssh"), "hide-dir"),
-        PathTarget(str(tmp_path / ".netrc"), "hide-file"),
-    }
-
-
-def test_render_orders_protections_first_and_drops_nested_targets() -> None:
-    protected = (
-        PathTarget("/w/.git/hooks", "protect-missing"),
-        PathTarget("/w/.git", "protect-missing"),
-    )
-    hidden = (
-        PathTarget("/h/.ssh/id", "hide-file"),
-        PathTarget("/h/.ssh", "hide-dir"),
-        PathTarget("/h/.netrc", "hide-file"),
-    )
-    assert render_mount_plan(protected, hidden, SOURCES) == (
-        PlannedMount("/s/empty", "/w/.git", create=True),
-        PlannedMount("/s/denied-file", "/h/.netrc"),
-        PlannedMount("/s/denied-dir", "/h/.ssh"),
-    )
+    view = inspect_protected(_policy(tmp_path, "read-only"), ())
+    assert (view.protect, view.pins, view.missing) == ((), (), ())
 
 
 def test_placeholder_sources_have_exact_modes(tmp_path: Path) -> None:
     sources = make_placeholder_sources(str(tmp_path))
-    assert os.stat(sources.empty_dir).st_mode & 0o7777 == 0o555
-    assert os.stat(sources.deny_dir).st_mode & 0o7777 == 0
-    assert os.stat(sources.deny_file).st_mode & 0o7777 == 0
-    os.chmod(sources.deny_dir, 0o700)
+    assert stat.S_IMODE(os.stat(sources.empty_dir).st_mode) == 0o555
+    assert stat.S_IMODE(os.stat(sources.deny_dir).st_mode) == 0o000
+    assert stat.S_IMODE(os.stat(sources.deny_file).st_mode) == 0o000

@@ -202,15 +202,18 @@ async def test_background_server_is_reachable_from_later_calls_only_of_this_exec
         foreign = await _run(other, client, workspace)
         assert foreign.exit_code != 0
         assert "hello" not in foreign.stdout.text
-        assert foreign.sandbox is not None and foreign.sandbox.network_denied
+        # Its own loopback simply has nothing there: refused, and not a sandbox denial.
+        assert foreign.sandbox is not None and not foreign.sandbox.network_denied
     finally:
         server.kill()
         await server.wait()
 
 
-async def test_refused_connection_is_a_network_denial_with_its_own_marker(
+async def test_a_refused_loopback_connection_is_not_a_network_denial(
     make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
 ) -> None:
+    # The sandbox's own loopback has nothing on the host server's port (a dev server not up
+    # yet looks the same): refused, but nothing was denied.
     ex = make_executor()
     with servers(tmp_path) as s:
         port = s["tcp4"].address[1]  # type: ignore[index]
@@ -218,8 +221,24 @@ async def test_refused_connection_is_a_network_denial_with_its_own_marker(
         assert s["tcp4"].hits == 0
     assert result.exit_code not in (0, None)
     assert result.sandbox is not None
-    assert result.sandbox.network_denied is True
+    assert result.sandbox.network_denied is False
+    assert result.sandbox.denials == ()
+
+
+async def test_a_connection_leaving_the_isolated_network_is_a_denial_seen_by_the_supervisor(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    ex = make_executor()
+    result = await _run(ex, "curl -sS --max-time 3 http://192.0.2.1:8080/", workspace)
+    assert result.exit_code not in (0, None)
+    assert result.sandbox is not None and result.sandbox.network_denied is True
     assert result.sandbox.denied is False
+    (denial,) = result.sandbox.denials
+    assert (denial.kind, denial.target, denial.evidence) == (
+        "network-connect",
+        "192.0.2.1:8080",
+        "supervisor",
+    )
     assert network_denial_marker() == "[sandbox: network access denied under isolated network]"
 
 
@@ -252,7 +271,9 @@ async def test_aclose_leaves_no_namespace_mount_or_process(backend: str, workspa
         ex, "for i in $(seq 100); do [ -s pid ] && exit 0; sleep 0.05; done", workspace
     )
     assert result.exit_code == 0
-    inode = os.readlink(f"/proc/self/fd/{ex._netns.fd()}")
+    namespaces = ex._namespaces.ready
+    assert namespaces is not None
+    inode = os.readlink(f"/proc/self/fd/{namespaces.net}")
     assert _netns_holders(inode)
     await ex.aclose()
     await proc.wait()
