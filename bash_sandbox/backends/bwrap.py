@@ -160,20 +160,30 @@ UNCONFINED_RUNNER_LINE = "bash-sandbox: the runner did not confine the command; 
 UNCONFINED_RUNNER_EXIT = 125
 
 
-def confinement_check_argv(argv: tuple[str, ...], executor_pid: int) -> tuple[str, ...]:
+_PIDNS_FD: int | None = None
+
+
+def executor_pidns_path() -> str:
+    """A path to this process's own PID namespace, held open for the process's lifetime."""
+    global _PIDNS_FD  # noqa: PLW0603 - one descriptor per process, opened once
+    if _PIDNS_FD is None:
+        _PIDNS_FD = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    return f"/proc/{os.getpid()}/fd/{_PIDNS_FD}"
+
+
+def confinement_check_argv(argv: tuple[str, ...], executor_pidns: str) -> tuple[str, ...]:
     """Wrap ``(bash, "-c", command)`` so it runs only if it really is confined.
 
     An operator's runner passed the probe once; this re-checks every run from inside, with
-    bash builtins only: no_new_privs and a seccomp filter are on, and the mount namespace is
-    not the executor's (its /proc entry is not even visible from a real sandbox).
+    bash builtins only. The executor's own pre-exec step already set no_new_privs and a
+    seccomp filter, so those prove nothing about the runner; what only a real sandbox gives
+    is a PID namespace of its own with its own /proc, where the executor's namespace file
+    (``executor_pidns``) is not even visible.
     """
     if len(argv) != 3 or argv[1] != "-c":
         return argv
     script = (
-        "nnp= sc=; while IFS=$'\\t' read -r k v; do case $k in NoNewPrivs:) nnp=$v;; "
-        "Seccomp:) sc=$v;; esac; done < /proc/self/status; "
-        f'if [ "$nnp" != 1 ] || [ "$sc" != 2 ] || '
-        f"[ /proc/self/ns/mnt -ef /proc/{executor_pid}/ns/mnt ]; "
+        f"if [ -e {executor_pidns} ] || [ /proc/self/ns/pid -ef {executor_pidns} ]; "
         f'then echo "{UNCONFINED_RUNNER_LINE}" >&2; exit {UNCONFINED_RUNNER_EXIT}; fi; '
         'exec "$0" -c "$1"'
     )
@@ -236,7 +246,7 @@ class BwrapBackend(SandboxBackend):
         supervise(setup, ctx)
         inner = plan.argv
         if self._runner_prefix:
-            inner = confinement_check_argv(inner, os.getpid())
+            inner = confinement_check_argv(inner, executor_pidns_path())
         # Created last, so nothing can fail between creating and handing it over.
         seccomp_fd = sealed_memfd("bash-sandbox-seccomp", compile_seccomp(SeccompOptions()))
         options = BwrapOptions(

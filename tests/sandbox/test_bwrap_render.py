@@ -168,10 +168,10 @@ def test_operator_signatures_mark_runner_failures_at_any_exit_code() -> None:
 
 
 def test_operator_runner_commands_recheck_their_confinement_from_inside() -> None:
-    argv = confinement_check_argv(("/bin/bash", "-c", "make; echo '$1'"), 4242)
+    argv = confinement_check_argv(("/bin/bash", "-c", "make; echo '$1'"), "/proc/42/fd/7")
     assert argv[0:2] == ("/bin/bash", "-c")
     assert argv[3:] == ("/bin/bash", "make; echo '$1'")
-    assert "/proc/4242/ns/mnt" in argv[2] and "NoNewPrivs" in argv[2]
+    assert "[ -e /proc/42/fd/7 ]" in argv[2] and "-ef /proc/42/fd/7" in argv[2]
     backend = BwrapBackend(runner_prefix=("/opt/runner",))
     assert backend.runner_failure(UNCONFINED_RUNNER_EXIT, UNCONFINED_RUNNER_LINE + "\n") == (
         UNCONFINED_RUNNER_LINE
