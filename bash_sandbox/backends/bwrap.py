@@ -48,7 +48,7 @@ from bash_sandbox.backends.linux_child import (
 )
 from bash_sandbox.backends.mount_plan import MountOp, render_mount_plan
 from bash_sandbox.linux.binaries import system_binary, wheel_bwrap
-from bash_sandbox.linux.child_setup import CLONE_NEWNS, ChildSetup
+from bash_sandbox.linux.child_setup import CLONE_NEWNS, CLONE_NEWPID, ChildSetup
 from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 
@@ -238,9 +238,13 @@ class BwrapBackend(SandboxBackend):
         ops = render_mount_plan(policy, ctx.view, ctx.sources, private_tmp=private_tmp)
         setup = ChildSetup()
         join_executor(setup, policy, ctx)
+        # bwrap runs as PID 1 of a PID namespace of our own, under a waiter: whatever happens
+        # to bwrap, its whole tree dies with that namespace (bwrap's --die-with-parent leaves
+        # a window right after it forks), and with the executor (the waiter's PDEATHSIG).
+        setup.unshare(CLONE_NEWPID | (CLONE_NEWNS if ctx.view.overlays else 0))
+        setup.fork_waiter()
         if ctx.view.overlays:
-            # The overlays belong to this command alone: a mount namespace of its own first.
-            setup.unshare(CLONE_NEWNS)
+            # The overlays belong to this command alone: in its own mount namespace.
             setup.make_mounts_private()
             mount_overlays(setup, ctx.view.overlays, in_user_namespace(ctx))
         supervise(setup, ctx)

@@ -139,6 +139,7 @@ _INT_FUNCTIONS = (
     "poll",
     "prlimit",
     "dup3",
+    "getppid",
 )
 
 
@@ -323,8 +324,11 @@ class ChildSetup:
 
     # -- processes ----------------------------------------------------------------
     def die_with_parent(self) -> None:
+        """PR_SET_PDEATHSIG, then make sure the parent had not already died before it was
+        armed (the child would have been reparented and never get the signal)."""
         # The parent is the executor's spawning thread: if it dies, so does the command tree.
         self._add("pdeathsig", self._lib.prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
+        self._add("parent alive", _ParentIs(self._lib, os.getpid()))
 
     def fork_waiter(self) -> None:
         """Fork: the parent waits and exits with the child's status (128+n for signal n);
@@ -459,6 +463,18 @@ class _WriteFile:
         n = int(self._lib.write(fd, self._data, self._size))
         self._lib.close(fd)
         return 0 if n == self._size else -1
+
+
+class _ParentIs:
+    """Exit at once when the parent is no longer ``pid`` (it died: nothing may run)."""
+
+    def __init__(self, lib: ctypes.CDLL, pid: int) -> None:
+        self._lib, self._pid = lib, pid
+
+    def __call__(self) -> int:
+        if self._lib.getppid() != self._pid:
+            self._lib._exit(125)
+        return 0
 
 
 class _HoldDir:

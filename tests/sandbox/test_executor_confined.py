@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -310,3 +312,33 @@ async def test_timeout_and_abort_report_the_signal_and_never_both(
         None,
         "SIGTERM",
     )
+
+
+def _processes_with(token: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if token.encode() in fh.read():
+                    found.append(int(pid))
+    return found
+
+
+async def test_aclose_right_after_start_leaves_no_process(backend: str, workspace: Path) -> None:
+    # The window right after a spawn (bwrap forking its child, PDEATHSIG not yet armed) is
+    # where a command could outlive its executor; hit it several times in a row.
+    token = f"sleep 4321.{os.getpid()}"
+    try:
+        for _ in range(8):
+            ex = SandboxBashExecutor(backend=backend, workspace_root=str(workspace), grace_ms=500)
+            await ex.start(ex.resolve(BashExecRequest(command=token)))
+            await ex.aclose()
+        for _ in range(50):
+            if not _processes_with(token):
+                break
+            await asyncio.sleep(0.05)
+        assert _processes_with(token) == []
+    finally:
+        for pid in _processes_with(token):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -142,6 +142,7 @@ def test_the_child_steps_in_order_as_root_and_unprivileged_isolated_and_host(
     ops = (MountOp("bind", "/tmp", "/st/tmp", writable=True), MountOp("bind", "/x", "/x"))
     assert _steps(policy, _ctx(user=user), ops) == [
         "pdeathsig",
+        "parent alive",
         *joins,
         "unshare",
         "mount(private)",
