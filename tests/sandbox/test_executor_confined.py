@@ -317,10 +317,9 @@ async def test_timeout_and_abort_report_the_signal_and_never_both(
 def _processes_with(token: str) -> list[int]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if token.encode() in fh.read():
-                    found.append(int(pid))
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if token.encode() in fh.read():
+                found.append(int(pid))
     return found
 
 
