@@ -65,6 +65,10 @@ class _CapData(ctypes.Structure):
     ]
 
 
+class _Rlimit(ctypes.Structure):
+    _fields_ = [("soft", ctypes.c_uint64), ("hard", ctypes.c_uint64)]
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
@@ -297,6 +301,13 @@ class ChildSetup:
             0,
             0,
         )
+
+    # -- resource limits ---------------------------------------------------------------
+    def set_rlimit(self, resource: int, soft: int, hard: int) -> None:
+        """setrlimit(2); see linux/rlimits.py for where in the step list each belongs."""
+        value = _Rlimit(soft, hard)
+        self._keep.append(value)
+        self._add(f"setrlimit {resource}", self._lib.setrlimit, resource, ctypes.byref(value))
 
     # -- in the child ---------------------------------------------------------------
     def __call__(self) -> None:
