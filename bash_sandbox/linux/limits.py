@@ -151,17 +151,18 @@ def describe_enforcement(
     host: CgroupHost | None = None,
     *,
     own_user_namespace: bool = True,
-    euid: int | None = None,
+    nproc_exempt: bool | None = None,
     tmpfs: bool = True,
 ) -> tuple[LimitEnforcement, ...]:
     """How each limit of ``limits`` is enforced on ``host`` (this host when None).
 
     ``own_user_namespace``: every command gets a user namespace of its own and its rlimits
     are set inside it (what makes RLIMIT_NPROC count one tree). ``tmpfs``: the private
-    /tmp and /dev/shm are tmpfs mounts of the configured sizes.
+    /tmp and /dev/shm are tmpfs mounts of the configured sizes. ``nproc_exempt``: the
+    executor is root of the initial user namespace (None: find out).
     """
     host = host if host is not None else detect_this_host()
-    uid = os.geteuid() if euid is None else euid
+    exempt = nproc_exempt if nproc_exempt is not None else is_nproc_exempt()
     have = host.controllers
     cgroup = LimitMechanism(host.version.value) if host.version is not None else None
 
@@ -195,7 +196,7 @@ def describe_enforcement(
         out.append(entry("processes", LimitMechanism.NOT_ENFORCED, None, True, "no limit set"))
     elif "pids" in have and cgroup is not None:
         out.append(entry("processes", cgroup, procs, True, "tasks of the whole tree"))
-    elif uid == 0:
+    elif exempt:
         why = host.why_missing("pids")
         detail = f"root is exempt from RLIMIT_NPROC and the pids cgroup is unusable ({why})"
         out.append(entry("processes", LimitMechanism.NOT_ENFORCED, procs, False, detail))
@@ -245,6 +246,15 @@ def describe_enforcement(
     return tuple(out)
 
 
+def is_nproc_exempt() -> bool:
+    """Root of the initial user namespace: the kernel never applies RLIMIT_NPROC to it
+    (nor to its commands, whose uid 0 maps back to it)."""
+    if os.geteuid() != 0:
+        return False
+    uid_map = (read_text("/proc/self/uid_map") or "").split()
+    return uid_map == ["0", "0", "4294967295"]
+
+
 @dataclass(frozen=True)
 class LimitsPlan:
     """One command's limits, built in the parent; the child only writes and setrlimits."""
@@ -258,6 +268,8 @@ class LimitsPlan:
     # (controller, directory) of this command's cgroups, for the outcome and the release.
     cgroups: tuple[tuple[str, str], ...]
     enforcement: tuple[LimitEnforcement, ...]
+    # The command cgroup's name below each parent; None when no cgroup is used.
+    cgroup_name: str | None = None
 
     @property
     def summary(self) -> SandboxEnforcement:
@@ -416,8 +428,10 @@ class ExecutorLimits:
                 ),
                 cgroups=tuple(cgroups),
                 enforcement=self.enforcement(limits, own_user_namespace=own_user_namespace),
+                cgroup_name=name if made else None,
             )
-            self._live[name] = plan
+            if made:
+                self._live[name] = plan
             return plan
 
     @property
@@ -519,10 +533,9 @@ class ExecutorLimits:
             return killed
 
     def _release_locked(self, plan: LimitsPlan) -> int:
+        if plan.cgroup_name is None or self._live.pop(plan.cgroup_name, None) is None:
+            return 0  # no cgroup, or released already
         directories = {d for _, d in plan.cgroups}
-        name = next(iter(directories), "").rsplit("/", 1)[-1]
-        if self._live.pop(name, None) is None:
-            return 0
         killed = 0
         for directory in directories:
             killed = max(killed, kill_cgroup(directory))

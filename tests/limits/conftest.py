@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import pwd
+import re
 import secrets
 import shutil
 import subprocess
@@ -69,6 +70,21 @@ class Programs:
     forkbomb: str
     forkcount: str
     root: str  # a directory every identity can read
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_cgroup_left_behind() -> Iterator[None]:
+    """After the whole module: no cgroup of a dead executor and no outer test cgroup is
+    left anywhere under /sys/fs/cgroup (live executors of other sessions are theirs)."""
+    yield
+    left = []
+    for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
+        for name in dirnames:
+            match = re.fullmatch(r"bash-sandbox-(\d+)-[0-9a-f]{8}", name)
+            dead = match is not None and not os.path.exists(f"/proc/{match.group(1)}")
+            if dead or name.startswith("limits-test-outer-"):
+                left.append(os.path.join(dirpath, name))
+    assert left == [], f"cgroups left behind: {left}"
 
 
 @pytest.fixture(scope="session")
@@ -198,7 +214,9 @@ def run_driver(
     """Run one scenario in a bounded driver process and check it left no cgroup behind.
     A given ``outer`` is reused and kept (the caller removes it)."""
     keep_outer = outer is not None
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/"}
+    inherited = os.environ.get("PYTHONPATH")
+    pythonpath = f"{REPO}:{inherited}" if inherited else str(REPO)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath, "HOME": "/"}
     argv = [sys.executable, "-m", "tests.limits.limits_driver"]
     preexec = None
     if identity == "root":

@@ -330,20 +330,37 @@ def single(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (dead, only waiting for its reaper)."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 @scenario
 def daemon(params: dict[str, Any]) -> dict[str, Any]:
     """A grandchild that left the command's session and process group: release kills it."""
     executor = ExecutorLimits()
-    script = f"setsid {params['sleep']} 300 {params['token']} </dev/null >/dev/null 2>&1 & echo $!"
+    # The daemon reports its pid through a fifo only once setsid() made it a session of
+    # its own, so the command ends strictly after it escaped.
+    script = (
+        'fifo=$(mktemp -u); mkfifo "$fifo"; '
+        f'setsid /bin/sh -c \'echo $$ > "$0"; exec {params["sleep"]} 300\' "$fifo" '
+        "</dev/null >/dev/null 2>&1 & "
+        'read pid < "$fifo"; rm "$fifo"; echo "$pid"'
+    )
     cmd = Command(executor, ResourceLimits(), ["/bin/sh", "-c", script])
-    cmd.close_stdin()
-    cmd.proc.wait(timeout=30)
-    before = processes_with(params["sleep"], params["token"])
+    result = cmd.proc.wait(timeout=30)
+    pid = int(_drain(cmd._out).decode())
+    # The command is gone; its grandchild (whatever it is executing by now) is not.
+    alive_before = _running(pid)
+    other_session = alive_before and os.getsid(pid) != cmd.proc.pid
     killed = executor.release(cmd.plan)
     executor.close()  # waits until the killed daemon is reaped and its cgroup gone
     return {
-        "before": before,
-        "after": processes_with(params["sleep"], params["token"]),
+        "exit_code": result,
+        "alive_before": alive_before,
+        "other_session": other_session,
+        "alive_after": _running(pid),
         "killed": killed,
         "warnings": executor.warnings,
     }

@@ -222,7 +222,8 @@ def test_cpu_time_limit_ends_a_spinner_with_sigxcpu(identity: str, python: str) 
     r = run.result
     assert r["signal"] == "SIGXCPU"
     assert r["outcome"] == "cpu-time"
-    assert 0.9 <= r["cpu_seconds"] < 2.5  # measured by the kernel for the reaped child
+    # Measured by the kernel for the reaped child: it ran to its limit, and no further.
+    assert 0.7 <= r["cpu_seconds"] < 2.5
 
 
 def test_open_files_limit_is_reported(identity: str, python: str) -> None:
@@ -278,14 +279,13 @@ def test_a_full_private_tmpfs_is_reported(fill: str, readable_dir: Path) -> None
 def test_release_kills_a_daemonised_grandchild(programs: Programs) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs cgroups (root); unprivileged, the backend's PID namespace ends it")
-    # sleep sums its arguments: a unique extra fraction of a second marks our daemon.
-    token = f"0.{secrets.randbelow(10**9):09d}"
     sleep = shutil.which("sleep") or "/bin/sleep"
-    run = run_driver("root", {"scenario": "daemon", "token": token, "sleep": sleep})
+    run = run_driver("root", {"scenario": "daemon", "sleep": sleep})
     r = run.result
-    assert r["before"] == 1, "the daemon should have outlived its command"
+    assert r["exit_code"] == 0
+    assert r["alive_before"] and r["other_session"], "the daemon should have outlived its command"
     assert r["killed"] >= 1
-    assert r["after"] == 0
+    assert not r["alive_after"]
     assert r["warnings"] == []
 
 
