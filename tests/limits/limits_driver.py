@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bash_sandbox.linux.cgroups import read_text
 from bash_sandbox.linux.child_setup import (
     CLONE_NEWNS,
     CLONE_NEWUSER,
@@ -192,7 +193,7 @@ class Command:
             shm_root=roots.get("shm_root"),
         )
         counters = {
-            name: _read(os.path.join(d, name))
+            name: read_text(os.path.join(d, name))
             for c, d in self.plan.cgroups
             for name in COUNTER_FILES.get(c, ())
         }
@@ -217,14 +218,6 @@ def _drain(f: Any) -> bytes:
     data: bytes = f.read()
     f.close()
     return data
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as fh:
-            return fh.read()
-    except OSError:
-        return None
 
 
 def processes_with(program: str, token: str) -> int:
@@ -297,8 +290,8 @@ def concurrent(params: dict[str, Any]) -> dict[str, Any]:
 def single(params: dict[str, Any]) -> dict[str, Any]:
     """One command under the given limits; optionally the executor allocates meanwhile."""
     executor = ExecutorLimits()
-    own_cgroup_before = _read("/proc/self/cgroup")
-    own_limits_before = _read("/proc/self/limits")
+    own_cgroup_before = read_text("/proc/self/cgroup")
+    own_limits_before = read_text("/proc/self/limits")
     cmd = Command(
         executor,
         limits_from(params),
@@ -324,15 +317,15 @@ def single(params: dict[str, Any]) -> dict[str, Any]:
         **result,
         "cpu_seconds": cpu,
         "wall_seconds": wall,
-        "own_cgroup_unchanged": _read("/proc/self/cgroup") == own_cgroup_before,
-        "own_limits_unchanged": _read("/proc/self/limits") == own_limits_before,
+        "own_cgroup_unchanged": read_text("/proc/self/cgroup") == own_cgroup_before,
+        "own_limits_unchanged": read_text("/proc/self/limits") == own_limits_before,
         "warnings": executor.warnings,
     }
 
 
 def _running(pid: int) -> bool:
     """The process exists and is not a zombie (dead, only waiting for its reaper)."""
-    stat = _read(f"/proc/{pid}/stat")
+    stat = read_text(f"/proc/{pid}/stat")
     return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
