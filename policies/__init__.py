@@ -2,7 +2,7 @@
 
 from policies.errors import PolicyError
 from policies.jsonl_log import JsonlSessionLog
-from policies.limits import ResourceLimits
+from policies.limits import LimitExceeded, ResourceLimits
 from policies.modes import (
     WIDER_MODES,
     NetworkMode,
@@ -33,6 +33,7 @@ __all__ = [
     "WIDER_MODES",
     "InMemorySession",
     "JsonlSessionLog",
+    "LimitExceeded",
     "NetworkMode",
     "PolicyError",
     "ResourceLimits",

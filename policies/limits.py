@@ -1,12 +1,14 @@
-"""`ResourceLimits`: how much of the host one confined command may take.
+"""`ResourceLimits`: how much of the host one confined command may take, and `LimitExceeded`.
 
-The numbers are per command (its whole process tree). `None` means "no limit of this kind".
-How each limit is enforced (cgroups, rlimits, tmpfs sizes) is the sandbox's business; this
-module only says what is asked for.
+The numbers are per command: its whole process tree, daemonised grandchildren included.
+`None` means "no limit of this kind". How each limit is enforced on a host (cgroups,
+rlimits, tmpfs sizes) is the sandbox's business (`bash_sandbox.linux.limits`); this module
+only says what is asked for, and names the limit that stopped a command.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
@@ -17,15 +19,47 @@ _GiB = 1024 * _MiB
 PositiveLimit = Annotated[StrictInt, Field(gt=0)]
 
 
+class LimitExceeded(enum.StrEnum):
+    """The limit that stopped a command (`SandboxFacts.limit_exceeded`)."""
+
+    MEMORY = "memory"  # an OOM kill in the command's cgroup, or ENOMEM under RLIMIT_DATA
+    PROCESSES = "processes"  # a fork refused at the process limit
+    CPU_TIME = "cpu-time"  # SIGXCPU from RLIMIT_CPU
+    TMP_SPACE = "tmp-space"  # the private /tmp tmpfs was full when the command ended
+    SHM_SPACE = "shm-space"  # the private /dev/shm tmpfs was full when the command ended
+    OPEN_FILES = "open-files"  # EMFILE at the open-files limit
+
+
 class ResourceLimits(BaseModel):
-    """Per-command limits; defaults no ordinary build or test suite hits."""
+    """Per-command limits. The defaults are sized so that no ordinary build or test suite
+    meets them, while a fork bomb or a runaway allocation stops long before the host does:
+
+    - ``memory_bytes`` 8 GiB, RAM and swap together, for the whole tree: a parallel C++
+      build (about 1 GiB per compiler job) or a JVM test suite stays well below it; a leak
+      stops there instead of pushing a workstation into swap. Pages the command writes to
+      its private /tmp and /dev/shm (tmpfs) count here too. Set it lower on a small host.
+    - ``processes`` 4096 tasks (threads count, as the kernel counts them): `make -j` of a
+      large tree or `pytest -n 32` uses a few hundred; a fork bomb stops at 4096 instead of
+      the host's pid_max (32768 on many hosts).
+    - ``cpu_cores`` None: no quota. Where cgroups are available the whole tree still gets
+      one scheduling share, so a tree spinning every core competes with the executor like
+      one process, not like a thousand. A number (1.5 = one and a half cores) is a hard
+      quota for the tree.
+    - ``cpu_seconds`` None: no CPU-time limit; the run's timeout already bounds a
+      foreground command. A number is RLIMIT_CPU, per process (SIGXCPU at the limit).
+    - ``tmp_bytes`` 4 GiB and ``shm_bytes`` 1 GiB: sizes of the private tmpfs mounted at
+      /tmp and /dev/shm; a build's temporaries fit, "fill the disk" stops there.
+    - ``open_files`` 65536 per process (RLIMIT_NOFILE, hard limit; never raised above the
+      executor's own): file watchers and big linkers fit, a descriptor leak stops there.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     memory_bytes: PositiveLimit | None = 8 * _GiB
     processes: PositiveLimit | None = 4096
-    # CPU time share as a number of cores (1.5 = one and a half cores), None: unlimited.
-    cpu_cores: Annotated[float, Field(gt=0)] | None = None
+    # A cgroup CPU quota below 1 ms per 100 ms period is refused by the kernel.
+    cpu_cores: Annotated[float, Field(ge=0.01, allow_inf_nan=False)] | None = None
+    cpu_seconds: PositiveLimit | None = None
     tmp_bytes: PositiveLimit = 4 * _GiB
     shm_bytes: PositiveLimit = 1 * _GiB
     open_files: PositiveLimit | None = 65536

@@ -1,0 +1,105 @@
+"""Resource limits (setrlimit) for what cgroups cannot bound here: which ones, and in which form.
+
+Every setting lowers soft and hard together where the kernel enforces the hard limit, so
+the command cannot raise it again (that needs CAP_SYS_RESOURCE in the initial user
+namespace, which no confined command has). A limit is never set above the executor's own
+hard limit: raising it would fail unprivileged, and the spawn with it.
+
+Where each one counts (Linux >= 5.14, measured on 6.18; see tests/limits):
+
+- RLIMIT_NPROC counts the tasks of one uid *in one user namespace* (and every ancestor
+  namespace, against the limit that namespace's creator had). Set inside a user namespace
+  made for this command alone, it bounds exactly the command's tree. Set before that
+  namespace exists (e.g. before bwrap makes it), it also caps the uid's tasks in the
+  parent namespace, which other commands share. It is never enforced for uid 0 of the
+  initial namespace (root is exempt, inside a 0->0 mapped namespace too): root needs the
+  pids cgroup.
+- RLIMIT_DATA (private writable memory), RLIMIT_NOFILE and RLIMIT_CPU are per process.
+  RLIMIT_DATA, not RLIMIT_AS: runtimes that reserve large address ranges up front
+  (V8's cage, Go, sanitizers) would fail under an address-space limit.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable
+from typing import NamedTuple
+
+from policies import ResourceLimits
+
+RLIM_INFINITY = 2**64 - 1  # rlim_t's RLIM_INFINITY on Linux (Python spells it -1)
+# RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one; a second apart, so the
+# command dies of SIGXCPU (which says why) unless it ignores it.
+CPU_HARD_GRACE_S = 1
+
+_PRLIMIT_NAMES = {
+    resource.RLIMIT_NPROC: "nproc",
+    resource.RLIMIT_DATA: "data",
+    resource.RLIMIT_NOFILE: "nofile",
+    resource.RLIMIT_CPU: "cpu",
+}
+
+
+class RlimitSetting(NamedTuple):
+    """One setrlimit(resource, soft, hard); values as rlim_t (RLIM_INFINITY for none)."""
+
+    resource: int
+    soft: int
+    hard: int
+
+    @property
+    def name(self) -> str:
+        return _PRLIMIT_NAMES[self.resource]
+
+
+def _rlim(value: int) -> int:
+    return RLIM_INFINITY if value < 0 else value
+
+
+def current_rlimit(res: int) -> tuple[int, int]:
+    soft, hard = resource.getrlimit(res)
+    return _rlim(soft), _rlim(hard)
+
+
+def render_rlimits(
+    limits: ResourceLimits,
+    *,
+    cgroup_controllers: frozenset[str],
+    current: Callable[[int], tuple[int, int]] = current_rlimit,
+) -> tuple[RlimitSetting, ...]:
+    """The rlimits a command needs beside the cgroup controllers it gets. Pure given
+    ``current`` (the executor's own soft and hard limits, inherited by the child)."""
+    out: list[RlimitSetting] = []
+
+    def capped(res: int, soft: int, hard: int) -> None:
+        cur_soft, cur_hard = current(res)
+        hard = min(hard, cur_hard)
+        soft = min(soft, hard)
+        if (soft, hard) != (cur_soft, cur_hard):  # an unchanged limit costs nothing to skip
+            out.append(RlimitSetting(res, soft, hard))
+
+    if limits.processes is not None and "pids" not in cgroup_controllers:
+        capped(resource.RLIMIT_NPROC, limits.processes, limits.processes)
+    if limits.memory_bytes is not None and "memory" not in cgroup_controllers:
+        capped(resource.RLIMIT_DATA, limits.memory_bytes, limits.memory_bytes)
+    if limits.open_files is not None:
+        # Only the hard limit bounds; the soft one stays what programs expect (often 1024,
+        # select()-safe) unless it would exceed the new hard limit.
+        cur_soft, _ = current(resource.RLIMIT_NOFILE)
+        capped(resource.RLIMIT_NOFILE, cur_soft, limits.open_files)
+    if limits.cpu_seconds is not None:
+        capped(resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds + CPU_HARD_GRACE_S)
+    return tuple(out)
+
+
+def render_prlimit_argv(prlimit_path: str, settings: tuple[RlimitSetting, ...]) -> tuple[str, ...]:
+    """util-linux `prlimit` as an argv prefix (for a spawn without a pre-exec step);
+    empty when there is nothing to set."""
+    if not settings:
+        return ()
+
+    def value(v: int) -> str:
+        return "unlimited" if v == RLIM_INFINITY else str(v)
+
+    options = tuple(f"--{s.name}={value(s.soft)}:{value(s.hard)}" for s in settings)
+    return (prlimit_path, *options, "--")
