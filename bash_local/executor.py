@@ -156,7 +156,15 @@ class LocalBashExecutor(BashExecutor):
         """Right after a successful spawn, on the loop thread (may raise: the command is
         killed and the error propagates)."""
 
-    def _after_settle(self, spec: BashExecSpec, plan: SpawnPlan) -> None:
+    def _after_settle(
+        self,
+        spec: BashExecSpec,
+        plan: SpawnPlan,
+        *,
+        exit_code: int | None,
+        signal: str | None,
+        stderr_text: str,
+    ) -> None:
         """Once per spawn, when the process has settled, before its facts are read; runs
         even when the task awaiting `run()` was cancelled."""
 
@@ -376,7 +384,13 @@ class LocalBashExecutor(BashExecutor):
     ) -> None:
         self._live.discard(spawned)
         try:
-            self._after_settle(spec, spawned.plan)
+            self._after_settle(
+                spec,
+                spawned.plan,
+                exit_code=spawned.exit_code,
+                signal=spawned.signal,
+                stderr_text=spawned.stderr.collected().text,
+            )
         except Exception:
             logger.exception("finishing the settled spawn %d failed", spawned.pid)
         if process is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import os
 import socket
 import time
@@ -48,6 +49,7 @@ from bash_sandbox.git_plane import (
     new_repositories,
     prepare_placeholders,
 )
+from bash_sandbox.linux.limits import ExecutorLimits, LimitsPlan, LimitsSetupError
 from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError
 from bash_sandbox.linux.supervisor import (
     ConnectPolicy,
@@ -68,7 +70,7 @@ from bash_seam import (
     SandboxFacts,
     WorkdirError,
 )
-from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
+from policies import LimitExceeded, NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 from policies.service import SandboxPolicyService
 
 MAX_DENIALS = 16
@@ -79,6 +81,8 @@ class _SpawnRecord:
     """What happened to one confined spawn, filled in as it goes."""
 
     supervised: SupervisedCommand | None = None
+    limits: LimitsPlan | None = None
+    limit_exceeded: LimitExceeded | None = None
     merges: list[MergeReport] = field(default_factory=list)
     nested: tuple[str, ...] = ()
     warnings: list[str] = field(default_factory=list)
@@ -112,10 +116,14 @@ def _resolv_nameservers() -> frozenset[str]:
 
 
 def _cleanup(
-    state: ExecutorState, namespaces: ExecutorNamespaces, supervisor: list[SeccompSupervisor]
+    state: ExecutorState,
+    namespaces: ExecutorNamespaces,
+    supervisor: list[SeccompSupervisor],
+    limits: ExecutorLimits,
 ) -> None:
     for sup in supervisor:
         sup.close()
+    limits.close()
     namespaces.close()
     state.remove()
 
@@ -145,9 +153,11 @@ class SandboxBashExecutor(LocalBashExecutor):
             self._state.scratch, tmp_bytes=cfg.limits.tmp_bytes, shm_bytes=cfg.limits.shm_bytes
         )
         self._supervisors: list[SeccompSupervisor] = []
-        # An executor dropped without aclose() still frees its namespaces and state.
+        self._limits = ExecutorLimits()
+        self._spawn_ids = itertools.count(1)
+        # An executor dropped without aclose() still frees its namespaces, cgroups and state.
         self._finalizer = weakref.finalize(
-            self, _cleanup, self._state, self._namespaces, self._supervisors
+            self, _cleanup, self._state, self._namespaces, self._supervisors, self._limits
         )
         self._selector = BackendSelector(
             candidate_backends(
@@ -188,7 +198,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         policy = request.sandbox_policy
         if policy is None:
             root = self.config.workspace_root or spec.workdir
-            policy = self._service.resolve(mode=request.sandbox_mode, cwd=root)
+            policy = self._with_config(self._service.resolve(mode=request.sandbox_mode, cwd=root))
         if policy.confined:
             roots = (policy.workspace_root, *policy.writable_roots)
             if not within_any(os.path.realpath(spec.workdir), roots):
@@ -198,12 +208,23 @@ class SandboxBashExecutor(LocalBashExecutor):
                 )
         return spec.model_copy(update={"sandbox_policy": policy})
 
+    def _with_config(self, policy: SandboxPolicy) -> SandboxPolicy:
+        """The service's policy plus what only the executor's config knows."""
+        cfg = self.config
+        return policy.model_copy(
+            update={
+                "limits": cfg.limits,
+                "allow_domains": tuple(cfg.allow_domains),
+                "allow_unix_sockets": tuple(cfg.allow_unix_sockets),
+            }
+        )
+
     def _policy_of(self, spec: BashExecSpec) -> SandboxPolicy:
         if spec.sandbox_policy is not None:
             return spec.sandbox_policy
         # A hand-built spec without a policy gets the executor's default, never none.
         root = self.config.workspace_root or spec.workdir
-        return self._service.resolve(cwd=root)
+        return self._with_config(self._service.resolve(cwd=root))
 
     # -- prepare: probes and namespaces, off the event loop ------------------------------
 
@@ -320,6 +341,14 @@ class SandboxBashExecutor(LocalBashExecutor):
             cache_home=cache_home,
             request_env=spec.env,
         )
+        try:
+            limits = self._limits.prepare(
+                f"spawn-{next(self._spawn_ids)}",
+                policy.limits,
+                own_user_namespace=backend.name != "landlock",
+            )
+        except LimitsSetupError as exc:
+            raise SandboxUnavailableError(policy.mode, str(exc)) from exc
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         ctx = BackendContext(
             sources=self._state.sources,
@@ -329,12 +358,14 @@ class SandboxBashExecutor(LocalBashExecutor):
             stage=self._state.stage,
             private_tmpdir=self._state.private_tmpdir,
             listener_fd=theirs.fileno(),
+            limits=limits,
         )
         try:
             confined = backend.wrap(policy, dataclasses.replace(plan, env=env), ctx)
         except BaseException:
             ours.close()
             theirs.close()
+            self._limits.release(limits)
             for overlay in view.overlays:
                 remove_tree(os.path.dirname(overlay.upper))
             raise
@@ -348,7 +379,8 @@ class SandboxBashExecutor(LocalBashExecutor):
         enforcement = backend.enforcement(policy)
         if view.partial:
             enforcement = SandboxEnforcement.PARTIAL
-        record = _SpawnRecord()
+        record = _SpawnRecord(limits=limits)
+        record.warnings += self._limits.warnings
         if self._selector.degraded:
             record.warnings.append(self._selector.degraded)
         record.warnings += list(view.partial)
@@ -426,11 +458,31 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     # -- after the command ------------------------------------------------------------------
 
-    def _after_settle(self, spec: BashExecSpec, plan: SpawnPlan) -> None:
+    def _after_settle(
+        self,
+        spec: BashExecSpec,
+        plan: SpawnPlan,
+        *,
+        exit_code: int | None,
+        signal: str | None,
+        stderr_text: str,
+    ) -> None:
         if not isinstance(plan, SandboxSpawn) or plan.record.settled:
             return
         record = plan.record
         record.settled = True
+        if record.limits is not None:
+            # The counters live in the command's cgroup: read them before releasing it.
+            ns = self._namespaces.ready
+            record.limit_exceeded = self._limits.outcome(
+                record.limits,
+                exit_code=exit_code,
+                signal=signal,
+                stderr_text=stderr_text,
+                tmp_root=ns.tmp if ns is not None else None,
+                shm_root=ns.shm if ns is not None else None,
+            )
+            self._limits.release(record.limits)
         if record.supervised is not None and self._supervisors:
             self._supervisors[0].unregister(record.supervised)
         policy = plan.policy
@@ -480,7 +532,7 @@ class SandboxBashExecutor(LocalBashExecutor):
                 network=NetworkMode.HOST,
             )
         policy, backend, record = plan.policy, plan.backend, plan.record
-        self._after_settle(spec, plan)
+        self._after_settle(spec, plan, exit_code=exit_code, signal=signal, stderr_text=stderr_text)
         failure = backend.runner_failure(exit_code, stderr_text)
         if failure is not None:
             if not background:
@@ -519,6 +571,8 @@ class SandboxBashExecutor(LocalBashExecutor):
             denials=tuple(denials[:MAX_DENIALS]),
             denials_total=total,
             nested_repositories=record.nested,
+            limit_exceeded=record.limit_exceeded,
+            limits_enforcement=record.limits.summary if record.limits is not None else None,
             warnings=tuple(dict.fromkeys(record.warnings)),
         )
 

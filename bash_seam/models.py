@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 from bash_seam.abort import AbortSignal
-from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
+from policies import LimitExceeded, NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 
 DSH_ENV_PREFIX = "DSH_"
 
@@ -134,8 +134,9 @@ class SandboxFacts(BaseModel):
     network_denied: bool = False
     denials: tuple[SandboxDenial, ...] = ()
     denials_total: int = 0
-    # A limit that stopped the command ("memory", "processes", "tmp-space", ...), if any.
-    limit_exceeded: str | None = None
+    # A limit that stopped the command, if any, and how this host enforces the limits.
+    limit_exceeded: LimitExceeded | None = None
+    limits_enforcement: SandboxEnforcement | None = None
     # Nested git repositories or gitlinks the command created: host git would trust them.
     nested_repositories: tuple[str, ...] = ()
     # Loud notes about a degraded or interrupted confinement (never silent).

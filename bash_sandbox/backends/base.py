@@ -20,6 +20,7 @@ from typing import Literal
 
 from bash_local.spawn import SpawnPlan
 from bash_sandbox.backends.mount_plan import HostView, PlaceholderSources
+from bash_sandbox.linux.limits import LimitsPlan
 from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
 from policies import NetworkMode, SandboxEnforcement, SandboxPolicy
 
@@ -52,14 +53,6 @@ class BackendProbe:
 
 
 @dataclass(frozen=True)
-class ChildLimits:
-    """Limits applied in the child before exec: cgroup membership and rlimits."""
-
-    procs_files: tuple[str, ...] = ()
-    rlimits: tuple[tuple[int, int, int], ...] = ()
-
-
-@dataclass(frozen=True)
 class BackendContext:
     """Everything one spawn needs beyond the policy, prepared by the executor.
 
@@ -75,7 +68,7 @@ class BackendContext:
     # The executor's private TMPDIR for backends that mount nothing (Landlock alone, Seatbelt).
     private_tmpdir: str = ""
     listener_fd: int = -1
-    limits: ChildLimits = field(default_factory=ChildLimits)
+    limits: LimitsPlan | None = None
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,18 @@ from bash_sandbox.linux.child_setup import (
     MS_NOSUID,
     ChildSetup,
 )
+from bash_sandbox.linux.limits import apply_rlimits, enter_cgroups
 from bash_sandbox.linux.namespaces import NamespaceFds
 from bash_sandbox.linux.seccomp import compile_notify_filter
 from policies import NetworkMode, SandboxPolicy
 
 
 def join_executor(setup: ChildSetup, policy: SandboxPolicy, ctx: BackendContext) -> None:
-    """PDEATHSIG, the executor's namespaces (network only under `isolated`), the limits."""
+    """The command's cgroups, PDEATHSIG, the executor's namespaces (network only under
+    `isolated`). Cgroups first: the child moves itself before it can fork anything, while it
+    still has the rights to write there."""
+    if ctx.limits is not None:
+        enter_cgroups(setup, ctx.limits)
     setup.die_with_parent()
     ns = ctx.namespaces
     if ns is not None:
@@ -40,8 +45,6 @@ def join_executor(setup: ChildSetup, policy: SandboxPolicy, ctx: BackendContext)
         setup.join_ns(ns.mnt, CLONE_NEWNS, "mnt")
         if policy.network is NetworkMode.ISOLATED:
             setup.join_ns(ns.net, CLONE_NEWNET, "net")
-    for path in ctx.limits.procs_files:
-        setup.write_file(path, b"0")
 
 
 def _escape(path: str) -> str:
@@ -71,8 +74,8 @@ def mount_overlays(setup: ChildSetup, overlays: tuple[GitOverlay, ...], in_usern
 def supervise(setup: ChildSetup, ctx: BackendContext) -> None:
     """The rlimits, no_new_privs, then the supervised filter with its listener sent to the
     executor. Last, so that the setup itself runs under none of them."""
-    for resource, soft, hard in ctx.limits.rlimits:
-        setup.set_rlimit(resource, soft, hard)
+    if ctx.limits is not None:
+        apply_rlimits(setup, ctx.limits)
     setup.no_new_privs()
     if ctx.listener_fd >= 0:
         setup.seccomp_listener(compile_notify_filter(), ctx.listener_fd)
