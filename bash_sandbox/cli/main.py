@@ -1,7 +1,8 @@
 """`bash-sandbox`: run one command confined, set a session's mode, and check the host.
 
 Subcommands: `run` (one command under a `SandboxBashExecutor`), `mode` (show or set a
-session's override in a JSON-lines session log) and `doctor` (what this host enforces).
+session's override in a JSON-lines session log), `doctor` (what this host enforces) and
+`mcp` (a confined bash tool server over MCP stdio, `mcp_server`).
 Configuration comes from `cli_config` (a TOML file), flags override it.
 
 Exit codes:

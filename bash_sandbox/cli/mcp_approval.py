@@ -22,8 +22,9 @@ from typing import Any
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bash_sandbox.cli.mcp_escalation import Escalation, EscalationError
 
@@ -126,7 +127,13 @@ class ApprovalDesk:
                 "this connection cannot carry a question to the user; no widening possible",
                 "ELICITATION_UNSUPPORTED",
             )
-        answer = await ctx.session.elicit_form(question, schema, related_request_id=ctx.request_id)
+        try:
+            answer = await ctx.session.elicit_form(
+                question, schema, related_request_id=ctx.request_id
+            )
+        except (MCPError, ValidationError) as exc:
+            # The client failed to ask, or answered nonsense: never a yes.
+            return Approval(approved=False, reason=f"the client could not ask the user ({exc})")
         return read_answer(answer, can_remember=remember)
 
     def _ask_by_round_trip(

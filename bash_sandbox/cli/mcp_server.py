@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -69,6 +69,8 @@ from policies import (
     SandboxMode,
     set_sandbox_mode,
 )
+
+_EnumT = TypeVar("_EnumT", SandboxMode, NetworkMode)
 
 SERVER_NAME = "bash-sandbox"
 logger = logging.getLogger("bash_sandbox.mcp")
@@ -143,6 +145,22 @@ class _CallRefused(Exception):
         self.code = code
 
 
+def _escalation_field(
+    name: str, value: str | None, kind: type[_EnumT], *, offered: bool, why_not: str
+) -> _EnumT | None:
+    """A per-call `sandbox_mode` / `network`: refused unless the server offers it."""
+    if value is None:
+        return None
+    if not offered:
+        raise _CallRefused(
+            "INVALID_ARGUMENTS", f"{name} is not accepted: this server was started {why_not}"
+        )
+    try:
+        return kind(value)
+    except ValueError as exc:
+        raise _CallRefused("INVALID_ARGUMENTS", f"{name}: {exc}") from None
+
+
 def _describe_validation(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -167,8 +185,16 @@ class BashToolServer:
         service = self._executor.policy_service
         if self._settings.session_path is None:
             return service.resolve_mode()
-        with JsonlSessionLog(self._settings.session_path) as session:
-            return service.resolve_mode(session)
+        try:
+            with JsonlSessionLog(self._settings.session_path) as session:
+                return service.resolve_mode(session)
+        except OSError as exc:
+            # Never guess a mode: without the log nothing runs.
+            raise _CallRefused(
+                "SESSION_UNREADABLE",
+                f"cannot read the session log {self._settings.session_path}: "
+                f"{exc.strerror or exc}; ask the user to fix it",
+            ) from None
 
     @property
     def network(self) -> NetworkMode:
@@ -224,30 +250,22 @@ class BashToolServer:
     def _escalation(self, arguments: BashRunArguments | BashStartArguments) -> Escalation:
         current = self.current_mode()
         ceiling = self._settings.ceiling
-        requested_mode: SandboxMode | None = None
-        requested_network: NetworkMode | None = None
-        if arguments.sandbox_mode is not None:
-            if not ceiling.offers_mode(current):
-                raise _CallRefused(
-                    "INVALID_ARGUMENTS",
-                    "sandbox_mode is not accepted: this server was started without a wider "
-                    f"--allow-escalation-to, so every call runs under {current.value}",
-                )
-            try:
-                requested_mode = SandboxMode(arguments.sandbox_mode)
-            except ValueError as exc:
-                raise _CallRefused("INVALID_ARGUMENTS", f"sandbox_mode: {exc}") from None
-        if arguments.network is not None:
-            if not ceiling.offers_network(self.network):
-                raise _CallRefused(
-                    "INVALID_ARGUMENTS",
-                    "network is not accepted: this server was started without "
-                    f"--allow-network-escalation, so every call runs with {self.network.value}",
-                )
-            try:
-                requested_network = NetworkMode(arguments.network)
-            except ValueError as exc:
-                raise _CallRefused("INVALID_ARGUMENTS", f"network: {exc}") from None
+        requested_mode = _escalation_field(
+            "sandbox_mode",
+            arguments.sandbox_mode,
+            SandboxMode,
+            offered=ceiling.offers_mode(current),
+            why_not=f"without a wider --allow-escalation-to, so every call runs under "
+            f"{current.value}",
+        )
+        requested_network = _escalation_field(
+            "network",
+            arguments.network,
+            NetworkMode,
+            offered=ceiling.offers_network(self.network),
+            why_not=f"without --allow-network-escalation, so every call runs with "
+            f"{self.network.value}",
+        )
         return judge_escalation(
             ceiling,
             current_mode=current,
@@ -293,7 +311,9 @@ class BashToolServer:
             request = BashExecRequest(
                 command=arguments.command,
                 workdir=workdir,
-                timeout_ms=getattr(arguments, "timeout_ms", None),
+                timeout_ms=arguments.timeout_ms
+                if isinstance(arguments, BashRunArguments)
+                else None,
                 sandbox_mode=escalation.mode,
             )
         except ValidationError as exc:

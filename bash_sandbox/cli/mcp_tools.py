@@ -130,11 +130,15 @@ def _input_schema(
 
 
 def _description(name: str, default_mode: SandboxMode, network: NetworkMode) -> str:
-    where = (
-        f"Commands run confined (sandbox mode {default_mode.value}, network {network.value}) "
-        "in one long-lived sandbox: they share its private /tmp, tool caches and loopback, so "
-        "a server started with bash_start is reachable from later calls."
-    )
+    if default_mode is SandboxMode.DANGER_FULL_ACCESS:
+        where = "Commands run unconfined (sandbox mode danger-full-access)."
+    else:
+        where = (
+            f"Commands run confined (sandbox mode {default_mode.value}, network "
+            f"{network.value}) in one long-lived sandbox: they share its private /tmp, tool "
+            "caches and loopback, so a server started with bash_start is reachable from "
+            "later calls."
+        )
     texts = {
         BASH_RUN: "Run a bash command and wait for it. Returns its exit status, its output "
         "(the tail when it is long) and what the sandbox did; a command the sandbox refused "

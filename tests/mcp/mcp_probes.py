@@ -80,16 +80,21 @@ class ServerLauncher:
 class UserAtKeyboard:
     """An elicitation callback: records each question and gives the scripted answer."""
 
-    def __init__(self, action: str = "accept", content: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, action: str = "accept", content: dict[str, Any] | None = None, *, fail: bool = False
+    ) -> None:
         self.action = action
         self.content = content
+        self.fail = fail  # the client's own UI broke: it answers with an error
         self.questions: list[types.ElicitRequestFormParams] = []
 
     async def __call__(
         self, context: ClientRequestContext, params: types.ElicitRequestParams
-    ) -> types.ElicitResult:
+    ) -> types.ElicitResult | types.ErrorData:
         assert isinstance(params, types.ElicitRequestFormParams)
         self.questions.append(params)
+        if self.fail:
+            return types.ErrorData(code=types.INTERNAL_ERROR, message="the dialog crashed")
         return types.ElicitResult.model_validate({"action": self.action, "content": self.content})
 
 

@@ -121,6 +121,21 @@ async def test_a_refused_widening_runs_nothing(
     assert not (workspace / "marker").exists()
 
 
+async def test_a_client_that_fails_to_ask_is_a_refusal(
+    launcher: ServerLauncher, workspace: Path
+) -> None:
+    user = UserAtKeyboard(fail=True)
+    async with launcher.client(*CEILING, mode="legacy", user=user) as client:
+        result = await client.call_tool(
+            "bash_run", {"command": "echo x > marker", "sandbox_mode": "workspace-write"}
+        )
+        alive = await client.call_tool("bash_list", {})
+    assert _error_code(result) == "ESCALATION_DECLINED"
+    assert "could not ask" in _text(result)
+    assert not alive.is_error
+    assert not (workspace / "marker").exists()
+
+
 @pytest.mark.parametrize("era", ERAS)
 async def test_without_elicitation_support_a_widening_is_refused(
     launcher: ServerLauncher, workspace: Path, era: str
@@ -238,4 +253,16 @@ async def test_a_forged_round_trip_state_is_refused(
             "bash_run", args, input_responses=yes, allow_input_required=True
         )
     assert isinstance(asked, types.InputRequiredResult)
+    assert not (workspace / "marker").exists()
+
+
+async def test_an_unreadable_session_log_stops_calls_instead_of_guessing_a_mode(
+    launcher: ServerLauncher, workspace: Path, outside: Path
+) -> None:
+    log = outside / "session.jsonl"
+    async with launcher.client("--mode", "workspace-write", "--session", str(log)) as client:
+        log.unlink()
+        log.mkdir()  # whatever the log became, it cannot be read as one
+        result = await client.call_tool("bash_run", {"command": "echo x > marker"})
+    assert _error_code(result) == "SESSION_UNREADABLE"
     assert not (workspace / "marker").exists()

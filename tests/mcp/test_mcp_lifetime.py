@@ -11,9 +11,12 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from mcp_probes import (
     RawServer,
@@ -91,21 +94,50 @@ async def test_client_disconnect_kills_every_background_command(
     )
 
 
-def _started(raw: RawServer, command: str) -> str:
-    result = raw.call_tool("bash_start", {"command": command})
+@pytest.mark.parametrize("era", ["legacy", "auto"])
+async def test_a_cancelled_call_kills_its_command(
+    launcher: ServerLauncher, leftovers: set[int], era: str
+) -> None:
+    sleep = _sleep_argv()
+    async with launcher.client(mode=era) as client:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(client.call_tool, "bash_run", {"command": " ".join(sleep)})
+            sleepers = await _running(sleep)
+            leftovers.update(sleepers)
+            tasks.cancel_scope.cancel()  # the client sends notifications/cancelled
+        await wait_for(
+            lambda: not any(is_alive(p) for p in sleepers), timeout=30, what="command killed"
+        )
+        # The server itself carries on.
+        still = await client.call_tool("bash_run", {"command": "echo alive"})
+    assert not still.is_error
+
+
+def test_building_the_cli_parser_does_not_import_the_mcp_sdk() -> None:
+    code = (
+        "import sys; from bash_sandbox.cli.main import build_parser; build_parser(); "
+        "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith(('mcp.', 'mcp_'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, timeout=60)
+    assert out.stdout.strip() == b"[]"
+
+
+async def _server_running_a_sleep(launcher: ServerLauncher, leftovers: set[int]) -> RawServer:
+    """A raw server with one background sleep, seen running on the host; all pids recorded."""
+    raw = launcher.popen()
+    raw.initialize()
+    sleep = _sleep_argv()
+    result = raw.call_tool("bash_start", {"command": " ".join(sleep)})
     assert not result.get("isError"), result
-    return str(result["structuredContent"]["id"])
+    sleepers = await _running(sleep)
+    leftovers.update(sleepers | descendants(raw.pid))
+    return raw
 
 
 async def test_eof_on_stdin_ends_the_server_and_its_commands(
     launcher: ServerLauncher, leftovers: set[int], private_tempdir: Path
 ) -> None:
-    raw = launcher.popen()
-    raw.initialize()
-    sleep = _sleep_argv()
-    _started(raw, " ".join(sleep))
-    sleepers = await _running(sleep)
-    leftovers.update(sleepers | descendants(raw.pid))
+    raw = await _server_running_a_sleep(launcher, leftovers)
     assert raw.proc.stdin is not None
     raw.proc.stdin.close()
     assert raw.wait_exit(timeout=30) == 0
@@ -146,12 +178,7 @@ async def test_a_stop_signal_ends_the_server_and_its_commands(
     signum: signal.Signals,
     status: int,
 ) -> None:
-    raw = launcher.popen()
-    raw.initialize()
-    sleep = _sleep_argv()
-    _started(raw, " ".join(sleep))
-    sleepers = await _running(sleep)
-    leftovers.update(sleepers | descendants(raw.pid))
+    raw = await _server_running_a_sleep(launcher, leftovers)
     raw.signal(signum)  # stdin stays open: the server must not wait for the client
     assert raw.wait_exit(timeout=30) == status
     assert not any(is_alive(p) for p in leftovers)
@@ -162,12 +189,7 @@ async def test_a_stop_signal_ends_the_server_and_its_commands(
 async def test_a_killed_server_leaves_no_command_behind(
     launcher: ServerLauncher, leftovers: set[int]
 ) -> None:
-    raw = launcher.popen()
-    raw.initialize()
-    sleep = _sleep_argv()
-    _started(raw, " ".join(sleep))
-    sleepers = await _running(sleep)
-    leftovers.update(sleepers | descendants(raw.pid))
+    raw = await _server_running_a_sleep(launcher, leftovers)
     raw.signal(signal.SIGKILL)  # no cleanup can run: the sandbox must die with its parent
     assert raw.wait_exit(timeout=30) == -signal.SIGKILL
     await wait_for(
