@@ -8,6 +8,7 @@ must be usable: skipped where none is, failed in CI.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -18,14 +19,22 @@ from pathlib import Path
 import pytest
 from mcp_probes import ServerLauncher
 
+from bash_sandbox.backends.base import BackendProbe
 
-def _require_backend() -> None:
+
+@functools.cache
+def _probe(name: str) -> BackendProbe:
     from bash_sandbox.backends.bwrap import BwrapBackend
     from bash_sandbox.backends.landlock import LandlockBackend
 
+    backend = BwrapBackend() if name == "bwrap" else LandlockBackend()
+    return backend.probe(10_000)
+
+
+def _require_backend() -> None:
     if not sys.platform.startswith("linux"):
         pytest.skip("the MCP server tests use the Linux backends")
-    probes = [BwrapBackend().probe(10_000), LandlockBackend().probe(10_000)]
+    probes = [_probe("bwrap"), _probe("landlock")]
     if not any(p.usable for p in probes):
         detail = "; ".join(f"{p.backend}: {p.detail}" for p in probes)
         if os.environ.get("CI"):
@@ -36,6 +45,18 @@ def _require_backend() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def sandbox_backend() -> None:
     _require_backend()
+
+
+@pytest.fixture(params=["bwrap", "landlock"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each Linux backend in turn, for the tests that must hold on both."""
+    name: str = request.param
+    probe = _probe(name)
+    if not probe.usable:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} must be usable in CI: {probe.detail}")
+        pytest.skip(f"{name} unusable here: {probe.detail}")
+    return name
 
 
 @pytest.fixture(autouse=True)

@@ -52,25 +52,25 @@ async def test_tools_advertise_the_mode_field_under_a_ceiling(launcher: ServerLa
 
 
 async def test_read_only_write_is_denied_with_facts_and_host_unchanged(
-    launcher: ServerLauncher, workspace: Path
+    launcher: ServerLauncher, workspace: Path, backend: str
 ) -> None:
-    async with launcher.client() as client:
+    async with launcher.client("--backend", backend) as client:
         result = await client.call_tool("bash_run", {"command": "echo x > outside-file"})
     facts = _facts(result)
     assert not result.is_error
     assert facts["exit_code"] == 1
     assert facts["sandbox"]["mode"] == "read-only"
     assert facts["sandbox"]["denied"] is True
-    assert facts["sandbox"]["backend"] in ("bwrap", "landlock")
+    assert facts["sandbox"]["backend"] == backend
     assert sandbox_denial_marker("read-only") in _text(result)
     assert not (workspace / "outside-file").exists()
 
 
 async def test_workspace_write_writes_the_workspace_but_not_beyond(
-    launcher: ServerLauncher, workspace: Path, tmp_path: Path
+    launcher: ServerLauncher, workspace: Path, tmp_path: Path, backend: str
 ) -> None:
     beyond = tmp_path / "beyond-file"
-    async with launcher.client("--mode", "workspace-write") as client:
+    async with launcher.client("--mode", "workspace-write", "--backend", backend) as client:
         allowed = await client.call_tool("bash_run", {"command": "echo hello > inside-file"})
         denied = await client.call_tool("bash_run", {"command": f"echo x > {beyond}"})
     assert _facts(allowed)["exit_code"] == 0
@@ -99,10 +99,10 @@ def _free_loopback_port() -> int:
 
 
 async def test_background_server_is_reachable_by_a_later_run_and_not_from_the_host(
-    launcher: ServerLauncher,
+    launcher: ServerLauncher, backend: str
 ) -> None:
     port = _free_loopback_port()
-    async with launcher.client() as client:
+    async with launcher.client("--backend", backend) as client:
         started = await client.call_tool(
             "bash_start", {"command": f"exec python3 -u -m http.server --bind 127.0.0.1 {port}"}
         )
