@@ -62,9 +62,25 @@ async def _running(argv: list[str]) -> set[int]:
 
 
 def _assert_state_removed(tempdir: Path) -> None:
-    """`aclose()` ran: the executor's private state dir is gone (spill files stay, by design)."""
-    state = [p.name for p in tempdir.iterdir() if p.name.startswith("bash-sandbox-")]
-    assert [name for name in state if not name.startswith("bash-sandbox-spill-")] == []
+    """`aclose()` ran: no executor state dir is left (spill files stay, by design).
+
+    A state dir is `bash-sandbox-XXXXXXXX` right under the temp dir, or `exec-XXXXXXXX` under
+    the per-user base's `state/`; the per-user base and the spill dirs themselves persist.
+    """
+    left = []
+    for path in tempdir.rglob("*"):
+        if not path.is_dir():
+            continue
+        per_executor_top = (
+            path.parent == tempdir
+            and path.name.startswith("bash-sandbox-")
+            and not path.name.startswith("bash-sandbox-spill-")
+            and path.name != f"bash-sandbox-{os.geteuid()}"
+        )
+        per_executor_base = path.name.startswith("exec-") and path.parent.name == "state"
+        if per_executor_top or per_executor_base:
+            left.append(path)
+    assert left == []
 
 
 def _assert_protocol_only(raw: RawServer) -> None:
