@@ -1,7 +1,8 @@
 """`bash-sandbox`: run one command confined, set a session's mode, and check the host.
 
 Subcommands: `run` (one command under a `SandboxBashExecutor`), `mode` (show or set a
-session's override in a JSON-lines session log) and `doctor` (what this host enforces).
+session's override in a JSON-lines session log), `doctor` (what this host enforces) and
+`mcp` (a confined bash tool server over MCP stdio, `mcp_server`).
 Configuration comes from `cli_config` (a TOML file), flags override it.
 
 Exit codes:
@@ -35,6 +36,7 @@ from typing import Any, TextIO
 
 from bash_sandbox.audit.command import add_audit_arguments
 from bash_sandbox.cli.config_file import ConfigError, build_config, load_config
+from bash_sandbox.cli.mcp_command import MCP_EPILOG, add_mcp_arguments
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.executor import SandboxBashExecutor
@@ -281,7 +283,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_audit_arguments(audit)
     audit.set_defaults(handler=_cmd_audit)
+
+    mcp = sub.add_parser(
+        "mcp",
+        parents=[common],
+        formatter_class=formatter,
+        epilog=MCP_EPILOG,
+        help="serve confined bash tools to an MCP client (stdio)",
+        description="Serve bash_run, bash_start, bash_read, bash_kill and bash_list over MCP "
+        "stdio, every command confined by one long-lived sandbox.",
+    )
+    add_mcp_arguments(mcp)
+    mcp.set_defaults(handler=_cmd_mcp)
     return parser
+
+
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    # Imported here: `run` and the other subcommands never load the MCP SDK.
+    from bash_sandbox.cli.mcp_command import mcp_main
+
+    return mcp_main(args)
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:

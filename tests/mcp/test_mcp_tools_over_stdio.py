@@ -1,0 +1,181 @@
+"""The tools through a real server process and the SDK's client: results, facts and the host.
+
+Each test starts `python -m bash_sandbox.cli mcp`, speaks to it over stdio, and checks the
+host from outside (the file is absent or present, the host's loopback saw nothing).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp.shared.exceptions import MCPError
+from mcp_probes import ServerLauncher
+
+from policies import sandbox_denial_marker
+
+
+def _text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+def _facts(result: types.CallToolResult) -> dict[str, Any]:
+    facts = result.structured_content
+    assert isinstance(facts, dict)
+    return facts
+
+
+@pytest.mark.parametrize("era", ["legacy", "auto"])
+async def test_tools_are_listed_without_escalation_fields_by_default(
+    launcher: ServerLauncher, era: str
+) -> None:
+    async with launcher.client(mode=era) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    assert set(tools) == {"bash_run", "bash_start", "bash_read", "bash_kill", "bash_list"}
+    assert set(tools["bash_run"].input_schema["properties"]) == {"command", "workdir", "timeout_ms"}
+    assert set(tools["bash_start"].input_schema["properties"]) == {"command", "workdir"}
+
+
+async def test_tools_advertise_the_mode_field_under_a_ceiling(launcher: ServerLauncher) -> None:
+    async with launcher.client("--allow-escalation-to", "workspace-write") as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    for name in ("bash_run", "bash_start"):
+        props = tools[name].input_schema["properties"]
+        assert props["sandbox_mode"]["enum"] == ["read-only", "workspace-write"]
+        assert "network" not in props
+
+
+async def test_read_only_write_is_denied_with_facts_and_host_unchanged(
+    launcher: ServerLauncher, workspace: Path, backend: str
+) -> None:
+    async with launcher.client("--backend", backend) as client:
+        result = await client.call_tool("bash_run", {"command": "echo x > outside-file"})
+    facts = _facts(result)
+    assert not result.is_error
+    assert facts["exit_code"] == 1
+    assert facts["sandbox"]["mode"] == "read-only"
+    assert facts["sandbox"]["denied"] is True
+    assert facts["sandbox"]["backend"] == backend
+    assert sandbox_denial_marker("read-only") in _text(result)
+    assert not (workspace / "outside-file").exists()
+
+
+async def test_workspace_write_writes_the_workspace_but_not_beyond(
+    launcher: ServerLauncher, workspace: Path, tmp_path: Path, backend: str
+) -> None:
+    beyond = tmp_path / "beyond-file"
+    async with launcher.client("--mode", "workspace-write", "--backend", backend) as client:
+        allowed = await client.call_tool("bash_run", {"command": "echo hello > inside-file"})
+        denied = await client.call_tool("bash_run", {"command": f"echo x > {beyond}"})
+    assert _facts(allowed)["exit_code"] == 0
+    assert _facts(allowed)["sandbox"]["denied"] is False
+    assert "[sandbox:" not in _text(allowed)
+    assert (workspace / "inside-file").read_text() == "hello\n"
+    assert _facts(denied)["sandbox"]["denied"] is True
+    assert sandbox_denial_marker("workspace-write") in _text(denied)
+    assert not beyond.exists()
+
+
+async def test_relative_workdir_starts_at_the_workspace_root(
+    launcher: ServerLauncher, workspace: Path
+) -> None:
+    (workspace / "sub").mkdir()
+    async with launcher.client("--mode", "workspace-write") as client:
+        result = await client.call_tool("bash_run", {"command": "pwd > here", "workdir": "sub"})
+    assert _facts(result)["exit_code"] == 0
+    assert (workspace / "sub" / "here").read_text().strip() == str(workspace / "sub")
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_background_server_is_reachable_by_a_later_run_and_not_from_the_host(
+    launcher: ServerLauncher, backend: str
+) -> None:
+    port = _free_loopback_port()
+    async with launcher.client("--backend", backend) as client:
+        started = await client.call_tool(
+            "bash_start", {"command": f"exec python3 -u -m http.server --bind 127.0.0.1 {port}"}
+        )
+        process_id = _facts(started)["id"]
+        seen = ""
+        with anyio.fail_after(30):
+            while "Serving HTTP" not in seen:
+                read = await client.call_tool("bash_read", {"id": process_id})
+                assert _facts(read)["status"] == "running", _text(read)
+                seen += _facts(read)["delta"]
+        fetched = await client.call_tool(
+            "bash_run",
+            {
+                "command": "python3 -c 'import urllib.request as u; "
+                f'print(u.urlopen("http://127.0.0.1:{port}/").status)\''
+            },
+        )
+        # The sandbox's loopback is its own: the host's 127.0.0.1 has nobody on that port.
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        killed = await client.call_tool("bash_kill", {"id": process_id})
+        listed = await client.call_tool("bash_list", {})
+    assert _facts(fetched)["exit_code"] == 0, _text(fetched)
+    assert _facts(fetched)["stdout"]["text"].strip() == "200"
+    assert _facts(killed)["killed"] is True
+    assert _facts(killed)["status"] == "killed"
+    assert [(p["id"], p["status"]) for p in _facts(listed)["processes"]] == [(process_id, "killed")]
+
+
+async def test_bash_read_consumes_output_and_reports_the_end(launcher: ServerLauncher) -> None:
+    async with launcher.client() as client:
+        started = await client.call_tool("bash_start", {"command": "echo one; echo two >&2"})
+        process_id = _facts(started)["id"]
+        text = ""
+        with anyio.fail_after(30):
+            while True:
+                read = await client.call_tool("bash_read", {"id": process_id})
+                text += _facts(read)["delta"]
+                if _facts(read)["status"] != "running":
+                    break
+        again = await client.call_tool("bash_read", {"id": process_id})
+    assert text == "one\n[stderr]\ntwo\n"
+    assert _facts(read)["exit_code"] == 0
+    assert _facts(again)["delta"] == ""
+
+
+async def test_timeout_is_a_result_with_the_status(launcher: ServerLauncher) -> None:
+    async with launcher.client() as client:
+        result = await client.call_tool("bash_run", {"command": "sleep 30", "timeout_ms": 300})
+    assert not result.is_error
+    assert _facts(result)["timed_out"] is True
+    assert "timed out after 300 ms" in _text(result)
+
+
+async def test_malformed_calls_get_mcp_errors_and_the_server_keeps_serving(
+    launcher: ServerLauncher,
+) -> None:
+    async with launcher.client() as client:
+        with pytest.raises(MCPError) as unknown:
+            await client.call_tool("bash_explode", {"command": "true"})
+        bad_type = await client.call_tool("bash_run", {"command": 42})
+        extra = await client.call_tool("bash_run", {"command": "true", "sudo": True})
+        missing = await client.call_tool("bash_read", {})
+        no_such = await client.call_tool("bash_kill", {"id": "bash-999"})
+        alive = await client.call_tool("bash_run", {"command": "echo still here"})
+    assert unknown.value.error.code == types.INVALID_PARAMS
+    for result, code in (
+        (bad_type, "INVALID_ARGUMENTS"),
+        (extra, "INVALID_ARGUMENTS"),
+        (missing, "INVALID_ARGUMENTS"),
+        (no_such, "UNKNOWN_PROCESS"),
+    ):
+        assert result.is_error
+        assert _facts(result)["error"]["code"] == code
+    assert "command" in _facts(bad_type)["error"]["message"]
+    assert _facts(alive)["stdout"]["text"] == "still here\n"
