@@ -49,6 +49,8 @@ _log = logging.getLogger(__name__)
 _RECV_BYTES = 64 * 1024
 # Writing an error response to a client that does not read must not hold its connection.
 _ANSWER_TIMEOUT_S = 5.0
+_LINGER_S = 1.0
+_LINGER_BYTES = 1 << 20
 # Dropped when forwarding, both ways (RFC 9110 7.6.1), plus the proxy's own credentials.
 _HOP_BY_HOP = frozenset(
     {
@@ -565,9 +567,18 @@ async def _answer(conn: h11.Connection, sock: socket.socket, status: int, text: 
         data = conn.send(response) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
     except h11.LocalProtocolError:
         return
+    loop = asyncio.get_running_loop()
     with contextlib.suppress(OSError, TimeoutError):
         async with asyncio.timeout(_ANSWER_TIMEOUT_S):
-            await asyncio.get_running_loop().sock_sendall(sock, data)
+            await loop.sock_sendall(sock, data)
+        # Lingering close: closing with the client's bytes unread sends a reset, which can
+        # destroy the answer before the client reads it. Half-close, then drain a bounded
+        # amount for a bounded time.
+        sock.shutdown(socket.SHUT_WR)
+        drained = 0
+        async with asyncio.timeout(_LINGER_S):
+            while drained < _LINGER_BYTES and (chunk := await loop.sock_recv(sock, _RECV_BYTES)):
+                drained += len(chunk)
 
 
 async def _connect_any(addresses: tuple[IPAddress, ...], port: int) -> socket.socket:

@@ -94,10 +94,21 @@ class _RecordingHandler(http.server.SimpleHTTPRequestHandler):
         self._record()
         super().do_HEAD()
 
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() != "chunked":
+            return self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        body = b""
+        while size := int(self.rfile.readline().split(b";")[0], 16):
+            body += self.rfile.read(size)
+            self.rfile.readline()  # the CRLF after each chunk
+        while self.rfile.readline() not in (b"\r\n", b""):
+            pass  # trailers
+        return body
+
     def do_POST(self) -> None:
+        """Answers the SHA-256 of the body it received, so a test compares both ends."""
         self._record()
-        length = int(self.headers.get("Content-Length", "0"))
-        body = self.rfile.read(length)
+        body = self._read_body()
         reply = hashlib.sha256(body).hexdigest().encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(reply)))
@@ -302,3 +313,29 @@ def _main() -> None:
 
 if __name__ == "__main__":
     _main()
+
+
+def listening_socket_in_netns(netns_fd: int) -> socket.socket:
+    """A socket listening on 127.0.0.1:0 *inside* the namespace ``netns_fd`` (what the
+    executor hands the proxy): a short-lived thread joins the namespace, makes it, exits."""
+    import ctypes
+
+    from bash_sandbox.linux.child_setup import CLONE_NEWNET, libc
+
+    made: dict[str, Any] = {}
+
+    def worker() -> None:
+        try:
+            if libc().setns(netns_fd, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns(CLONE_NEWNET)")
+            made["socket"] = free_port_socket()
+        except BaseException as exc:
+            made["error"] = exc
+
+    thread = threading.Thread(target=worker, name="test-netns-listener")
+    thread.start()
+    thread.join()
+    if "error" in made:
+        raise made["error"]
+    sock: socket.socket = made["socket"]
+    return sock
