@@ -23,8 +23,9 @@ class ProxyLimits(BaseModel):
     # A request head (request line plus headers) larger than this is answered 431.
     max_header_bytes: _Positive = 64 * 1024
     # Open client connections, in total and per command (requests without a token share one
-    # count); the next one is answered 503 and closed.
-    max_connections: _Positive = 256
+    # count); the next one is answered 503 and closed. A tunnel holds six descriptors (two
+    # sockets, two splice pipes): 128 stay well inside the common 1024-descriptor limit.
+    max_connections: _Positive = 128
     max_connections_per_grant: _Positive = 64
     # From accept (or the first byte of a keep-alive request) to a complete request head: 408.
     request_head_timeout_s: _Seconds = 10.0

@@ -50,6 +50,7 @@ _RECV_BYTES = 64 * 1024
 # Writing an error response to a client that does not read must not hold its connection.
 _ANSWER_TIMEOUT_S = 5.0
 _LINGER_S = 1.0
+_BODY_GRACE_S = 1.0
 _LINGER_BYTES = 1 << 20
 # Dropped when forwarding, both ways (RFC 9110 7.6.1), plus the proxy's own credentials.
 _HOP_BY_HOP = frozenset(
@@ -156,6 +157,12 @@ class EgressProxy:
         resolver: Resolver | None = None,
         limits: ProxyLimits | None = None,
     ) -> None:
+        if listen_socket.type != socket.SOCK_STREAM or not listen_socket.getsockopt(
+            socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+        ):
+            raise EgressProxyError(
+                "the proxy needs a bound, listening TCP socket (call listen() first)"
+            )
         self._limits = limits if limits is not None else ProxyLimits()
         self._grants = GrantTable(allow, max_denials=self._limits.max_denials_per_grant)
         self._listen = listen_socket
@@ -293,6 +300,9 @@ class EgressProxy:
                 await asyncio.sleep(0.05)
                 continue
             sock.setblocking(False)
+            # Heads and bodies go out as separate writes: without this, Nagle holds the
+            # second one for the client's delayed ACK (40 ms per forwarded response).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if len(self._clients) >= self._limits.max_connections:
                 with contextlib.suppress(OSError):
                     sock.send(_OVERLOADED)
@@ -481,6 +491,10 @@ class EgressProxy:
             body = asyncio.create_task(self._pump_request_body(ex, up, upstream))
             try:
                 answered = await self._pump_response(ex, up, upstream)
+                if answered and not body.done():
+                    # A fast upstream can answer before the body task even read the
+                    # request's end (a bodiless GET); give it a moment, then give up.
+                    await asyncio.wait({body}, timeout=_BODY_GRACE_S)
             finally:
                 if not body.done():
                     body.cancel()

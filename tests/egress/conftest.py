@@ -6,7 +6,9 @@ Every proxy made here is closed at teardown, so one failing test leaves no threa
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -96,3 +98,50 @@ def curl(
 def status_and_body(result: subprocess.CompletedProcess[str]) -> tuple[str, str]:
     body, _, status = result.stdout.rpartition("\n")
     return status, body
+
+
+class Namespace:
+    """A fresh network namespace (only `lo`, no route out) and a way to run clients in it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def run(
+        self, argv: Sequence[str], env: dict[str, str], *, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """``argv`` inside the namespace, with exactly ``env`` (no host tool config)."""
+        nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+        return subprocess.run(
+            [nsenter, f"--net=/proc/self/fd/{self.fd}", "--", *argv],
+            env=env,
+            pass_fds=(self.fd,),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+@pytest.fixture
+def namespace() -> Iterator[Namespace]:
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("CI runs as root on Linux: the namespace tests must run")
+        pytest.skip("making a network namespace here needs root on Linux")
+    from bash_sandbox.linux.netns import create_isolated_netns
+
+    fd = create_isolated_netns()
+    try:
+        yield Namespace(fd)
+    finally:
+        os.close(fd)
+
+
+def clean_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
+    """A minimal environment: no proxy, pip, npm or git settings of the host leak in."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        **extra,
+    }

@@ -8,8 +8,8 @@ that a `StaticResolver` maps there, so no byte leaves the machine.
   a dumb-HTTP git repository, npm packuments) and recording every request it saw, so a test
   checks from outside what reached it.
 - `make_simple_index`, `make_dumb_git_repo`, `make_npm_registry`: content for those tools.
-- ``python -m tests.egress.servers --bulk FILE``: a separate process serving FILE with
-  sendfile for every GET (the benchmark's upstream); prints its port, serves until stdin closes.
+- ``python -m tests.egress.servers --bulk DIR``: a separate process serving DIR's files with
+  sendfile (the benchmark's upstream); prints its port, serves until stdin closes.
 """
 
 from __future__ import annotations
@@ -252,11 +252,11 @@ def npm_packument(name: str, version: str, tarball_url: str) -> bytes:
 
 
 class BulkProcess:
-    """``--bulk FILE`` in a child process (see the module docstring); `.port` once ready."""
+    """``--bulk DIR`` in a child process (see the module docstring); `.port` once ready."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, directory: Path) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.egress.servers", "--bulk", str(path)],
+            [sys.executable, "-m", "tests.egress.servers", "--bulk", str(directory)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=Path(__file__).resolve().parents[2],
@@ -270,9 +270,7 @@ class BulkProcess:
         self._proc.wait(timeout=10)
 
 
-def _serve_bulk(path: Path) -> None:
-    size = path.stat().st_size
-
+def _serve_bulk(directory: Path) -> None:
     class Bulk(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -280,13 +278,17 @@ def _serve_bulk(path: Path) -> None:
             pass
 
         def do_GET(self) -> None:
+            path = directory / Path(self.path).name
+            if not path.is_file():
+                self.send_error(404)
+                return
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(size))
+            self.send_header("Content-Length", str(path.stat().st_size))
             self.end_headers()
             self.wfile.flush()
             with path.open("rb") as f:
-                self.connection.sendfile(f)
+                self.connection.sendfile(f)  # zero-copy: the baseline is not held back
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bulk)
     server.daemon_threads = True

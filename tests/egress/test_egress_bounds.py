@@ -240,6 +240,11 @@ def test_lifecycle_errors_are_typed(make_proxy: ProxyFactory) -> None:
     proxy.close()
     with pytest.raises(EgressProxyError):
         proxy.register(("pkg.test",))
+    unlistened = socket.socket()
+    unlistened.bind(("127.0.0.1", 0))
+    with pytest.raises(EgressProxyError):
+        EgressProxy(unlistened)
+    unlistened.close()
     never_started = EgressProxy(free_port_socket())
     never_started.close()
     with pytest.raises(EgressProxyError):
