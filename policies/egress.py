@@ -66,13 +66,10 @@ class EgressRule(BaseModel):
         if self.kind == "suffix":
             host = f"*.{self.host}"
         elif self.kind == "address" and ":" in self.host:
-            host = f"[{self.host}]"
+            host = f"[{self.host}]"  # bracketed with or without a port: one spelling
         else:
             host = self.host
-        if self.port is None:
-            # A bare IPv6 address stays bracketed, so the entry reads the same everywhere.
-            return host
-        return f"{host}:{self.port}"
+        return host if self.port is None else f"{host}:{self.port}"
 
     @property
     def names_localhost(self) -> bool:
@@ -82,6 +79,7 @@ class EgressRule(BaseModel):
         )
 
     def matches(self, host: Destination, port: int) -> bool:
+        """The rule allows ``host:port``: names match names, addresses match addresses."""
         if self.port is not None and self.port != port:
             return False
         if host.address is not None:
@@ -118,12 +116,6 @@ class Destination(BaseModel):
         return self.address is None and (
             self.name == "localhost" or self.name.endswith(".localhost")
         )
-
-    def display(self, port: int) -> str:
-        """``host:port`` as a URL authority (IPv6 in brackets)."""
-        if isinstance(self.address, ipaddress.IPv6Address):
-            return f"[{self.address}]:{port}"
-        return f"{self.name}:{port}"
 
 
 def _check_name(name: str) -> str | None:

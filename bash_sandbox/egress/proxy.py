@@ -49,9 +49,11 @@ _log = logging.getLogger(__name__)
 _RECV_BYTES = 64 * 1024
 # Writing an error response to a client that does not read must not hold its connection.
 _ANSWER_TIMEOUT_S = 5.0
+# After an error response: how long, and how much, to drain before closing (see `_answer`).
 _LINGER_S = 1.0
-_BODY_GRACE_S = 1.0
 _LINGER_BYTES = 1 << 20
+# How long a forwarded request's body may still be arriving once its response is complete.
+_BODY_GRACE_S = 1.0
 # Dropped when forwarding, both ways (RFC 9110 7.6.1), plus the proxy's own credentials.
 _HOP_BY_HOP = frozenset(
     {
@@ -157,8 +159,10 @@ class EgressProxy:
         resolver: Resolver | None = None,
         limits: ProxyLimits | None = None,
     ) -> None:
-        if listen_socket.type != socket.SOCK_STREAM or not listen_socket.getsockopt(
-            socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+        if (
+            listen_socket.family not in (socket.AF_INET, socket.AF_INET6)
+            or listen_socket.type != socket.SOCK_STREAM
+            or not listen_socket.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         ):
             raise EgressProxyError(
                 "the proxy needs a bound, listening TCP socket (call listen() first)"
@@ -300,9 +304,10 @@ class EgressProxy:
                 await asyncio.sleep(0.05)
                 continue
             sock.setblocking(False)
-            # Heads and bodies go out as separate writes: without this, Nagle holds the
-            # second one for the client's delayed ACK (40 ms per forwarded response).
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with contextlib.suppress(OSError):  # a client already gone is served nothing
+                # Heads and bodies go out as separate writes: without this, Nagle holds the
+                # second one for the client's delayed ACK (40 ms per forwarded response).
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if len(self._clients) >= self._limits.max_connections:
                 with contextlib.suppress(OSError):
                     sock.send(_OVERLOADED)

@@ -9,30 +9,58 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 import sys
 from pathlib import Path
 
-from tests.egress.conftest import Namespace, ProxyFactory, clean_env
+import pytest
+
+from bash_sandbox.egress import EgressProxy, ProxyGrant
+from tests.egress.conftest import TEST_NAMES, Namespace, ProxyFactory, clean_env
 from tests.egress.servers import (
     ThrowawayCA,
     UpstreamServer,
+    listening_socket_in_netns,
     make_dumb_git_repo,
     make_simple_index,
     npm_packument,
 )
 
 
-def test_pip_download_from_an_allowed_https_index(
-    make_proxy: ProxyFactory, namespace: Namespace, ca: ThrowawayCA, tmp_path: Path
-) -> None:
-    from tests.egress.conftest import TEST_NAMES
-    from tests.egress.servers import listening_socket_in_netns
+@pytest.fixture
+def ns_proxy(make_proxy: ProxyFactory, namespace: Namespace) -> EgressProxy:
+    """A proxy listening inside ``namespace``, with an empty base list."""
+    return make_proxy(listen=listening_socket_in_netns(namespace.fd))
 
+
+def npm_view(
+    namespace: Namespace, registry: str, grant: ProxyGrant, ca: ThrowawayCA, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    """`npm view egress-probe version` inside ``namespace``, with the grant's proxy, the
+    test CA, and no user or global npm config of the host."""
+    env = clean_env(
+        tmp_path,
+        {
+            **grant.environment(),
+            "npm_config_userconfig": str(tmp_path / "user-npmrc"),
+            "npm_config_globalconfig": str(tmp_path / "global-npmrc"),
+            "npm_config_cache": str(tmp_path / "npm-cache"),
+            "npm_config_cafile": str(ca.ca_file),
+            "npm_config_update_notifier": "false",
+            "npm_config_fetch_retries": "0",
+        },
+    )
+    argv = ["npm", "view", "egress-probe", "version", "--registry", registry]
+    return namespace.run(argv, env, timeout=120)
+
+
+def test_pip_download_from_an_allowed_https_index(
+    ns_proxy: EgressProxy, namespace: Namespace, ca: ThrowawayCA, tmp_path: Path
+) -> None:
     root = tmp_path / "index"
     wheel = make_simple_index(root)
     with UpstreamServer(root, tls=ca.server_context(TEST_NAMES)) as index:
-        proxy = make_proxy(listen=listening_socket_in_netns(namespace.fd))
-        grant = proxy.register(("pkg.test",))
+        grant = ns_proxy.register(("pkg.test",))
         dest = tmp_path / "dest"
         env = clean_env(
             tmp_path,
@@ -68,94 +96,39 @@ def test_pip_download_from_an_allowed_https_index(
 
 
 def test_npm_view_against_an_allowed_registry(
-    make_proxy: ProxyFactory, namespace: Namespace, ca: ThrowawayCA, tmp_path: Path
+    ns_proxy: EgressProxy, namespace: Namespace, ca: ThrowawayCA, tmp_path: Path
 ) -> None:
-    from tests.egress.conftest import TEST_NAMES
-    from tests.egress.servers import listening_socket_in_netns
-
     root = tmp_path / "registry"
     root.mkdir()
     with UpstreamServer(root, tls=ca.server_context(TEST_NAMES)) as registry:
         tarball = registry.url("registry.test", "/egress-probe/-/egress-probe-1.2.3.tgz")
         registry.route("/egress-probe", npm_packument("egress-probe", "1.2.3", tarball))
-        proxy = make_proxy(listen=listening_socket_in_netns(namespace.fd))
-        grant = proxy.register(("registry.test",))
-        env = clean_env(
-            tmp_path,
-            {
-                **grant.environment(),
-                "npm_config_userconfig": str(tmp_path / "user-npmrc"),
-                "npm_config_globalconfig": str(tmp_path / "global-npmrc"),
-                "npm_config_cache": str(tmp_path / "npm-cache"),
-                "npm_config_cafile": str(ca.ca_file),
-                "npm_config_update_notifier": "false",
-            },
-        )
-        result = namespace.run(
-            [
-                "npm",
-                "view",
-                "egress-probe",
-                "version",
-                "--registry",
-                registry.url("registry.test", "/"),
-            ],
-            env,
-            timeout=120,
-        )
+        grant = ns_proxy.register(("registry.test",))
+        result = npm_view(namespace, registry.url("registry.test", "/"), grant, ca, tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.strip() == "1.2.3"
         assert [r.path for r in registry.requests] == ["/egress-probe"]
 
 
 def test_npm_to_a_registry_off_the_list_is_denied_and_recorded(
-    make_proxy: ProxyFactory, namespace: Namespace, ca: ThrowawayCA, tmp_path: Path
+    ns_proxy: EgressProxy, namespace: Namespace, ca: ThrowawayCA, tmp_path: Path
 ) -> None:
-    from tests.egress.conftest import TEST_NAMES
-    from tests.egress.servers import listening_socket_in_netns
-
     with UpstreamServer(tmp_path, tls=ca.server_context(TEST_NAMES)) as registry:
-        proxy = make_proxy(listen=listening_socket_in_netns(namespace.fd))
-        grant = proxy.register(("registry.test",))
-        env = clean_env(
-            tmp_path,
-            {
-                **grant.environment(),
-                "npm_config_userconfig": str(tmp_path / "user-npmrc"),
-                "npm_config_globalconfig": str(tmp_path / "global-npmrc"),
-                "npm_config_cache": str(tmp_path / "npm-cache"),
-                "npm_config_cafile": str(ca.ca_file),
-                "npm_config_fetch_retries": "0",
-            },
-        )
-        result = namespace.run(
-            [
-                "npm",
-                "view",
-                "egress-probe",
-                "version",
-                "--registry",
-                registry.url("evil.test", "/"),
-            ],
-            env,
-            timeout=120,
-        )
+        grant = ns_proxy.register(("registry.test",))
+        result = npm_view(namespace, registry.url("evil.test", "/"), grant, ca, tmp_path)
         assert result.returncode != 0
         assert registry.requests == []
         assert {(d.host, d.port) for d in grant.denials()} == {("evil.test", registry.port)}
 
 
 def test_git_ls_remote_over_dumb_http(
-    make_proxy: ProxyFactory, namespace: Namespace, tmp_path: Path
+    ns_proxy: EgressProxy, namespace: Namespace, tmp_path: Path
 ) -> None:
-    from tests.egress.servers import listening_socket_in_netns
-
     root = tmp_path / "git"
     root.mkdir()
     head = make_dumb_git_repo(root)
     with UpstreamServer(root) as server:
-        proxy = make_proxy(listen=listening_socket_in_netns(namespace.fd))
-        grant = proxy.register(("git.test",))
+        grant = ns_proxy.register(("git.test",))
         env = clean_env(
             tmp_path,
             {**grant.environment(), "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"},
@@ -171,12 +144,9 @@ def test_git_ls_remote_over_dumb_http(
 
 
 def test_a_dev_server_on_the_namespace_loopback_bypasses_the_proxy(
-    make_proxy: ProxyFactory, namespace: Namespace, tmp_path: Path
+    ns_proxy: EgressProxy, namespace: Namespace, tmp_path: Path
 ) -> None:
-    from tests.egress.servers import listening_socket_in_netns
-
-    proxy = make_proxy(listen=listening_socket_in_netns(namespace.fd))
-    grant = proxy.register(("pkg.test",))
+    grant = ns_proxy.register(("pkg.test",))
     (tmp_path / "dev.txt").write_text("dev server\n")
     script = (
         f"cd {tmp_path} && {sys.executable} -m http.server 8765 --bind 127.0.0.1 "
