@@ -7,6 +7,7 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.egress import canonical_allowlist
 from policies.limits import ResourceLimits
 from policies.modes import NetworkMode, SandboxMode
 
@@ -78,6 +79,12 @@ class SandboxPolicy(BaseModel):
     @classmethod
     def _canonical_roots(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(canonical_path(v, field="writable_roots") for v in value)
+
+    @field_validator("allow_domains")
+    @classmethod
+    def _egress_rules(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # Canonical text (lowercase, bracketed IPv6, no duplicates); a bad entry is named.
+        return canonical_allowlist(value)
 
     @field_validator("deny_read")
     @classmethod

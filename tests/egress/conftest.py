@@ -1,0 +1,147 @@
+"""Fixtures for egress tests: a throwaway CA, upstream servers, and started proxies.
+
+Every proxy made here is closed at teardown, so one failing test leaves no thread behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox.egress import EgressProxy, ProxyLimits, Resolver
+from tests.egress.servers import ThrowawayCA, UpstreamServer, free_port_socket, resolver_for
+
+TEST_NAMES = ("pkg.test", "files.pkg.test", "other.test", "evil.test", "registry.test", "git.test")
+
+ProxyFactory = Callable[..., EgressProxy]
+
+
+@pytest.fixture(scope="session")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> ThrowawayCA:
+    return ThrowawayCA(tmp_path_factory.mktemp("ca"))
+
+
+@pytest.fixture
+def site_root(tmp_path: Path) -> Path:
+    root = tmp_path / "site"
+    root.mkdir()
+    (root / "hello.txt").write_text("hello through the proxy\n")
+    return root
+
+
+@pytest.fixture
+def site(site_root: Path) -> Iterator[UpstreamServer]:
+    with UpstreamServer(site_root) as server:
+        yield server
+
+
+@pytest.fixture
+def tls_site(site_root: Path, ca: ThrowawayCA) -> Iterator[UpstreamServer]:
+    with UpstreamServer(site_root, tls=ca.server_context(TEST_NAMES)) as server:
+        yield server
+
+
+@pytest.fixture
+def make_proxy() -> Iterator[ProxyFactory]:
+    made: list[EgressProxy] = []
+
+    def factory(
+        allow: Sequence[str] = (),
+        *,
+        resolver: Resolver | None = None,
+        limits: ProxyLimits | None = None,
+        listen: object = None,
+    ) -> EgressProxy:
+        sock = listen if listen is not None else free_port_socket()
+        proxy = EgressProxy(
+            sock,  # type: ignore[arg-type]
+            allow=tuple(allow),
+            resolver=resolver if resolver is not None else resolver_for(TEST_NAMES),
+            limits=limits,
+        )
+        made.append(proxy)
+        proxy.start()
+        return proxy
+
+    yield factory
+    for proxy in made:
+        proxy.close()
+
+
+def curl(
+    url: str,
+    env: dict[str, str],
+    *args: str,
+    ca_file: Path | None = None,
+    timeout: float = 30,
+) -> subprocess.CompletedProcess[str]:
+    """curl with the proxy variables in ``env``; prints the body, then the status code."""
+    argv = ["curl", "-sS", "-w", "\n%{http_code}", "--max-time", str(int(timeout)), *args]
+    if ca_file is not None:
+        argv += ["--cacert", str(ca_file)]
+    return subprocess.run(
+        [*argv, url],
+        check=False,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout + 5,
+    )
+
+
+def status_and_body(result: subprocess.CompletedProcess[str]) -> tuple[str, str]:
+    body, _, status = result.stdout.rpartition("\n")
+    return status, body
+
+
+class Namespace:
+    """A fresh network namespace (only `lo`, no route out) and a way to run clients in it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def run(
+        self, argv: Sequence[str], env: dict[str, str], *, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """``argv`` inside the namespace, with exactly ``env`` (no host tool config)."""
+        nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+        return subprocess.run(
+            [nsenter, f"--net=/proc/self/fd/{self.fd}", "--", *argv],
+            env=env,
+            pass_fds=(self.fd,),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+@pytest.fixture
+def namespace() -> Iterator[Namespace]:
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("CI runs as root on Linux: the namespace tests must run")
+        pytest.skip("making a network namespace here needs root on Linux")
+    from bash_sandbox.linux.netns import create_isolated_netns
+
+    fd = create_isolated_netns()
+    try:
+        yield Namespace(fd)
+    finally:
+        os.close(fd)
+
+
+def clean_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
+    """A minimal environment: no proxy, pip, npm or git settings of the host leak in."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        **extra,
+    }
