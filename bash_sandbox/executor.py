@@ -40,6 +40,7 @@ from bash_sandbox.backends.mount_plan import (
     within_any,
 )
 from bash_sandbox.config import SandboxBashConfig
+from bash_sandbox.egress import EgressProxy, ProxyGrant, Resolver
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.git_plane import (
@@ -81,6 +82,7 @@ class _SpawnRecord:
     """What happened to one confined spawn, filled in as it goes."""
 
     supervised: SupervisedCommand | None = None
+    grant: ProxyGrant | None = None
     limits: LimitsPlan | None = None
     limit_exceeded: LimitExceeded | None = None
     merges: list[MergeReport] = field(default_factory=list)
@@ -134,7 +136,15 @@ class SandboxBashExecutor(LocalBashExecutor):
     config_type: ClassVar[type[LocalBashConfig]] = SandboxBashConfig
     config: SandboxBashConfig
 
-    def __init__(self, config: SandboxBashConfig | None = None, **overrides: Any) -> None:
+    def __init__(
+        self,
+        config: SandboxBashConfig | None = None,
+        *,
+        egress_resolver: Resolver | None = None,
+        **overrides: Any,
+    ) -> None:
+        """``egress_resolver`` replaces the host's name resolution for the egress proxy
+        (tests map test host names to their own servers); ``overrides`` are config fields."""
         super().__init__(config if config is not None else SandboxBashConfig(), **overrides)
         cfg = self.config
         self._service = SandboxPolicyService(
@@ -169,6 +179,8 @@ class SandboxBashExecutor(LocalBashExecutor):
         )
         self._prepared = False
         self._nameservers = _resolv_nameservers()
+        self._proxy: EgressProxy | None = None
+        self._egress_resolver = egress_resolver
 
     @property
     def sandbox_mode(self) -> SandboxMode:
@@ -334,11 +346,13 @@ class SandboxBashExecutor(LocalBashExecutor):
             )
         started_ns = time.time_ns()
         view, _ = self._view(policy, backend)
+        grant = self._egress_grant(policy, backend)
         env = confined_environment(
             build_command_env(sandbox_inherited_env(os.environ), spec.env, spec.dsh_env),
             policy,
             private_tmp=backend.mounts,
             cache_home=cache_home,
+            proxy_env=grant.environment() if grant is not None else None,
             request_env=spec.env,
         )
         try:
@@ -366,6 +380,8 @@ class SandboxBashExecutor(LocalBashExecutor):
             ours.close()
             theirs.close()
             self._limits.release(limits)
+            if grant is not None:
+                grant.close()
             for overlay in view.overlays:
                 remove_tree(os.path.dirname(overlay.upper))
             raise
@@ -379,7 +395,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         enforcement = backend.enforcement(policy)
         if view.partial:
             enforcement = SandboxEnforcement.PARTIAL
-        record = _SpawnRecord(limits=limits)
+        record = _SpawnRecord(limits=limits, grant=grant)
         record.warnings += self._limits.warnings
         if self._selector.degraded:
             record.warnings.append(self._selector.degraded)
@@ -396,6 +412,24 @@ class SandboxBashExecutor(LocalBashExecutor):
             listener_socket=ours,
             record=record,
         )
+
+    def _egress_grant(self, policy: SandboxPolicy, backend: SandboxBackend) -> ProxyGrant | None:
+        """Under `isolated` with an allowlist: this command's grant on the executor's proxy,
+        which listens inside the executor's network namespace and is its only way out."""
+        if policy.network is not NetworkMode.ISOLATED or not policy.allow_domains:
+            return None
+        ns = self._namespaces.ready
+        if ns is None or not backend.mounts:
+            raise SandboxUnavailableError(
+                policy.mode, "an allowlist needs the executor's network namespace (none here)"
+            )
+        if self._proxy is None:
+            listener = socket.socket(fileno=os.dup(ns.listener))
+            self._proxy = EgressProxy(
+                listener, allow=tuple(self.config.allow_domains), resolver=self._egress_resolver
+            )
+            self._proxy.start()
+        return self._proxy.register(policy.allow_domains)
 
     def _check_binaries(self, policy: SandboxPolicy, backend: SandboxBackend) -> None:
         path = getattr(backend, "path", None)
@@ -485,6 +519,8 @@ class SandboxBashExecutor(LocalBashExecutor):
             self._limits.release(record.limits)
         if record.supervised is not None and self._supervisors:
             self._supervisors[0].unregister(record.supervised)
+        if record.grant is not None:
+            record.grant.close()
         policy = plan.policy
         assert policy is not None
         if (
@@ -554,6 +590,9 @@ class SandboxBashExecutor(LocalBashExecutor):
         for report in record.merges:
             denials += report.denials
             total += report.refused_total
+        if record.grant is not None:
+            denials += [d.to_sandbox_denial() for d in record.grant.denials()]
+            total += record.grant.denials_total
         inferred = _inferred_denials(stderr_text, policy)
         denials += inferred
         total += len(inferred)
@@ -580,6 +619,9 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     async def aclose(self) -> None:
         await super().aclose()
+        if self._proxy is not None:
+            # Joins the proxy's thread: off the loop.
+            await asyncio.to_thread(self._proxy.close)
         self._finalizer()
 
 

@@ -14,6 +14,7 @@
   from its cache or fails at once with ENOTCACHED instead of retrying for a minute),
   `npm_config_fetch_retries=0`, `PIP_RETRIES=0`, `PIP_TIMEOUT=3`, `UV_OFFLINE=1`,
   `CARGO_NET_OFFLINE=true`, `GOPROXY=off`, `GOFLAGS=-mod=mod`, `YARN_ENABLE_OFFLINE_MODE=1`.
+- The egress proxy's variables (`egress.environment`) when the policy has an allowlist.
   A request's own `env` wins over all of these.
 """
 
@@ -70,6 +71,7 @@ def confined_environment(
     *,
     private_tmp: bool,
     cache_home: str | None = None,
+    proxy_env: dict[str, str] | None = None,
     request_env: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """``built`` (inherited allowlist plus the request's channels) with the tool settings;
@@ -84,6 +86,7 @@ def confined_environment(
         extra |= cache_variables("/tmp/.cache")
     if policy.network is NetworkMode.ISOLATED and not policy.allow_domains:
         extra |= OFFLINE
+    extra |= proxy_env or {}
     env |= extra
     env |= request_env or {}
     return env
