@@ -10,10 +10,13 @@
   `POETRY_CACHE_DIR`, `GOCACHE`, `GOMODCACHE`, `CARGO_HOME` (only when `~/.cargo` does not
   exist: moving it would hide the user's installed tools), `GRADLE_USER_HOME`,
   `XDG_CACHE_HOME`, `PRE_COMMIT_HOME`, `HF_HOME` is not moved (it holds tokens).
-- Fail fast on the isolated network (no allowlist): `npm_config_offline=true` (npm answers
-  from its cache or fails at once with ENOTCACHED instead of retrying for a minute),
-  `npm_config_fetch_retries=0`, `PIP_RETRIES=0`, `PIP_TIMEOUT=3`, `UV_OFFLINE=1`,
-  `CARGO_NET_OFFLINE=true`, `GOPROXY=off`, `GOFLAGS=-mod=mod`, `YARN_ENABLE_OFFLINE_MODE=1`.
+- Fail fast on the isolated network (no allowlist): no retries and short timeouts, so a
+  tool that needs the network tries once and fails within seconds (npm retried for over a
+  minute). The tools still *try*, so the supervisor sees the attempt and the result says
+  `network_denied` (an offline mode would fail without trying, and without evidence):
+  `npm_config_fetch_retries=0`, `npm_config_fetch_timeout=5000`, `PIP_RETRIES=0`,
+  `PIP_TIMEOUT=3`, `UV_HTTP_TIMEOUT=3`, `CARGO_NET_RETRY=0`, `CARGO_HTTP_TIMEOUT=3`,
+  `YARN_HTTP_RETRY=0`, `GIT_HTTP_LOW_SPEED_TIME=3`. Go and git fail at once without retrying.
 - The egress proxy's variables (`egress.environment`) when the policy has an allowlist.
   A request's own `env` wins over all of these.
 """
@@ -25,15 +28,15 @@ import os
 from policies import NetworkMode, SandboxMode, SandboxPolicy
 
 OFFLINE = {
-    "npm_config_offline": "true",
     "npm_config_fetch_retries": "0",
+    "npm_config_fetch_timeout": "5000",
     "PIP_RETRIES": "0",
     "PIP_TIMEOUT": "3",
-    "UV_OFFLINE": "1",
-    "CARGO_NET_OFFLINE": "true",
-    "GOPROXY": "off",
-    "GOFLAGS": "-mod=mod",
-    "YARN_ENABLE_OFFLINE_MODE": "1",
+    "UV_HTTP_TIMEOUT": "3",
+    "CARGO_NET_RETRY": "0",
+    "CARGO_HTTP_TIMEOUT": "3",
+    "YARN_HTTP_RETRY": "0",
+    "GIT_HTTP_LOW_SPEED_TIME": "3",
 }
 _CACHE_DIRS = {
     "npm_config_cache": "npm",

@@ -4,15 +4,16 @@ Both Linux backends apply the same plan (bwrap as arguments, the Landlock backen
 steps), after their own base: the host read-only, a fresh `/dev`, a `/proc` of the command's
 PID namespace. Semantics, and why each step comes where it does:
 
-1. **Shadows.** Each directory that directly holds a `deny_read` path outside the writable
+1. **Private `/tmp`** (both modes): the executor's tmpfs. Roots under the host's `/tmp` get
+   their top-level entry bound back read-only, so the workspace stays visible there. First,
+   so that everything below refines it.
+2. **Shadows.** Each directory that directly holds a `deny_read` path outside the writable
    roots (`~` for `~/.netrc`) is replaced by a read-only tmpfs holding the directory's other
    entries, bound back one by one, and an unreadable placeholder for each denied entry that
    exists. A name the host creates or replaces later (an atomic rewrite of
    `~/.git-credentials`, a `~/.pgpass` that did not exist) never appears in a running
    command: the command sees the directory as it was when it started. Shallow first, so a
    deeper shadow (`~/.config` for `~/.config/gh`) refines the shallower one.
-2. **Private `/tmp`** (both modes): the executor's tmpfs. Roots under the host's `/tmp` get
-   their top-level entry bound back read-only, so the workspace stays visible there.
 3. **Writable roots** (workspace-write), bound writable; they come after the shadows, so a
    workspace under a shadowed home stays writable.
 4. **Git overlays**: each git directory in a writable root is an overlay whose upper layer
@@ -128,6 +129,12 @@ def render_mount_plan(
 ) -> tuple[MountOp, ...]:
     """The ordered operations (see the module docstring). Pure."""
     ops: list[MountOp] = []
+    # The private /tmp first: a shadow below /tmp (a workspace's sibling secret, a home
+    # under /tmp) must sit on top of the entry bound back, never under the private /tmp.
+    if private_tmp is not None:
+        ops.append(MountOp("bind", "/tmp", private_tmp, writable=True))
+        for top in view.tmp_tops:
+            ops += [MountOp("mkdir", top), MountOp("bind", top, top)]
     for shadow in sorted(view.shadows, key=lambda s: (s.directory.count("/"), s.directory)):
         ops.append(MountOp("tmpfs", shadow.directory))
         for entry in shadow.entries:
@@ -144,10 +151,6 @@ def render_mount_plan(
                     MountOp("bind", path, path),
                 ]
         ops.append(MountOp("readonly", shadow.directory))
-    if private_tmp is not None:
-        ops.append(MountOp("bind", "/tmp", private_tmp, writable=True))
-        for top in view.tmp_tops:
-            ops += [MountOp("mkdir", top), MountOp("bind", top, top)]
     ops += [MountOp("bind", root, root, writable=True) for root in policy.all_writable_roots()]
     ops += [
         MountOp("overlay", o.gitdir, o.gitdir, writable=True, upper=o.upper, work=o.work)

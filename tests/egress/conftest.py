@@ -128,13 +128,23 @@ def namespace() -> Iterator[Namespace]:
         if os.environ.get("CI"):
             pytest.fail("CI runs as root on Linux: the namespace tests must run")
         pytest.skip("making a network namespace here needs root on Linux")
-    from bash_sandbox.linux.netns import create_isolated_netns
+    import tempfile
 
-    fd = create_isolated_netns()
+    from bash_sandbox.linux.namespaces import ScratchPaths, create_namespaces
+    from bash_sandbox.state import remove_tree
+
+    # The executor's own namespace maker: a network namespace with only `lo`, up.
+    scratch = tempfile.mkdtemp(prefix="egress-ns-")
+    paths = ScratchPaths(*(os.path.join(scratch, n) for n in ("tmp", "shm", "pts")))
+    for path in (paths.tmp, paths.shm, paths.pts):
+        os.mkdir(path)
+    made = create_namespaces(paths, tmp_bytes=1 << 20, shm_bytes=1 << 20)
     try:
-        yield Namespace(fd)
+        yield Namespace(made.net)
     finally:
-        os.close(fd)
+        for fd in (made.mnt, made.net, made.tmp, made.shm, made.pts, made.listener):
+            os.close(fd)
+        remove_tree(scratch)
 
 
 def clean_env(home: Path, extra: dict[str, str]) -> dict[str, str]:

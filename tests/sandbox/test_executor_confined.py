@@ -341,3 +341,72 @@ async def test_aclose_right_after_start_leaves_no_process(backend: str, workspac
         for pid in _processes_with(token):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+async def test_a_secret_beside_the_workspace_under_tmp_stays_unreadable(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, mode: str
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("TOPSECRET-beside")
+    ex = make_executor(mode=mode, deny_read=(str(secret),))
+    result = await _run(ex, f"cat {secret}; ls {tmp_path}", workspace)
+    assert "TOPSECRET" not in result.stdout.text + result.stderr.text
+    assert "ws" in result.stdout.text  # the workspace itself is still there
+
+
+async def test_secrets_the_host_creates_or_replaces_while_a_command_runs_stay_unreadable(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    creds = home / ".git-credentials"
+    creds.write_text("https://old:TOPSECRET-0@example\n")
+    later = home / ".pgpass"  # does not exist when the command starts
+    ex = make_executor(mode="workspace-write", deny_read=(str(creds), str(later)))
+    loop = (
+        f"for i in $(seq 200); do cat {creds} {later} 2>/dev/null >> loot; sleep 0.01; done; "
+        "echo done > finished"
+    )
+    proc = await ex.start(ex.resolve(BashExecRequest(command=loop, workdir=str(workspace))))
+    for n in range(1, 6):
+        # Replaced atomically, as git credential-store and npm do; created, as pg tools do.
+        tmp = home / f".new{n}"
+        tmp.write_text(f"https://new:TOPSECRET-{n}@example\n")
+        os.rename(tmp, creds)
+        later.write_text(f"*:*:*:*:TOPSECRET-pg{n}\n")
+        await asyncio.sleep(0.05)
+    await proc.wait()
+    assert (workspace / "finished").exists()
+    loot = (workspace / "loot").read_text() if (workspace / "loot").exists() else ""
+    assert "TOPSECRET" not in loot
+
+
+async def test_git_config_stays_the_hosts_while_the_host_rewrites_it_during_a_command(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
+    assert await init.wait() == 0
+    ex = make_executor(mode="workspace-write")
+    attack = (
+        "for i in $(seq 300); do "
+        "printf '[core]\\n\\tfsmonitor = touch /tmp/pwned\\n' >> .git/config 2>/dev/null; "
+        "printf '[core]\\n\\tfsmonitor = evil\\n' >> .git/config.lock 2>/dev/null; "
+        "printf 'evil\\n' > .git/commondir 2>/dev/null; sleep 0.005; done; echo done > finished"
+    )
+    proc = await ex.start(ex.resolve(BashExecRequest(command=attack, workdir=str(workspace))))
+    for n in range(8):
+        # Every `git config` replaces .git/config by rename (through .git/config.lock).
+        setter = await asyncio.create_subprocess_exec(
+            "git", "-C", str(workspace), "config", f"host.value{n}", str(n)
+        )
+        assert await setter.wait() == 0
+        await asyncio.sleep(0.05)
+    await proc.wait()
+    assert (workspace / "finished").exists()
+    config = (workspace / ".git" / "config").read_text()
+    assert "fsmonitor" not in config and "evil" not in config
+    assert all(f"value{n} = {n}" in config for n in range(8))
+    assert not (workspace / ".git" / "commondir").exists()
+    assert proc.sandbox is not None
+    assert any(d.target.endswith(".git/commondir") for d in proc.sandbox.denials)

@@ -29,7 +29,7 @@ def _policy(ws: Path | str, mode: str = "workspace-write", **kw: object) -> Sand
     return SandboxPolicy(mode=mode, workspace_root=str(ws), deny_read=(), **kw)  # type: ignore[arg-type]
 
 
-def test_render_orders_shadows_tmp_roots_overlays_pins_covers() -> None:
+def test_render_orders_tmp_shadows_roots_overlays_pins_covers() -> None:
     view = HostView(
         shadows=(
             Shadow(
@@ -54,6 +54,9 @@ def test_render_orders_shadows_tmp_roots_overlays_pins_covers() -> None:
     )
     ops = render_mount_plan(_policy("/w"), view, SOURCES, private_tmp="/st/tmp")
     assert ops == (
+        MountOp("bind", "/tmp", "/st/tmp", writable=True),
+        MountOp("mkdir", "/tmp/a"),
+        MountOp("bind", "/tmp/a", "/tmp/a"),
         # shallow first: the deeper shadow refines the shallower one
         MountOp("tmpfs", "/h"),
         MountOp("mkfile", "/h/.netrc"),
@@ -68,9 +71,6 @@ def test_render_orders_shadows_tmp_roots_overlays_pins_covers() -> None:
         MountOp("mkdir", "/h/.config/nvim"),
         MountOp("bind", "/h/.config/nvim", "/h/.config/nvim"),
         MountOp("readonly", "/h/.config"),
-        MountOp("bind", "/tmp", "/st/tmp", writable=True),
-        MountOp("mkdir", "/tmp/a"),
-        MountOp("bind", "/tmp/a", "/tmp/a"),
         MountOp("bind", "/w", "/w", writable=True),
         MountOp("overlay", "/w/.git", "/w/.git", writable=True, upper="/up", work="/wk"),
         MountOp("bind", "/w/d", "/w/d", writable=True),
