@@ -59,6 +59,7 @@ from bash_sandbox.linux.supervisor import (
     identity,
     receive_listener,
 )
+from bash_sandbox.placeholders import Placeholders
 from bash_sandbox.selection import BackendSelector, candidate_backends
 from bash_sandbox.state import ExecutorState, remove_tree
 from bash_sandbox.tool_env import confined_environment, tool_cache_home
@@ -84,6 +85,7 @@ class _SpawnRecord:
     supervised: SupervisedCommand | None = None
     grant: ProxyGrant | None = None
     limits: LimitsPlan | None = None
+    placeholders: tuple[str, ...] = ()
     limit_exceeded: LimitExceeded | None = None
     merges: list[MergeReport] = field(default_factory=list)
     nested: tuple[str, ...] = ()
@@ -101,6 +103,7 @@ class SandboxSpawn(ConfinedPlan):
     started_ns: int = 0
     overlays: tuple[GitOverlay, ...] = ()
     listener_socket: socket.socket | None = None
+    cache_home: str | None = None
     record: _SpawnRecord = field(default_factory=_SpawnRecord, compare=False)
 
 
@@ -181,6 +184,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._nameservers = _resolv_nameservers()
         self._proxy: EgressProxy | None = None
         self._egress_resolver = egress_resolver
+        self._placeholders = Placeholders()
 
     @property
     def sandbox_mode(self) -> SandboxMode:
@@ -263,18 +267,21 @@ class SandboxBashExecutor(LocalBashExecutor):
     # -- confine the spawn -----------------------------------------------------------------
 
     def _view(
-        self, policy: SandboxPolicy, backend: SandboxBackend
+        self, policy: SandboxPolicy, backend: SandboxBackend, user_policy: SandboxPolicy
     ) -> tuple[HostView, tuple[str, ...]]:
-        """Inspect the host for one spawn: overlays, protected names, shadows, covers."""
+        """Inspect the host for one spawn: overlays, protected names, shadows, covers; and
+        the host placeholders this spawn now holds (released when it settles)."""
         partial: list[str] = []
+        held: list[str] = []
         roots = policy.all_writable_roots()
         hidden = self._state.hidden_paths()
         if not backend.mounts:
             return HostView(hidden=hidden), ()
         private_tmp = True
         tops = tmp_tops((policy.workspace_root, *roots))
-        gitdirs = discover_gitdirs(policy)
-        protected = inspect_protected(policy, gitdirs)
+        # The user's roots: the sandbox's own cache home has no git dir or protected names.
+        gitdirs = discover_gitdirs(user_policy)
+        protected = inspect_protected(user_policy, gitdirs)
         overlays: list[GitOverlay] = []
         covers = list(protected.protect)
         for gitdir in gitdirs:
@@ -297,12 +304,12 @@ class SandboxBashExecutor(LocalBashExecutor):
                         partial.append(f"{path} links to {target}, which does not exist yet")
             made = prepare_placeholders(gitdir, upper.upper, tuple(names))
             overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
-        # A missing protected name outside git: its first missing component stays
-        # uncreatable only while it is covered, so the policy reports it as partial.
-        for path, _ in protected.missing:
-            partial.append(
-                f"{path}: a missing protected name cannot be covered without a placeholder"
-            )
+        # A missing protected name outside git: a placeholder of the right kind, covered,
+        # removed once no command of this uid needs it (`placeholders.py`).
+        for path, is_dir in protected.missing:
+            if self._placeholders.acquire(path, is_dir):
+                held.append(path)
+            covers.append(path)
         if protected.symlinked:
             partial.append("a protected name is a symlink inside a writable root")
         denied = (*policy.deny_read, *hidden)
@@ -321,7 +328,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             hidden=hidden,
             partial=tuple(partial),
         )
-        return view, gitdirs
+        return view, tuple(held)
 
     def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:
         policy = self._policy_of(spec)
@@ -338,6 +345,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         if not self._supervisors:
             self._supervisors.append(SeccompSupervisor())
         cache_home: str | None = None
+        user_policy = policy
         if policy.mode is SandboxMode.WORKSPACE_WRITE and self.config.tool_caches:
             # The sandbox's own cache home is writable like a root, for this spawn only.
             cache_home = tool_cache_home()
@@ -345,7 +353,7 @@ class SandboxBashExecutor(LocalBashExecutor):
                 update={"writable_roots": (*policy.writable_roots, cache_home)}
             )
         started_ns = time.time_ns()
-        view, _ = self._view(policy, backend)
+        view, held = self._view(policy, backend, user_policy)
         grant = self._egress_grant(policy, backend)
         env = confined_environment(
             build_command_env(sandbox_inherited_env(os.environ), spec.env, spec.dsh_env),
@@ -382,6 +390,8 @@ class SandboxBashExecutor(LocalBashExecutor):
             self._limits.release(limits)
             if grant is not None:
                 grant.close()
+            for path in held:
+                self._placeholders.release(path)
             for overlay in view.overlays:
                 remove_tree(os.path.dirname(overlay.upper))
             raise
@@ -395,7 +405,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         enforcement = backend.enforcement(policy)
         if view.partial:
             enforcement = SandboxEnforcement.PARTIAL
-        record = _SpawnRecord(limits=limits, grant=grant)
+        record = _SpawnRecord(limits=limits, grant=grant, placeholders=held)
         record.warnings += self._limits.warnings
         if self._selector.degraded:
             record.warnings.append(self._selector.degraded)
@@ -410,6 +420,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             started_ns=started_ns,
             overlays=view.overlays,
             listener_socket=ours,
+            cache_home=cache_home,
             record=record,
         )
 
@@ -521,6 +532,8 @@ class SandboxBashExecutor(LocalBashExecutor):
             self._supervisors[0].unregister(record.supervised)
         if record.grant is not None:
             record.grant.close()
+        for path in record.placeholders:
+            self._placeholders.release(path)
         policy = plan.policy
         assert policy is not None
         if (
@@ -529,9 +542,9 @@ class SandboxBashExecutor(LocalBashExecutor):
             and plan.backend.mounts
         ):
             gitdirs = tuple(o.gitdir for o in plan.overlays)
-            nested = new_repositories(
-                policy.all_writable_roots(), plan.started_ns, overlaid=gitdirs
-            )
+            # The sandbox's own cache home holds tools' git checkouts (cargo): not the user's.
+            roots = tuple(r for r in policy.all_writable_roots() if r != plan.cache_home)
+            nested = new_repositories(roots, plan.started_ns, overlaid=gitdirs)
             for overlay in plan.overlays:
                 report = merge_back(overlay, plan.started_ns)
                 record.merges.append(report)

@@ -62,6 +62,13 @@ def _ledger() -> Iterator[dict[str, dict[str, object]]]:
         os.close(fd)
 
 
+def _holders(entry: dict[str, object]) -> list[str]:
+    """The entry's holders that are still alive."""
+    raw = entry.get("holders")
+    listed = raw if isinstance(raw, list) else []
+    return [h for h in listed if isinstance(h, str) and _alive(h)]
+
+
 def _is_placeholder(path: str, is_dir: bool) -> bool:
     try:
         st = os.lstat(path)
@@ -97,7 +104,7 @@ class Placeholders:
                     )
                 entry = {"dir": is_dir, "holders": []}
                 ledger[path] = entry
-            holders = [h for h in entry.get("holders", []) if isinstance(h, str) and _alive(h)]
+            holders = _holders(entry)
             holders.append(self._me)
             entry["holders"] = holders
             return True
@@ -108,7 +115,7 @@ class Placeholders:
             entry = ledger.get(path)
             if entry is None:
                 return
-            holders = [h for h in entry.get("holders", []) if isinstance(h, str) and _alive(h)]
+            holders = _holders(entry)
             if self._me in holders:
                 holders.remove(self._me)
             entry["holders"] = holders

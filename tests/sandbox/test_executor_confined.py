@@ -410,3 +410,29 @@ async def test_git_config_stays_the_hosts_while_the_host_rewrites_it_during_a_co
     assert not (workspace / ".git" / "commondir").exists()
     assert proc.sandbox is not None
     assert any(d.target.endswith(".git/commondir") for d in proc.sandbox.denials)
+
+
+async def test_a_missing_protected_name_is_uncreatable_and_leaves_nothing_behind(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    ex = make_executor(mode="workspace-write", protected_paths=("deploy/secrets.env", "certs/"))
+    other = make_executor(mode="workspace-write", protected_paths=("deploy/secrets.env",))
+    # Another executor's command holds the same placeholder meanwhile.
+    held = await other.start(
+        other.resolve(BashExecRequest(command="sleep 30", workdir=str(workspace)))
+    )
+    try:
+        result = await _run(
+            ex,
+            "echo evil > deploy/secrets.env; mkdir -p certs/x; ls -la deploy",
+            workspace,
+        )
+        # The first missing component is the placeholder: an empty directory, read-only.
+        assert result.sandbox is not None and result.sandbox.enforcement == "full"
+        assert os.listdir(workspace / "deploy") == []  # held by the other executor still
+        assert not (workspace / "certs" / "x").exists()
+    finally:
+        held.kill()
+        await held.wait()
+    await _run(ex, "true", workspace)
+    assert sorted(os.listdir(workspace)) == []
