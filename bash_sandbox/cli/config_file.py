@@ -159,12 +159,14 @@ def _refuse_unsafe_file(source: ConfigSource, st: os.stat_result, real: str) -> 
 
 
 def _refuse_inside_roots(source: ConfigSource, real: str, roots: Sequence[str]) -> None:
+    user_config = os.path.realpath(user_config_path())
     for root in roots:
         canonical = os.path.realpath(root)
         if is_within(real, canonical):
+            example = f" (e.g. {user_config})" if not is_within(user_config, canonical) else ""
             raise ConfigUntrustedError(
                 f"lies inside {canonical}, which confined commands can write; keep the config "
-                f"outside every writable root (e.g. {user_config_path()})",
+                f"outside every writable root{example}",
                 source,
             )
 

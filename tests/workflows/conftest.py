@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from bash_sandbox import SandboxBashExecutor
-from bash_sandbox.executor import remove_state_dir
 from bash_seam import BashExecRequest, BashProcess, BashRunResult
 from tests.sandbox.conftest import require_backend
 from tests.workflows.workspaces import (
@@ -31,6 +30,7 @@ from tests.workflows.workspaces import (
     have,
     host_tree_digest,
     pack_node_package,
+    remove_tree,
 )
 
 LINUX_BACKENDS = ("bwrap", "landlock")
@@ -57,10 +57,13 @@ def executor_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 class Workflow:
     """One test's workspace, its executors, and the checks after them."""
 
-    def __init__(self, root: Path, backend: str, executor_tmp: Path) -> None:
+    def __init__(
+        self, root: Path, backend: str, executor_tmp: Path, shared_dirs: frozenset[Path]
+    ) -> None:
         self.root = root
         self.backend = backend
         self.executor_tmp = executor_tmp
+        self.shared_dirs = shared_dirs
         self.audit = WorkspaceAudit(root)
         self.executors: list[SandboxBashExecutor] = []
 
@@ -84,15 +87,16 @@ class Workflow:
         return await ex.start(ex.resolve(self.request(command, **kw)))
 
     async def finish(self, expected: Iterable[str] = ()) -> None:
-        """Close every executor, then check the host: no leftover empty spill or state
-        dir, and nothing in the workspace but what the commands were meant to write."""
+        """Close every executor, then check the host: no empty spill or state dir of
+        these executors is left, and the workspace holds only what the commands were meant
+        to write."""
         for ex in self.executors:
             await ex.aclose()
         self.executors.clear()
         leftovers = [
             str(p.relative_to(self.executor_tmp))
-            for p in sorted(self.executor_tmp.rglob("*"))
-            if p.is_dir() and not any(p.iterdir())
+            for p in empty_dirs(self.executor_tmp)
+            if p not in self.shared_dirs
         ]
         changes = self.audit.unexpected_changes(expected)
         assert (leftovers, changes) == ([], []), (
@@ -104,6 +108,21 @@ class Workflow:
 WorkflowFactory = Callable[[Callable[[Path], None] | None], Workflow]
 
 
+def empty_dirs(root: Path) -> list[Path]:
+    return [p for p in sorted(root.rglob("*")) if p.is_dir() and not any(p.iterdir())]
+
+
+async def shared_executor_dirs(backend: str, executor_tmp: Path, scratch: Path) -> frozenset[Path]:
+    """The directories every executor of this user shares (per-user bases), found from
+    outside: what one throw-away executor leaves behind after `aclose()`. A directory of a
+    test's own executor has another (random) name, so it is never mistaken for one."""
+    scratch.mkdir()
+    async with SandboxBashExecutor(backend=backend, workspace_root=str(scratch)) as ex:
+        await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(scratch))))
+    remove_tree(scratch)
+    return frozenset(p for p in executor_tmp.rglob("*") if p.is_dir())
+
+
 @pytest.fixture
 def project_parent() -> Iterator[Path]:
     """Where the workspace lives: a directory this test makes under /var/tmp and removes.
@@ -113,7 +132,7 @@ def project_parent() -> Iterator[Path]:
     """
     path = Path(tempfile.mkdtemp(prefix="bash-sandbox-workflow-", dir=PROJECTS_DIR))
     yield path
-    remove_state_dir(str(path))  # also clears read-only dirs a command may have left
+    remove_tree(path)  # also clears read-only dirs a command may have left
 
 
 @pytest.fixture
@@ -121,13 +140,14 @@ async def make_workflow(
     backend: str, project_parent: Path, executor_tmp: Path
 ) -> AsyncIterator[WorkflowFactory]:
     made: list[Workflow] = []
+    shared = await shared_executor_dirs(backend, executor_tmp, project_parent / "scratch")
 
     def factory(build: Callable[[Path], None] | None = None) -> Workflow:
         root = project_parent / "ws"
         root.mkdir()
         if build is not None:
             build(root)
-        flow = Workflow(Path(os.path.realpath(root)), backend, executor_tmp)
+        flow = Workflow(Path(os.path.realpath(root)), backend, executor_tmp, shared)
         made.append(flow)
         return flow
 
@@ -167,7 +187,7 @@ def shared_parent() -> Iterator[Path]:
     /tmp: bwrap's private /tmp in workspace-write hides the host's (see README)."""
     path = Path(tempfile.mkdtemp(prefix="bash-sandbox-workflow-inputs-", dir=PROJECTS_DIR))
     yield path
-    remove_state_dir(str(path))
+    remove_tree(path)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.workflows.conftest import HostCaches, Workflow
-from tests.workflows.workspaces import describe
+from tests.workflows.workspaces import CACHE_IS_WRITABLE, describe
 
 # npm writes these into a project it installs into.
 NPM_INSTALL_WRITES = ("node_modules*", "package.json", "package-lock.json")
@@ -34,7 +34,7 @@ async def test_npm_install_uses_a_writable_cache_and_never_the_hosts(
         ex,
         f"npm install --no-audit --no-fund {tarball} && "
         "node -e \"console.log(require('tiny-other').greet('rw'))\" && "
-        'cache=$(npm config get cache) && test -w "$cache" && echo "cache=$cache"',
+        f"cache=$(npm config get cache) && {CACHE_IS_WRITABLE}",
     )
     assert result.exit_code == 0, describe(result)
     assert "hi, rw" in result.stdout.text

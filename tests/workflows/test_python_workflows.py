@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.workflows.conftest import HostCaches, Workflow
-from tests.workflows.workspaces import describe
+from tests.workflows.workspaces import CACHE_IS_WRITABLE, describe
 
 # The venv sees this run's site-packages: keep their pytest plugins out of the project's run.
 PYTEST = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 .venv/bin/python -m pytest -q"
@@ -68,7 +68,7 @@ async def test_pip_installs_into_the_workspace_venv_with_a_writable_cache(
         ex,
         f".venv/bin/python -m pip install --no-index --find-links {wheel_dir} tinywheel && "
         ".venv/bin/python -c 'import tinywheel; print(tinywheel.GREETING)' && "
-        'cache=$(.venv/bin/python -m pip cache dir) && test -w "$cache" && echo "cache=$cache"',
+        f"cache=$(.venv/bin/python -m pip cache dir) && {CACHE_IS_WRITABLE}",
     )
     assert result.exit_code == 0, describe(result)
     assert "cache has been disabled" not in result.stderr.text, describe(result)

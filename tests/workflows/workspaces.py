@@ -290,8 +290,23 @@ def build_git_repository(root: Path) -> None:
     git_host(root, "commit", "-qm", "main work")
 
 
+def remove_tree(path: Path) -> None:
+    """Delete a test's project tree, also directories a command left without write access."""
+    for dirpath, dirnames, _ in os.walk(path):
+        for name in dirnames:
+            full = os.path.join(dirpath, name)
+            if not os.path.islink(full):
+                os.chmod(full, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def have(*tools: str) -> bool:
     return all(shutil.which(tool) for tool in tools)
+
+
+# Shell after `cache=$(...)`: the tool's cache dir can be made and written (tools create it
+# lazily), and its path is printed for the host-side check.
+CACHE_IS_WRITABLE = 'mkdir -p "$cache" && test -w "$cache" && echo "cache=$cache"'
 
 
 def describe(result: BashRunResult) -> str:
