@@ -1,9 +1,10 @@
 """`bash-sandbox`: run one command confined, set a session's mode, and check the host.
 
-Subcommands: `run` (one command under a `SandboxBashExecutor`), `mode` (show or set a
-session's override in a JSON-lines session log), `doctor` (what this host enforces) and
-`mcp` (a confined bash tool server over MCP stdio, `mcp_server`).
-Configuration comes from `cli_config` (a TOML file), flags override it.
+Subcommands: `run` (one command under a `SandboxBashExecutor`, its output streamed live),
+`mode` (show or set a session's override in a JSON-lines session log), `doctor` (what this
+host enforces), `audit`, and `mcp` (a confined bash tool server over MCP stdio). The flags
+are in `arguments`, the config file in `config_file`, live output in `stream`; this module
+runs the subcommands and maps failures to exit codes.
 
 Exit codes:
 
@@ -12,9 +13,11 @@ N          `run`: the command's own exit status
 128+n      `run`: the command was killed by signal n (timeouts included)
 130        `run`: bash-sandbox got SIGINT (Ctrl-C); the command's group was killed
 143 / 129  `run`: the same for SIGTERM / SIGHUP
+141        `run`: the reader of stdout went away (`| head`); the command's group was killed
 0 / 1      `doctor`: at least one backend is usable / none is
-2          usage or configuration error: bad flag, bad config value, unknown mode,
-           missing workspace, unreadable session log (nothing ran)
+2          usage or configuration error: bad flag, bad or untrusted config, unknown mode,
+           missing workspace or writable root, bad workdir, unusable session log
+           (nothing ran)
 125        the sandbox is unavailable: no backend can enforce the mode (nothing ran)
 126        the command could not be started, e.g. no bash on this host (nothing ran)
 =========  ====================================================================
@@ -27,16 +30,30 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from bash_sandbox.audit.command import add_audit_arguments
-from bash_sandbox.cli.config_file import ConfigError, build_config, load_config
-from bash_sandbox.cli.mcp_command import MCP_EPILOG, add_mcp_arguments
+from bash_sandbox.cli.arguments import (
+    LIMIT_FLAGS,
+    LIST_FLAGS,
+    PROG,
+    UsageError,
+    build_parser,
+    wants_json,
+)
+from bash_sandbox.cli.config_file import (
+    ConfigError,
+    ConfigUntrustedError,
+    build_config,
+    config_roots,
+    is_within,
+    load_config,
+    workspace_table_notice,
+)
+from bash_sandbox.cli.stream import LiveOutput
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.executor import SandboxBashExecutor
@@ -44,22 +61,18 @@ from bash_seam import (
     BashExecError,
     BashExecRequest,
     BashRunResult,
-    CollectedOutput,
     InvalidRequestError,
     WorkdirError,
 )
 from policies import (
     JsonlSessionLog,
-    NetworkMode,
     PolicyError,
-    SandboxMode,
     effective_sandbox_mode,
     network_denial_marker,
     sandbox_denial_marker,
     set_sandbox_mode,
 )
 
-PROG = "bash-sandbox"
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 125
 EXIT_CANNOT_START = 126
@@ -84,218 +97,6 @@ def package_version() -> str:
         return version("bash-sandbox")
     except PackageNotFoundError:
         return "unknown"
-
-
-# -- argument parsing --------------------------------------------------------------------------
-
-
-def _mode_arg(value: str) -> SandboxMode:
-    try:
-        return SandboxMode(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _network_arg(value: str) -> NetworkMode:
-    try:
-        return NetworkMode(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return number
-
-
-_MODES = ", ".join(m.value for m in SandboxMode)
-
-_MAIN_EPILOG = """\
-examples:
-  bash-sandbox run -- 'ls -la && cat README.md'
-  bash-sandbox run --mode workspace-write -- make test
-  bash-sandbox mode --session .session.jsonl workspace-write
-  bash-sandbox doctor
-
-configuration: [tool.bash-sandbox] in the workspace's pyproject.toml, or --config FILE
-(keys are SandboxBashConfig fields, e.g. mode, network, backend, timeout_ms);
-command-line flags win over the file.
-"""
-
-_RUN_EPILOG = f"""\
-modes: {_MODES}
-mode precedence: --mode > the session's override (--session) > the configured default.
-
-examples:
-  bash-sandbox run -- git status
-  bash-sandbox run --mode workspace-write --workspace ~/src/app -- 'npm ci && npm test'
-  bash-sandbox run --network host --mode workspace-write -- pip download requests
-  bash-sandbox run --json -- 'echo hi'
-  bash-sandbox run --session .session.jsonl -- pytest -q
-
-exit status: the command's (128+n when killed by signal n); 130 on Ctrl-C;
-2 usage or config error; 125 sandbox unavailable; 126 command could not start.
-"""
-
-_MODE_EPILOG = f"""\
-modes: {_MODES}
-
-examples:
-  bash-sandbox mode --session .session.jsonl                    # show
-  bash-sandbox mode --session .session.jsonl workspace-write    # set
-"""
-
-_DOCTOR_EPILOG = """\
-examples:
-  bash-sandbox doctor
-  bash-sandbox doctor --json | jq '.backends[] | {name, usable}'
-  bash-sandbox doctor --network host
-
-exit status: 0 when at least one backend is usable here, 1 otherwise.
-"""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Run shell commands confined: bubblewrap or Landlock on Linux, "
-        "Seatbelt on macOS.",
-        epilog=_MAIN_EPILOG,
-        formatter_class=formatter,
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-    config_help = (
-        "TOML config file (default: [tool.bash-sandbox] in the workspace's pyproject.toml)"
-    )
-    parser.add_argument("--config", metavar="PATH", default=None, help=config_help)
-    # Also accepted after the subcommand; SUPPRESS keeps the top-level value otherwise.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=config_help)
-    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
-
-    run = sub.add_parser(
-        "run",
-        parents=[common],
-        formatter_class=formatter,
-        epilog=_RUN_EPILOG,
-        help="run one command confined",
-        description="Run COMMAND with `bash -c` inside the sandbox; print its stdout and "
-        "stderr and exit with its status.",
-    )
-    run.add_argument(
-        "--mode", type=_mode_arg, metavar="MODE", help=f"sandbox mode for this command ({_MODES})"
-    )
-    run.add_argument(
-        "--workspace",
-        metavar="DIR",
-        help="workspace root and working directory (default: the current directory)",
-    )
-    run.add_argument(
-        "--network",
-        type=_network_arg,
-        metavar="NET",
-        help="isolated (own loopback only, the default) or host",
-    )
-    run.add_argument(
-        "--backend",
-        choices=("auto", "bwrap", "landlock", "seatbelt"),
-        help="sandbox backend (default: auto)",
-    )
-    run.add_argument(
-        "--timeout-ms",
-        type=_positive_int,
-        metavar="N",
-        help="kill the command after N milliseconds (default: the config's timeout_ms, 120000)",
-    )
-    run.add_argument(
-        "--session", metavar="FILE", help="JSON-lines session log whose mode override applies"
-    )
-    run.add_argument(
-        "--json",
-        action="store_true",
-        help="print the whole result as JSON on stdout instead of the output",
-    )
-    run.add_argument(
-        "command",
-        nargs="*",
-        metavar="COMMAND",
-        help="the command, after `--`; several words are joined with spaces",
-    )
-    run.set_defaults(handler=_cmd_run)
-
-    mode = sub.add_parser(
-        "mode",
-        parents=[common],
-        formatter_class=formatter,
-        epilog=_MODE_EPILOG,
-        help="show or set a session's sandbox mode",
-        description="Without MODE, print the session's mode override (or 'default (<mode>)' "
-        "when it has none); with MODE, record it as the session's override.",
-    )
-    mode.add_argument(
-        "--session",
-        metavar="FILE",
-        required=True,
-        help="JSON-lines session log (created when MODE is set)",
-    )
-    mode.add_argument(
-        "--workspace",
-        metavar="DIR",
-        help="where to look for pyproject.toml (default: the current directory)",
-    )
-    mode.add_argument(
-        "mode", nargs="?", type=_mode_arg, metavar="MODE", help=f"the new mode ({_MODES})"
-    )
-    mode.set_defaults(handler=_cmd_mode)
-
-    doctor = sub.add_parser(
-        "doctor",
-        parents=[common],
-        formatter_class=formatter,
-        epilog=_DOCTOR_EPILOG,
-        help="report what this host can enforce",
-        description="Probe every backend and the host (Landlock ABI, user and network "
-        "namespaces) and report how each layer is enforced here.",
-    )
-    doctor.add_argument(
-        "--network",
-        type=_network_arg,
-        metavar="NET",
-        help="report the layers for this network mode (default: the configured one)",
-    )
-    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-    doctor.set_defaults(handler=_cmd_doctor)
-
-    audit = sub.add_parser(
-        "audit",
-        parents=[common],
-        formatter_class=formatter,
-        help="attack this host's sandbox with every threat-model row",
-        description="Run every row of the threat model as real attacks against each usable "
-        "backend and mode, check the host from outside, and print a table (exit 0 only when "
-        "nothing escaped and every positive control works).",
-    )
-    add_audit_arguments(audit)
-    audit.set_defaults(handler=_cmd_audit)
-
-    mcp = sub.add_parser(
-        "mcp",
-        parents=[common],
-        formatter_class=formatter,
-        epilog=MCP_EPILOG,
-        help="serve confined bash tools to an MCP client (stdio)",
-        description="Serve bash_run, bash_start, bash_read, bash_kill and bash_list over MCP "
-        "stdio, every command confined by one long-lived sandbox.",
-    )
-    add_mcp_arguments(mcp)
-    mcp.set_defaults(handler=_cmd_mcp)
-    return parser
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
@@ -343,11 +144,35 @@ def _open_session(path: str) -> JsonlSessionLog:
         ) from None
 
 
+def _refuse_writable_session(path: str, config: SandboxBashConfig) -> None:
+    """A session log inside a writable root could be given a wider mode by the command
+    itself before the next run obeys it (threat-model row 15)."""
+    real = os.path.realpath(path)
+    for root in config_roots(config):
+        if is_within(real, os.path.realpath(root)):
+            raise CliError(
+                f"session log {path} lies inside {os.path.realpath(root)}, which confined "
+                "commands can write; keep it outside every writable root",
+                EXIT_USAGE,
+                "SESSION_UNTRUSTED",
+            )
+
+
 def _config_error(exc: ConfigError | PolicyError, source: str | None = None) -> CliError:
+    if isinstance(exc, ConfigUntrustedError):
+        return CliError(f"untrusted config refused: {exc}", EXIT_USAGE, exc.code)
     # A ConfigError names its source itself; a PolicyError (raised later, by the policy
     # service) gets it appended here.
     where = f" (in {source})" if source and isinstance(exc, PolicyError) else ""
     return CliError(f"config error: {exc}{where}", EXIT_USAGE, exc.code)
+
+
+def _print_notice(workspace: str) -> None:
+    # On stderr in every output mode: a `--json` reader parses stdout only.
+    notice = workspace_table_notice(workspace)
+    if notice is not None:
+        sys.stderr.write(f"{PROG}: {notice}\n")
+        sys.stderr.flush()
 
 
 def command_text(words: Sequence[str]) -> str:
@@ -360,7 +185,8 @@ def command_text(words: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Interrupted:
-    """bash-sandbox itself was told to stop; the command's group was killed."""
+    """bash-sandbox itself was told to stop (a signal, or stdout's reader left); the
+    command's group was killed."""
 
     signum: int
 
@@ -384,40 +210,13 @@ def exit_status(result: BashRunResult) -> int:
     return 1  # neither an exit code nor a known signal: report a plain failure
 
 
-def _write_output(stream: TextIO, output: CollectedOutput) -> None:
-    # A truncated stream is kept whole in its spill file: print that, byte for byte, and
-    # remove it (nobody else will read it). Otherwise the decoded text is all there is.
-    if output.truncated and output.spill_path:
-        try:
-            with open(output.spill_path, "rb") as fh:
-                stream.flush()
-                binary = getattr(stream, "buffer", None)
-                if binary is not None:
-                    shutil.copyfileobj(fh, binary)
-                    binary.flush()
-                else:
-                    stream.write(fh.read().decode(errors="replace"))
-            os.unlink(output.spill_path)
-            return
-        except OSError:
-            pass  # spill gone or unreadable: fall back to the tail
-    stream.write(output.text)
-    stream.flush()
-
-
-def report_result(result: BashRunResult, *, as_json: bool, stdout: TextIO, stderr: TextIO) -> int:
-    """Print ``result`` the way the user asked; returns the exit status."""
-    if as_json:
-        stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
-        stdout.flush()
-        return exit_status(result)
-    _write_output(stdout, result.stdout)
-    _write_output(stderr, result.stderr)
+def result_notes(result: BashRunResult, *, streamed: bool) -> list[str]:
+    """The CLI's lines after the output: truncation, timeout, denial markers."""
     notes: list[str] = []
-    if result.stdout.truncated and not result.stdout.spill_path:
-        notes.append(f"{PROG}: stdout was too large; only its tail is shown")
-    if result.stderr.truncated and not result.stderr.spill_path:
-        notes.append(f"{PROG}: stderr was too large; only its tail is shown")
+    if not streamed:
+        for name, output in (("stdout", result.stdout), ("stderr", result.stderr)):
+            if output.truncated:
+                notes.append(f"{PROG}: {name} was too large; only its tail is shown")
     if result.timed_out:
         notes.append(f"{PROG}: timed out after {result.timeout_ms} ms; the command was killed")
     facts = result.sandbox
@@ -425,11 +224,33 @@ def report_result(result: BashRunResult, *, as_json: bool, stdout: TextIO, stder
         notes.append(sandbox_denial_marker(facts.mode))
     if facts is not None and facts.network_denied:
         notes.append(network_denial_marker())
-    if notes:
-        # The markers go on a line of their own even when the command's stderr did not end one.
-        needs_newline = bool(result.stderr.text) and not result.stderr.text.endswith("\n")
-        stderr.write(("\n" if needs_newline else "") + "\n".join(notes) + "\n")
-        stderr.flush()
+    return notes
+
+
+def report_result(
+    result: BashRunResult,
+    *,
+    as_json: bool,
+    stdout: TextIO,
+    stderr: TextIO,
+    live: LiveOutput | None = None,
+) -> int:
+    """Print what is left of ``result`` the way the user asked; returns the exit status.
+
+    ``live`` is the output the command already streamed; without it the collected output
+    (the tail, when truncated) is printed now.
+    """
+    if as_json:
+        stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
+        stdout.flush()
+        return exit_status(result)
+    streamed = live is not None
+    if live is None:
+        live = LiveOutput(stdout, stderr)
+        live.listener("stdout", result.stdout.text.encode())
+        live.listener("stderr", result.stderr.text.encode())
+    live.finish()
+    live.write_notes(result_notes(result, streamed=streamed))
     return exit_status(result)
 
 
@@ -459,26 +280,30 @@ def _restore_handlers(loop: asyncio.AbstractEventLoop, installed: list[tuple[int
 
 
 async def run_until_interrupted(
-    executor: SandboxBashExecutor, request: BashExecRequest
+    executor: SandboxBashExecutor, request: BashExecRequest, live: LiveOutput | None = None
 ) -> BashRunResult | Interrupted:
-    """Run ``request``; a SIGINT/SIGTERM/SIGHUP to us cancels the run, which kills the
-    command's process group before the cancellation propagates. Closes ``executor``."""
+    """Run ``request``, streaming into ``live`` when given. A SIGINT/SIGTERM/SIGHUP to us,
+    or stdout's reader going away, cancels the run, which kills the command's process
+    group before the cancellation propagates. Closes ``executor``."""
     loop = asyncio.get_running_loop()
     received: list[int] = []
     task: asyncio.Future[BashRunResult] | None = None
 
-    def on_signal(signum: int) -> None:
+    def stop(signum: int) -> None:
         received.append(signum)
         if task is not None:
             task.cancel()
 
+    if live is not None:
+        live.on_stdout_closed = lambda: stop(signal.SIGPIPE)
     # Installed for the whole run, `aclose()` included, so no signal ever lands as a
     # KeyboardInterrupt in the middle of the executor's cleanup.
-    installed = _install_interrupt_handlers(loop, on_signal)
+    installed = _install_interrupt_handlers(loop, stop)
     try:
         spec = executor.resolve(request)
+        listener = live.listener if live is not None else None
         # A signal that lands before the task's first step cancels it before it spawns.
-        task = asyncio.ensure_future(executor.run(spec))
+        task = asyncio.ensure_future(executor.run(spec, on_output=listener))
         try:
             return await task
         except asyncio.CancelledError:
@@ -492,23 +317,32 @@ async def run_until_interrupted(
             _restore_handlers(loop, installed)
 
 
-def _run_config(args: argparse.Namespace, workspace: str) -> tuple[SandboxBashConfig, str | None]:
+def run_config(args: argparse.Namespace, workspace: str) -> tuple[SandboxBashConfig, str | None]:
     """The validated config for `run`, and where its file values came from."""
     loaded = load_config(args.config, workspace)
     overrides: dict[str, Any] = {}
     if args.workspace is not None or "workspace_root" not in loaded.values:
         overrides["workspace_root"] = workspace
-    if args.network is not None:
-        overrides["network"] = args.network
-    if args.backend is not None:
-        overrides["backend"] = args.backend
-    if args.timeout_ms is not None:
-        overrides["timeout_ms"] = args.timeout_ms
-    config = build_config(loaded, overrides)
+    for name in ("network", "backend", "timeout_ms"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    limits = {
+        field: getattr(args, dest)
+        for dest, field in LIMIT_FLAGS.items()
+        if getattr(args, dest) is not None
+    }
+    if limits:
+        overrides["limits"] = limits
+    if not args.json:
+        # The output is streamed as it comes: no spill file is needed to print it whole.
+        overrides["max_spill_bytes"] = 1
+    additions = {name: getattr(args, name) for name in LIST_FLAGS if getattr(args, name)}
+    config = build_config(loaded, overrides, additions=additions)
     if args.timeout_ms is not None and args.timeout_ms > config.max_timeout_ms:
         # An explicit flag is the user's own decision: lift the cap instead of silently
         # shortening the timeout they asked for.
-        config = build_config(loaded, overrides | {"max_timeout_ms": args.timeout_ms})
+        overrides["max_timeout_ms"] = args.timeout_ms
+        config = build_config(loaded, overrides, additions=additions)
     return config, loaded.source.describe() if loaded.source else None
 
 
@@ -520,20 +354,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "USAGE",
         )
     workspace = _workspace_dir(args.workspace)
-    config, source = _run_config(args, workspace)
-    workdir = workspace if args.workspace is not None else (config.cwd or workspace)
-    session = _open_session(args.session) if args.session else None
+    config, source = run_config(args, workspace)
+    root = config.workspace_root or workspace
+    _print_notice(root)
+    # The workdir is the workspace root unless the config names another one.
+    workdir = workspace if args.workspace is not None else (config.cwd or root)
+    session = None
+    if args.session:
+        _refuse_writable_session(args.session, config)
+        session = _open_session(args.session)
+    live = None if args.json else LiveOutput(sys.stdout, sys.stderr)
     try:
         try:
             executor = SandboxBashExecutor(config)
-        except PolicyError as exc:  # e.g. a relative path in writable_roots
+        except PolicyError as exc:  # e.g. a protected path that leaves its root
             raise _config_error(exc, source) from None
         mode = executor.policy_service.resolve_mode(session, args.mode)
         request = BashExecRequest(
             command=command_text(args.command), workdir=workdir, sandbox_mode=mode
         )
         try:
-            outcome = asyncio.run(run_until_interrupted(executor, request))
+            outcome = asyncio.run(run_until_interrupted(executor, request, live))
         except SandboxUnavailableError as exc:
             raise CliError(str(exc), EXIT_UNAVAILABLE, exc.code) from None
         except PolicyError as exc:
@@ -546,13 +387,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if session is not None:
             session.close()
     if isinstance(outcome, Interrupted):
-        name = signal.Signals(outcome.signum).name
         status = 128 + outcome.signum
-        _print_error(
-            args, CliError(f"{name}: the command's process group was killed", status, "INTERRUPTED")
-        )
+        if outcome.signum == signal.SIGPIPE:
+            _silence_stdout()  # nobody reads it any more; a shell would print nothing either
+            return status
+        if live is not None:
+            live.finish()
+        name = signal.Signals(outcome.signum).name
+        error = CliError(f"{name}: the command's process group was killed", status, "INTERRUPTED")
+        _print_error(args, error, live)
         return status
-    return report_result(outcome, as_json=args.json, stdout=sys.stdout, stderr=sys.stderr)
+    return report_result(
+        outcome, as_json=args.json, stdout=sys.stdout, stderr=sys.stderr, live=live
+    )
 
 
 # -- mode ----------------------------------------------------------------------------------
@@ -565,7 +412,8 @@ def _cmd_mode(args: argparse.Namespace) -> int:
         print(new_mode.value)
         return 0
     workspace = _workspace_dir(args.workspace)
-    config = build_config(load_config(args.config, workspace), {})
+    config = build_config(load_config(args.config, workspace), {"workspace_root": workspace})
+    _print_notice(workspace)
     override = None
     # Showing must not create the log as a side effect.
     if os.path.exists(args.session):
@@ -598,24 +446,47 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 # -- entry point ---------------------------------------------------------------------------
 
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _cmd_run,
+    "mode": _cmd_mode,
+    "doctor": _cmd_doctor,
+    "audit": _cmd_audit,
+    "mcp": _cmd_mcp,
+}
 
-def _print_error(args: argparse.Namespace, error: CliError) -> None:
-    sys.stderr.write(f"{PROG}: {error}\n")
-    sys.stderr.flush()
-    if getattr(args, "json", False):
-        # A JSON consumer reads stdout only: tell it why there is no result.
-        payload = {
-            "error": {"code": error.code, "message": str(error), "exit_code": error.exit_code}
-        }
+
+def _write_json_error(code: str, message: str, exit_code: int) -> None:
+    # A JSON consumer reads stdout only: tell it why there is no result.
+    payload = {"error": {"code": code, "message": message, "exit_code": exit_code}}
+    with contextlib.suppress(BrokenPipeError):
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         sys.stdout.flush()
 
 
+def _print_error(args: argparse.Namespace, error: CliError, live: LiveOutput | None = None) -> None:
+    line = f"{PROG}: {error}"
+    if live is not None:
+        live.write_notes([line])  # on a line of its own after the streamed output
+    else:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    if getattr(args, "json", False):
+        _write_json_error(error.code, str(error), error.exit_code)
+
+
+def _silence_stdout() -> None:
+    # The interpreter's final flush must not fail again on the dead pipe.
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: `sys.argv[1:]`); returns the exit status."""
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(package_version())
     try:
-        args, extra = parser.parse_known_args(argv)
+        args, extra = parser.parse_known_args(words)
         if extra:
             hint = (
                 " (put the command after `--`: bash-sandbox run -- COMMAND)"
@@ -623,11 +494,16 @@ def main(argv: list[str] | None = None) -> int:
                 else ""
             )
             parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
-    except SystemExit as exc:  # --help, --version and usage errors: argparse already printed
+    except UsageError as exc:
+        sys.stderr.write(f"{exc.usage}{exc.prog}: error: {exc}\n")
+        sys.stderr.flush()
+        if wants_json(words):
+            _write_json_error(exc.code, f"{exc.prog}: {exc}", EXIT_USAGE)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help and --version: argparse already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return handler(args)
+        return HANDLERS[args.subcommand](args)
     except ConfigError as exc:
         _print_error(args, _config_error(exc))
         return EXIT_USAGE
@@ -638,11 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         # A Ctrl-C before the run's own handler was installed: nothing is running yet.
         return 128 + signal.SIGINT
     except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, and keep the interpreter's final
-        # flush from failing again on the dead pipe.
-        with contextlib.suppress(OSError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+        # The reader went away (`| head`): stop quietly.
+        _silence_stdout()
         return 128 + signal.SIGPIPE
 
 

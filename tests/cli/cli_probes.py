@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pty
+import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+import tty
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 
@@ -23,13 +26,19 @@ class CliRunner:
         self.pids: list[int] = []
 
     def start(
-        self, *args: str, cwd: Path | None = None, wrapper: Sequence[str] = ()
+        self,
+        *args: str,
+        cwd: Path | None = None,
+        wrapper: Sequence[str] = (),
+        stdout: int = subprocess.PIPE,
+        stderr: int = subprocess.PIPE,
     ) -> subprocess.Popen[bytes]:
-        """Start the CLI (behind ``wrapper``, an argv prefix that execs the rest)."""
+        """Start the CLI (behind ``wrapper``, an argv prefix that execs the rest); ``stdout``
+        and ``stderr`` may be descriptors (a pty) or `subprocess.STDOUT`."""
         proc = subprocess.Popen(
             [*wrapper, *self.argv0, *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=stdout,
+            stderr=stderr,
             stdin=subprocess.DEVNULL,
             env=self.env,
             cwd=cwd,
@@ -116,3 +125,58 @@ def _landlock_abi() -> int:
 
 HAS_BWRAP = _has_bwrap()
 HAS_LANDLOCK = _landlock_abi() > 0
+
+
+def read_until(fd: int, needle: bytes, seen: bytearray, timeout: float = 20.0) -> bytes:
+    """Read ``fd`` into ``seen`` until ``needle`` appears in it; fail after ``timeout``.
+
+    Returns everything seen so far. An end of file before the needle fails at once.
+    """
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{needle!r} not read within {timeout} s; got {bytes(seen)!r}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # a pty master reads EIO once the slave side is closed
+            chunk = b""
+        if not chunk:
+            raise AssertionError(f"end of output before {needle!r}; got {bytes(seen)!r}")
+        seen.extend(chunk)
+    return bytes(seen)
+
+
+def read_to_end(fd: int, seen: bytearray, timeout: float = 20.0) -> bytes:
+    """Read ``fd`` into ``seen`` until end of file (EIO on a pty master)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no end of output within {timeout} s; got {bytes(seen)!r}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return bytes(seen)
+        seen.extend(chunk)
+
+
+@contextlib.contextmanager
+def raw_pty() -> Iterator[tuple[int, int]]:
+    """A pseudo-terminal in raw mode (no `\\n` -> `\\r\\n`, no echo): (master, slave)."""
+    master, slave = pty.openpty()
+    try:
+        tty.setraw(slave)
+        yield master, slave
+    finally:
+        for fd in (master, slave):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -1,7 +1,9 @@
-"""Fixtures for the CLI tests: a workspace and a private temp dir under ``tmp_path``.
+"""Fixtures for the CLI tests: a workspace, a private temp dir and a user config dir.
 
 Every executor makes its state directory under the temp dir; pointing the temp dir (in
-process and for subprocesses) into ``tmp_path`` keeps each test's traces inside it.
+process and for subprocesses) into ``tmp_path`` keeps each test's traces inside it. The
+user config dir (`XDG_CONFIG_HOME`) is the test's own too, so the host's
+`~/.config/bash-sandbox/config.toml` never changes what a test runs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ def private_tempdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`$XDG_CONFIG_HOME` of the test (0700, like a home's); the user config goes in
+    ``config_home / "bash-sandbox" / "config.toml"``."""
+    path = tmp_path / "config"
+    path.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(path))
+    return path
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     path = tmp_path / "ws"
@@ -34,11 +46,11 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def cli(private_tempdir: Path) -> Iterator[CliRunner]:
+def cli(private_tempdir: Path, config_home: Path) -> Iterator[CliRunner]:
     """Runs `bash-sandbox` as a real subprocess; anything it leaves alive is killed by pid."""
     runner = CliRunner(
         [sys.executable, "-m", "bash_sandbox.cli"],
-        env=dict(os.environ, TMPDIR=str(private_tempdir)),
+        env=dict(os.environ, TMPDIR=str(private_tempdir), XDG_CONFIG_HOME=str(config_home)),
     )
     yield runner
     runner.kill_all()

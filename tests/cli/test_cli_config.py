@@ -1,6 +1,7 @@
-"""Configuration files: `[tool.bash-sandbox]` in the workspace's pyproject.toml or `--config`.
+"""Configuration files: the user config or `--config`, validated; flags win over them.
 
 A bad file is exactly one `bash-sandbox: config error:` line naming the key, and exit 2.
+The workspace's pyproject.toml is never configuration (see test_cli_config_trust.py).
 """
 
 from __future__ import annotations
@@ -12,15 +13,22 @@ import pytest
 from cli_probes import HAS_BWRAP, HAS_LANDLOCK
 
 from bash_sandbox.cli import main
-from bash_sandbox.cli.config_file import ConfigError, build_config, load_config
-from policies import NetworkMode, SandboxMode
+from bash_sandbox.cli.config_file import (
+    ConfigError,
+    build_config,
+    load_config,
+    user_config_path,
+)
+from policies import NetworkMode, SandboxMode, default_deny_read
 
 needs_sandbox = pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK), reason="no sandbox backend")
 
 
-def write_pyproject(workspace: Path, body: str) -> Path:
-    path = workspace / "pyproject.toml"
-    path.write_text("[project]\nname = 'demo'\n\n[tool.bash-sandbox]\n" + body)
+def write_user_config(config_home: Path, body: str) -> Path:
+    directory = config_home / "bash-sandbox"
+    directory.mkdir(exist_ok=True)
+    path = directory / "config.toml"
+    path.write_text(body)
     return path
 
 
@@ -31,47 +39,62 @@ def config_error(capsys: pytest.CaptureFixture[str]) -> str:
     return lines[0]
 
 
-def test_bad_value_is_one_line_naming_the_key_and_the_file(
-    workspace: Path, capsys: pytest.CaptureFixture[str]
+def test_user_config_path_follows_xdg_and_defaults_to_dot_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = write_pyproject(workspace, "timeout_ms = 0\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert user_config_path() == str(tmp_path / "xdg" / "bash-sandbox" / "config.toml")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for unset in ("", "relative/dir"):  # the XDG spec: empty or relative means the default
+        monkeypatch.setenv("XDG_CONFIG_HOME", unset)
+        assert user_config_path() == str(
+            tmp_path / "home" / ".config" / "bash-sandbox" / "config.toml"
+        )
+
+
+def test_bad_value_is_one_line_naming_the_key_and_the_file(
+    config_home: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_user_config(config_home, "timeout_ms = 0\n")
     code = main(["run", "--workspace", str(workspace), "--", "true"])
     line = config_error(capsys)
     assert code == 2
-    assert line == (
-        f"bash-sandbox: config error: timeout_ms: Input should be greater than 0 "
-        f"(in {path} [tool.bash-sandbox])"
+    assert (
+        line
+        == f"bash-sandbox: config error: timeout_ms: Input should be greater than 0 (in {path})"
     )
 
 
 def test_unknown_key_is_rejected_by_name(
-    workspace: Path, capsys: pytest.CaptureFixture[str]
+    config_home: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_pyproject(workspace, "colour = 'blue'\n")
+    write_user_config(config_home, "colour = 'blue'\n")
     assert main(["run", "--workspace", str(workspace), "--", "true"]) == 2
-    assert "colour: unknown key (known keys: backend, cwd, " in config_error(capsys)
+    line = config_error(capsys)
+    assert "colour: unknown key (known keys: allow_domains, " in line
+    assert ", writable_roots)" in line
 
 
 def test_misspelt_key_gets_a_suggestion(
-    workspace: Path, capsys: pytest.CaptureFixture[str]
+    config_home: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_pyproject(workspace, "timout-ms = 5\n")
+    write_user_config(config_home, "timout-ms = 5\n")
     assert main(["run", "--workspace", str(workspace), "--", "true"]) == 2
     assert "timout-ms: unknown key (did you mean timeout_ms?)" in config_error(capsys)
 
 
 def test_dashed_keys_are_accepted_and_errors_quote_them_as_written(
-    workspace: Path, capsys: pytest.CaptureFixture[str]
+    config_home: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_pyproject(workspace, "max-output-bytes = -1\n")
+    write_user_config(config_home, "max-output-bytes = -1\n")
     assert main(["run", "--workspace", str(workspace), "--", "true"]) == 2
     assert "config error: max-output-bytes: Input should be greater than 0" in config_error(capsys)
 
 
 def test_unknown_mode_value_names_the_valid_modes(
-    workspace: Path, capsys: pytest.CaptureFixture[str]
+    config_home: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_pyproject(workspace, "mode = 'write-everything'\n")
+    write_user_config(config_home, "mode = 'write-everything'\n")
     assert (
         main(["mode", "--session", str(workspace / "s.jsonl"), "--workspace", str(workspace)]) == 2
     )
@@ -80,26 +103,28 @@ def test_unknown_mode_value_names_the_valid_modes(
 
 
 def test_invalid_toml_is_a_config_error(
-    workspace: Path, capsys: pytest.CaptureFixture[str]
+    config_home: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (workspace / "pyproject.toml").write_text("[tool.bash-sandbox\n")
+    write_user_config(config_home, "mode = \n")
     assert main(["run", "--workspace", str(workspace), "--", "true"]) == 2
     assert "not valid TOML" in config_error(capsys)
 
 
 def test_relative_writable_root_is_a_config_error(
-    workspace: Path, capsys: pytest.CaptureFixture[str]
+    config_home: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_pyproject(workspace, "writable_roots = ['build']\n")
+    path = write_user_config(config_home, "writable-roots = ['build']\n")
     assert main(["run", "--workspace", str(workspace), "--", "true"]) == 2
-    line = config_error(capsys)
-    assert "writable_roots" in line and "absolute" in line and "pyproject.toml" in line
+    assert config_error(capsys) == (
+        "bash-sandbox: config error: writable-roots[0]: must be an absolute path or ~/..., "
+        f"got 'build' (in {path})"
+    )
 
 
 def test_a_bad_file_value_is_reported_even_when_a_flag_overrides_it(
-    workspace: Path, capsys: pytest.CaptureFixture[str]
+    config_home: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_pyproject(workspace, "timeout_ms = 0\n")
+    write_user_config(config_home, "timeout_ms = 0\n")
     assert main(["run", "--workspace", str(workspace), "--timeout-ms", "100", "--", "true"]) == 2
     assert "timeout_ms" in config_error(capsys)
 
@@ -113,25 +138,17 @@ def test_missing_config_file_is_a_config_error(
 
 
 @needs_sandbox
-def test_pyproject_mode_is_the_default(workspace: Path) -> None:
-    write_pyproject(workspace, 'mode = "workspace-write"\n')
+def test_user_config_mode_is_the_default(config_home: Path, workspace: Path) -> None:
+    write_user_config(config_home, 'mode = "workspace-write"\n')
     assert main(["run", "--workspace", str(workspace), "--", "echo x > f"]) == 0
-    assert (workspace / "f").exists()
+    assert (workspace / "f").read_text() == "x\n"
 
 
 @needs_sandbox
-def test_pyproject_in_the_current_directory_is_used(
-    workspace: Path, monkeypatch: pytest.MonkeyPatch
+def test_flags_override_file_values(
+    config_home: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write_pyproject(workspace, 'mode = "workspace-write"\n')
-    monkeypatch.chdir(workspace)
-    assert main(["run", "--", "echo x > f"]) == 0
-    assert (workspace / "f").exists()
-
-
-@needs_sandbox
-def test_flags_override_file_values(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    write_pyproject(workspace, 'mode = "workspace-write"\nnetwork = "host"\n')
+    write_user_config(config_home, 'mode = "workspace-write"\nnetwork = "host"\n')
     code = main(
         [
             "run",
@@ -153,9 +170,10 @@ def test_flags_override_file_values(workspace: Path, capsys: pytest.CaptureFixtu
 
 
 @needs_sandbox
-def test_explicit_config_file_uses_top_level_keys_before_or_after_the_subcommand(
-    tmp_path: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
+def test_explicit_config_file_wins_over_the_user_config_before_or_after_the_subcommand(
+    tmp_path: Path, config_home: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    write_user_config(config_home, "timeout-ms = 1111\n")
     config = tmp_path / "sandbox.toml"
     config.write_text('mode = "workspace-write"\ntimeout-ms = 4321\n')
     for argv in (["--config", str(config), "run"], ["run", "--config", str(config)]):
@@ -163,19 +181,37 @@ def test_explicit_config_file_uses_top_level_keys_before_or_after_the_subcommand
         data = json.loads(capsys.readouterr().out)
         assert code == 0
         assert data["timeout_ms"] == 4321 and data["sandbox"]["mode"] == "workspace-write"
+        assert (workspace / "f").exists()
 
 
 @needs_sandbox
-def test_pyproject_without_our_table_is_ignored(workspace: Path) -> None:
-    (workspace / "pyproject.toml").write_text("[tool.ruff]\nline-length = 100\n")
-    assert main(["run", "--workspace", str(workspace), "--", "true"]) == 0
+def test_explicit_pyproject_outside_the_workspace_is_read_from_its_tool_table(
+    tmp_path: Path, workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    elsewhere = tmp_path / "settings"
+    elsewhere.mkdir()
+    (elsewhere / "pyproject.toml").write_text("[tool.bash-sandbox]\ntimeout-ms = 2345\n")
+    code = main(
+        [
+            "--config",
+            str(elsewhere / "pyproject.toml"),
+            "run",
+            "--workspace",
+            str(workspace),
+            "--json",
+            "--",
+            "true",
+        ]
+    )
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["timeout_ms"] == 2345
 
 
 # -- the loader, directly ---------------------------------------------------------------------
 
 
-def test_loader_normalises_dashes_and_validates(workspace: Path) -> None:
-    write_pyproject(workspace, 'probe-timeout-ms = 100\nnetwork = "host"\n')
+def test_loader_normalises_dashes_and_validates(config_home: Path, workspace: Path) -> None:
+    write_user_config(config_home, 'probe-timeout-ms = 100\nnetwork = "host"\n')
     loaded = load_config(None, str(workspace))
     config = build_config(loaded, {"mode": SandboxMode.WORKSPACE_WRITE})
     assert config.probe_timeout_ms == 100
@@ -183,19 +219,49 @@ def test_loader_normalises_dashes_and_validates(workspace: Path) -> None:
     assert config.mode is SandboxMode.WORKSPACE_WRITE
 
 
-def test_loader_rejects_a_key_given_twice(workspace: Path) -> None:
-    write_pyproject(workspace, "timeout-ms = 1\ntimeout_ms = 2\n")
+def test_loader_rejects_a_key_given_twice(config_home: Path, workspace: Path) -> None:
+    write_user_config(config_home, "timeout-ms = 1\ntimeout_ms = 2\n")
     with pytest.raises(ConfigError, match="given twice"):
         load_config(None, str(workspace))
 
 
-def test_loader_rejects_a_non_table_section(workspace: Path) -> None:
-    (workspace / "pyproject.toml").write_text("[tool]\nbash-sandbox = 3\n")
+def test_loader_rejects_a_non_table_section(tmp_path: Path, workspace: Path) -> None:
+    settings = tmp_path / "settings"
+    settings.mkdir()
+    (settings / "pyproject.toml").write_text("[tool]\nbash-sandbox = 3\n")
     with pytest.raises(ConfigError, match=r"\[tool.bash-sandbox\] must be a table"):
-        load_config(None, str(workspace))
+        load_config(str(settings / "pyproject.toml"), str(workspace))
 
 
 def test_no_file_means_the_defaults(workspace: Path) -> None:
     loaded = load_config(None, str(workspace))
     assert loaded.source is None
     assert build_config(loaded, {}).mode is SandboxMode.READ_ONLY
+
+
+def test_list_additions_extend_the_file_and_the_default_credential_stores(
+    tmp_path: Path, config_home: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    (home / "cache").mkdir(parents=True)
+    (tmp_path / "extra").mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    write_user_config(config_home, "writable_roots = ['~/cache']\nprotected_paths = ['.env']\n")
+    config = build_config(
+        load_config(None, str(workspace)),
+        {"limits": {"memory_bytes": 1 << 30}},
+        additions={
+            "writable_roots": [str(tmp_path / "extra")],
+            "deny_read": ["/srv/secret"],
+            "protected_paths": [".npmrc"],
+            "allow_domains": ["pypi.org"],
+        },
+    )
+    assert config.writable_roots == (str(home / "cache"), str(tmp_path / "extra"))
+    assert config.protected_paths == (".env", ".npmrc")
+    # Adding one denied path never un-denies the credential stores.
+    assert config.deny_read == (*default_deny_read(str(home)), "/srv/secret")
+    assert config.allow_domains == ("pypi.org",)
+    # A limit flag replaces that limit only.
+    assert config.limits.memory_bytes == 1 << 30
+    assert config.limits.processes == 4096

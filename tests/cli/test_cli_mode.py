@@ -16,6 +16,7 @@ def mode(session: Path, *args: str) -> int:
 
 def test_show_without_override_prints_the_configured_default_and_creates_nothing(
     tmp_path: Path,
+    config_home: Path,
     workspace: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -26,7 +27,8 @@ def test_show_without_override_prints_the_configured_default_and_creates_nothing
     assert capsys.readouterr().out == "default (read-only)\n"
     assert not session.exists()
 
-    (workspace / "pyproject.toml").write_text('[tool.bash-sandbox]\nmode = "workspace-write"\n')
+    (config_home / "bash-sandbox").mkdir()
+    (config_home / "bash-sandbox" / "config.toml").write_text('mode = "workspace-write"\n')
     assert mode(session) == 0
     assert capsys.readouterr().out == "default (workspace-write)\n"
 

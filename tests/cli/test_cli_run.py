@@ -152,15 +152,6 @@ def test_timeout_exits_with_the_killing_signal(
     assert "timed out after 200 ms" in capsys.readouterr().err
 
 
-def test_large_output_is_printed_whole_from_the_spill_file(
-    workspace: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code = run(workspace, "--", "head -c 300000 /dev/zero | tr '\\0' a")
-    out = capsys.readouterr().out
-    assert code == 0
-    assert out == "a" * 300_000
-
-
 def test_session_override_applies_without_a_mode_flag(
     workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,31 @@ def test_options_meant_for_the_command_need_the_double_dash(
 ) -> None:
     assert main(["run", "ls", "-la"]) == 2
     assert "unrecognized arguments: -la (put the command after `--`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--json", "--bogus", "--", "true"], "unrecognized arguments: --bogus"),
+        (["run", "--json", "--timeout-ms", "soon", "--", "true"], "argument --timeout-ms"),
+        (["run", "--json", "--memory", "lots", "--", "true"], "argument --memory"),
+        (["run", "--json"], "run: no command given"),
+        (["run", "--js", "--mode", "bogus", "--", "true"], "unknown sandbox mode 'bogus'"),
+    ],
+)
+def test_json_usage_errors_are_an_error_object_on_stdout(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    error = json.loads(out)["error"]
+    assert error["code"] == "USAGE" and error["exit_code"] == 2
+    assert message in error["message"]
+    assert message in err  # the human-readable line stays on stderr
+
+
+def test_a_json_flag_after_the_double_dash_belongs_to_the_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "--bogus", "--", "echo", "--json"]) == 2
+    assert capsys.readouterr().out == ""

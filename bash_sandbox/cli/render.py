@@ -1,0 +1,69 @@
+"""Making a command's output safe to show on a terminal (threat-model row 18).
+
+A terminal interprets what it is sent: escape sequences set the clipboard (OSC 52), the
+title, clear the screen or move the cursor, and a bare `\\r` lets a command overwrite what
+the CLI printed (a fake `[exit 0]`). `TerminalRenderer` turns one stream's bytes into text
+where every control character is visible and inert: C0 controls as caret notation (`^[`,
+`^M`), DEL as `^?`, C1 controls as `\\x9b`, invalid UTF-8 bytes as `\\xff`, and the
+bidirectional overrides that reorder what is displayed as `\\u202e`. Newline, tab and a
+`\\r` directly before a newline (CRLF) are kept. UTF-8 text stays intact, also when a
+character is split across two chunks.
+
+Only for terminals: when the CLI's stream is a pipe or a file, the bytes go out exact.
+"""
+
+from __future__ import annotations
+
+import codecs
+
+_KEPT = {ord("\n"), ord("\t")}
+# Reorder the displayed text without being visible themselves ("Trojan Source").
+_BIDI_CONTROLS = (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
+
+
+def _visible_forms() -> dict[int, str]:
+    table: dict[int, str] = {}
+    for code in range(0x20):
+        if code not in _KEPT:
+            table[code] = "^" + chr(code + 0x40)
+    table[0x7F] = "^?"
+    for code in range(0x80, 0xA0):
+        table[code] = f"\\x{code:02x}"
+    for code in _BIDI_CONTROLS:
+        table[code] = f"\\u{code:04x}"
+    return table
+
+
+VISIBLE_FORMS = _visible_forms()
+
+
+def render_visible(text: str) -> str:
+    """``text`` with every control character shown as inert text (CRLF kept)."""
+    return "\r\n".join(part.translate(VISIBLE_FORMS) for part in text.split("\r\n"))
+
+
+class TerminalRenderer:
+    """One output stream, chunk by chunk, rendered for a terminal (see the module docstring)."""
+
+    def __init__(self) -> None:
+        # backslashreplace: an invalid byte becomes the visible text `\xff`, never U+FFFD
+        # that hides what the command wrote; an incomplete character waits for its rest.
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+        self._held_cr = False  # a `\r` at a chunk's end: CRLF or not is known next chunk
+
+    def feed(self, data: bytes) -> str:
+        """The displayable text for ``data``; may hold back an incomplete tail."""
+        return self._render(self._decoder.decode(data), final=False)
+
+    def finish(self) -> str:
+        """Whatever was held back, once the stream has ended."""
+        return self._render(self._decoder.decode(b"", final=True), final=True)
+
+    def _render(self, text: str, *, final: bool) -> str:
+        if self._held_cr:
+            text = "\r" + text
+            self._held_cr = False
+        if text.endswith("\r") and not final:
+            text = text[:-1]
+            self._held_cr = True
+        return render_visible(text)

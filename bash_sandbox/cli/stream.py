@@ -1,0 +1,143 @@
+"""Live output of `bash-sandbox run`: the command's chunks written as they arrive.
+
+`LiveOutput.listener` is the executor's `OutputListener`: it is called on the event loop
+thread with ("stdout" | "stderr", chunk) in the order the two pipes delivered them, and
+writes each chunk at once to the CLI's own stream of the same name, so the command's output
+interleaves as far as two pipes allow and what was printed before a Ctrl-C or a timeout
+stays on the screen. A stream that is a terminal gets `TerminalRenderer` text; a pipe or a
+file gets the exact bytes.
+
+A write blocks while the reader is slow (the command then blocks on its full pipe, as in
+any shell pipeline). A reader that goes away on stdout (`| head`) stops the run: the
+`on_stdout_closed` callback cancels it, and the CLI exits like a process killed by SIGPIPE.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+from collections.abc import Callable
+from typing import TextIO
+
+from bash_sandbox.cli.render import TerminalRenderer
+
+
+def is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (OSError, ValueError):  # closed or detached
+        return False
+
+
+def _file_identity(stream: TextIO) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError):  # no real descriptor (an in-memory stream)
+        return None
+    return st.st_dev, st.st_ino
+
+
+class StreamSink:
+    """One of the CLI's output streams, fed the command's chunks of the same name."""
+
+    def __init__(self, stream: TextIO, *, render: bool) -> None:
+        self._stream = stream
+        self._binary = getattr(stream, "buffer", None)
+        self._renderer = TerminalRenderer() if render else None
+        # A text-only stream (no .buffer) gets the bytes decoded, a split character joined.
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.ends_line = True  # the last thing written ended a line (or nothing was written)
+        self.closed = False  # the reader went away; nothing more is written
+
+    def write_chunk(self, data: bytes) -> None:
+        """Write one chunk of the command's output; raises `BrokenPipeError` once."""
+        if self.closed or not data:
+            return
+        if self._renderer is not None:
+            self._write_text(self._renderer.feed(data))
+        elif self._binary is not None:
+            self._write_bytes(data)
+        else:
+            self._write_text(self._decoder.decode(data))
+        self.ends_line = data.endswith(b"\n")
+
+    def finish(self) -> None:
+        """The command's stream ended: write what a renderer or decoder held back."""
+        if self.closed:
+            return
+        tail = self._renderer.finish() if self._renderer else self._decoder.decode(b"", True)
+        if tail:
+            self._write_text(tail)
+            self.ends_line = tail.endswith("\n")
+
+    def write_note(self, text: str) -> None:
+        """The CLI's own lines (markers, notes): never rendered, always after the output."""
+        if not self.closed:
+            self._write_text(text)
+            self.ends_line = text.endswith("\n")
+
+    def _write_text(self, text: str) -> None:
+        if not text:
+            return
+        if self._binary is not None:
+            # As UTF-8 whatever the locale says: rendered text is never unencodable.
+            self._write_bytes(text.encode("utf-8", errors="replace"))
+            return
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except BrokenPipeError:
+            self.closed = True
+            raise
+
+    def _write_bytes(self, data: bytes) -> None:
+        assert self._binary is not None
+        try:
+            self._stream.flush()  # anything written as text goes first
+            self._binary.write(data)
+            self._binary.flush()
+        except BrokenPipeError:
+            self.closed = True
+            raise
+
+
+class LiveOutput:
+    """The command's stdout and stderr, written live to the CLI's (see the module docstring)."""
+
+    def __init__(self, stdout: TextIO, stderr: TextIO) -> None:
+        self.stdout = StreamSink(stdout, render=is_terminal(stdout))
+        self.stderr = StreamSink(stderr, render=is_terminal(stderr))
+        identity = _file_identity(stdout)
+        # `2>&1` or one terminal: a note must not continue a line stdout left open.
+        self._shared = identity is not None and identity == _file_identity(stderr)
+        self._last = self.stderr
+        self.on_stdout_closed: Callable[[], None] | None = None
+
+    def listener(self, stream: str, data: bytes) -> None:
+        sink = self.stdout if stream == "stdout" else self.stderr
+        try:
+            sink.write_chunk(data)
+        except BrokenPipeError:
+            sink.closed = True
+            if sink is self.stdout and self.on_stdout_closed is not None:
+                self.on_stdout_closed()
+            # A dead stderr only loses the command's stderr; the run goes on.
+        except OSError:
+            sink.closed = True  # e.g. EIO from a hung-up terminal: stop writing there
+        else:
+            self._last = sink
+
+    def finish(self) -> None:
+        """Both streams ended: flush what renderers held back (a cut character, a `\\r`)."""
+        for sink in (self.stdout, self.stderr):
+            with contextlib.suppress(OSError):
+                sink.finish()
+
+    def write_notes(self, lines: list[str]) -> None:
+        """The CLI's markers and notes on stderr, on a line of their own."""
+        if not lines:
+            return
+        open_line = not self.stderr.ends_line or (self._shared and not self._last.ends_line)
+        with contextlib.suppress(OSError):
+            self.stderr.write_note(("\n" if open_line else "") + "\n".join(lines) + "\n")

@@ -1,0 +1,50 @@
+"""`TerminalRenderer`: what a terminal is sent for a command's bytes, chunk by chunk."""
+
+from __future__ import annotations
+
+import pytest
+
+from bash_sandbox.cli.render import TerminalRenderer, render_visible
+
+
+def render_chunks(*chunks: bytes) -> str:
+    renderer = TerminalRenderer()
+    return "".join(renderer.feed(c) for c in chunks) + renderer.finish()
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        (b"\x1b]52;c;SGVsbG8=\x07", "^[]52;c;SGVsbG8=^G"),  # OSC 52 clipboard write
+        (b"\x1b]0;title\x1b\\", "^[]0;title^[\\"),  # window title, ST-terminated
+        (b"\x1b[2J\x1b[H", "^[[2J^[[H"),  # clear screen, cursor home
+        (b"ok\r[exit 0]\n", "ok^M[exit 0]\n"),  # a bare CR overwrites the line
+        (b"\x08\x7f\x00", "^H^?^@"),  # backspace, DEL, NUL
+        ("\u009b31m".encode(), "\\x9b31m"),  # C1 CSI, UTF-8 encoded
+        ("a\u202eb\u2066c".encode(), "a\\u202eb\\u2066c"),  # bidi override and isolate
+        (b"\xff\xfe", "\\xff\\xfe"),  # not UTF-8: visible, never U+FFFD
+        (b"tab\tnl\ncrlf\r\n", "tab\tnl\ncrlf\r\n"),  # kept as they are
+        ("é ü 日本 🎉".encode(), "é ü 日本 🎉"),
+    ],
+)
+def test_controls_become_visible_and_text_stays(raw: bytes, shown: str) -> None:
+    assert render_chunks(raw) == shown
+    assert render_visible(raw.decode(errors="backslashreplace")) == shown
+
+
+def test_a_multibyte_character_split_at_every_byte_is_whole() -> None:
+    data = "x🎉y€z".encode()
+    assert render_chunks(*(data[i : i + 1] for i in range(len(data)))) == "x🎉y€z"
+
+
+def test_crlf_split_between_chunks_is_still_crlf_and_a_final_cr_is_shown() -> None:
+    assert render_chunks(b"line\r", b"\nnext\r") == "line\r\nnext^M"
+    assert render_chunks(b"a\r", b"b") == "a^Mb"
+
+
+def test_an_escape_split_across_chunks_is_still_rendered() -> None:
+    assert render_chunks(b"\x1b", b"[2J") == "^[[2J"
+
+
+def test_an_incomplete_character_at_the_end_is_shown_as_bytes() -> None:
+    assert render_chunks(b"ok\xe2\x82") == "ok\\xe2\\x82"

@@ -1,0 +1,255 @@
+"""Live output: `bash-sandbox run` streams the command's output while it runs.
+
+The CLI runs as a real process. Commands wait for a file the test creates (`go1`, ...)
+only after it has read the output before it, so "printed while running" and "in the
+order written" are observed, never guessed with sleeps. Terminal rendering is checked on a
+real pseudo-terminal, reading the bytes the terminal would have interpreted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from cli_probes import (
+    HAS_BWRAP,
+    HAS_LANDLOCK,
+    CliRunner,
+    host_pids_with_argv,
+    is_alive,
+    kill_if_alive,
+    raw_pty,
+    read_to_end,
+    read_until,
+    wait_until,
+)
+
+from bash_sandbox.cli import main
+
+pytestmark = pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK), reason="no sandbox backend")
+
+
+def wait_for(name: str) -> str:
+    """Shell that blocks until the test creates ``name`` in the workspace."""
+    return f"until [ -e {name} ]; do sleep 0.01; done"
+
+
+def start_run(cli: CliRunner, workspace: Path, command: str, **kw: int) -> subprocess.Popen[bytes]:
+    return cli.start(
+        "run", "--workspace", str(workspace), "--timeout-ms", "30000", "--", command, **kw
+    )
+
+
+def test_output_appears_while_the_command_still_runs(cli: CliRunner, workspace: Path) -> None:
+    proc = start_run(cli, workspace, f"echo first; {wait_for('go')}; echo second")
+    assert proc.stdout is not None
+    seen = bytearray()
+    try:
+        read_until(proc.stdout.fileno(), b"first\n", seen)
+        assert proc.poll() is None  # the command is still waiting, yet its line is out
+        (workspace / "go").touch()
+        assert read_to_end(proc.stdout.fileno(), seen) == b"first\nsecond\n"
+        assert proc.wait(timeout=20) == 0
+    finally:
+        kill_if_alive(proc.pid)
+
+
+def test_stdout_and_stderr_interleave_in_the_order_written(cli: CliRunner, workspace: Path) -> None:
+    command = (
+        f"echo out-1; {wait_for('go1')}; echo err-1 >&2; {wait_for('go2')}; "
+        f"echo out-2; {wait_for('go3')}; printf err-2 >&2; exit 3"
+    )
+    proc = start_run(cli, workspace, command, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    fd, seen = proc.stdout.fileno(), bytearray()
+    try:
+        for line, go in ((b"out-1\n", "go1"), (b"err-1\n", "go2"), (b"out-2\n", "go3")):
+            read_until(fd, line, seen)
+            (workspace / go).touch()
+        assert read_to_end(fd, seen) == b"out-1\nerr-1\nout-2\nerr-2"
+        assert proc.wait(timeout=20) == 3
+    finally:
+        kill_if_alive(proc.pid)
+
+
+def test_ctrl_c_keeps_what_was_printed(cli: CliRunner, workspace: Path) -> None:
+    proc = start_run(cli, workspace, "echo started; printf partial >&2; sleep 60")
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        read_until(proc.stdout.fileno(), b"started\n", bytearray())
+        read_until(proc.stderr.fileno(), b"partial", bytearray())
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 130
+        assert out == b""  # "started\n" was already read above
+        # The CLI's line comes after the command's partial stderr, on a line of its own.
+        assert err == b"\nbash-sandbox: SIGINT: the command's process group was killed\n"
+    finally:
+        kill_if_alive(proc.pid)
+
+
+def test_timeout_keeps_partial_output_and_the_note_comes_last(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "run",
+            "--workspace",
+            str(workspace),
+            "--timeout-ms",
+            "500",
+            "--",
+            "echo partial; printf half-line >&2; sleep 30",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code in (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+    assert out == "partial\n"
+    assert err == "half-line\nbash-sandbox: timed out after 500 ms; the command was killed\n"
+
+
+def test_the_denial_marker_follows_the_commands_stderr_on_its_own_line(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["run", "--workspace", str(workspace), "--", ": > f; s=$?; printf no-newline >&2; exit $s"]
+    )
+    err = capsys.readouterr().err
+    assert code != 0
+    assert not (workspace / "f").exists()
+    assert err.endswith("no-newline\n[sandbox: file access denied under read-only mode]\n")
+
+
+def test_large_output_streams_whole_without_a_spill_file(
+    workspace: Path, private_tempdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["run", "--workspace", str(workspace), "--", "head -c 300000 /dev/zero | tr '\\0' a"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out == "a" * 300_000
+    spilled = [p for p in private_tempdir.rglob("*") if p.is_file()]
+    assert spilled == []  # nothing of the output is left behind on the host
+
+
+def test_a_reader_that_goes_away_stops_the_command(cli: CliRunner, workspace: Path) -> None:
+    token = f"stream-{os.getpid()}"
+    proc = start_run(cli, workspace, f"yes {token}")
+    assert proc.stdout is not None
+    try:
+        read_until(proc.stdout.fileno(), token.encode(), bytearray())
+        proc.stdout.close()  # `| head -1`: the reader is gone
+        assert proc.wait(timeout=20) == 128 + signal.SIGPIPE
+        assert proc.stderr is not None
+        assert proc.stderr.read() == b""  # quiet, as a shell pipeline would be
+        wait_until(lambda: not host_pids_with_argv(["yes", token]), what="yes killed")
+    finally:
+        kill_if_alive(proc.pid)
+        for pid in host_pids_with_argv(["yes", token]):
+            kill_if_alive(pid)
+
+
+# -- terminal rendering (threat-model row 18) ------------------------------------------------
+
+HOSTILE = (
+    "printf 'clip:\\033]52;c;SGVsbG8=\\007 title:\\033]0;pwned\\007 clear:\\033[2J"
+    " move:\\033[1;1H bell:\\a del:\\177 c1:\\302\\233 bidi:\\342\\200\\256\\n';"
+    " printf 'tab:\\tok\\r\\n'; printf 'done\\r[exit 0]\\n'"
+)
+RENDERED = (
+    b"clip:^[]52;c;SGVsbG8=^G title:^[]0;pwned^G clear:^[[2J move:^[[1;1H bell:^G del:^?"
+    b" c1:\\x9b bidi:\\u202e\n"
+    b"tab:\tok\r\n"
+    b"done^M[exit 0]\n"
+)
+
+
+def test_control_sequences_reach_a_terminal_only_as_visible_text(
+    cli: CliRunner, workspace: Path
+) -> None:
+    with raw_pty() as (master, slave):
+        proc = start_run(cli, workspace, HOSTILE, stdout=slave)
+        os.close(slave)  # the CLI holds the only slave end now: EOF once it exits
+        try:
+            shown = read_to_end(master, bytearray())
+            assert proc.wait(timeout=20) == 0
+        finally:
+            kill_if_alive(proc.pid)
+    assert shown == RENDERED
+    assert b"\x1b" not in shown and b"\x07" not in shown and b"\xc2\x9b" not in shown
+
+
+def test_stderr_on_a_terminal_is_rendered_too(cli: CliRunner, workspace: Path) -> None:
+    with raw_pty() as (master, slave):
+        proc = start_run(
+            cli, workspace, "printf 'x\\033[2Jy\\n' >&2; printf 'x\\033[2Jy\\n'", stderr=slave
+        )
+        os.close(slave)
+        try:
+            shown = read_to_end(master, bytearray())
+            out, _ = proc.communicate(timeout=20)
+        finally:
+            kill_if_alive(proc.pid)
+    assert shown == b"x^[[2Jy\n"
+    assert out == b"x\x1b[2Jy\n"  # stdout is a pipe here: exact bytes
+
+
+def test_a_character_split_across_chunks_stays_intact_on_a_terminal(
+    cli: CliRunner, workspace: Path
+) -> None:
+    # The euro sign is e2 82 ac: its first two bytes arrive, then (after `go`) the third.
+    command = f"printf 'A\\342\\202'; {wait_for('go')}; printf '\\254 B\\n'"
+    with raw_pty() as (master, slave):
+        proc = start_run(cli, workspace, command, stdout=slave)
+        os.close(slave)
+        seen = bytearray()
+        try:
+            read_until(master, b"A", seen)
+            (workspace / "go").touch()
+            shown = read_to_end(master, seen)
+            assert proc.wait(timeout=20) == 0
+        finally:
+            kill_if_alive(proc.pid)
+    assert shown == "A\u20ac B\n".encode()
+
+
+def test_a_pipe_gets_the_exact_bytes(cli: CliRunner, workspace: Path) -> None:
+    proc = start_run(cli, workspace, HOSTILE + "; printf '\\377\\376'")
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    expected = subprocess.run(
+        ["bash", "-c", HOSTILE + "; printf '\\377\\376'"], capture_output=True, check=True
+    )
+    assert out == expected.stdout
+    assert b"\x1b]52;c;" in out
+
+
+@pytest.mark.parametrize("backend", ["landlock", "bwrap"])
+def test_streaming_works_on_each_linux_backend(
+    backend: str, cli: CliRunner, workspace: Path
+) -> None:
+    if not (HAS_BWRAP if backend == "bwrap" else HAS_LANDLOCK):
+        pytest.skip(f"{backend} unavailable")
+    proc = cli.start(
+        "run",
+        "--backend",
+        backend,
+        "--workspace",
+        str(workspace),
+        "--",
+        f"echo first; {wait_for('go')}; echo second",
+    )
+    assert proc.stdout is not None
+    seen = bytearray()
+    try:
+        read_until(proc.stdout.fileno(), b"first\n", seen)
+        assert is_alive(proc.pid)
+        (workspace / "go").touch()
+        assert read_to_end(proc.stdout.fileno(), seen) == b"first\nsecond\n"
+        assert proc.wait(timeout=20) == 0
+    finally:
+        kill_if_alive(proc.pid)
