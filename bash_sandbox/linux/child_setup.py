@@ -77,6 +77,7 @@ _SOL_SOCKET = 1
 _SCM_RIGHTS = 1
 _POLLIN = 1
 _UINT_MAX = 0xFFFFFFFF
+_SIG_DFL = 0
 
 
 class _CapHeader(ctypes.Structure):
@@ -523,6 +524,10 @@ class _ForkWaiter:
             lib.close(read_end)
             return 0
         lib.close(read_end)
+        # The waiter never execs, so it still has the executor's signal handlers (a CLI
+        # that handles SIGTERM): back to the defaults, so a signal to the group ends it.
+        for signum in range(1, 65):
+            lib.signal(signum, _SIG_DFL)
         if write_end > 0:
             lib.syscall(_SYS_CLOSE_RANGE, 0, write_end - 1, 0)
         lib.syscall(_SYS_CLOSE_RANGE, write_end + 1, _UINT_MAX, 0)

@@ -131,7 +131,7 @@ async def test_a_cancelled_call_kills_its_command(
 
 def test_building_the_cli_parser_does_not_import_the_mcp_sdk() -> None:
     code = (
-        "import sys; from bash_sandbox.cli.main import build_parser; build_parser(); "
+        "import sys; from bash_sandbox.cli.arguments import build_parser; build_parser('0'); "
         "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith(('mcp.', 'mcp_'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, timeout=60)
