@@ -20,3 +20,19 @@ class PolicyError(ValueError):
         if code is not None:
             self.code = code
         super().__init__(f"{detail} ({hint})" if hint else detail)
+
+
+class SessionLogError(OSError):
+    """A session log path that must not be used: nothing was read from or written to it.
+
+    ``code`` says what is wrong with the file and the message says what to do; the file
+    itself is left exactly as it was (never truncated, never followed if it is a symlink).
+    It is an `OSError` because, like one, it means "this file cannot be opened as asked".
+    """
+
+    def __init__(self, path: str, detail: str, *, code: str, hint: str) -> None:
+        self.path = path
+        self.detail = detail
+        self.code = code
+        self.hint = hint
+        super().__init__(f"session log {path}: {detail} ({hint})")
