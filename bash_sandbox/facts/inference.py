@@ -57,11 +57,17 @@ def _resolve(path: str, workdir: str) -> str:
     return os.path.normpath(os.path.join(workdir, path))
 
 
-def _scratch(policy: SandboxPolicy, scratch_dirs: Sequence[str] | None) -> tuple[str, ...]:
+def _in_scratch(target: str, policy: SandboxPolicy, scratch_dirs: Sequence[str] | None) -> bool:
     if scratch_dirs is not None:
-        return tuple(scratch_dirs)
-    # bwrap's layout: workspace-write binds the executor's private directory at /tmp.
-    return ("/tmp",) if policy.mode is SandboxMode.WORKSPACE_WRITE else ()
+        return any(_within(target, s) for s in scratch_dirs)
+    # bwrap's layout: workspace-write binds the executor's private directory at /tmp, except
+    # that the host's /tmp/<entry> holding a writable root is bound back read-only.
+    if policy.mode is not SandboxMode.WORKSPACE_WRITE or not _within(target, "/tmp"):
+        return False
+    parts = target.split("/")
+    return len(parts) < 3 or not any(
+        _within(root, f"/tmp/{parts[2]}") for root in policy.all_writable_roots()
+    )
 
 
 def _is_refused_write(message: RefusalMessage, write_refusals: frozenset[str]) -> bool:
@@ -106,7 +112,7 @@ def _judge(
     message: RefusalMessage,
     target: str,
     policy: SandboxPolicy,
-    scratch: tuple[str, ...],
+    scratch_dirs: Sequence[str] | None,
     write_refusals: frozenset[str],
 ) -> SandboxDenial | None:
     def denial(kind: DenialKind, reason: str) -> SandboxDenial:
@@ -127,7 +133,7 @@ def _judge(
     if any(_within(target, r) for r in roots):
         reason = _protected_reason(target, message, policy, write_refusals)
         return denial(DenialKind.FILE_WRITE, reason) if reason else None
-    if not _is_refused_write(message, write_refusals) or any(_within(target, s) for s in scratch):
+    if not _is_refused_write(message, write_refusals) or _in_scratch(target, policy, scratch_dirs):
         return None
     if policy.mode is SandboxMode.READ_ONLY and any(
         _within(target, r) for r in (policy.workspace_root, *policy.writable_roots)
@@ -150,21 +156,21 @@ def infer_file_denials(
 
     ``workdir`` is the command's working directory (relative paths resolve against it).
     ``scratch_dirs`` are writable in this spawn beyond the policy's roots (default: bwrap's
-    private ``/tmp`` in workspace-write, nothing in read-only; the Landlock backend passes
-    its private TMPDIR instead). ``write_refusals`` are the errnos this backend answers a
-    refused write with, used for messages that do not say whether they read or wrote
+    private ``/tmp`` in workspace-write minus the host entries it binds back read-only,
+    nothing in read-only; the Landlock backend passes its private TMPDIR instead).
+    ``write_refusals`` are the errnos this backend answers a refused write with, used for
+    messages that do not say whether they read or wrote
     (bwrap and Landlock with a mount namespace: ``EROFS``; Landlock alone adds
     ``EACCES``; Seatbelt: ``EPERM``). Each (kind, target) is reported once, stderr first.
     Under danger-full-access nothing is a denial.
     """
     if not policy.confined:
         return []
-    scratch = _scratch(policy, scratch_dirs)
     found: dict[tuple[DenialKind, str], SandboxDenial] = {}
     for text in (stderr, stdout):
         for message in find_refusal_messages(text):
             target = _resolve(message.path, workdir)
-            judged = _judge(message, target, policy, scratch, write_refusals)
+            judged = _judge(message, target, policy, scratch_dirs, write_refusals)
             if judged is not None:
                 found.setdefault((judged.kind, judged.target), judged)
     return list(found.values())

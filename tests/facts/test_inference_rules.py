@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bash_sandbox.facts import find_refusal_messages, infer_file_denials
-from bash_seam import DenialEvidence, DenialKind
+from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 from policies import SandboxPolicy
 
 WS = "/srv/ws"
@@ -55,6 +55,22 @@ def test_scratch_dirs_follow_the_backend() -> None:
     ]
     assert _targets(line, policy=_policy("read-only")) == [
         ("file-write", "/tmp/x", "outside the writable roots")
+    ]
+    # bwrap binds the host's /tmp entry holding a workspace back read-only.
+    under_tmp = SandboxPolicy(mode="workspace-write", workspace_root="/tmp/run1/ws", deny_read=())
+    assert infer_file_denials(
+        "",
+        "touch: cannot touch '/tmp/run1/next-to-ws': Read-only file system\n"
+        "touch: cannot touch '/tmp/other': Read-only file system",
+        policy=under_tmp,
+        workdir="/tmp/run1/ws",
+    ) == [
+        SandboxDenial(
+            kind=DenialKind.FILE_WRITE,
+            target="/tmp/run1/next-to-ws",
+            reason="outside the writable roots",
+            evidence=DenialEvidence.INFERRED,
+        )
     ]
 
 
