@@ -72,36 +72,12 @@ _FAILURE_PHRASE = re.compile(
 _FILE_NAME = re.compile(r"\w\.\w")
 # Go's os.PathError and similar "op path" segments.
 _SYSCALL_OPS = frozenset(
-    [
-        "open",
-        "openat",
-        "creat",
-        "mkdir",
-        "mkdirat",
-        "rmdir",
-        "remove",
-        "unlink",
-        "unlinkat",
-        "rename",
-        "renameat",
-        "link",
-        "symlink",
-        "chmod",
-        "chown",
-        "lchown",
-        "truncate",
-        "utime",
-        "utimes",
-        "chtimes",
-        "write",
-        "stat",
-        "lstat",
-        "readlink",
-        "opendir",
-        "scandir",
-        "mknod",
-    ]
-)
+    {
+        "open", "openat", "creat", "mkdir", "mkdirat", "rmdir", "remove", "unlink", "unlinkat",
+        "rename", "renameat", "link", "symlink", "chmod", "chown", "lchown", "truncate", "utime",
+        "utimes", "chtimes", "write", "stat", "lstat", "readlink", "opendir", "scandir", "mknod",
+    }
+)  # fmt: skip
 _NOT_A_PATH = frozenset(
     {"error", "fatal", "warning", "warn", "err", "info", "note", "caused by", "e"}
 )
@@ -123,33 +99,18 @@ _READ_WORDS = re.compile(
     r"reading directory)\b",
     re.IGNORECASE,
 )
-_WRITE_SYSCALLS = frozenset(
-    [
-        "creat",
-        "mkdir",
-        "mkdirat",
-        "rmdir",
-        "remove",
-        "unlink",
-        "unlinkat",
-        "rename",
-        "renameat",
-        "link",
-        "symlink",
-        "chmod",
-        "chown",
-        "lchown",
-        "truncate",
-        "utime",
-        "utimes",
-        "chtimes",
-        "write",
-        "copyfile",
-        "mknod",
-        "futime",
-    ]
-)
-_READ_SYSCALLS = frozenset(["scandir", "opendir", "readlink", "stat", "lstat", "read"])
+# Of those (and Node's), the ones that say what the access was; "open" does not.
+_WRITE_SYSCALLS = _SYSCALL_OPS - {
+    "open",
+    "openat",
+    "stat",
+    "lstat",
+    "readlink",
+    "opendir",
+    "scandir",
+}
+_WRITE_SYSCALLS |= {"copyfile", "futime"}
+_READ_SYSCALLS = frozenset({"scandir", "opendir", "readlink", "stat", "lstat", "read"})
 
 
 @dataclass(frozen=True)
