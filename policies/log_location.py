@@ -4,6 +4,12 @@ A log inside the workspace or a writable root lets a confined command append its
 ``bash/sandbox-mode: danger-full-access`` event, or swap the log for a symlink so the host
 writes somewhere else. The check covers every mode: a read-only session may be escalated to
 workspace-write later, and then the same log would be writable.
+
+Events carry no MAC: a key the executor can read is readable to the commands that could
+forge events (danger-full-access runs as the same user, unconfined), and a confined command
+cannot reach a log outside every writable root at all. Refusing such places, plus the
+no-follow, single-link, owner-only checks of `JsonlSessionLog`, is what makes the log
+trustworthy; a MAC would add a key to manage without closing any further route.
 """
 
 from __future__ import annotations

@@ -60,14 +60,16 @@ def _resolve(path: str, workdir: str) -> str:
 def _in_scratch(target: str, policy: SandboxPolicy, scratch_dirs: Sequence[str] | None) -> bool:
     if scratch_dirs is not None:
         return any(_within(target, s) for s in scratch_dirs)
-    # bwrap's layout: workspace-write binds the executor's private directory at /tmp, except
-    # that the host's /tmp/<entry> holding a writable root is bound back read-only.
-    if policy.mode is not SandboxMode.WORKSPACE_WRITE or not _within(target, "/tmp"):
+    # The Linux backends' shared view: the executor's private /tmp and /dev/shm in both
+    # confined modes, except that the host's /tmp/<entry> holding a root is bound back
+    # read-only so the root stays visible.
+    if _within(target, "/dev/shm"):
+        return True
+    if not _within(target, "/tmp"):
         return False
     parts = target.split("/")
-    return len(parts) < 3 or not any(
-        _within(root, f"/tmp/{parts[2]}") for root in policy.all_writable_roots()
-    )
+    roots = (policy.workspace_root, *policy.writable_roots)
+    return len(parts) < 3 or not any(_within(root, f"/tmp/{parts[2]}") for root in roots)
 
 
 def _is_refused_write(message: RefusalMessage, write_refusals: frozenset[str]) -> bool:
@@ -155,9 +157,10 @@ def infer_file_denials(
     """File denials (evidence ``inferred``) that the output of one command shows.
 
     ``workdir`` is the command's working directory (relative paths resolve against it).
-    ``scratch_dirs`` are writable in this spawn beyond the policy's roots (default: bwrap's
-    private ``/tmp`` in workspace-write minus the host entries it binds back read-only,
-    nothing in read-only; the Landlock backend passes its private TMPDIR instead).
+    ``scratch_dirs`` are writable in this spawn beyond the policy's roots (default: the
+    Linux backends' private ``/tmp`` and ``/dev/shm`` in both modes, minus the host
+    ``/tmp`` entries bound back read-only; the Landlock-only fallback, which keeps the host
+    ``/tmp`` read-only, passes its private TMPDIR instead).
     ``write_refusals`` are the errnos this backend answers a refused write with, used for
     messages that do not say whether they read or wrote
     (bwrap and Landlock with a mount namespace: ``EROFS``; Landlock alone adds

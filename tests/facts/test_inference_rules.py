@@ -49,14 +49,14 @@ def test_operation_less_eacces_counts_only_where_the_backend_refuses_writes_so()
 
 def test_scratch_dirs_follow_the_backend() -> None:
     line = "/usr/bin/bash: line 1: /tmp/x: Read-only file system"
-    assert _targets(line) == []  # bwrap: workspace-write has a private /tmp
+    shm = "/usr/bin/bash: line 1: /dev/shm/x: Read-only file system"
+    for mode in ("read-only", "workspace-write"):  # a private /tmp and /dev/shm in both
+        assert _targets(f"{line}\n{shm}", policy=_policy(mode)) == []
+    # The Landlock-only fallback keeps the host /tmp read-only and names its own TMPDIR.
     assert _targets(line, scratch_dirs=("/tmp/bash-sandbox-1/tmp",)) == [
         ("file-write", "/tmp/x", "outside the writable roots")
     ]
-    assert _targets(line, policy=_policy("read-only")) == [
-        ("file-write", "/tmp/x", "outside the writable roots")
-    ]
-    # bwrap binds the host's /tmp entry holding a workspace back read-only.
+    # The host's /tmp entry holding a workspace is bound back read-only.
     under_tmp = SandboxPolicy(mode="workspace-write", workspace_root="/tmp/run1/ws", deny_read=())
     assert infer_file_denials(
         "",
