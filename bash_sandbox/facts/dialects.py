@@ -70,6 +70,8 @@ _FAILURE_PHRASE = re.compile(
 )
 # A bare word that names a file rather than a thing: "out.txt", not "file".
 _FILE_NAME = re.compile(r"\w\.\w")
+# ... or a word that follows "file"/"directory" at the end: "cannot open output file main".
+_NAMED_FILE = re.compile(r"\b(?:file|directory)\s+(\S+)$")
 # Go's os.PathError and similar "op path" segments.
 _SYSCALL_OPS = frozenset(
     {
@@ -183,6 +185,8 @@ def _from_prefix(prefix: str) -> tuple[str, str | None] | None:
         return words[-1], first  # Go: "mkdir /x", "rename /a /b"
     if "/" in words[-1] or (_FAILURE_PHRASE.match(last) and _FILE_NAME.search(words[-1])):
         return words[-1], None  # "cannot open output file /x/a.out", "cannot create out.txt"
+    if _FAILURE_PHRASE.match(last) and (m := _NAMED_FILE.search(last)):
+        return m.group(1), None  # ld: "cannot open output file main"
     return None
 
 
