@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, StrictStr, field_validator
+from pydantic import Field, StrictStr
 
 from bash_local.config import LocalBashConfig, PositiveInt
+from bash_seam import AbsolutePath
 from policies import DEFAULT_PROTECTED_PATHS, NetworkMode, ResourceLimits, SandboxMode
 
 BackendName = Literal["auto", "bwrap", "landlock", "seatbelt"]
@@ -16,7 +17,7 @@ class SandboxBashConfig(LocalBashConfig):
     """Defaults for every confined call; a request may override the mode or the whole policy."""
 
     mode: SandboxMode = SandboxMode.READ_ONLY
-    workspace_root: str | None = None
+    workspace_root: AbsolutePath | None = None
     network: NetworkMode = NetworkMode.ISOLATED
     backend: BackendName = "auto"
     # An operator-asserted bwrap-compatible runner (argv prefix) and its fatal stderr lines.
@@ -32,10 +33,3 @@ class SandboxBashConfig(LocalBashConfig):
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     # workspace-write: the tools' cache variables point at the sandbox's own cache home.
     tool_caches: bool = True
-
-    @field_validator("workspace_root")
-    @classmethod
-    def _absolute_root(cls, value: str | None) -> str | None:
-        if value is not None and (not value.startswith("/") or "\x00" in value):
-            raise ValueError(f"must be an absolute path, got {value!r}")
-        return value

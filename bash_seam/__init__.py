@@ -23,11 +23,15 @@ from bash_seam.models import (
     SandboxFacts,
 )
 
+# The shared value types, re-exported for the layers below, which may import only `bash_seam`.
+from policies.types import AbsolutePath, PositiveInt
+
 __all__ = [
     "DSH_ENV_PREFIX",
     "AbortController",
     "AbortSignal",
     "AbortedBeforeStartError",
+    "AbsolutePath",
     "BashExecError",
     "BashExecRequest",
     "BashExecSpec",
@@ -40,6 +44,7 @@ __all__ = [
     "DenialKind",
     "EnvChannelError",
     "InvalidRequestError",
+    "PositiveInt",
     "ProcessStatus",
     "SandboxDenial",
     "SandboxFacts",

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import enum
-from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, StrictStr, field_validator
 
 from bash_seam.abort import AbortSignal
 from policies import LimitExceeded, NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
+from policies.types import PositiveInt
 
 DSH_ENV_PREFIX = "DSH_"
-
-PositiveInt = Annotated[StrictInt, Field(gt=0)]
 
 
 def _check_command(value: str) -> str:

@@ -1,8 +1,9 @@
 """What a confined command may do: modes, the per-call policy, session overrides, escalation."""
 
-from policies.errors import PolicyError
+from policies.errors import PolicyError, SessionLogError
 from policies.jsonl_log import JsonlSessionLog
 from policies.limits import LimitExceeded, ResourceLimits
+from policies.log_location import SESSION_LOG_IN_WRITABLE_ROOT, check_session_log_location
 from policies.modes import (
     WIDER_MODES,
     NetworkMode,
@@ -13,6 +14,8 @@ from policies.modes import (
     sandbox_denial_marker,
 )
 from policies.policy import (
+    DEFAULT_DENY_READ_HOST,
+    DEFAULT_DENY_READ_RELATIVE,
     DEFAULT_PROTECTED_PATHS,
     SandboxPolicy,
     default_deny_read,
@@ -28,8 +31,11 @@ from policies.session import (
 )
 
 __all__ = [
+    "DEFAULT_DENY_READ_HOST",
+    "DEFAULT_DENY_READ_RELATIVE",
     "DEFAULT_PROTECTED_PATHS",
     "SANDBOX_MODE_EVENT_TYPE",
+    "SESSION_LOG_IN_WRITABLE_ROOT",
     "WIDER_MODES",
     "InMemorySession",
     "JsonlSessionLog",
@@ -43,6 +49,8 @@ __all__ = [
     "SandboxPolicy",
     "SandboxPolicyService",
     "Session",
+    "SessionLogError",
+    "check_session_log_location",
     "default_deny_read",
     "effective_sandbox_mode",
     "is_strictly_wider",

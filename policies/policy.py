@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import PurePosixPath
 
@@ -10,41 +11,128 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from policies.egress import canonical_allowlist
 from policies.limits import ResourceLimits
 from policies.modes import NetworkMode, SandboxMode
+from policies.types import CanonicalPath, NormalPath, UserCanonicalPath
 
 # Kept read-only inside every writable root, so `git commit` works while hooks and config
 # (both run code on the user's next git command) cannot be planted.
 DEFAULT_PROTECTED_PATHS: tuple[str, ...] = (".git/hooks", ".git/config")
 
-# Credential stores under the user's home that no confined command may read.
+# Credential stores under the user's home that no confined command may read: the one list.
+# An entry with `*` is a glob, expanded each time a default is built; the names it usually
+# matches are listed too, so a file created later is denied as well.
 DEFAULT_DENY_READ_RELATIVE: tuple[str, ...] = (
+    # keys and cloud credentials
     ".ssh",
-    ".aws",
     ".gnupg",
-    ".netrc",
-    ".docker/config.json",
-    ".kube",
-    ".git-credentials",
-    ".config/gh",
-    ".config/gcloud",
+    ".aws",
     ".azure",
-    ".pypirc",
+    ".config/gcloud",
+    ".oci",
+    ".config/doctl",
+    ".kube",
+    ".docker",  # the whole dir: config.json holds auths, and rootless docker's socket lives here
+    ".config/containers/auth.json",
+    ".terraform.d",
+    ".vault-token",
+    ".s3cfg",
+    ".boto",
+    ".config/rclone",
+    ".local/share/keyrings",
+    ".password-store",
+    # forges and git
+    ".netrc",
+    ".git-credentials",
+    ".config/git/credentials",
+    ".config/gh",
+    ".config/hub",
+    # package registries
     ".npmrc",
+    ".yarnrc.yml",
+    ".pypirc",
+    ".config/pip/pip.conf",
+    ".pip/pip.conf",
+    ".cargo/credentials.toml",
+    ".cargo/credentials",
+    ".gem/credentials",
+    ".m2/settings.xml",
+    ".gradle/gradle.properties",
+    ".composer/auth.json",
+    ".config/composer/auth.json",
+    ".nuget/NuGet/NuGet.Config",
+    # databases
+    ".pgpass",
+    ".my.cnf",
+    # model hubs
+    ".cache/huggingface/token",
+    ".huggingface/token",
+    ".kaggle/kaggle.json",
+    # shell and REPL histories: pasted tokens, `export X=...`, `mysql -p...`
+    ".bash_history",
+    ".zsh_history",
+    ".histfile",
+    ".sh_history",
+    ".local/share/fish/fish_history",
+    ".python_history",
+    ".psql_history",
+    ".mysql_history",
+    ".sqlite_history",
+    ".node_repl_history",
+    # coding agents: their API keys, OAuth tokens and the transcripts of every session
+    ".claude",
+    ".claude.json",
+    ".config/claude",
+    ".codex",
+    ".gemini",
+    ".aider",
+    ".aider.conf.yml",
+    ".aider.chat.history.md",
+    ".aider.input.history",
+    ".aider.model.settings.yml",
+    ".aider.model.metadata.json",
+    ".aider*",
+    ".continue",
+    ".cursor",
+    ".config/Cursor",
+    ".codeium",
+    ".config/github-copilot",
+    ".config/goose",
+    ".local/share/opencode",
+)
+
+# Host secrets outside any home, part of every default `deny_read` (same glob rule).
+DEFAULT_DENY_READ_HOST: tuple[str, ...] = (
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+    "/etc/security/opasswd",
+    "/etc/ssh/ssh_host_rsa_key",
+    "/etc/ssh/ssh_host_ecdsa_key",
+    "/etc/ssh/ssh_host_ed25519_key",
+    "/etc/ssh/ssh_host_dsa_key",
+    "/etc/ssh/ssh_host_*_key",
+    "/etc/ssl/private",
+    "/etc/pki/tls/private",
 )
 
 
+def _expand(pattern: str) -> list[str]:
+    if "*" not in pattern:
+        return [pattern]
+    # Hidden names match too: the patterns name dotfiles on purpose.
+    return sorted(glob.glob(pattern, include_hidden=True))
+
+
 def default_deny_read(home: str | None = None) -> tuple[str, ...]:
-    """The default `deny_read` list, absolute under ``home`` (default: the user's home)."""
+    """The default `deny_read` list: the stores under ``home`` (default: the user's), then host.
+
+    Glob entries are expanded now, against what exists; the rest are kept whether or not
+    they exist (the backends look again at every spawn).
+    """
     base = home if home is not None else os.path.expanduser("~")
-    return tuple(os.path.join(base, rel) for rel in DEFAULT_DENY_READ_RELATIVE)
-
-
-def canonical_path(path: str, *, field: str) -> str:
-    """An absolute path with symlinks and `..` resolved; relative paths are an error."""
-    if "\x00" in path:
-        raise ValueError(f"{field} contains a NUL byte")
-    if not os.path.isabs(path):
-        raise ValueError(f"{field} must be an absolute path, got {path!r}")
-    return os.path.realpath(path)
+    patterns = (*(os.path.join(base, rel) for rel in DEFAULT_DENY_READ_RELATIVE),)
+    patterns += DEFAULT_DENY_READ_HOST
+    return tuple(dict.fromkeys(p for pattern in patterns for p in _expand(pattern)))
 
 
 class SandboxPolicy(BaseModel):
@@ -59,26 +147,18 @@ class SandboxPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mode: SandboxMode
-    workspace_root: str
+    workspace_root: CanonicalPath
     network: NetworkMode = NetworkMode.ISOLATED
-    writable_roots: tuple[str, ...] = ()
+    # `~/...` is the user's home; symlinks are resolved, so a root is confined by its real name.
+    writable_roots: tuple[UserCanonicalPath, ...] = ()
     protected_paths: tuple[str, ...] = DEFAULT_PROTECTED_PATHS
-    deny_read: tuple[str, ...] = Field(default_factory=default_deny_read)
+    # Not resolved: the backends hide a denied symlink under both its names.
+    deny_read: tuple[NormalPath, ...] = Field(default_factory=default_deny_read)
     # Destinations the egress proxy may reach under `isolated` (domains, `*.suffix`, `:port`).
     allow_domains: tuple[str, ...] = ()
     # Host unix sockets a confined command may connect to (absolute paths, `@name` abstract).
     allow_unix_sockets: tuple[str, ...] = ()
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
-
-    @field_validator("workspace_root")
-    @classmethod
-    def _canonical_root(cls, value: str) -> str:
-        return canonical_path(value, field="workspace_root")
-
-    @field_validator("writable_roots")
-    @classmethod
-    def _canonical_roots(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(canonical_path(v, field="writable_roots") for v in value)
 
     @field_validator("allow_domains")
     @classmethod
@@ -86,27 +166,13 @@ class SandboxPolicy(BaseModel):
         # Canonical text (lowercase, bracketed IPv6, no duplicates); a bad entry is named.
         return canonical_allowlist(value)
 
-    @field_validator("deny_read")
-    @classmethod
-    def _absolute_deny(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        # Not resolved: a denied path that is a symlink is hidden under both names.
-        out: list[str] = []
-        for v in value:
-            expanded = os.path.expanduser(v)
-            if "\x00" in expanded or not os.path.isabs(expanded):
-                raise ValueError(f"deny_read entries must be absolute paths, got {v!r}")
-            out.append(os.path.normpath(expanded))
-        return tuple(out)
-
     @field_validator("protected_paths")
     @classmethod
     def _relative_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for v in value:
             p = PurePosixPath(v)
             if "\x00" in v or p.is_absolute() or ".." in p.parts or not p.parts:
-                raise ValueError(
-                    f"protected_paths entries are names relative to a writable root, got {v!r}"
-                )
+                raise ValueError(f"entries are names relative to a writable root, got {v!r}")
         return tuple(str(PurePosixPath(v)) for v in value)
 
     @model_validator(mode="after")

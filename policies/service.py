@@ -15,6 +15,10 @@ Workspace root precedence, strongest first:
 
 The chosen root must be absolute and an existing directory; it is canonicalised with
 `os.path.realpath`, so a symlinked root is confined under its real name.
+
+A session that is a log on disk (it has a ``path``) must lie outside the workspace root,
+the configured root and every writable root, whatever the mode: a confined command must
+never be able to write the override that widens its own next call.
 """
 
 from __future__ import annotations
@@ -26,19 +30,22 @@ from typing import Any
 from pydantic import ValidationError
 
 from policies.errors import PolicyError
+from policies.log_location import check_session_log_location
 from policies.modes import NetworkMode, SandboxMode
 from policies.policy import DEFAULT_PROTECTED_PATHS, SandboxPolicy
 from policies.session import Session, effective_sandbox_mode
+from policies.types import require_absolute_path
 
 StrPath = str | os.PathLike[str]
 
 
 def _describe(exc: ValidationError) -> str:
-    """A pydantic error as one readable line: ``field: reason; field: reason``."""
+    """A pydantic error as one line that starts with the key: ``field: reason; field: reason``."""
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "policy"
-        parts.append(f"{where}: {err['msg']}")
+        where = str(err["loc"][0]) if err["loc"] else "policy"
+        # "Value error, " is pydantic's wrapping of our own ValueError messages.
+        parts.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
 
 
@@ -49,14 +56,10 @@ def _canonical_root(raw: object, source: str) -> str:
     path = os.fspath(raw)
     if not isinstance(path, str):
         raise PolicyError(f"{source} must be a text path, got bytes {path!r}")
-    if "\x00" in path:
-        raise PolicyError(f"{source} contains a NUL byte")
-    if not os.path.isabs(path):
-        # Resolving against the process cwd would silently confine the wrong directory.
-        raise PolicyError(
-            f"{source} must be an absolute path, got {path!r}",
-            hint="pass an absolute directory",
-        )
+    try:
+        require_absolute_path(path)
+    except ValueError as exc:
+        raise PolicyError(f"{source} {exc}", hint="pass an absolute directory") from None
     real = os.path.realpath(path)
     if not os.path.exists(real):
         raise PolicyError(
@@ -71,6 +74,18 @@ def _canonical_root(raw: object, source: str) -> str:
     return real
 
 
+def _require_existing_roots(policy: SandboxPolicy) -> None:
+    # A missing root is the config's mistake; found later, it would look like the sandbox
+    # failing ("sandbox unavailable") instead of a key to fix.
+    for root in policy.writable_roots:
+        if not os.path.exists(root):
+            raise PolicyError(
+                f"writable_roots: {root} does not exist",
+                hint="create it, or remove it from writable_roots",
+                code="WRITABLE_ROOT_MISSING",
+            )
+
+
 def _path_tuple(values: Iterable[str], field: str) -> tuple[str, ...]:
     # A bare string is iterable too; splitting it into one-letter paths would be nonsense.
     if isinstance(values, str | bytes):
@@ -82,9 +97,10 @@ class SandboxPolicyService:
     """Resolves the `SandboxPolicy` for one call from configuration, session and arguments.
 
     Configuration is validated here, at construction: an unknown mode or network raises
-    `ValueError` naming the valid values; a relative ``workspace_root``, a relative writable
-    root or a protected path that escapes its root raises `PolicyError` (a `ValueError`).
-    Whether the root *exists* is checked at `resolve` time, when it is used.
+    `ValueError` naming the valid values; a relative ``workspace_root``, a relative or
+    missing writable root or a protected path that escapes its root raises `PolicyError`
+    (a `ValueError`) whose message starts with the key. ``writable_roots`` may start with
+    ``~/``. Whether the workspace root *exists* is checked at `resolve` time, when it is used.
     ``deny_read=None`` keeps the policy default (credential stores under the user's home).
     The path lists are keyword-only: three positional tuples would be easy to swap.
     """
@@ -104,12 +120,15 @@ class SandboxPolicyService:
         self._workspace_root: str | None = None
         if workspace_root is not None:
             path = os.fspath(workspace_root)
-            if not isinstance(path, str) or not os.path.isabs(path):
+            if not isinstance(path, str):
+                raise PolicyError(f"workspace_root must be a text path, got bytes {path!r}")
+            try:
+                self._workspace_root = require_absolute_path(path)
+            except ValueError as exc:
                 raise PolicyError(
-                    f"workspace_root must be an absolute path, got {path!r}",
+                    f"workspace_root {exc}",
                     hint="pass an absolute directory, or None to use the process cwd",
-                )
-            self._workspace_root = path
+                ) from None
         self._writable_roots = _path_tuple(writable_roots, "writable_roots")
         self._protected_paths = _path_tuple(protected_paths, "protected_paths")
         self._deny_read = None if deny_read is None else _path_tuple(deny_read, "deny_read")
@@ -172,10 +191,27 @@ class SandboxPolicyService:
         ``mode`` is an approved per-call mode and beats the session's override, which beats
         the default. ``cwd`` beats ``session.cwd``, which beats the configured root, which
         beats the process cwd. Raises `PolicyError` when the root is relative, missing or
-        not a directory, and `ValueError` for an unknown ``mode``.
+        not a directory, when a writable root is missing, or when ``session`` is a log (it
+        has a ``path``) that lies inside the workspace or a writable root, and `ValueError`
+        for an unknown ``mode``.
         """
         resolved_mode = self.resolve_mode(session, mode)
-        return self._build(resolved_mode, self.resolve_root(session, cwd))
+        policy = self._build(resolved_mode, self.resolve_root(session, cwd))
+        log_path = getattr(session, "path", None) if session is not None else None
+        if log_path is not None:
+            self.check_session_log(log_path, policy)
+        return policy
+
+    def check_session_log(self, path: StrPath, policy: SandboxPolicy) -> None:
+        """Refuse a session log at ``path`` that a confined command could write (any mode).
+
+        Checks ``policy``'s roots and this service's configured root, which another call
+        without ``cwd`` would use. Raises `PolicyError` ``SESSION_LOG_IN_WRITABLE_ROOT``.
+        """
+        extra: tuple[str, ...] = ()
+        if self._workspace_root is not None:
+            extra = (self._workspace_root,)
+        check_session_log_location(path, policy, extra_roots=extra)
 
     def _build(self, mode: SandboxMode, root: str) -> SandboxPolicy:
         fields: dict[str, Any] = {
@@ -188,9 +224,11 @@ class SandboxPolicyService:
         if self._deny_read is not None:
             fields["deny_read"] = self._deny_read
         try:
-            return SandboxPolicy.model_validate(fields)
+            policy = SandboxPolicy.model_validate(fields)
         except ValidationError as exc:
-            raise PolicyError(f"invalid sandbox policy: {_describe(exc)}") from exc
+            raise PolicyError(_describe(exc)) from exc
+        _require_existing_roots(policy)
+        return policy
 
     def __repr__(self) -> str:
         return (
