@@ -177,8 +177,10 @@ class LocalBashExecutor(BashExecutor):
         signal: str | None,
         stderr_text: str,
         background: bool,
+        stdout_text: str = "",
     ) -> SandboxFacts | None:
-        """What confinement did for a settled command; None from an unconfined executor."""
+        """What confinement did for a settled command; None from an unconfined executor.
+        ``stdout_text``/``stderr_text`` are the bounded tails the result carries."""
         return None
 
     def _spawn_error(self, spec: BashExecSpec, plan: SpawnPlan, exc: BaseException) -> Exception:
@@ -229,6 +231,7 @@ class LocalBashExecutor(BashExecutor):
             signal=spawned.signal,
             stderr_text=stderr.text,
             background=False,
+            stdout_text=stdout.text,
         )
         return BashRunResult(
             exit_code=spawned.exit_code,
@@ -402,6 +405,7 @@ class LocalBashExecutor(BashExecutor):
             exit_code=spawned.exit_code,
             signal=spawned.signal,
             stderr_text=spawned.stderr.collected().text,
+            stdout_text=spawned.stdout.collected().text,
         )
         process.settle(
             "completed" if reason is None else "killed",
@@ -419,6 +423,7 @@ class LocalBashExecutor(BashExecutor):
         exit_code: int | None,
         signal: str | None,
         stderr_text: str,
+        stdout_text: str = "",
     ) -> SandboxFacts | None:
         try:
             return self._outcome_facts(
@@ -428,6 +433,7 @@ class LocalBashExecutor(BashExecutor):
                 signal=signal,
                 stderr_text=stderr_text,
                 background=True,
+                stdout_text=stdout_text,
             )
         except Exception:
             logger.exception("classifying the outcome of a background command failed")

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from bash_local.config import LocalBashConfig
 from bash_local.environment import build_command_env
 from bash_local.executor import LocalBashExecutor
-from bash_local.spawn import SpawnPlan, folded_signal
+from bash_local.spawn import SpawnPlan
 from bash_sandbox.backends.base import (
     BackendContext,
     ConfinedPlan,
@@ -43,6 +43,12 @@ from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.egress import EgressProxy, ProxyGrant, Resolver
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
+from bash_sandbox.facts import (
+    DENIALS_LIMIT,
+    bounded_denials,
+    derive_facts_flags,
+    infer_file_denials,
+)
 from bash_sandbox.git_plane import (
     MergeReport,
     discover_gitdirs,
@@ -66,8 +72,6 @@ from bash_sandbox.tool_env import confined_environment, tool_cache_home
 from bash_seam import (
     BashExecRequest,
     BashExecSpec,
-    DenialEvidence,
-    DenialKind,
     SandboxDenial,
     SandboxFacts,
     WorkdirError,
@@ -571,6 +575,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         signal: str | None,
         stderr_text: str,
         background: bool,
+        stdout_text: str = "",
     ) -> SandboxFacts | None:
         if not isinstance(plan, SandboxSpawn) or plan.policy is None or plan.backend is None:
             return SandboxFacts(
@@ -606,27 +611,49 @@ class SandboxBashExecutor(LocalBashExecutor):
         if record.grant is not None:
             denials += [d.to_sandbox_denial() for d in record.grant.denials()]
             total += record.grant.denials_total
-        inferred = _inferred_denials(stderr_text, policy)
+        inferred = infer_file_denials(
+            stdout_text, stderr_text, **self._inference_context(plan, spec.workdir)
+        )
         denials += inferred
         total += len(inferred)
-        failed = signal is None and exit_code not in (None, 0)
-        if failed and plan.folds_signals and folded_signal(exit_code) is not None:
-            failed = False  # "killed by signal n" folded into 128+n: not a refusal
-        file_kinds = (DenialKind.FILE_WRITE, DenialKind.FILE_READ, DenialKind.SOCKET)
+        # Evidence wins over an inference about the same target; the list stays bounded.
+        first, _ = bounded_denials(denials, DENIALS_LIMIT)
+        denied, network_denied = derive_facts_flags(
+            first, exit_code, signal, folds_signals=plan.folds_signals
+        )
         return SandboxFacts(
             mode=policy.mode,
-            denied=failed and any(d.kind in file_kinds for d in denials),
+            denied=denied,
             enforcement=plan.enforcement,
             backend=backend.name,
             network=policy.network,
-            network_denied=failed and any(d.kind not in file_kinds for d in denials),
-            denials=tuple(denials[:MAX_DENIALS]),
-            denials_total=total,
+            network_denied=network_denied,
+            denials=tuple(first),
+            denials_total=max(total, len(first)),
             nested_repositories=record.nested,
             limit_exceeded=record.limit_exceeded,
             limits_enforcement=record.limits.summary if record.limits is not None else None,
             warnings=tuple(dict.fromkeys(record.warnings)),
         )
+
+    def _inference_context(self, plan: SandboxSpawn, workdir: str) -> dict[str, Any]:
+        """How to read this backend's refusal messages (which errno means "the sandbox")."""
+        assert plan.policy is not None and plan.backend is not None
+        if not plan.backend.mounts and plan.backend.name == "landlock":
+            # Landlock alone refuses with EACCES; its only scratch dir is the private TMPDIR.
+            return {
+                "policy": plan.policy,
+                "workdir": workdir,
+                "scratch_dirs": (self._state.private_tmpdir,),
+                "write_refusals": frozenset({"EROFS", "EACCES"}),
+            }
+        if plan.backend.name == "seatbelt":
+            return {
+                "policy": plan.policy,
+                "workdir": workdir,
+                "write_refusals": frozenset({"EPERM"}),
+            }
+        return {"policy": plan.policy, "workdir": workdir}
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -636,18 +663,3 @@ class SandboxBashExecutor(LocalBashExecutor):
             # Joins the proxy's thread: off the loop.
             await asyncio.to_thread(self._proxy.close)
         self._finalizer()
-
-
-def _inferred_denials(stderr: str, policy: SandboxPolicy) -> list[SandboxDenial]:
-    """Interim: the refusal phrases of the read-only mounts, until path-checked inference lands."""
-    phrases = ("Read-only file system", "Permission denied", "Device or resource busy")
-    if not any(p in stderr for p in phrases):
-        return []
-    return [
-        SandboxDenial(
-            kind=DenialKind.FILE_WRITE,
-            target="(unknown path)",
-            reason="outside the writable roots",
-            evidence=DenialEvidence.INFERRED,
-        )
-    ]

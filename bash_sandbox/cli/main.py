@@ -57,6 +57,7 @@ from bash_sandbox.cli.stream import LiveOutput
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.executor import SandboxBashExecutor
+from bash_sandbox.facts import result_markers
 from bash_seam import (
     BashExecError,
     BashExecRequest,
@@ -220,9 +221,11 @@ def result_notes(result: BashRunResult, *, streamed: bool) -> list[str]:
     if result.timed_out:
         notes.append(f"{PROG}: timed out after {result.timeout_ms} ms; the command was killed")
     facts = result.sandbox
-    if facts is not None and facts.denied:
+    notes += result_markers(facts)
+    # The contract's generic lines stay for a denial the facts could not name.
+    if facts is not None and facts.denied and not facts.denials:
         notes.append(sandbox_denial_marker(facts.mode))
-    if facts is not None and facts.network_denied:
+    if facts is not None and facts.network_denied and not facts.denials:
         notes.append(network_denial_marker())
     return notes
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import mcp_types as types
 
+from bash_sandbox.facts import result_markers
 from bash_seam import BashProcess, BashProcessRead, BashRunResult, CollectedOutput, SandboxFacts
 from policies import NetworkMode, SandboxMode, network_denial_marker, sandbox_denial_marker
 
@@ -39,10 +40,10 @@ def denial_markers(facts: SandboxFacts | None) -> list[str]:
     """The marker lines for what the sandbox refused, as `bash-sandbox run` prints them."""
     if facts is None:
         return []
-    markers: list[str] = []
-    if facts.denied:
+    markers = result_markers(facts)
+    if facts.denied and not facts.denials:
         markers.append(sandbox_denial_marker(facts.mode))
-    if facts.network_denied:
+    if facts.network_denied and not facts.denials:
         markers.append(network_denial_marker())
     return markers
 

@@ -15,7 +15,7 @@ from bash_sandbox.facts.flags import (
     failed_on_its_own,
 )
 from bash_sandbox.facts.inference import infer_file_denials
-from bash_sandbox.facts.markers import denial_marker
+from bash_sandbox.facts.markers import denial_marker, result_markers
 
 __all__ = [
     "DENIALS_LIMIT",
@@ -26,4 +26,5 @@ __all__ = [
     "failed_on_its_own",
     "find_refusal_messages",
     "infer_file_denials",
+    "result_markers",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 
 from bash_sandbox.facts.inference import REASON_DENY_READ, REASON_OUTSIDE_ROOTS, REASON_READ_ONLY
-from bash_seam import DenialEvidence, DenialKind, SandboxDenial
+from bash_seam import DenialEvidence, DenialKind, SandboxDenial, SandboxFacts
 from policies import NetworkMode, SandboxMode
 
 
@@ -81,3 +81,16 @@ def denial_marker(
     else:
         what, step = f"write to {_shown(denial.target)}", _file_step(denial)
     return f"[sandbox: {what} denied{reason} under {mode.value} mode{inferred}; {step}]"
+
+
+def result_markers(facts: SandboxFacts | None) -> list[str]:
+    """One marker per recorded denial (a run that succeeded can carry some too: a write git
+    reported done but the control plane discarded), then a count of the ones left out."""
+    if facts is None:
+        return []
+    network = facts.network or NetworkMode.HOST
+    lines = [denial_marker(d, facts.mode, network) for d in facts.denials]
+    extra = facts.denials_total - len(facts.denials)
+    if extra > 0:
+        lines.append(f"[sandbox: {extra} more denial(s) not shown]")
+    return list(dict.fromkeys(lines))

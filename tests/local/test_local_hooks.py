@@ -69,6 +69,7 @@ class RecordingExecutor(LocalBashExecutor):
         signal: str | None,
         stderr_text: str,
         background: bool,
+        stdout_text: str = "",
     ) -> SandboxFacts | None:
         self.facts_calls.append(
             {
