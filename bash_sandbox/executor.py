@@ -639,21 +639,26 @@ class SandboxBashExecutor(LocalBashExecutor):
     def _inference_context(self, plan: SandboxSpawn, workdir: str) -> dict[str, Any]:
         """How to read this backend's refusal messages (which errno means "the sandbox")."""
         assert plan.policy is not None and plan.backend is not None
+        policy = plan.policy
+        if plan.overlays:
+            # A git directory is a mount here: renaming or removing it is refused too.
+            names = (*policy.protected_paths, ".git")
+            policy = policy.model_copy(update={"protected_paths": names})
         if not plan.backend.mounts and plan.backend.name == "landlock":
             # Landlock alone refuses with EACCES; its only scratch dir is the private TMPDIR.
             return {
-                "policy": plan.policy,
+                "policy": policy,
                 "workdir": workdir,
                 "scratch_dirs": (self._state.private_tmpdir,),
                 "write_refusals": frozenset({"EROFS", "EACCES"}),
             }
         if plan.backend.name == "seatbelt":
             return {
-                "policy": plan.policy,
+                "policy": policy,
                 "workdir": workdir,
                 "write_refusals": frozenset({"EPERM"}),
             }
-        return {"policy": plan.policy, "workdir": workdir}
+        return {"policy": policy, "workdir": workdir}
 
     # -- lifetime ----------------------------------------------------------------------------
 

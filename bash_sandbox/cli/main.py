@@ -221,12 +221,12 @@ def result_notes(result: BashRunResult, *, streamed: bool) -> list[str]:
     if result.timed_out:
         notes.append(f"{PROG}: timed out after {result.timeout_ms} ms; the command was killed")
     facts = result.sandbox
-    notes += result_markers(facts)
-    # The contract's generic lines stay for a denial the facts could not name.
-    if facts is not None and facts.denied and not facts.denials:
+    # The contract's generic lines first (harnesses match them), then one line per denial.
+    if facts is not None and facts.denied:
         notes.append(sandbox_denial_marker(facts.mode))
-    if facts is not None and facts.network_denied and not facts.denials:
+    if facts is not None and facts.network_denied:
         notes.append(network_denial_marker())
+    notes += result_markers(facts)
     return notes
 
 

@@ -40,12 +40,13 @@ def denial_markers(facts: SandboxFacts | None) -> list[str]:
     """The marker lines for what the sandbox refused, as `bash-sandbox run` prints them."""
     if facts is None:
         return []
-    markers = result_markers(facts)
-    if facts.denied and not facts.denials:
+    # The contract's generic lines first (harnesses match them), then one line per denial.
+    markers: list[str] = []
+    if facts.denied:
         markers.append(sandbox_denial_marker(facts.mode))
-    if facts.network_denied and not facts.denials:
+    if facts.network_denied:
         markers.append(network_denial_marker())
-    return markers
+    return markers + result_markers(facts)
 
 
 def _truncation_note(name: str, output: CollectedOutput) -> str | None:

@@ -217,6 +217,10 @@ def _context_path(lines: list[str], index: int) -> tuple[str, str] | None:
     return None
 
 
+# coreutils mv: "cannot move 'SRC' to 'DST'" (quotes may be ' or the UTF-8 pair).
+_MOVED = re.compile(r"cannot move ['\u2018]([^'\u2019]+)['\u2019] to ")
+
+
 def find_refusal_messages(text: str) -> list[RefusalMessage]:
     """Every message in ``text`` that names a path and an errno of refusal, in order."""
     found: list[RefusalMessage] = []
@@ -234,5 +238,7 @@ def find_refusal_messages(text: str) -> list[RefusalMessage]:
         if located is None or not _plausible(located[0]):
             continue
         path, operation = located
+        if errno == "EBUSY" and (moved := _MOVED.search(line)):
+            path = moved.group(1)  # a rename refused EBUSY: the source is the mount point
         found.append(RefusalMessage(path, errno, _access_of(wording, operation), operation, line))
     return found
