@@ -16,12 +16,15 @@ import re
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from bash_sandbox.audit.targets import Cleanup
 from bash_sandbox.executor import SandboxBashExecutor
 from bash_seam import AbortSignal, BashExecRequest, BashRunResult
 from policies import NetworkMode, SandboxMode
+
+if TYPE_CHECKING:
+    # Only an annotation here: the CLI imports this module to build its parser.
+    from bash_sandbox.audit.targets import Cleanup
 
 # The variable every audited command carries, so a survivor can be found (and killed) by it.
 TOKEN_VARIABLE = "BASH_SANDBOX_AUDIT_RUN"  # noqa: S105 - a variable name, no secret

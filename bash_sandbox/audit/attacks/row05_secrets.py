@@ -1,0 +1,231 @@
+"""Row 5: read the `deny_read` paths by every route."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from bash_sandbox.audit.attacks.common import (
+    attack,
+    read_or_empty,
+    victim_attack,
+)
+from bash_sandbox.audit.checks import (
+    no_escape_lines,
+    secrets_kept,
+)
+from bash_sandbox.audit.model import (
+    BOTH_MODES,
+    WORKSPACE_WRITE,
+    Attack,
+    AttackEnv,
+)
+from policies import SandboxMode
+
+# -- row 5: read deny_read paths -------------------------------------------------------------
+
+
+def secret_attack(
+    id: str,
+    title: str,
+    template: str,
+    *,
+    python: bool = False,
+    listing: bool = False,
+    modes: frozenset[SandboxMode] = BOTH_MODES,
+    plant: Callable[[AttackEnv], dict[str, Any]] | None = None,
+) -> Attack:
+    def extra(env: AttackEnv) -> dict[str, Any]:
+        values = plant(env) if plant else {}
+        values["check_listing"] = listing
+        return values
+
+    return attack(
+        id,
+        5,
+        title,
+        template,
+        secrets_kept,
+        no_escape_lines,
+        python=python,
+        modes=modes,
+        extra=extra,
+    )
+
+
+def _plant_secret_links(env: AttackEnv) -> dict[str, Any]:
+    os.symlink(os.path.join(env.home, ".ssh"), os.path.join(env.ws, "ssh-link"))
+    os.symlink(os.path.join(env.home, ".netrc"), os.path.join(env.ws, "netrc-link"))
+    return {}
+
+
+def _blockdev_of(path: str) -> str | None:
+    st = os.stat(path)
+    uevent = read_or_empty(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/uevent")
+    for line in uevent.splitlines():
+        if line.startswith("DEVNAME="):
+            dev = "/dev/" + line.split("=", 1)[1]
+            return dev if os.path.exists(dev) else None
+    return None
+
+
+FIEMAP = 0xC020660B
+
+
+def _physical_offset(path: str) -> int | None:
+    """Where ``path``'s first block lies on its device (FIEMAP after a sync), if known."""
+    import fcntl
+
+    buf = bytearray(struct.pack("=QQIIII", 0, 1 << 30, 1, 0, 1, 0) + b"\0" * 56)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, FIEMAP, buf)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    _start, _len, _flags, mapped, _count, _res = struct.unpack_from("=QQIIII", buf)
+    if mapped < 1:
+        return None
+    _logical, physical, _length = struct.unpack_from("=QQQ", buf, 32)
+    return int(physical)
+
+
+def _raw_disk_premise(env: AttackEnv) -> dict[str, Any]:
+    """A canary file whose block the host (as root) can read back from the raw device."""
+    if os.geteuid() != 0:
+        return {"skip": "the executor is not root: raw block devices are not readable here"}
+    canary = f"AUDIT-SECRET-RAW-{env.token}"
+    path = os.path.join(env.home, ".ssh", "id_rawdisk")
+    with open(path, "w") as fh:
+        fh.write((canary + "\n") * (8192 // (len(canary) + 1)))
+    os.chmod(path, 0o600)
+    dev = _blockdev_of(path)
+    offset = _physical_offset(path)  # FIEMAP_FLAG_SYNC flushes the data first
+    if dev is None or offset is None:
+        return {"skip": "the secret's block on the raw device is unknown on this filesystem"}
+    os.sync()
+    try:
+        fd = os.open(dev, os.O_RDONLY)
+        try:
+            seen = os.pread(fd, 4096, offset)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return {"skip": f"the host itself cannot read {dev}: {exc.strerror}"}
+    if canary.encode() not in seen:
+        return {"skip": "the secret's block could not be located on the raw device"}
+    return {"rawdev": dev, "rawoff": offset, "extra_canaries": [canary]}
+
+
+ATTACKS: list[Attack] = [
+    secret_attack(
+        "row5-cat-files",
+        "cat every denied file (ssh key, .netrc, aws, a denied path inside the workspace)",
+        "cat {{home}}/.ssh/id_ed25519; cat {{home}}/.netrc; "
+        "cat {{home}}/.aws/credentials; cat {{ws}}/secrets/.env",
+    ),
+    secret_attack(
+        "row5-list-dirs",
+        "list denied directories (ls, find, glob)",
+        "ls -la {{home}}/.ssh; find {{home}}/.ssh {{home}}/.aws {{ws}}/secrets; "
+        "echo {{home}}/.ssh/*",
+        listing=True,
+    ),
+    secret_attack(
+        "row5-symlink-planted",
+        "read through symlinks to denied paths planted in the workspace",
+        "cat {{ws}}/ssh-link/id_ed25519 {{ws}}/netrc-link; ls {{ws}}/ssh-link",
+        listing=True,
+        plant=_plant_secret_links,
+    ),
+    secret_attack(
+        "row5-symlink-made-by-command",
+        "make symlinks to denied paths, then read",
+        "ln -s {{home}}/.ssh {{ws}}/l1 && cat {{ws}}/l1/id_ed25519; "
+        "ln -s {{home}}/.netrc {{ws}}/l2 && cat {{ws}}/l2; "
+        "t=${TMPDIR:-/tmp}; ln -s {{home}}/.netrc $t/l3-{{token}} && "
+        "cat $t/l3-{{token}}",
+    ),
+    secret_attack(
+        "row5-hardlink-made-by-command",
+        "hardlink denied files into the workspace, then read",
+        "ln {{home}}/.netrc {{ws}}/hl && cat {{ws}}/hl; "
+        "ln {{home}}/.ssh/id_ed25519 {{ws}}/hl2 && cat {{ws}}/hl2",
+    ),
+    secret_attack(
+        "row5-symlink-target",
+        "read the target of a denied symlink (.aws -> real-aws) directly",
+        "cat {{home}}/real-aws/credentials",
+    ),
+    secret_attack(
+        "row5-dotdot-and-proc",
+        "reach denied files via `..`, /proc/self/root, /proc/self/cwd",
+        "cat {{ws}}/../home/.netrc; cat /proc/self/root{{home}}/.netrc; "
+        "cd {{home}} && cat /proc/self/cwd/.netrc",
+    ),
+    secret_attack(
+        "row5-copy-out",
+        "copy denied files into the workspace (cp, tar, base64)",
+        "cp -r {{home}}/.ssh {{ws}}/exfil; tar cf {{ws}}/x.tar -C {{home}} .netrc .ssh; "
+        "base64 {{home}}/.netrc",
+    ),
+    secret_attack(
+        "row5-search",
+        "search for the secrets (grep -r, find -exec cat)",
+        "grep -r AUDIT-SECRET {{home}} {{ws}}; "
+        "find {{home}} -type f -exec cat {} + 2>&1 | head -50",
+        listing=True,
+    ),
+    secret_attack(
+        "row5-reopen-and-openat",
+        "O_PATH + /proc/self/fd reopen, openat relative to the home directory",
+        """
+for path in ("{{home}}/.netrc", "{{home}}/.ssh/id_ed25519"):
+    try:
+        p = os.open(path, os.O_PATH)
+        with open("/proc/self/fd/%d" % p) as fh:
+            print(fh.read())
+    except OSError as exc:
+        print("denied reopen:", exc)
+try:
+    home = os.open("{{home}}", os.O_RDONLY | os.O_DIRECTORY)
+    print(os.read(os.open(".netrc", os.O_RDONLY, dir_fd=home), 200))
+except OSError as exc:
+    print("denied openat:", exc)
+""",
+        python=True,
+    ),
+    secret_attack(
+        "row5-unmount-cover",
+        "unmount what hides the denied paths, then read",
+        "umount {{home}}/.ssh; umount -l {{home}}/.netrc; "
+        "cat {{home}}/.ssh/id_ed25519 {{home}}/.netrc",
+    ),
+    secret_attack(
+        "row5-rename-cover",
+        "rename the hidden path (or its parent) inside the workspace, then read",
+        "mv {{ws}}/secrets {{ws}}/moved && cat {{ws}}/moved/.env; "
+        "mv {{ws}}/secrets/.env {{ws}}/env2 && cat {{ws}}/env2",
+        modes=WORKSPACE_WRITE,
+    ),
+    secret_attack(
+        "row5-raw-block-device",
+        "read a secret's block straight from the raw block device",
+        """
+fd = os.open("{{rawdev}}", os.O_RDONLY)
+print(os.pread(fd, 4096, {{rawoff}}).decode(errors="replace"))
+""",
+        python=True,
+        plant=_raw_disk_premise,
+    ),
+    victim_attack(
+        "row5-proc-pid-root",
+        5,
+        "read denied files via /proc/<pid>/root and cwd of a host process",
+        "cat /proc/{{vpid}}/root{{home}}/.netrc; cat /proc/{{vpid}}/cwd/../home/.netrc",
+        secrets_kept,
+    ),
+]
