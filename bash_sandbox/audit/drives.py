@@ -18,6 +18,7 @@ import signal
 import sys
 from typing import Any
 
+from bash_local import LocalBashExecutor
 from bash_sandbox.audit.model import TOKEN_VARIABLE, AttackEnv, AttackSetup, Drive, Outcome
 from bash_sandbox.audit.programs import program_text
 from bash_sandbox.audit.targets import TaggedProcess, find_tagged, pid_alive
@@ -132,14 +133,18 @@ def lifetime(trigger: str) -> Drive:
     return drive
 
 
-async def _spawn_helper(
+async def spawn_helper(
     env: AttackEnv,
     source: str,
     config: dict[str, Any],
+    process_env: dict[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
+    """A Python helper process (``source`` run with ``config`` as JSON), killed by pid at
+    cleanup; ``process_env`` is laid over the audit's own environment."""
     helper_env = dict(os.environ)
     helper_env["TMPDIR"] = env.path("helper-tmp")
     os.makedirs(helper_env["TMPDIR"], exist_ok=True)
+    helper_env.update(process_env or {})
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -161,7 +166,7 @@ async def _spawn_helper(
     return proc
 
 
-def _executor_config(env: AttackEnv, setup: AttackSetup) -> dict[str, Any]:
+def executor_config(env: AttackEnv, setup: AttackSetup) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "backend": env.backend,
         "mode": env.mode.value,
@@ -177,11 +182,11 @@ def _executor_config(env: AttackEnv, setup: AttackSetup) -> dict[str, Any]:
 async def executor_sigkilled(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """SIGKILL (by pid) a child process that owns the executor while the command runs."""
     outcome = Outcome()
-    helper = await _spawn_helper(
+    helper = await spawn_helper(
         env,
         program_text("executor_holder.py"),
         {
-            "executor": _executor_config(env, setup),
+            "executor": executor_config(env, setup),
             "command": setup.command,
             "env": {TOKEN_VARIABLE: env.token},
         },
@@ -207,11 +212,11 @@ async def executor_sigkilled(env: AttackEnv, setup: AttackSetup) -> Outcome:
 async def measured(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """Run (or start + read) in a child process that reports its own peak RSS and the spill."""
     outcome = Outcome()
-    helper = await _spawn_helper(
+    helper = await spawn_helper(
         env,
         program_text("measured_run.py"),
         {
-            "executor": _executor_config(env, setup),
+            "executor": executor_config(env, setup),
             "command": setup.command,
             "env": {TOKEN_VARIABLE: env.token},
             "timeout_ms": setup.timeout_ms,
@@ -236,8 +241,17 @@ async def measured(env: AttackEnv, setup: AttackSetup) -> Outcome:
 
 async def two_runs(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """Run ``data["first"]`` (which spills), then the setup's command rendered with the spill
-    path, in the same executor or, with ``data["fresh_executor"]``, in another one."""
-    first_ex = env.executor(max_output_bytes=1024, **setup.executor_kwargs)
+    path, in the same executor or, with ``data["fresh_executor"]``, in another one.
+
+    ``data["first_kind"] == "local"`` makes the first executor a `LocalBashExecutor` (the
+    second is then always another one); ``data["first_kwargs"]`` configures the first."""
+    first_kwargs: dict[str, Any] = dict(setup.data.get("first_kwargs", {}))
+    local = setup.data.get("first_kind") == "local"
+    first_ex: LocalBashExecutor = (
+        LocalBashExecutor(max_output_bytes=1024, cwd=env.ws, **first_kwargs)
+        if local
+        else env.executor(max_output_bytes=1024, **setup.executor_kwargs, **first_kwargs)
+    )
     outcome = Outcome()
     try:
         first = await first_ex.run(first_ex.resolve(env.request(setup.data["first"])))
@@ -247,7 +261,7 @@ async def two_runs(env: AttackEnv, setup: AttackSetup) -> Outcome:
         if spill is None:
             return outcome
         second_ex = first_ex
-        if setup.data.get("fresh_executor"):
+        if setup.data.get("fresh_executor") or local:
             second_ex = env.executor(**setup.executor_kwargs)
         command = env.render(
             setup.command,
@@ -264,6 +278,8 @@ async def two_runs(env: AttackEnv, setup: AttackSetup) -> Outcome:
     finally:
         for ex in env.executors:
             await ex.aclose()
+        if local:
+            await first_ex.aclose()
     return outcome
 
 
@@ -274,9 +290,9 @@ async def overlay_runner(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """Run the setup's command through its runner inside a copy-on-write host view."""
     outcome = Outcome()
     config = dict(setup.data["overlay_config"])
-    config["executor"] = _executor_config(env, setup)
+    config["executor"] = executor_config(env, setup)
     config["command"] = setup.command
-    helper = await _spawn_helper(env, program_text("overlay_runner.py"), config)
+    helper = await spawn_helper(env, program_text("overlay_runner.py"), config)
     try:
         stdout, stderr = await asyncio.wait_for(helper.communicate(), 60)
     except TimeoutError:

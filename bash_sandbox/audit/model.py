@@ -95,12 +95,14 @@ class AttackSetup:
 
 @dataclass
 class Outcome:
-    """What the drive observed. ``error`` is an exception `run()`/`start()` raised."""
+    """What the drive observed. ``error`` is an exception `run()`/`start()` raised;
+    ``texts`` is other output the host saw (a CLI's stdout, a background command's reads)."""
 
     result: BashRunResult | None = None
     error: BaseException | None = None
     results: list[BashRunResult] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
+    texts: list[str] = field(default_factory=list)
 
     @property
     def stdout(self) -> str:
@@ -115,6 +117,7 @@ class Outcome:
         if self.result is not None and self.result not in self.results:
             parts.append(self.stdout + self.stderr)
         parts.append(str(self.notes.get("helper_output", "")))
+        parts += self.texts
         return "\n".join(parts)
 
 

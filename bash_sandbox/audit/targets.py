@@ -366,7 +366,8 @@ class CountingServer:
         self._thread.start()
 
     def _serve(self) -> None:
-        stream = self.sock.type == socket.SOCK_STREAM
+        # Connection-oriented sockets count accepted connections, the others datagrams.
+        stream = self.sock.type in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET)
         while not self._stop.is_set():
             try:
                 if stream:
@@ -398,7 +399,7 @@ def start_server(
     sock = socket.socket(family, kind)
     try:
         sock.bind(address)
-        if kind == socket.SOCK_STREAM:
+        if kind in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET):
             sock.listen(16)
     except OSError:
         sock.close()

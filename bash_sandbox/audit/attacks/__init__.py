@@ -31,11 +31,17 @@ from bash_sandbox.audit.attacks import (
     row12_output,
     row13_executor_secrets,
     row14_helpers,
+    row15_trust,
+    row16_git,
+    row18_terminal,
 )
 from bash_sandbox.audit.model import Attack
 
 ATTACKS: tuple[Attack, ...] = tuple(
     controls.ATTACKS
+    + row13_executor_secrets.CONTROLS
+    + row16_git.CONTROLS
+    + row18_terminal.CONTROLS
     + row01_files.ATTACKS
     + row02_links.ATTACKS
     + row03_devices.ATTACKS
@@ -50,6 +56,9 @@ ATTACKS: tuple[Attack, ...] = tuple(
     + row12_output.ATTACKS
     + row13_executor_secrets.ATTACKS
     + row14_helpers.ATTACKS
+    + row15_trust.ATTACKS
+    + row16_git.ATTACKS
+    + row18_terminal.ATTACKS
 )
 
 

@@ -15,11 +15,12 @@ import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from bash_sandbox.audit import drives
+from bash_sandbox.audit import drives, scenarios
 from bash_sandbox.audit.checks import (
     Check,
     guards_unchanged,
     no_escape_lines,
+    shorten,
     verify_attack,
     verify_control,
     victim_untouched,
@@ -39,8 +40,11 @@ from bash_sandbox.audit.model import (
     AttackSetup,
     Drive,
     Finding,
+    Kind,
     Outcome,
     Verdict,
+    Verify,
+    audit_error,
 )
 from bash_sandbox.audit.programs import program_text
 from bash_sandbox.audit.targets import (
@@ -260,3 +264,91 @@ def control(
         modes=modes,
         kind="control",
     )
+
+
+# -- scenarios: several steps (confined runs, CLI calls, host actions) -----------------------
+
+Render = Callable[[str], str]
+Build = Callable[[AttackEnv, Render], dict[str, Any]]
+
+
+def scenario(
+    id: str,
+    row: int,
+    title: str,
+    build: Build,
+    *checks: Check,
+    modes: frozenset[SandboxMode] = BOTH_MODES,
+    git: str = "repo",
+    extra: Callable[[AttackEnv], dict[str, Any]] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    workspace_guard: bool | None = None,
+    python: bool = False,
+    markers: Sequence[str] = ("AUDIT-BEGIN",),
+    drive: Drive = scenarios.steps,
+    verify: Verify | None = None,
+    kind: Kind = "attack",
+    backends: Sequence[str] = ("bwrap", "landlock"),
+) -> Attack:
+    """A catalog entry driven by more than one run: ``extra`` builds the host-side premise
+    (its plain values fill ``{{name}}`` placeholders), then ``build`` returns the drive's
+    data (``steps`` for `scenarios.steps`, ``commands`` for `scenarios.in_own_process`,
+    ``acts`` for `scenarios.while_running`) with its commands rendered. The guarded areas
+    are snapshotted last, once the premise is complete."""
+
+    async def prepare(env: AttackEnv) -> AttackSetup:
+        if python and (why := needs_python(env)):
+            return AttackSetup(skip=why)
+        secrets = build_layout(env, git=git)
+        values: dict[str, Any] = extra(env) if extra is not None else {}
+        if "skip" in values:
+            return AttackSetup(skip=str(values["skip"]))
+        guards = guard_paths(env, workspace=workspace_guard)
+        guards.update(values.pop("guards", {}))
+        executor_kwargs = dict(kwargs or {})
+        executor_kwargs.update(values.pop("executor_kwargs", {}))
+        plain = template_values(values)
+
+        def render(template: str) -> str:
+            return env.render(template, plain)
+
+        data: dict[str, Any] = {"guards": guards, "secrets": secrets, **values}
+        data.update(build(env, render))
+        data["before"] = take(guards)
+        command = str(data.pop("command", ""))
+        return AttackSetup(
+            command=command,
+            data=data,
+            executor_kwargs=executor_kwargs,
+            timeout_ms=int(data.get("timeout_ms", 15_000)),
+        )
+
+    return Attack(
+        id=id,
+        row=row,
+        title=title,
+        prepare=prepare,
+        verify=cli_worked(
+            verify if verify is not None else verify_attack(*checks, markers=markers)
+        ),
+        drive=drive,
+        modes=modes,
+        backends=frozenset(backends),
+        kind=kind,
+    )
+
+
+def cli_worked(inner: Verify) -> Verify:
+    """Nothing is proven when a CLI call of the scenario crashed (a traceback, a timeout):
+    a refusal must be the CLI's decision, not its failure."""
+
+    async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
+        for call in outcome.notes.get("cli", []):
+            if call["crashed"] or call["rc"] < 0:
+                return audit_error(
+                    f"the CLI call {' '.join(call['args'][:3])} ... failed (exit {call['rc']})",
+                    [shorten(env, str(call["stderr"]))[-300:]],
+                )
+        return await inner(env, setup, outcome)
+
+    return verify
