@@ -227,7 +227,8 @@ class _Reader:
 async def while_running(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """`start()` the command; once it prints ``READY``, do each host act of
     ``data["acts"]`` and after each wait until the command printed ``data["tries"]`` more
-    ``TRY`` lines (it tried again against what the host just did); then kill it."""
+    ``TRY`` lines (it tried again against what the host just did); then kill it. An act
+    that sets ``notes["stop_acts"]`` ends the sequence early."""
     outcome = Outcome()
     ex = env.executor(**setup.executor_kwargs)
     tries: int = setup.data.get("tries", 3)
@@ -244,6 +245,8 @@ async def while_running(env: AttackEnv, setup: AttackSetup) -> Outcome:
         for act in acts if outcome.notes["ready"] else []:
             wanted = reader.update().count("TRY") + tries
             await asyncio.to_thread(act, env, outcome)
+            if outcome.notes.get("stop_acts"):  # an act saw the attack succeed: proven
+                break
             await poll_until(
                 functools.partial(reader.tried, wanted), setup.data.get("act_timeout_s", 5)
             )

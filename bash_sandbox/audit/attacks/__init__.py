@@ -37,28 +37,30 @@ from bash_sandbox.audit.attacks import (
 )
 from bash_sandbox.audit.model import Attack
 
-ATTACKS: tuple[Attack, ...] = tuple(
-    controls.ATTACKS
-    + row13_executor_secrets.CONTROLS
-    + row16_git.CONTROLS
-    + row18_terminal.CONTROLS
-    + row01_files.ATTACKS
-    + row02_links.ATTACKS
-    + row03_devices.ATTACKS
-    + row04_protected.ATTACKS
-    + row05_secrets.ATTACKS
-    + row06_signals.ATTACKS
-    + row07_processes.ATTACKS
-    + row08_privilege.ATTACKS
-    + row09_terminals.ATTACKS
-    + row10_sockets.ATTACKS
-    + row11_lifetime.ATTACKS
-    + row12_output.ATTACKS
-    + row13_executor_secrets.ATTACKS
-    + row14_helpers.ATTACKS
-    + row15_trust.ATTACKS
-    + row16_git.ATTACKS
-    + row18_terminal.ATTACKS
+# Row order: the general positive controls (row 0) first, then each row's attacks followed
+# by that row's own controls.
+_ROWS = (
+    row01_files,
+    row02_links,
+    row03_devices,
+    row04_protected,
+    row05_secrets,
+    row06_signals,
+    row07_processes,
+    row08_privilege,
+    row09_terminals,
+    row10_sockets,
+    row11_lifetime,
+    row12_output,
+    row13_executor_secrets,
+    row14_helpers,
+    row15_trust,
+    row16_git,
+    row18_terminal,
+)
+ATTACKS: tuple[Attack, ...] = (
+    *controls.ATTACKS,
+    *(entry for row in _ROWS for entry in (*row.ATTACKS, *getattr(row, "CONTROLS", ()))),
 )
 
 

@@ -253,10 +253,12 @@ def control(
     git: str = "repo",
     drive: Drive = drives.foreground,
     extra: Callable[[AttackEnv], dict[str, Any]] | None = None,
+    row: int = 0,
 ) -> Attack:
+    """A positive control (row 0: the general ones; a row's own controls name it)."""
     return Attack(
         id,
-        0,
+        row,
         title,
         prepare_files(template, git=git, python="{{py}}" in template, extra=extra),
         verify_control("AUDIT-BEGIN", *markers, checks=checks),
@@ -350,5 +352,14 @@ def cli_worked(inner: Verify) -> Verify:
                     [shorten(env, str(call["stderr"]))[-300:]],
                 )
         return await inner(env, setup, outcome)
+
+    return verify
+
+
+def judged_by(finding: Callable[[AttackEnv, AttackSetup, Outcome], Finding]) -> Verify:
+    """A verifier from a plain function that looks at the host and returns the finding."""
+
+    async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
+        return finding(env, setup, outcome)
 
     return verify

@@ -15,6 +15,7 @@ from bash_sandbox.audit.attacks.common import (
     FILES,
     attack,
     cleanup_paths,
+    control,
     read_or_empty,
 )
 from bash_sandbox.audit.checks import (
@@ -319,5 +320,58 @@ for name, call in (("shmget", lambda: libc.shmget(key, 4096, 0o1000 | 0o600)),
         *FILES,
         python=True,
         extra=lambda env: _open_targets("knobs", SYS_KNOBS),
+    ),
+]
+
+
+# -- /tmp and /dev/shm: private in every confined mode -----------------------------------------
+
+
+def _scratch_paths(env: AttackEnv, key: str, stem: str) -> dict[str, Any]:
+    """The host's own /tmp and /dev/shm entries a command's scratch files would become if
+    they were not private (removed afterwards either way)."""
+    return cleanup_paths(env, key, [f"/tmp/{stem}-{env.token}", f"/dev/shm/{stem}-{env.token}"])
+
+
+ATTACKS += [
+    attack(
+        "row3-tmp-and-shm-private",
+        3,
+        "write /tmp and /dev/shm: the files must land in a private place, not the host's",
+        "echo pwned > /tmp/bash-sandbox-audit-scratch-{{token}}; "
+        "echo pwned > /dev/shm/bash-sandbox-audit-scratch-{{token}}; "
+        "ls -l /tmp/bash-sandbox-audit-scratch-{{token}} "
+        "/dev/shm/bash-sandbox-audit-scratch-{{token}} 2>&1",
+        *FILES,
+        host_paths_absent("scratch"),
+        extra=lambda env: _scratch_paths(env, "scratch", "bash-sandbox-audit-scratch"),
+    ),
+]
+
+CONTROLS: list[Attack] = [
+    control(
+        "row3-control-private-tmp-and-shm",
+        "write, read and remove a scratch file in /tmp and in /dev/shm",
+        "for d in /tmp /dev/shm; do f=$d/bash-sandbox-audit-ctl-{{token}}; "
+        'echo x > "$f" && [ "$(cat "$f")" = x ] && rm "$f" && echo "SCRATCH-OK $d"; done',
+        "SCRATCH-OK /tmp",
+        "SCRATCH-OK /dev/shm",
+        extra=lambda env: _scratch_paths(env, "scratch", "bash-sandbox-audit-ctl"),
+        row=3,
+    ),
+    control(
+        "row3-control-multiprocessing",
+        "Python multiprocessing Pool, Queue and Lock work (they need a writable /dev/shm)",
+        "{{py}} - <<'PY'\n"
+        "import multiprocessing as mp\n"
+        "if __name__ == '__main__':\n"
+        "    with mp.Pool(2) as pool:\n"
+        "        assert pool.map(abs, [-1, -2]) == [1, 2]\n"
+        "    q = mp.Queue(); q.put('x'); assert q.get(timeout=10) == 'x'\n"
+        "    with mp.Lock():\n"
+        "        print('MP-OK', flush=True)\n"
+        "PY",
+        "MP-OK",
+        row=3,
     ),
 ]

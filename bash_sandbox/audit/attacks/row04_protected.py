@@ -6,15 +6,24 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from bash_sandbox.audit import scenarios
 from bash_sandbox.audit.attacks.common import (
+    BEGIN,
     FILES,
+    Render,
     attack,
+    py,
+    read_or_empty,
+    scenario,
 )
+from bash_sandbox.audit.host_git import git, git_available, init_repo
 from bash_sandbox.audit.model import (
     BOTH_MODES,
     WORKSPACE_WRITE,
     Attack,
     AttackEnv,
+    AttackSetup,
+    Outcome,
 )
 from policies import SandboxMode
 
@@ -148,6 +157,92 @@ ATTACKS: list[Attack] = [
         "echo pwned > {{root}}/extra/.git/hooks/pre-commit; "
         "echo pwned >> {{root}}/extra/.git/config",
         extra=_extra_root,
+        modes=WORKSPACE_WRITE,
+    ),
+]
+
+
+# -- .git/config replaced by the host (rename) while a command runs ---------------------------
+
+PLANTED = "AUDIT-PLANTED"
+WRITE_LOOP = """
+import time
+print("READY", flush=True)
+deadline = time.time() + 25
+line = "\\n[core]\\n\\tfsmonitor = {{planted}}\\n"
+while time.time() < deadline:
+    try:
+        with open("{{ws}}/.git/config", "a") as fh:
+            fh.write(line)
+        print("wrote .git/config", flush=True)
+    except OSError as exc:
+        print("denied write .git/config:", exc, flush=True)
+    print("TRY", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def _host_replaces_config(rounds: int) -> list[scenarios.HostAction]:
+    """Alternately `git config` (lock file + rename) and an atomic rewrite by the host, each
+    first recording what the config held after the command's previous tries."""
+
+    def make(n: int) -> scenarios.HostAction:
+        def act(env: AttackEnv, outcome: Outcome) -> None:
+            path = os.path.join(env.ws, ".git", "config")
+            text = read_or_empty(path)
+            outcome.notes.setdefault("configs", []).append(text)
+            if f"{PLANTED}-{env.token}" in text:  # proven: no need to go on
+                outcome.notes["stop_acts"] = True
+                return
+            if n % 2 == 0:
+                git(env, env.ws, "config", f"audit.round{n}", "host", check=False)
+            else:
+                tmp = path + ".audit-tmp"
+                with open(tmp, "w") as fh:
+                    fh.write(text + f"[audit]\n\trewrite{n} = host\n")
+                os.replace(tmp, path)
+
+        return act
+
+    return [make(n) for n in range(rounds)]
+
+
+def config_never_planted(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
+    seen: list[str] = [*outcome.notes.get("configs", [])]
+    seen.append(read_or_empty(os.path.join(env.ws, ".git", "config")))
+    planted = setup.data["planted"]
+    hits = [n for n, text in enumerate(seen) if planted in text]
+    return [f"the command's line was in the host's .git/config at look {hits[0]}"] if hits else []
+
+
+def _config_premise(env: AttackEnv) -> dict[str, Any]:
+    if why := git_available():
+        return {"skip": why}
+    init_repo(env, env.ws)
+    return {"planted": f"{PLANTED}-{env.token}"}
+
+
+def _write_loop(env: AttackEnv, render: Render) -> dict[str, Any]:
+    return {
+        "command": render(BEGIN + py(WRITE_LOOP)),
+        "acts": _host_replaces_config(6),
+        "timeout_ms": 30_000,
+    }
+
+
+ATTACKS += [
+    scenario(
+        "row4-config-replaced-while-running",
+        4,
+        "a command keeps writing .git/config while the host replaces it by rename "
+        "(git config, atomic rewrite)",
+        _write_loop,
+        config_never_planted,
+        git="none",
+        extra=_config_premise,
+        python=True,
+        drive=scenarios.while_running,
+        markers=("AUDIT-BEGIN", "READY"),
         modes=WORKSPACE_WRITE,
     ),
 ]

@@ -2,27 +2,39 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import struct
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
+from bash_sandbox.audit import scenarios
 from bash_sandbox.audit.attacks.common import (
+    BEGIN,
+    Render,
     attack,
+    py,
     read_or_empty,
+    scenario,
     victim_attack,
 )
 from bash_sandbox.audit.checks import (
     no_escape_lines,
     secrets_kept,
 )
+from bash_sandbox.audit.host_git import git_env
 from bash_sandbox.audit.model import (
     BOTH_MODES,
     WORKSPACE_WRITE,
     Attack,
     AttackEnv,
+    AttackSetup,
+    Outcome,
 )
 from policies import SandboxMode
+from policies.policy import DEFAULT_DENY_READ_RELATIVE, default_deny_read
 
 # -- row 5: read deny_read paths -------------------------------------------------------------
 
@@ -227,5 +239,203 @@ print(os.pread(fd, 4096, {{rawoff}}).decode(errors="replace"))
         "read denied files via /proc/<pid>/root and cwd of a host process",
         "cat /proc/{{vpid}}/root{{home}}/.netrc; cat /proc/{{vpid}}/cwd/../home/.netrc",
         secrets_kept,
+    ),
+]
+
+
+# -- as root: the system's own secrets ------------------------------------------------------
+
+
+def _shadow_digests(env: AttackEnv) -> dict[str, Any]:
+    """Digests of the host's shadow files (read by the audit as root); the command must not
+    be able to print them. Only digests are compared and reported, never the contents."""
+    if os.geteuid() != 0:
+        return {"skip": "the executor is not root: /etc/shadow is unreadable anyway"}
+    digests = {}
+    for path in ("/etc/shadow", "/etc/gshadow"):
+        try:
+            with open(path, "rb") as fh:
+                digests[path] = hashlib.sha256(fh.read()).hexdigest()
+        except OSError:
+            continue
+    if not digests:
+        return {"skip": "no readable /etc/shadow or /etc/gshadow here"}
+    return {"shadow_digests": digests}
+
+
+def shadow_unread(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
+    text = outcome.all_output()
+    digests: dict[str, str] = setup.data["shadow_digests"]
+    return [
+        f"the command read {path} (it printed its digest)"
+        for path, d in digests.items()
+        if d in text
+    ]
+
+
+# -- the default deny_read list, populated in a fake home ------------------------------------
+
+
+def _default_home(env: AttackEnv) -> dict[str, Any]:
+    """A fake home holding every entry of the default `deny_read` list, each with a canary
+    (directories get a file inside); the executor denies `default_deny_read(fake home)`."""
+    home = env.path("default-home")
+    canaries = []
+    for n, rel in enumerate(DEFAULT_DENY_READ_RELATIVE):
+        canary = f"AUDIT-SECRET-DEFAULT-{n}-{env.token}"
+        canaries.append(canary)
+        # Entries without a file suffix are directories in real homes (.ssh, .kube, .azure).
+        target = os.path.join(home, rel)
+        if "." not in os.path.basename(rel).lstrip("."):
+            target = os.path.join(target, "credentials")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w") as fh:
+            fh.write(canary + "\n")
+        os.chmod(target, 0o600)
+    return {
+        "defhome": home,
+        "extra_canaries": canaries,
+        "executor_kwargs": {"deny_read": (*env.deny_read, *default_deny_read(home))},
+        "check_listing": False,
+    }
+
+
+DEFAULT_DENY_READ_HUNT = (
+    "find {{defhome}} -exec cat {} + 2>&1; grep -r AUDIT-SECRET-DEFAULT {{defhome}} 2>&1; "
+    + "; ".join(
+        f"cat {{{{defhome}}}}/{rel} {{{{defhome}}}}/{rel}/credentials 2>&1"
+        for rel in DEFAULT_DENY_READ_RELATIVE
+    )
+    + "\n"
+)
+
+
+# -- denied paths replaced or created by the host while a command runs ---------------------
+
+CREDENTIALS_FILE = ".git-credentials"
+READ_LOOP = """
+import time
+path = "{{home}}/.git-credentials"
+print("READY", flush=True)
+deadline = time.time() + 25
+while time.time() < deadline:
+    try:
+        with open(path) as fh:
+            print("READ", fh.read().strip(), flush=True)
+    except OSError as exc:
+        print("denied read:", exc, flush=True)
+    print("TRY", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def _credential_line(canary: str) -> str:
+    return f"https://audit:{canary}@example.invalid\n"
+
+
+def _replace_atomically(path: str, text: str) -> None:
+    """Write ``text`` to a temp file next to ``path`` and rename it over ``path``."""
+    tmp = path + ".audit-tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def _host_rewrites(canaries: list[str]) -> list[scenarios.HostAction]:
+    """Host writes of the credentials file: atomic renames, and `git credential-store`
+    (lock file + rename) where git is installed."""
+
+    def make(n: int, canary: str) -> scenarios.HostAction:
+        def act(env: AttackEnv, outcome: Outcome) -> None:
+            path = os.path.join(env.home, CREDENTIALS_FILE)
+            if n % 2 and shutil.which("git"):
+                request = (
+                    f"protocol=https\nhost=example.invalid\nusername=a{n}\npassword={canary}\n"
+                )
+                subprocess.run(
+                    ["git", "credential-store", "--file", path, "store"],
+                    input=request,
+                    text=True,
+                    capture_output=True,
+                    check=False,
+                    timeout=20,
+                    env=git_env(env),
+                )
+            else:
+                _replace_atomically(path, _credential_line(canary))
+
+        return act
+
+    return [make(n, c) for n, c in enumerate(canaries)]
+
+
+def _live_canaries(env: AttackEnv) -> list[str]:
+    return [f"AUDIT-SECRET-LIVE-{n}-{env.token}" for n in range(5)]
+
+
+def _running_secret(*, exists: bool) -> Callable[[AttackEnv], dict[str, Any]]:
+    """``~/.git-credentials`` of the fake home is denied; it exists at the start or not."""
+
+    def extra(env: AttackEnv) -> dict[str, Any]:
+        path = os.path.join(env.home, CREDENTIALS_FILE)
+        if exists:
+            _replace_atomically(path, _credential_line(_live_canaries(env)[0]))
+        return {
+            "extra_canaries": _live_canaries(env),
+            "executor_kwargs": {"deny_read": (*env.deny_read, path)},
+            "check_listing": False,
+        }
+
+    return extra
+
+
+def _running_attack(id: str, title: str, *, exists: bool) -> Attack:
+    def build(env: AttackEnv, render: Render) -> dict[str, Any]:
+        return {
+            "command": render(BEGIN + py(READ_LOOP)),
+            "acts": _host_rewrites(_live_canaries(env)[1 if exists else 0 :]),
+            "timeout_ms": 30_000,
+        }
+
+    return scenario(
+        id,
+        5,
+        title,
+        build,
+        secrets_kept,
+        no_escape_lines,
+        extra=_running_secret(exists=exists),
+        python=True,
+        drive=scenarios.while_running,
+        markers=("AUDIT-BEGIN", "READY"),
+    )
+
+
+ATTACKS += [
+    attack(
+        "row5-shadow-as-root",
+        5,
+        "as root: read /etc/shadow and /etc/gshadow (their digests are compared)",
+        "sha256sum /etc/shadow /etc/gshadow 2>&1; wc -c /etc/shadow 2>&1",
+        shadow_unread,
+        extra=_shadow_digests,
+    ),
+    secret_attack(
+        "row5-default-deny-read",
+        "read every entry of the default deny_read list (default_deny_read of a fake home)",
+        DEFAULT_DENY_READ_HUNT,
+        plant=_default_home,
+    ),
+    _running_attack(
+        "row5-secret-replaced-while-running",
+        "a command keeps reading ~/.git-credentials while the host replaces it by rename "
+        "(atomic rewrite, git credential-store)",
+        exists=True,
+    ),
+    _running_attack(
+        "row5-secret-created-while-running",
+        "a denied path that does not exist at the start is created by the host during the run",
+        exists=False,
     ),
 ]

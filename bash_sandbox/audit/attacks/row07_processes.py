@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from bash_sandbox.audit.attacks.common import (
     victim_attack,
 )
@@ -10,7 +12,11 @@ from bash_sandbox.audit.checks import (
 )
 from bash_sandbox.audit.model import (
     Attack,
+    AttackEnv,
+    AttackSetup,
+    Outcome,
 )
+from bash_sandbox.audit.targets import Victim
 
 _PTRACE = """
 libc.ptrace.restype = ctypes.c_long
@@ -152,5 +158,25 @@ attempt("pidfd_getfd", steal)
         "read /proc/<pid>/environ of a host process",
         "tr '\\0' '\\n' < /proc/{{vpid}}/environ",
         no_escape_lines,
+    ),
+]
+
+
+def victim_invisible(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
+    """The victim's command line carries its unique status path: listing it shows it."""
+    victim: Victim = setup.data["victim"]
+    if os.path.basename(victim.status_path) in outcome.all_output():
+        return [f"the host process {victim.pid} (the audit's victim) is listed inside"]
+    return []
+
+
+ATTACKS += [
+    victim_attack(
+        "row7-list-host-processes",
+        7,
+        "list processes (ps -e, /proc/*/cmdline): only the command's own may show",
+        "ps -eo pid,args 2>&1; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; "
+        "echo; done 2>/dev/null",
+        victim_invisible,
     ),
 ]

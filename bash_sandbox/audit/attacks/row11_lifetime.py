@@ -25,30 +25,16 @@ from bash_sandbox.audit.model import (
     contained,
     escaped,
 )
+from bash_sandbox.audit.programs import program_text
 from bash_sandbox.audit.targets import (
     wait_tagged_gone,
 )
 
 # -- row 11: outliving the run ---------------------------------------------------------------
 
-# Six ways to daemonise; each daemon's argv[0] carries the run token (from the environment,
-# so the command's own text does not), which is how the host finds them.
-DAEMONS = r"""T="$BASH_SANDBOX_AUDIT_RUN-dmn"
-setsid bash -c "exec -a $T-setsid sleep 300" </dev/null >/dev/null 2>&1 &
-nohup bash -c "exec -a $T-nohup sleep 300" </dev/null >/dev/null 2>&1 &
-( bash -c "exec -a $T-doublefork sleep 300" </dev/null >/dev/null 2>&1 & )
-bash -c "trap '' TERM HUP INT; exec -a $T-ignoreterm sleep 300" </dev/null >/dev/null 2>&1 &
-bash -c "exec -a $T-pipeholder sleep 300" &
-{{py}} -c 'import os, sys
-if os.fork(): sys.exit(0)
-os.setsid()
-if os.fork(): os._exit(0)
-fd = os.open("/dev/null", os.O_RDWR)
-for n in (0, 1, 2): os.dup2(fd, n)
-os.execvp("sleep", [sys.argv[1] + "-pyfork", "300"])' "$T"
-disown -a 2>/dev/null
-echo DAEMONS-STARTED
-"""
+# Six ways to daemonise (bash_sandbox/audit/programs/daemons.sh); the host finds each
+# daemon by the run token in its argv[0].
+DAEMONS = program_text("daemons.sh")
 DAEMON_COUNT = 6
 
 

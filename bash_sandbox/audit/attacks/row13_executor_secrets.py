@@ -23,6 +23,7 @@ from bash_sandbox.audit.layout import (
     build_layout,
 )
 from bash_sandbox.audit.model import (
+    READ_ONLY,
     Attack,
     AttackEnv,
     AttackSetup,
@@ -369,5 +370,7 @@ CONTROLS: list[Attack] = [
         drive=scenarios.in_own_process,
         verify=verify_control("AUDIT-BEGIN", checks=[ordinary_env_passed]),
         kind="control",
+        # The process environment does not depend on the mode: one mode keeps it fast.
+        modes=READ_ONLY,
     ),
 ]

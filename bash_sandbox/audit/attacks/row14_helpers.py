@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bash_sandbox.audit import drives
+from bash_sandbox.audit import drives, scenarios
 from bash_sandbox.audit.attacks.common import (
     BEGIN,
+    Render,
+    judged_by,
+    scenario,
 )
 from bash_sandbox.audit.checks import (
+    guards_unchanged,
     shorten,
+    verify_control,
 )
 from bash_sandbox.audit.model import (
+    READ_ONLY,
     Attack,
     AttackEnv,
     AttackSetup,
@@ -26,6 +33,7 @@ from bash_sandbox.audit.model import (
     contained,
     escaped,
 )
+from bash_sandbox.audit.programs import program_text
 from bash_sandbox.audit.targets import (
     pid_alive,
 )
@@ -34,12 +42,7 @@ from bash_sandbox.errors import SandboxUnavailableError
 # -- row 14: runners -------------------------------------------------------------------------
 
 RUNNER_COMMAND = BEGIN + "echo ran > {{ws}}/marker-{{token}}\n"
-TAMPERED = """#!/bin/sh
-# drop every bwrap option and run the command unconfined
-while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done
-shift
-exec "$@"
-"""
+TAMPERED = program_text("tampered_runner.sh")
 
 
 def _script(env: AttackEnv, name: str, body: str) -> str:
@@ -245,5 +248,103 @@ ATTACKS: list[Attack] = [
     ),
     runner_attack(
         "tampered-after-probe", "a runner that passes the probe, then runs commands unconfined"
+    ),
+]
+
+
+# -- helper binaries planted in a workspace venv on PATH ---------------------------------------
+
+PLANTED_HELPERS = ("nsenter", "unshare", "bwrap", "mount")
+
+
+def _planted_venv(env: AttackEnv) -> dict[str, Any]:
+    """An activated venv inside the workspace whose bin/ shadows the helpers the backends
+    run on the host; each records that it ran (outside the workspace), then runs the real one.
+
+    The bwrap column uses ``backend="auto"``, so a silent fall-back to Landlock would show."""
+    venv = os.path.join(env.ws, ".venv")
+    bin_dir = os.path.join(venv, "bin")
+    os.makedirs(bin_dir)
+    planted = []
+    for name in PLANTED_HELPERS:
+        real = shutil.which(name) or f"/usr/bin/{name}"
+        marker = os.path.join(env.host, f"planted-{name}-ran-{env.token}")
+        planted.append(marker)
+        path = os.path.join(bin_dir, name)
+        with open(path, "w") as fh:
+            fh.write(f'#!/bin/sh\necho "$0 $*" >> {marker}\nexec {real} "$@"\n')
+        os.chmod(path, 0o755)  # noqa: S103 - a planted helper must be executable
+    return {
+        "process_env": {
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"),
+            "VIRTUAL_ENV": venv,
+        },
+        "executor_kwargs": {"backend": "auto" if env.backend == "bwrap" else env.backend},
+        "planted": planted,
+    }
+
+
+def _helper_commands(env: AttackEnv, render: Render) -> dict[str, Any]:
+    return {"commands": [render(BEGIN + "echo FIRST-RAN"), render(BEGIN + "echo SECOND-RAN")]}
+
+
+def _degraded(env: AttackEnv, outcome: Outcome) -> list[str]:
+    """Results that do not say the column's backend with full enforcement."""
+    found = []
+    for result in outcome.results:
+        facts = result.sandbox
+        if facts is None or facts.backend != env.backend or facts.enforcement != "full":
+            found.append(
+                f"a result says backend={facts.backend if facts else None}, "
+                f"enforcement={facts.enforcement if facts else None} (want {env.backend}, full)"
+            )
+    return found
+
+
+def _planted_finding(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
+    ran = [m for m in setup.data["planted"] if os.path.exists(m)]
+    evidence = [shorten(env, f"a planted helper ran on the host: {m}") for m in ran]
+    evidence += guards_unchanged(env, setup, outcome) if not ran else []
+    raised: list[str] = outcome.notes.get("raised", [])
+    if not raised and len(outcome.results) < 2:
+        return audit_error("the executor's helper process did not report", evidence)
+    evidence += _degraded(env, outcome)
+    if evidence:
+        return escaped(evidence[0], evidence)
+    if raised:
+        return contained(shorten(env, "refused: " + raised[0])[:110])
+    return contained(f"no planted helper ran; both results say {env.backend}, full")
+
+
+def _control_planted(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
+    raised: list[str] = outcome.notes.get("raised", [])
+    return [f"the executor raised: {r}" for r in raised] + _degraded(env, outcome)
+
+
+ATTACKS += [
+    scenario(
+        "row14-planted-helpers-on-path",
+        14,
+        "nsenter, unshare, bwrap, mount planted in an activated workspace venv on PATH",
+        _helper_commands,
+        extra=_planted_venv,
+        drive=scenarios.in_own_process,
+        verify=judged_by(_planted_finding),
+    ),
+]
+
+CONTROLS: list[Attack] = [
+    scenario(
+        "row14-control-workspace-venv-on-path",
+        14,
+        "commands still run, on the expected backend with full enforcement, while a "
+        "workspace venv is on PATH",
+        _helper_commands,
+        extra=_planted_venv,
+        drive=scenarios.in_own_process,
+        verify=verify_control("FIRST-RAN", "SECOND-RAN", checks=[_control_planted]),
+        kind="control",
+        # The process environment does not depend on the mode: one mode keeps it fast.
+        modes=READ_ONLY,
     ),
 ]

@@ -24,6 +24,7 @@ from bash_sandbox.audit.model import (
     AttackSetup,
     Outcome,
 )
+from policies import JsonlSessionLog, set_sandbox_mode
 
 # A [tool.bash-sandbox] table that would make every later call unconfined, or confined
 # under a runner the command wrote, with the host's victim area writable.
@@ -52,32 +53,14 @@ def _plant_config_command(render: Render) -> str:
     )
 
 
-def _outside_writes(env: AttackEnv, mode: str) -> list[scenarios.Step]:
-    """Two later CLI calls that try to write outside: the default mode (the table says
-    danger-full-access) and workspace-write (the table adds the host area and the runner)."""
-    write = "echo pwned > {host}/outside-{n}-{token}"
-    return [
-        scenarios.cli(
-            "run",
-            "--backend",
-            env.backend,
-            "--workspace",
-            env.ws,
-            "--",
-            write.format(host=env.host, n="default", token=env.token),
-        ),
-        scenarios.cli(
-            "run",
-            "--backend",
-            env.backend,
-            "--mode",
-            mode,
-            "--workspace",
-            env.ws,
-            "--",
-            write.format(host=env.host, n=mode, token=env.token),
-        ),
-    ]
+def _write_outside(env: AttackEnv, mode: str | None) -> scenarios.Step:
+    """A later CLI call that writes outside: in the default mode (the table says
+    danger-full-access), or in ``mode`` (the table adds the host area and its runner)."""
+    flags = ("--mode", mode) if mode else ()
+    command = f"echo pwned > {env.host}/outside-{mode or 'default'}-{env.token}"
+    return scenarios.cli(
+        "run", "--backend", env.backend, *flags, "--workspace", env.ws, "--", command
+    )
 
 
 def _trust_markers(env: AttackEnv) -> dict[str, Any]:
@@ -89,7 +72,8 @@ def _planted_by_command(env: AttackEnv, render: Render) -> dict[str, Any]:
     return {
         "steps": [
             scenarios.confined(_plant_config_command(render)),
-            *_outside_writes(env, env.mode.value),
+            _write_outside(env, None),
+            _write_outside(env, env.mode.value),
         ]
     }
 
@@ -107,7 +91,10 @@ def _shipped_by_repository(env: AttackEnv) -> dict[str, Any]:
 
 
 def _shipped_steps(env: AttackEnv, render: Render) -> dict[str, Any]:
-    return {"steps": _outside_writes(env, env.mode.value)}
+    # One call per cell keeps the audit fast: the default mode in the read-only column,
+    # an explicit workspace-write (roots and runner from the table) in the other.
+    mode = None if env.mode.value == "read-only" else env.mode.value
+    return {"steps": [_write_outside(env, mode)]}
 
 
 # -- the session log ----------------------------------------------------------------------
@@ -151,6 +138,9 @@ def _torn_victim(env: AttackEnv) -> dict[str, Any]:
     # A host file whose last line has no newline: a torn-tail repair would cut it off.
     with open(os.path.join(env.host, "notes-without-final-newline.txt"), "w") as fh:
         fh.write(VICTIM_TEXT + "a last line without its newline")
+    # The user's session log already exists (made by the harness, host-side).
+    with JsonlSessionLog(os.path.join(env.ws, "s.jsonl")) as log:
+        set_sandbox_mode(log, "workspace-write")
     return {}
 
 
@@ -163,13 +153,10 @@ def _session_symlinked(env: AttackEnv, render: Render) -> dict[str, Any]:
     )
     return {
         "steps": [
-            # The user's session starts normally (or is refused: also fine).
-            scenarios.cli("mode", "--session", log, "workspace-write"),
             scenarios.confined(swap),
             # The next calls open the log: replay (with its torn-tail repair) and append.
             scenarios.cli("run", *common, "--session", log, "--", "true"),
             scenarios.cli("mode", "--session", log, "danger-full-access"),
-            scenarios.cli("mode", "--session", log),
         ]
     }
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from bash_sandbox.audit import drives, scenarios
-from bash_sandbox.audit.attacks.common import BEGIN, Render, py, scenario
+from bash_sandbox.audit.attacks.common import BEGIN, Render, judged_by, py, scenario
 from bash_sandbox.audit.checks import (
     Check,
     guards_unchanged,
@@ -227,7 +227,11 @@ def _config_rounds(rounds: int) -> list[scenarios.HostAction]:
         def act(env: AttackEnv, outcome: Outcome) -> None:
             git(env, env.ws, "config", f"audit.round{n}", f"value{n}", check=False)
             with open(os.path.join(env.ws, ".git", "config")) as fh:
-                outcome.notes.setdefault("configs", []).append(fh.read())
+                text = fh.read()
+            outcome.notes.setdefault("configs", []).append(text)
+            # One win is enough (git keeps the line from now on); the race is retried
+            # otherwise, since a round can be lost to timing.
+            outcome.notes["stop_acts"] = "config-lock" in text
 
         return act
 
@@ -251,7 +255,7 @@ def _lock_race() -> Attack:
     def build(env: AttackEnv, render: Render) -> dict[str, Any]:
         return {
             "command": render(BEGIN + py(LOCK_RACE)),
-            "acts": _config_rounds(4),
+            "acts": _config_rounds(12),
             "tries": 1,
             "act_timeout_s": 3,
             "timeout_ms": 30_000,
@@ -319,10 +323,6 @@ def _nested_finding(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Fin
     )
 
 
-async def _verify_nested(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
-    return _nested_finding(env, setup, outcome)
-
-
 def _nested() -> Attack:
     def build(env: AttackEnv, render: Render) -> dict[str, Any]:
         return {
@@ -340,7 +340,7 @@ def _nested() -> Attack:
         git="none",
         extra=_repo,
         modes=WORKSPACE_WRITE,
-        verify=_verify_nested,
+        verify=judged_by(_nested_finding),
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from bash_sandbox.audit import scenarios
 from bash_sandbox.audit.attacks.common import Render, scenario
 from bash_sandbox.audit.checks import verify_control
-from bash_sandbox.audit.model import Attack, AttackEnv, AttackSetup, Outcome
+from bash_sandbox.audit.model import READ_ONLY, Attack, AttackEnv, AttackSetup, Outcome
 
 # printf's octal escapes keep the command's own text free of control bytes.
 SEQUENCES = (
@@ -29,6 +29,8 @@ STDOUT_BYTES = (
 # Text that must stay visible once the control bytes are rendered harmless.
 VISIBLE = (b"52;c;QVVESVQtQ0xJUEJPQVJE", b"AUDIT-TITLE", b"[2J", b"[exit 0]", b"AUDIT-STDERR-TITLE")
 ALLOWED_CONTROLS = frozenset(b"\n\t")
+# The CLI renders output the same whatever the mode: one mode per backend keeps it fast.
+CLI_MODES = READ_ONLY
 
 
 def _run(env: AttackEnv, *, on_pty: bool) -> scenarios.Step:
@@ -87,6 +89,7 @@ ATTACKS: list[Attack] = [
         _on_pty,
         terminal_saw_no_controls,
         markers=("AUDIT-AFTER",),
+        modes=CLI_MODES,
     ),
 ]
 
@@ -98,5 +101,6 @@ CONTROLS: list[Attack] = [
         _on_pipe,
         verify=verify_control("AUDIT-AFTER", checks=[output_byte_exact]),
         kind="control",
+        modes=CLI_MODES,
     ),
 ]
