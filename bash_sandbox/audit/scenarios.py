@@ -24,7 +24,7 @@ import subprocess
 import sys
 import termios
 import tty
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from bash_sandbox.audit.drives import executor_config, spawn_helper
@@ -224,24 +224,45 @@ class _Reader:
         return self.update().count("TRY") >= times or not self.running()
 
 
+@contextlib.asynccontextmanager
+async def _started(
+    env: AttackEnv, setup: AttackSetup, outcome: Outcome
+) -> AsyncIterator[_Reader | None]:
+    """`start()` the setup's command on a fresh executor; afterwards kill it, wait for it
+    and keep what it printed and its facts. A refusal to start becomes ``outcome.error``
+    and yields None."""
+    ex = env.executor(**setup.executor_kwargs)
+    try:
+        proc = await ex.start(ex.resolve(env.request(setup.command, timeout_ms=setup.timeout_ms)))
+    except (SandboxUnavailableError, BashExecError) as exc:
+        outcome.error = exc
+        yield None
+        return
+    reader = _Reader(proc)
+    try:
+        yield reader
+    finally:
+        proc.kill()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 15)
+        outcome.texts.append(reader.update())
+        outcome.notes["facts"] = proc.sandbox
+        outcome.notes["status"] = proc.status
+
+
 async def while_running(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """`start()` the command; once it prints ``READY``, do each host act of
     ``data["acts"]`` and after each wait until the command printed ``data["tries"]`` more
     ``TRY`` lines (it tried again against what the host just did); then kill it. An act
     that sets ``notes["stop_acts"]`` ends the sequence early."""
     outcome = Outcome()
-    ex = env.executor(**setup.executor_kwargs)
     tries: int = setup.data.get("tries", 3)
-    try:
-        proc = await ex.start(ex.resolve(env.request(setup.command, timeout_ms=setup.timeout_ms)))
-    except (SandboxUnavailableError, BashExecError) as exc:
-        outcome.error = exc
-        return outcome
-    reader = _Reader(proc)
-    try:
+    acts: list[HostAction] = setup.data["acts"]
+    async with _started(env, setup, outcome) as reader:
+        if reader is None:
+            return outcome
         ready = await poll_until(lambda: "READY" in reader.update() or not reader.running(), 15)
         outcome.notes["ready"] = ready and "READY" in reader.text
-        acts: list[HostAction] = setup.data["acts"]
         for act in acts if outcome.notes["ready"] else []:
             wanted = reader.update().count("TRY") + tries
             await asyncio.to_thread(act, env, outcome)
@@ -250,13 +271,6 @@ async def while_running(env: AttackEnv, setup: AttackSetup) -> Outcome:
             await poll_until(
                 functools.partial(reader.tried, wanted), setup.data.get("act_timeout_s", 5)
             )
-    finally:
-        proc.kill()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), 15)
-        outcome.texts.append(reader.update())
-        outcome.notes["facts"] = proc.sandbox
-        outcome.notes["status"] = proc.status
     return outcome
 
 
@@ -264,23 +278,15 @@ async def serve_then_connect(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """`start()` the server command (it prints ``SERVING`` once it listens), then `run()`
     ``data["client"]`` on the same executor; the server is killed afterwards."""
     outcome = Outcome()
-    ex = env.executor(**setup.executor_kwargs)
-    try:
-        proc = await ex.start(ex.resolve(env.request(setup.command, timeout_ms=setup.timeout_ms)))
-    except (SandboxUnavailableError, BashExecError) as exc:
-        outcome.error = exc
-        return outcome
-    reader = _Reader(proc)
-    try:
+    async with _started(env, setup, outcome) as reader:
+        if reader is None:
+            return outcome
         await poll_until(lambda: "SERVING" in reader.update() or not reader.running(), 15)
         if "SERVING" in reader.text:
-            outcome.result = await ex.run(ex.resolve(env.request(setup.data["client"])))
-            outcome.results.append(outcome.result)
-    except (SandboxUnavailableError, BashExecError) as exc:
-        outcome.error = exc
-    finally:
-        proc.kill()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), 15)
-        outcome.texts.append(reader.update())
+            ex = env.executors[-1]
+            try:
+                outcome.result = await ex.run(ex.resolve(env.request(setup.data["client"])))
+                outcome.results.append(outcome.result)
+            except (SandboxUnavailableError, BashExecError) as exc:
+                outcome.error = exc
     return outcome

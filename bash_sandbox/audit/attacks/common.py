@@ -54,6 +54,9 @@ from bash_sandbox.audit.targets import (
 from policies import SandboxMode
 
 BEGIN = "echo AUDIT-BEGIN\n"
+# A premise renders its commands with this (paths and the premise's plain values).
+Render = Callable[[str], str]
+Build = Callable[[AttackEnv, Render], dict[str, Any]]
 
 # Prepended to every Python attack (bash_sandbox/audit/programs/prelude.py).
 PRELUDE = program_text("prelude.py")
@@ -76,8 +79,8 @@ def needs_python(env: AttackEnv) -> str | None:
     return None if env.python else "no python3 on this host to run the attack"
 
 
-def prepare_files(
-    template: str,
+def premise(
+    build: Build,
     *,
     git: str = "repo",
     python: bool = False,
@@ -86,10 +89,12 @@ def prepare_files(
     protected: bool = False,
     kwargs: dict[str, Any] | None = None,
 ) -> Callable[[AttackEnv], Awaitable[AttackSetup]]:
-    """Standard premise: the layout, guard snapshots, and the rendered command."""
+    """Standard premise: the layout, ``extra``'s host-side premise (its plain values fill
+    ``{{name}}`` placeholders), then ``build``'s drive data (``command``, ``steps``, ...)
+    with its commands rendered; the guarded areas are snapshotted last."""
 
     async def prepare(env: AttackEnv) -> AttackSetup:
-        if (python or "{{py}}" in template) and (why := needs_python(env)):
+        if python and (why := needs_python(env)):
             return AttackSetup(skip=why)
         secrets = build_layout(env, git=git)
         values: dict[str, Any] = extra(env) if extra is not None else {}
@@ -104,17 +109,45 @@ def prepare_files(
             holes = placeholders(env.ws)
         guards.update(values.pop("guards", {}))
         executor_kwargs.update(values.pop("executor_kwargs", {}))
-        rendered = env.render(BEGIN + template, template_values(values))
-        data: dict[str, Any] = {
-            "guards": guards,
-            "before": take(guards),
-            "secrets": secrets,
-            "placeholders": holes,
-            **values,
-        }
-        return AttackSetup(command=rendered, data=data, executor_kwargs=executor_kwargs)
+        plain = template_values(values)
+
+        def render(template: str) -> str:
+            return env.render(template, plain)
+
+        data: dict[str, Any] = {"guards": guards, "secrets": secrets, "placeholders": holes}
+        data.update(values)
+        data.update(build(env, render))
+        data["before"] = take(guards)
+        return AttackSetup(
+            command=str(data.pop("command", "")),
+            data=data,
+            executor_kwargs=executor_kwargs,
+            timeout_ms=int(data.get("timeout_ms", 15_000)),
+        )
 
     return prepare
+
+
+def prepare_files(
+    template: str,
+    *,
+    git: str = "repo",
+    python: bool = False,
+    workspace_guard: bool | None = None,
+    extra: Callable[[AttackEnv], dict[str, Any]] | None = None,
+    protected: bool = False,
+    kwargs: dict[str, Any] | None = None,
+) -> Callable[[AttackEnv], Awaitable[AttackSetup]]:
+    """The premise of a one-command attack: ``template`` (after the start marker)."""
+    return premise(
+        lambda env, render: {"command": render(BEGIN + template)},
+        git=git,
+        python=python or "{{py}}" in template,
+        workspace_guard=workspace_guard,
+        extra=extra,
+        protected=protected,
+        kwargs=kwargs,
+    )
 
 
 def attack(
@@ -270,9 +303,6 @@ def control(
 
 # -- scenarios: several steps (confined runs, CLI calls, host actions) -----------------------
 
-Render = Callable[[str], str]
-Build = Callable[[AttackEnv, Render], dict[str, Any]]
-
 
 def scenario(
     id: str,
@@ -298,32 +328,9 @@ def scenario(
     ``acts`` for `scenarios.while_running`) with its commands rendered. The guarded areas
     are snapshotted last, once the premise is complete."""
 
-    async def prepare(env: AttackEnv) -> AttackSetup:
-        if python and (why := needs_python(env)):
-            return AttackSetup(skip=why)
-        secrets = build_layout(env, git=git)
-        values: dict[str, Any] = extra(env) if extra is not None else {}
-        if "skip" in values:
-            return AttackSetup(skip=str(values["skip"]))
-        guards = guard_paths(env, workspace=workspace_guard)
-        guards.update(values.pop("guards", {}))
-        executor_kwargs = dict(kwargs or {})
-        executor_kwargs.update(values.pop("executor_kwargs", {}))
-        plain = template_values(values)
-
-        def render(template: str) -> str:
-            return env.render(template, plain)
-
-        data: dict[str, Any] = {"guards": guards, "secrets": secrets, **values}
-        data.update(build(env, render))
-        data["before"] = take(guards)
-        command = str(data.pop("command", ""))
-        return AttackSetup(
-            command=command,
-            data=data,
-            executor_kwargs=executor_kwargs,
-            timeout_ms=int(data.get("timeout_ms", 15_000)),
-        )
+    prepare = premise(
+        build, git=git, python=python, workspace_guard=workspace_guard, extra=extra, kwargs=kwargs
+    )
 
     return Attack(
         id=id,
