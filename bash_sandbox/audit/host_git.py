@@ -60,14 +60,22 @@ def git(
 
 
 def init_repo(env: AttackEnv, path: str, *, commit: bool = True) -> None:
-    """A repository on branch ``main`` with one commit (``README``)."""
+    """A repository on branch ``main`` with one commit (``README``) and an identity."""
     os.makedirs(path, exist_ok=True)
     git(env, path, "init", "-q", "-b", "main")
+    set_identity(env, path)
     if commit:
         with open(os.path.join(path, "README"), "w") as fh:
             fh.write("audit repository\n")
         git(env, path, "add", "README")
         git(env, path, "commit", "-q", "-m", "initial")
+
+
+def set_identity(env: AttackEnv, path: str) -> None:
+    """A committer identity in the repository's own config: confined git commands must not
+    depend on the user's global config (an unprivileged audit has none)."""
+    git(env, path, "config", "user.name", "audit")
+    git(env, path, "config", "user.email", "audit@example.invalid")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,14 @@ from bash_sandbox.audit.checks import (
     verify_attack,
     verify_control,
 )
-from bash_sandbox.audit.host_git import Payload, git, git_available, init_repo, make_payload
+from bash_sandbox.audit.host_git import (
+    Payload,
+    git,
+    git_available,
+    init_repo,
+    make_payload,
+    set_identity,
+)
 from bash_sandbox.audit.layout import VICTIM_TEXT
 from bash_sandbox.audit.model import (
     WORKSPACE_WRITE,
@@ -500,6 +507,7 @@ def _submodule_workspace(env: AttackEnv) -> dict[str, Any]:
     with _layout_moved_aside(env):
         git(env, env.root, "submodule", "add", "-q", origin, "ws")
         git(env, env.root, "commit", "-q", "-m", "add the workspace as a submodule")
+        set_identity(env, env.ws)
     return {}
 
 
