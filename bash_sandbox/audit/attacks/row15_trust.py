@@ -15,14 +15,25 @@ from typing import Any
 
 from bash_sandbox.audit import scenarios
 from bash_sandbox.audit.attacks.common import BEGIN, FILES, Render, scenario
-from bash_sandbox.audit.checks import Check, host_paths_absent
+from bash_sandbox.audit.checks import (
+    Check,
+    guards_unchanged,
+    host_paths_absent,
+    shorten,
+    verify_attack,
+)
 from bash_sandbox.audit.layout import VICTIM_TEXT
 from bash_sandbox.audit.model import (
     WORKSPACE_WRITE,
     Attack,
     AttackEnv,
     AttackSetup,
+    Finding,
     Outcome,
+    Verify,
+    audit_error,
+    contained,
+    escaped,
 )
 from policies import JsonlSessionLog, set_sandbox_mode
 
@@ -200,6 +211,31 @@ def _state_commands(env: AttackEnv, render: Render) -> dict[str, Any]:
 
 TRUSTED_ABSENT: Check = host_paths_absent("trusted")
 
+
+def refused_or(inner: Verify) -> Verify:
+    """An executor that refuses to run with its state inside a writable root (raising
+    `SandboxUnavailableError` before anything runs) contains the attack too, provided the
+    host is unchanged; otherwise ``inner`` judges what ran."""
+
+    async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
+        raised: list[str] = outcome.notes.get("raised", [])
+        if raised and not outcome.results:
+            if not all(r.startswith("SandboxUnavailableError") for r in raised):
+                return audit_error("the executor failed", [shorten(env, raised[0])[:300]])
+            evidence = [
+                *guards_unchanged(env, setup, outcome),
+                *TRUSTED_ABSENT(env, setup, outcome),
+            ]
+            if evidence:
+                return escaped(evidence[0], [shorten(env, e) for e in evidence])
+            return contained(shorten(env, "refused: " + raised[0].split(": ", 1)[-1])[:110])
+        return await inner(env, setup, outcome)
+
+    return verify
+
+
+STATE_VERIFY = refused_or(verify_attack(*FILES, TRUSTED_ABSENT))
+
 ATTACKS: list[Attack] = [
     scenario(
         "row15-planted-pyproject",
@@ -246,10 +282,9 @@ ATTACKS: list[Attack] = [
         "TMPDIR inside the workspace: plant symlinks in the executor's state (private tmp, "
         "placeholder sources), then write /tmp and $TMPDIR",
         _state_commands,
-        *FILES,
-        TRUSTED_ABSENT,
         extra=_state_premise("workspace"),
         drive=scenarios.in_own_process,
+        verify=STATE_VERIFY,
         modes=WORKSPACE_WRITE,
     ),
     scenario(
@@ -258,10 +293,9 @@ ATTACKS: list[Attack] = [
         "the executor's temp dir is a writable root (like writable_roots=['/tmp']): plant "
         "symlinks in its state, then write /tmp and $TMPDIR",
         _state_commands,
-        *FILES,
-        TRUSTED_ABSENT,
         extra=_state_premise("writable-root"),
         drive=scenarios.in_own_process,
+        verify=STATE_VERIFY,
         modes=WORKSPACE_WRITE,
     ),
 ]

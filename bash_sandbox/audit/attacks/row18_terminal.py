@@ -4,8 +4,8 @@ The real `bash-sandbox run` runs in a subprocess whose stdout and stderr are a f
 pseudo-terminal (raw, so the line discipline adds nothing); the command prints an OSC 52
 clipboard write, an OSC 0 title, a screen clear and a fake ``[exit 0]`` line after a
 carriage return. The bytes the terminal received are read from its master side: no ESC,
-BEL, CR or other control byte (newline and tab aside) may arrive, and the sequences must
-still be visible as text. With stdout a pipe, the output must stay byte-exact.
+BEL, lone CR or other control byte (newline, CR LF and tab aside) may arrive, and the
+sequences must still be visible as text. With stdout a pipe, the output must stay byte-exact.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def _run(env: AttackEnv, *, on_pty: bool) -> scenarios.Step:
 
 def terminal_saw_no_controls(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
     received: bytes = outcome.notes["cli"][0]["stdout"]
+    # CR LF is a line ending (what the tty itself sends for a newline); a lone CR is not.
+    received = received.replace(b"\r\n", b"\n")
     controls = sorted(
         {b for b in received if (b < 0x20 and b not in ALLOWED_CONTROLS) or b == 0x7F}
     )
