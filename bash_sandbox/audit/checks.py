@@ -130,6 +130,8 @@ def why_contained(env: AttackEnv, outcome: Outcome) -> str:
 
 def _partial(outcome: Outcome) -> bool:
     facts = outcome.result.sandbox if outcome.result is not None else None
+    if facts is None:  # a background command's facts (stamped on its handle)
+        facts = outcome.notes.get("facts")
     return facts is not None and facts.enforcement is not None and facts.enforcement == "partial"
 
 

@@ -1,7 +1,8 @@
 """`bash-sandbox audit`: the CLI entry point (`audit_main`) and its arguments.
 
 The CLI module wires `add_audit_arguments` and `audit_main` into its `audit` subcommand;
-everything else (running, cleaning up, rendering) lives in the rest of this package.
+everything else (running, cleaning up, rendering) lives in the rest of this package and is
+imported only when the audit runs, so building the CLI's parser never loads the catalog.
 Exit status: 0 when nothing escaped and every control works, 1 otherwise, 2 for a usage
 error, 130/143 when interrupted (after everything the audit started was removed).
 """
@@ -12,11 +13,13 @@ import argparse
 import asyncio
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from bash_sandbox.audit.model import CONFINED_MODES, LINUX_BACKENDS
-from bash_sandbox.audit.report import render_json, render_table
-from bash_sandbox.audit.runner import AuditReport, run_audit, select
 from policies import SandboxMode
+
+if TYPE_CHECKING:
+    from bash_sandbox.audit.runner import AuditReport
 
 EXIT_USAGE = 2
 
@@ -52,6 +55,8 @@ class _Terminated(Exception):
 
 
 async def _audit(backends: list[str], modes: list[SandboxMode], globs: list[str]) -> AuditReport:
+    from bash_sandbox.audit.runner import run_audit, select
+
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -97,6 +102,10 @@ def audit_main(args: argparse.Namespace) -> int:
             "bash-sandbox audit: the Linux backends can only be audited on Linux", file=sys.stderr
         )
         return EXIT_USAGE
+    # The catalog is imported only now: `bash-sandbox run` builds this parser too.
+    from bash_sandbox.audit.report import render_json, render_table
+    from bash_sandbox.audit.runner import select
+
     if not select(globs):
         print(f"bash-sandbox audit: no attack matches {globs}", file=sys.stderr)
         return EXIT_USAGE

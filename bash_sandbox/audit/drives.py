@@ -18,7 +18,9 @@ import signal
 import sys
 from typing import Any
 
+from bash_local import LocalBashExecutor
 from bash_sandbox.audit.model import TOKEN_VARIABLE, AttackEnv, AttackSetup, Drive, Outcome
+from bash_sandbox.audit.programs import program_text
 from bash_sandbox.audit.targets import TaggedProcess, find_tagged, pid_alive
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_seam import AbortController, BashExecError
@@ -131,30 +133,18 @@ def lifetime(trigger: str) -> Drive:
     return drive
 
 
-# A child process that owns an executor, starts the daemonising command in the background and
-# then idles until the audit SIGKILLs it: nothing of it may survive its executor.
-_EXECUTOR_HOLDER = r"""
-import asyncio, json, sys
-from bash_sandbox import SandboxBashExecutor
-from bash_seam import BashExecRequest
-cfg = json.loads(sys.argv[1])
-async def main():
-    ex = SandboxBashExecutor(**cfg["executor"])
-    proc = await ex.start(ex.resolve(BashExecRequest(command=cfg["command"], env=cfg["env"])))
-    print("STARTED", proc.id, flush=True)
-    await asyncio.sleep(600)
-asyncio.run(main())
-"""
-
-
-async def _spawn_helper(
+async def spawn_helper(
     env: AttackEnv,
     source: str,
     config: dict[str, Any],
+    process_env: dict[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
+    """A Python helper process (``source`` run with ``config`` as JSON), killed by pid at
+    cleanup; ``process_env`` is laid over the audit's own environment."""
     helper_env = dict(os.environ)
     helper_env["TMPDIR"] = env.path("helper-tmp")
     os.makedirs(helper_env["TMPDIR"], exist_ok=True)
+    helper_env.update(process_env or {})
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -176,7 +166,7 @@ async def _spawn_helper(
     return proc
 
 
-def _executor_config(env: AttackEnv, setup: AttackSetup) -> dict[str, Any]:
+def executor_config(env: AttackEnv, setup: AttackSetup) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "backend": env.backend,
         "mode": env.mode.value,
@@ -192,11 +182,11 @@ def _executor_config(env: AttackEnv, setup: AttackSetup) -> dict[str, Any]:
 async def executor_sigkilled(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """SIGKILL (by pid) a child process that owns the executor while the command runs."""
     outcome = Outcome()
-    helper = await _spawn_helper(
+    helper = await spawn_helper(
         env,
-        _EXECUTOR_HOLDER,
+        program_text("executor_holder.py"),
         {
-            "executor": _executor_config(env, setup),
+            "executor": executor_config(env, setup),
             "command": setup.command,
             "env": {TOKEN_VARIABLE: env.token},
         },
@@ -218,85 +208,15 @@ async def executor_sigkilled(env: AttackEnv, setup: AttackSetup) -> Outcome:
 
 # -- memory: measured in a child process so concurrent attacks do not blur its peak --------
 
-_MEASURED_RUN = r"""
-import asyncio, hashlib, json, os, sys
-from bash_sandbox import SandboxBashExecutor
-from bash_seam import BashExecRequest
-
-def kib(name):
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(name + ":"):
-                return int(line.split()[1])
-    return 0
-
-def spill_facts(path):
-    if not path:
-        return None
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-            size += len(chunk)
-    st = os.stat(path)
-    parent = os.stat(os.path.dirname(path))
-    return {"path": path, "size": size, "sha256": h.hexdigest(), "mode": st.st_mode & 0o777,
-            "dir_mode": parent.st_mode & 0o777}
-
-def reset_peak():
-    # Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-cfg = json.loads(sys.argv[1])
-async def main():
-    ex = SandboxBashExecutor(**cfg["executor"])
-    request = BashExecRequest(command=cfg["command"], env=cfg["env"], timeout_ms=cfg["timeout_ms"])
-    out = {"reset": reset_peak(), "rss_before": kib("VmRSS")}
-    if cfg["background"]:
-        proc = await ex.start(ex.resolve(request))
-        await proc.wait()
-        out["hwm_collect"] = kib("VmHWM")
-        reset_peak()
-        out["rss_before_read"] = kib("VmRSS")
-        read = proc.read_output()
-        out["read_chars"] = len(read.delta)
-        del read
-        out["hwm_after"] = kib("VmHWM")
-        out["status"] = proc.status
-        await ex.aclose()
-    else:
-        r = await ex.run(ex.resolve(request))
-        out["hwm_after"] = kib("VmHWM")
-        out.update(exit_code=r.exit_code, signal=r.signal, timed_out=r.timed_out,
-                   stdout_chars=len(r.stdout.text), stdout_truncated=r.stdout.truncated,
-                   stderr_chars=len(r.stderr.text), stderr_truncated=r.stderr.truncated,
-                   stdout_tail=r.stdout.text[-200:], stderr_tail=r.stderr.text[-200:],
-                   stdout_spill=spill_facts(r.stdout.spill_path),
-                   stderr_spill=spill_facts(r.stderr.spill_path),
-                   spill_dir=ex.spill_directory)
-        await ex.aclose()
-        for p in (r.stdout.spill_path, r.stderr.spill_path):
-            if p:
-                os.unlink(p)  # the audit keeps disk use bounded too
-    print(json.dumps(out), flush=True)
-asyncio.run(main())
-"""
-
 
 async def measured(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """Run (or start + read) in a child process that reports its own peak RSS and the spill."""
     outcome = Outcome()
-    helper = await _spawn_helper(
+    helper = await spawn_helper(
         env,
-        _MEASURED_RUN,
+        program_text("measured_run.py"),
         {
-            "executor": _executor_config(env, setup),
+            "executor": executor_config(env, setup),
             "command": setup.command,
             "env": {TOKEN_VARIABLE: env.token},
             "timeout_ms": setup.timeout_ms,
@@ -321,8 +241,17 @@ async def measured(env: AttackEnv, setup: AttackSetup) -> Outcome:
 
 async def two_runs(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """Run ``data["first"]`` (which spills), then the setup's command rendered with the spill
-    path, in the same executor or, with ``data["fresh_executor"]``, in another one."""
-    first_ex = env.executor(max_output_bytes=1024, **setup.executor_kwargs)
+    path, in the same executor or, with ``data["fresh_executor"]``, in another one.
+
+    ``data["first_kind"] == "local"`` makes the first executor a `LocalBashExecutor` (the
+    second is then always another one); ``data["first_kwargs"]`` configures the first."""
+    first_kwargs: dict[str, Any] = dict(setup.data.get("first_kwargs", {}))
+    local = setup.data.get("first_kind") == "local"
+    first_ex: LocalBashExecutor = (
+        LocalBashExecutor(max_output_bytes=1024, cwd=env.ws, **first_kwargs)
+        if local
+        else env.executor(max_output_bytes=1024, **setup.executor_kwargs, **first_kwargs)
+    )
     outcome = Outcome()
     try:
         first = await first_ex.run(first_ex.resolve(env.request(setup.data["first"])))
@@ -332,7 +261,7 @@ async def two_runs(env: AttackEnv, setup: AttackSetup) -> Outcome:
         if spill is None:
             return outcome
         second_ex = first_ex
-        if setup.data.get("fresh_executor"):
+        if setup.data.get("fresh_executor") or local:
             second_ex = env.executor(**setup.executor_kwargs)
         command = env.render(
             setup.command,
@@ -349,79 +278,21 @@ async def two_runs(env: AttackEnv, setup: AttackSetup) -> Outcome:
     finally:
         for ex in env.executors:
             await ex.aclose()
+        if local:
+            await first_ex.aclose()
     return outcome
 
 
 # -- runners: a tampered runner runs in a copy-on-write view of the host ----------------------
-
-# Enters a private mount namespace, mounts an overlay of / whose writes land in an upper dir
-# under the audit's own directory, binds the other mounts, chroots into it and then (maybe as
-# an ordinary user) asks an executor with the operator runner to run the command.
-_OVERLAY_RUNNER = r"""
-import ctypes, json, os, sys
-cfg = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-def check(r, what):
-    if r != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, what + ": " + os.strerror(e))
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-if cfg["overlay"]:
-    check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
-    check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
-    upper, work, merged = cfg["upper"], cfg["work"], cfg["merged"]
-    opts = ("lowerdir=/,upperdir=%s,workdir=%s" % (upper, work)).encode()
-    check(libc.mount(b"overlay", merged.encode(), b"overlay", 0, opts), "mount overlay")
-    mounts = {}
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            f = line.split()
-            mounts[f[0]] = (f[1], f[4])
-    root_id = next(i for i, (_, mp) in mounts.items() if mp == "/")
-    for mid, (parent, mp) in mounts.items():
-        if parent == root_id and mp != "/" and not mp.startswith(merged):
-            target = merged + mp
-            if os.path.isdir(mp) and os.path.isdir(target):
-                check(libc.mount(mp.encode(), target.encode(), None, MS_BIND | MS_REC, None),
-                      "bind " + mp)
-    os.chroot(merged)
-    os.chdir("/")
-import asyncio
-from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
-from bash_seam import BashExecRequest
-if cfg.get("uid") is not None:
-    for path in cfg["open_up"]:
-        os.chmod(path, 0o777 if path in cfg["writable"] else 0o755)
-    os.environ["TMPDIR"] = cfg["tmpdir"]
-    import tempfile
-    tempfile.tempdir = cfg["tmpdir"]
-    os.setgroups([])
-    os.setgid(cfg["uid"])
-    os.setuid(cfg["uid"])
-async def main():
-    out = {"uid": os.getuid()}
-    ex = SandboxBashExecutor(**cfg["executor"])
-    try:
-        r = await ex.run(ex.resolve(BashExecRequest(command=cfg["command"])))
-        out.update(exit_code=r.exit_code, stdout=r.stdout.text[-500:], stderr=r.stderr.text[-500:])
-    except SandboxUnavailableError as exc:
-        out["raised"] = "SandboxUnavailableError: " + exc.detail
-    except Exception as exc:
-        out["raised"] = type(exc).__name__ + ": " + str(exc)
-    finally:
-        await ex.aclose()
-    print(json.dumps(out), flush=True)
-asyncio.run(main())
-"""
 
 
 async def overlay_runner(env: AttackEnv, setup: AttackSetup) -> Outcome:
     """Run the setup's command through its runner inside a copy-on-write host view."""
     outcome = Outcome()
     config = dict(setup.data["overlay_config"])
-    config["executor"] = _executor_config(env, setup)
+    config["executor"] = executor_config(env, setup)
     config["command"] = setup.command
-    helper = await _spawn_helper(env, _OVERLAY_RUNNER, config)
+    helper = await spawn_helper(env, program_text("overlay_runner.py"), config)
     try:
         stdout, stderr = await asyncio.wait_for(helper.communicate(), 60)
     except TimeoutError:

@@ -16,12 +16,15 @@ import re
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from bash_sandbox.audit.targets import Cleanup
 from bash_sandbox.executor import SandboxBashExecutor
 from bash_seam import AbortSignal, BashExecRequest, BashRunResult
 from policies import NetworkMode, SandboxMode
+
+if TYPE_CHECKING:
+    # Only an annotation here: the CLI imports this module to build its parser.
+    from bash_sandbox.audit.targets import Cleanup
 
 # The variable every audited command carries, so a survivor can be found (and killed) by it.
 TOKEN_VARIABLE = "BASH_SANDBOX_AUDIT_RUN"  # noqa: S105 - a variable name, no secret
@@ -92,12 +95,14 @@ class AttackSetup:
 
 @dataclass
 class Outcome:
-    """What the drive observed. ``error`` is an exception `run()`/`start()` raised."""
+    """What the drive observed. ``error`` is an exception `run()`/`start()` raised;
+    ``texts`` is other output the host saw (a CLI's stdout, a background command's reads)."""
 
     result: BashRunResult | None = None
     error: BaseException | None = None
     results: list[BashRunResult] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
+    texts: list[str] = field(default_factory=list)
 
     @property
     def stdout(self) -> str:
@@ -112,6 +117,7 @@ class Outcome:
         if self.result is not None and self.result not in self.results:
             parts.append(self.stdout + self.stderr)
         parts.append(str(self.notes.get("helper_output", "")))
+        parts += self.texts
         return "\n".join(parts)
 
 

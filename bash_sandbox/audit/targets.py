@@ -25,6 +25,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from bash_sandbox.audit.programs import program_text
+
 log = logging.getLogger("bash_sandbox.audit")
 
 # -- cleanup ------------------------------------------------------------------------------------
@@ -156,41 +158,6 @@ def snapshot_diff(before: Snapshot, after: Snapshot, label: str) -> list[str]:
 
 # -- processes ---------------------------------------------------------------------------------
 
-# A victim that reports, from outside the sandbox, what was done to it: signals received,
-# being traced, its memory canary changed. It dies with the audit (PDEATHSIG).
-VICTIM_SOURCE = r"""
-import ctypes, os, signal, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-libc.prctl(1, signal.SIGKILL, 0, 0, 0)
-if os.getppid() != int(sys.argv[2]):
-    sys.exit(0)
-status_path, held_path = sys.argv[1], sys.argv[3]
-canary = ctypes.create_string_buffer(os.environ["VICTIM_MEMORY"].encode(), 64)
-original = canary.raw
-held = os.open(held_path, os.O_RDONLY)
-
-def log(line):
-    with open(status_path, "a") as fh:
-        fh.write(line + "\n")
-
-def on_signal(signum, frame):
-    log("SIGNAL %d" % signum)
-
-for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2,
-          signal.SIGCONT, signal.SIGALRM, signal.SIGQUIT):
-    signal.signal(s, on_signal)
-log("READY %d %d %d %d" % (os.getpid(), ctypes.addressof(canary), len(original), held))
-while True:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("TracerPid:") and line.split()[1] != "0":
-                log("TRACED " + line.split()[1])
-    if canary.raw != original:
-        log("MEMORY-CHANGED")
-        original = canary.raw
-    time.sleep(0.01)
-"""
-
 
 @dataclass
 class Victim:
@@ -249,7 +216,7 @@ def _spawn_victim(
     # Forked on the event-loop thread (fork+exec, no waiting): the victim's PDEATHSIG follows
     # the thread that forked it, and this one lives as long as the audit.
     return subprocess.Popen(
-        [python, "-c", VICTIM_SOURCE, status_path, str(os.getpid()), held_path],
+        [python, "-c", program_text("victim.py"), status_path, str(os.getpid()), held_path],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -399,7 +366,8 @@ class CountingServer:
         self._thread.start()
 
     def _serve(self) -> None:
-        stream = self.sock.type == socket.SOCK_STREAM
+        # Connection-oriented sockets count accepted connections, the others datagrams.
+        stream = self.sock.type in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET)
         while not self._stop.is_set():
             try:
                 if stream:
@@ -431,7 +399,7 @@ def start_server(
     sock = socket.socket(family, kind)
     try:
         sock.bind(address)
-        if kind == socket.SOCK_STREAM:
+        if kind in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET):
             sock.listen(16)
     except OSError:
         sock.close()
