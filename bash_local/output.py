@@ -55,8 +55,12 @@ class SpillDirectory:
                 parent = default_spill_parent()
             else:
                 register_spill_parent(parent)
-            # mkdtemp creates the directory 0700 with an unpredictable name.
-            self._path = tempfile.mkdtemp(prefix="bash-local-spill-", dir=parent)
+            # mkdtemp creates the directory with an unpredictable name; 0300 (write and
+            # search, no read) so nothing of this uid can list it: a spill file is reachable
+            # only by the exact, unguessable path the result names.
+            path = tempfile.mkdtemp(prefix="bash-local-spill-", dir=parent)
+            os.chmod(path, 0o300)
+            self._path = path
         return self._path
 
     def remove_if_empty(self) -> None:

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import itertools
 import os
+import re
 import socket
 import time
 import weakref
@@ -24,6 +25,7 @@ from typing import Any, ClassVar
 from bash_local.config import LocalBashConfig
 from bash_local.environment import build_command_env
 from bash_local.executor import LocalBashExecutor
+from bash_local.output import OutputListener
 from bash_local.spawn import SpawnPlan
 from bash_sandbox.backends.base import (
     BackendContext,
@@ -51,6 +53,7 @@ from bash_sandbox.facts import (
 )
 from bash_sandbox.git_plane import (
     MergeReport,
+    config_path_targets,
     discover_gitdirs,
     merge_back,
     new_repositories,
@@ -72,14 +75,26 @@ from bash_sandbox.tool_env import confined_environment, tool_cache_home
 from bash_seam import (
     BashExecRequest,
     BashExecSpec,
+    BashRunResult,
     SandboxDenial,
     SandboxFacts,
     WorkdirError,
 )
-from policies import LimitExceeded, NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
+from policies import (
+    LimitExceeded,
+    NetworkMode,
+    SandboxEnforcement,
+    SandboxMode,
+    SandboxPolicy,
+    host_secrets,
+)
 from policies.service import SandboxPolicyService
 
 MAX_DENIALS = 16
+# bwrap's own words when a mount point or source it was given no longer exists.
+_VANISHED = re.compile(
+    r"^bwrap: Can't (mkdir|mkdir parents for|get type of source|find source path) ", re.M
+)
 
 
 @dataclass
@@ -246,6 +261,19 @@ class SandboxBashExecutor(LocalBashExecutor):
         root = self.config.workspace_root or spec.workdir
         return self._with_config(self._service.resolve(cwd=root))
 
+    async def run(
+        self, spec: BashExecSpec, *, on_output: OutputListener | None = None
+    ) -> BashRunResult:
+        try:
+            return await super().run(spec, on_output=on_output)
+        except SandboxUnavailableError as exc:
+            # A directory the view covers vanished between inspecting the host and bwrap
+            # mounting it (another executor's spill dir removed meanwhile): nothing ran;
+            # look at the host again, once.
+            if not _VANISHED.search(exc.detail):
+                raise
+            return await super().run(spec, on_output=on_output)
+
     # -- prepare: probes and namespaces, off the event loop ------------------------------
 
     async def _prepare(self, spec: BashExecSpec) -> None:
@@ -316,8 +344,21 @@ class SandboxBashExecutor(LocalBashExecutor):
             covers.append(path)
         if protected.symlinked:
             partial.append("a protected name is a symlink inside a writable root")
-        denied = (*policy.deny_read, *hidden)
-        shadows, deny_dirs, deny_files = inspect_shadows(denied, roots)
+        # Hooks paths and included configs inside a root run or configure the host's git.
+        for path, is_dir in self._git_config_targets(gitdirs, roots):
+            if os.path.lexists(path):
+                covers.append(os.path.realpath(path))
+            elif self._placeholders.acquire(path, is_dir):
+                held.append(path)
+                covers.append(path)
+        # The host's own secrets stay hidden whatever the policy's deny_read says.
+        shadows, deny_dirs, deny_files = inspect_shadows(
+            (*policy.deny_read, *host_secrets()), roots
+        )
+        # The executor's private paths are its own directories: covered, never shadowed.
+        for path in hidden:
+            if os.path.isdir(path) and not os.path.islink(path):
+                deny_dirs = (*deny_dirs, path)
         deny_dirs = tuple(p for p in deny_dirs if visible(p, tops, private_tmp))
         deny_files = tuple(p for p in deny_files if visible(p, tops, private_tmp))
         shadows = tuple(s for s in shadows if visible(s.directory, tops, private_tmp))
@@ -333,6 +374,25 @@ class SandboxBashExecutor(LocalBashExecutor):
             partial=tuple(partial),
         )
         return view, tuple(held)
+
+    @staticmethod
+    def _git_config_targets(
+        gitdirs: tuple[str, ...], roots: tuple[str, ...]
+    ) -> list[tuple[str, bool]]:
+        """`core.hooksPath` and `include`/`includeIf` targets inside a writable root, with
+        whether each is a directory (hooks) or a file (a config)."""
+        home = os.path.expanduser("~")
+        found: dict[str, bool] = {}
+        for gitdir in gitdirs:
+            worktree = os.path.dirname(gitdir)
+            hooks, includes = config_path_targets(gitdir, worktree, home)
+            for path in hooks:
+                if within_any(os.path.realpath(path), roots):
+                    found.setdefault(path, True)
+            for path in includes:
+                if within_any(os.path.realpath(path), roots):
+                    found.setdefault(path, False)
+        return list(found.items())
 
     def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:
         policy = self._policy_of(spec)
@@ -469,7 +529,13 @@ class SandboxBashExecutor(LocalBashExecutor):
             dirs.append(identity(self._state.private_tmpdir))
         sockets = [identity(p) for p in policy.allow_unix_sockets if not p.startswith("@")]
         names = [p[1:].encode() for p in policy.allow_unix_sockets if p.startswith("@")]
-        private = spawn.backend is not None and spawn.backend.network_namespace != "none"
+        # Loopback and abstract names are the command's own only in the executor's private
+        # network namespace; under the host network they are the host's.
+        private = (
+            policy.network is NetworkMode.ISOLATED
+            and spawn.backend is not None
+            and spawn.backend.network_namespace != "none"
+        )
         return ConnectPolicy(
             isolated=policy.network is NetworkMode.ISOLATED,
             private_loopback=private,

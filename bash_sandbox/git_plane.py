@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from bash_sandbox.backends.mount_plan import GitOverlay, within, within_any
+from bash_sandbox.backends.mount_plan import GitOverlay, within
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 from policies import SandboxPolicy
 
@@ -122,8 +122,10 @@ def read_gitfile(path: str) -> str | None:
 
 def discover_gitdirs(policy: SandboxPolicy) -> tuple[str, ...]:
     """Git directories whose control plane a command could reach through a writable root:
-    each root's `.git` directory, or the directory its `.git` file points at (and that
-    directory's common dir), when it lies inside a writable root."""
+    each root's `.git` directory; for a root whose `.git` is a file (a linked worktree, a
+    submodule checkout), the directory it points at and that directory's common dir,
+    wherever they are: committing from the root writes there, and the overlay is what makes
+    that safe (only git's own state is copied back)."""
     roots = policy.all_writable_roots()
     found: dict[str, None] = {}
     for root in roots:
@@ -134,17 +136,16 @@ def discover_gitdirs(policy: SandboxPolicy) -> tuple[str, ...]:
             target = read_gitfile(dotgit)
             if target is None or not os.path.isdir(target):
                 continue
-            candidates = [target]
+            found.setdefault(target, None)
             common = _read_small(os.path.join(target, "commondir"))
             if common is not None:
-                candidates.append(os.path.realpath(os.path.join(target, common.strip())))
-            for gitdir in candidates:
-                if within_any(gitdir, roots) and os.path.isdir(gitdir):
-                    found.setdefault(gitdir, None)
-    # An overlay inside another overlay's git dir (a worktree's gitdir) is already covered.
-    dirs = sorted(found, key=lambda p: (p.count("/"), p))
+                main = os.path.realpath(os.path.join(target, common.strip()))
+                if os.path.isdir(main):
+                    found.setdefault(main, None)
+    # A git dir inside another one (a worktree's gitdir below the common dir) is covered
+    # by the outer overlay.
     kept: list[str] = []
-    for d in dirs:
+    for d in sorted(found, key=lambda p: (p.count("/"), p)):
         if not any(within(d, k) for k in kept):
             kept.append(d)
     return tuple(kept)
@@ -207,10 +208,13 @@ def _config_values(text: str) -> Iterator[tuple[str, str]]:
         yield f"{section}.{match.group(1).lower()}", value
 
 
-def config_path_targets(gitdir: str, worktree: str, home: str) -> tuple[str, ...]:
-    """Absolute targets of `core.hooksPath`, `include.path` and `includeIf.*.path` in the
-    configs git reads for this repository (system, global, local, worktree), following
-    includes. Relative hooks paths are relative to the worktree, includes to their file."""
+def config_path_targets(
+    gitdir: str, worktree: str, home: str
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(hooks directories, included config files): the targets of `core.hooksPath` and of
+    `include.path`/`includeIf.*.path` in the configs git reads for this repository (system,
+    global, local, worktree), following includes. Relative hooks paths are relative to the
+    worktree, includes to the file that includes them."""
     configs = [
         "/etc/gitconfig",
         os.path.join(home, ".gitconfig"),
@@ -220,7 +224,8 @@ def config_path_targets(gitdir: str, worktree: str, home: str) -> tuple[str, ...
         os.path.join(gitdir, "config"),
         os.path.join(gitdir, "config.worktree"),
     ]
-    targets: dict[str, None] = {}
+    hooks: dict[str, None] = {}
+    includes: dict[str, None] = {}
     seen: set[str] = set()
     queue = list(configs)
     while queue and len(seen) < 32:
@@ -237,7 +242,7 @@ def config_path_targets(gitdir: str, worktree: str, home: str) -> tuple[str, ...
             expanded = os.path.expanduser(value) if value.startswith("~") else value
             if key == "core.hookspath":
                 full = expanded if os.path.isabs(expanded) else os.path.join(worktree, expanded)
-                targets.setdefault(os.path.normpath(full), None)
+                hooks.setdefault(os.path.normpath(full), None)
             elif key.startswith("include") and key.endswith(".path"):
                 full = (
                     expanded
@@ -245,9 +250,9 @@ def config_path_targets(gitdir: str, worktree: str, home: str) -> tuple[str, ...
                     else os.path.join(os.path.dirname(path), expanded)
                 )
                 full = os.path.normpath(full)
-                targets.setdefault(full, None)
+                includes.setdefault(full, None)
                 queue.append(full)
-    return tuple(targets)
+    return tuple(hooks), tuple(includes)
 
 
 # -- the copy-back ----------------------------------------------------------------------------

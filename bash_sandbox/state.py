@@ -110,7 +110,8 @@ class ExecutorState:
 
     def hidden_paths(self) -> tuple[str, ...]:
         """What no confined command may see: this uid's base (every executor's state and
-        spills), this state dir when it lives elsewhere, and registered spill parents."""
+        spills), this state dir when it lives elsewhere, and every registered spill parent
+        (a result names its spill path, so a model knows it: unlistable dirs are not enough)."""
         base = os.path.realpath(user_base_dir())
         paths = [base]
         parent = os.path.dirname(self.path)

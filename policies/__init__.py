@@ -19,6 +19,7 @@ from policies.policy import (
     DEFAULT_PROTECTED_PATHS,
     SandboxPolicy,
     default_deny_read,
+    host_secrets,
 )
 from policies.service import SandboxPolicyService
 from policies.session import (
@@ -53,6 +54,7 @@ __all__ = [
     "check_session_log_location",
     "default_deny_read",
     "effective_sandbox_mode",
+    "host_secrets",
     "is_strictly_wider",
     "network_denial_marker",
     "sandbox_denial_marker",

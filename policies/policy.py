@@ -123,6 +123,11 @@ def _expand(pattern: str) -> list[str]:
     return sorted(glob.glob(pattern, include_hidden=True))
 
 
+def host_secrets() -> tuple[str, ...]:
+    """The host's own secrets, denied to every confined command whatever `deny_read` says."""
+    return tuple(dict.fromkeys(p for pattern in DEFAULT_DENY_READ_HOST for p in _expand(pattern)))
+
+
 def default_deny_read(home: str | None = None) -> tuple[str, ...]:
     """The default `deny_read` list: the stores under ``home`` (default: the user's), then host.
 

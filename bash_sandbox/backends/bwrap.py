@@ -73,7 +73,8 @@ class BwrapOptions:
 
 def _render_op(op: MountOp) -> list[str]:
     if op.kind == "bind":
-        return ["--bind" if op.writable else "--ro-bind", op.source or op.target, op.target]
+        flag = "--bind" if op.writable else "--ro-bind"
+        return [flag + ("-try" if op.optional else ""), op.source or op.target, op.target]
     if op.kind == "tmpfs":
         return ["--tmpfs", op.target]
     if op.kind == "symlink":

@@ -164,6 +164,10 @@ def render_landlock_ruleset(
     )
 
 
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 def landlock_abi() -> int:
     """The running kernel's Landlock ABI, 0 when unavailable."""
     try:
@@ -270,7 +274,7 @@ def _apply_op(
             setup.bind(source, op.target, recursive=True)
             setup.remount(op.target, _mount_of(op.target, table))
         else:
-            setup.bind_read_only(source, op.target)
+            setup.bind_read_only(source, op.target, optional=op.optional)
 
 
 def landlock_child_setup(
@@ -281,6 +285,7 @@ def landlock_child_setup(
     mount_table: tuple[tuple[str, int], ...],
     ruleset_fd: int,
     cwd: str,
+    abi: int = 7,
 ) -> ChildSetup:
     """Every pre-exec step of a Landlock-confined command, in order (module docstring)."""
     setup = ChildSetup()
@@ -306,6 +311,13 @@ def landlock_child_setup(
     setup.fork_waiter()
     setup.mount_fs("proc", "/proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "")
     setup.bind_read_only("/proc/sys", "/proc/sys")
+    # A git dir outside the roots is an overlay only this child has (its writes land in the
+    # private upper layer): its rule can only be added from here, on the overlay itself.
+    roots = policy.all_writable_roots()
+    handled = handled_fs_for_abi(abi)
+    for overlay in ctx.view.overlays:
+        if not any(_under(overlay.gitdir, r) for r in roots):
+            setup.landlock_allow(ruleset_fd, overlay.gitdir, (READ_RIGHTS | WRITE_RIGHTS) & handled)
     setup.drop_all_capabilities()
     setup.no_new_privs()
     setup.landlock_restrict(ruleset_fd)
@@ -424,6 +436,7 @@ class LandlockBackend(SandboxBackend):
             mount_table=read_mount_table(),
             ruleset_fd=rs.fileno(),  # type: ignore[attr-defined]
             cwd=plan.cwd,
+            abi=self._abi,
         )
         return confined_plan(self.name, plan, rs, setup, argv=pid1_argv(plan.argv), folds=True)
 

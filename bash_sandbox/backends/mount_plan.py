@@ -61,6 +61,8 @@ class MountOp:
     writable: bool = False
     upper: str | None = None
     work: str | None = None
+    # A shadow's entry may vanish between listing and mounting: then it is simply absent.
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,14 +150,18 @@ def render_mount_plan(
             else:
                 ops += [
                     MountOp("mkdir" if entry.kind == "dir" else "mkfile", path),
-                    MountOp("bind", path, path),
+                    MountOp("bind", path, path, optional=True),
                 ]
         ops.append(MountOp("readonly", shadow.directory))
     ops += [MountOp("bind", root, root, writable=True) for root in policy.all_writable_roots()]
-    ops += [
-        MountOp("overlay", o.gitdir, o.gitdir, writable=True, upper=o.upper, work=o.work)
-        for o in view.overlays
-    ]
+    for o in view.overlays:
+        ops.append(
+            MountOp("overlay", o.gitdir, o.gitdir, writable=True, upper=o.upper, work=o.work)
+        )
+        if not within_any(o.gitdir, policy.all_writable_roots()):
+            # A linked worktree's git dir outside the roots: the read-only base covers the
+            # overlay mounted there, so it is bound back writable (writes stay in its upper).
+            ops.append(MountOp("bind", o.gitdir, o.gitdir, writable=True))
     ops += [MountOp("bind", p, p, writable=True) for p in view.pins]
     ops += [MountOp("bind", p, p) for p in view.protect]
     ops += [MountOp("bind", p, sources.deny_dir) for p in view.deny_dirs]

@@ -60,6 +60,7 @@ PR_SET_SECUREBITS = 28
 SECUREBITS_LOCKED_DOWN = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
 
 SIGKILL = 9
+ENOENT = 2
 EINTR = 4
 EEXIST = 17
 EINVAL = 22
@@ -69,6 +70,7 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _MACHINE = os.uname().machine
 _SYS_CAPSET = {"x86_64": 126, "aarch64": 91}.get(_MACHINE, -1)
 _SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}.get(_MACHINE, -1)
+_SYS_LANDLOCK_ADD_RULE = 445
 _SYS_LANDLOCK_RESTRICT_SELF = 446
 _SYS_CLOSE_RANGE = 436
 SECCOMP_SET_MODE_FILTER = 1
@@ -247,17 +249,23 @@ class ChildSetup:
             "mount(slave)", self._lib.mount, None, self._buf(b"/"), None, MS_REC | MS_SLAVE, None
         )
 
-    def bind_read_only(self, source: str, target: str) -> None:
+    def bind_read_only(self, source: str, target: str, *, optional: bool = False) -> None:
+        """A read-only bind; ``optional``: a source that vanished is skipped (and so is the
+        remount, which then finds no mount of its own at ``target``)."""
         src, dst = self._buf(source.encode()), self._buf(target.encode())
-        self._add("bind " + target, self._lib.mount, src, dst, None, MS_BIND | MS_REC, None)
+        missing = (ENOENT,) if optional else ()
+        flags = MS_BIND | MS_REC
+        self._add("bind " + target, self._lib.mount, src, dst, None, flags, None, ok=missing)
+        remount = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
         self._add(
             "remount-ro " + target,
             self._lib.mount,
             None,
             dst,
             None,
-            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+            remount,
             None,
+            ok=(EINVAL,) if optional else (),
         )
 
     def bind(self, source: str, target: str, *, recursive: bool = False) -> None:
@@ -389,6 +397,14 @@ class ChildSetup:
     def no_new_privs(self) -> None:
         self._add("no_new_privs", self._lib.prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
+    def landlock_allow(self, ruleset_fd: int, path: str, rights: int) -> None:
+        """Add a path-beneath rule from inside the child: for what exists only in the
+        child's own mount namespace (an overlay it mounted), the parent cannot open it."""
+        self._add(
+            f"landlock rule {path}",
+            _LandlockAllow(self._lib, self._buf(path.encode()), ruleset_fd, rights),
+        )
+
     def landlock_restrict(self, ruleset_fd: int) -> None:
         self._add(
             "landlock_restrict_self", self._lib.syscall, _SYS_LANDLOCK_RESTRICT_SELF, ruleset_fd, 0
@@ -476,6 +492,32 @@ class _ParentIs:
         if self._lib.getppid() != self._pid:
             self._lib._exit(125)
         return 0
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _LandlockAllow:
+    """open(O_PATH) + landlock_add_rule(PATH_BENEATH) + close, as one step."""
+
+    def __init__(
+        self, lib: ctypes.CDLL, path: ctypes.Array[ctypes.c_char], ruleset_fd: int, rights: int
+    ) -> None:
+        self._lib, self._path, self._ruleset = lib, path, ruleset_fd
+        self._attr = _PathBeneath(rights, -1)
+
+    def __call__(self) -> int:
+        fd = int(self._lib.open(self._path, os.O_PATH | os.O_CLOEXEC))
+        if fd < 0:
+            return -1
+        self._attr.parent_fd = fd
+        rc = int(
+            self._lib.syscall(_SYS_LANDLOCK_ADD_RULE, self._ruleset, 1, ctypes.byref(self._attr), 0)
+        )
+        self._lib.close(fd)
+        return 0 if rc == 0 else -1
 
 
 class _HoldDir:

@@ -84,7 +84,8 @@ async def test_large_output_spills_whole_stream_to_a_private_file(
     # Owner-only file in an owner-only directory under the configured parent, name unguessable.
     assert stat.S_IMODE(os.stat(out.spill_path).st_mode) == 0o600
     directory = os.path.dirname(out.spill_path)
-    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    # Writable and searchable, never listable: a spill is reached only by its exact path.
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o300
     assert os.path.dirname(directory) == str(spill_parent)
     assert re.fullmatch(r"[0-9a-f]{32}\.stdout", os.path.basename(out.spill_path))
     assert executor.spill_directory == directory

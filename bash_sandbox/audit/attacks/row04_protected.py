@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,9 @@ from bash_sandbox.audit.model import (
     Attack,
     AttackEnv,
     AttackSetup,
+    Finding,
     Outcome,
+    Verdict,
 )
 from policies import SandboxMode
 
@@ -53,6 +56,30 @@ def protected_attack(
         kwargs=kwargs,
         modes=modes,
     )
+
+
+def reported_repository(entry: Attack) -> Attack:
+    """A repository the command makes itself (no `.git` before the run) has no path-based
+    fix: the must-hold is that the result names it (`nested_repositories`), so a harness
+    never runs git there unreviewed. Created and not reported is an escape."""
+    inner = entry.verify
+
+    async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
+        finding = await inner(env, setup, outcome)
+        if finding.verdict is not Verdict.ESCAPED:
+            return finding
+        facts = outcome.result.sandbox if outcome.result is not None else None
+        made = os.path.join(env.ws, ".git")
+        if facts is not None and made in facts.nested_repositories:
+            return Finding(
+                Verdict.NOT_ENFORCEABLE,
+                "a repository the command creates carries its own config: reported in "
+                "nested_repositories",
+                finding.evidence,
+            )
+        return finding
+
+    return dataclasses.replace(entry, verify=verify)
 
 
 def _extra_root(env: AttackEnv) -> dict[str, Any]:
@@ -92,11 +119,14 @@ ATTACKS: list[Attack] = [
         "mv .git/config .git/config.old; rm -f .git/config; "
         "ln -sf /dev/null .git/config; echo pwned > .git/config",
     ),
-    protected_attack(
-        "row4-no-git-dir",
-        "create .git/hooks/pre-commit and .git/config when .git does not exist",
-        "mkdir -p .git/hooks && echo pwned > .git/hooks/pre-commit; echo '[core]' > .git/config",
-        git="none",
+    reported_repository(
+        protected_attack(
+            "row4-no-git-dir",
+            "create .git/hooks/pre-commit and .git/config when .git does not exist",
+            "mkdir -p .git/hooks && echo pwned > .git/hooks/pre-commit; "
+            "echo '[core]' > .git/config",
+            git="none",
+        )
     ),
     protected_attack(
         "row4-hooks-dir-missing",

@@ -89,9 +89,10 @@ def _verify_flood(
             want = digest(env) if digest else None
             if want is not None and spill["sha256"] != want:
                 evidence.append("spill content differs from what the command wrote")
-            if spill["mode"] != 0o600 or spill["dir_mode"] != 0o700:
+            if spill["mode"] != 0o600 or spill["dir_mode"] != 0o300:
                 evidence.append(
-                    f"spill modes {spill['mode']:o}/{spill['dir_mode']:o} (want 600/700)"
+                    f"spill modes {spill['mode']:o}/{spill['dir_mode']:o} "
+                    "(want 600/300: never listable)"
                 )
         if evidence:
             return escaped(evidence[0], evidence)

@@ -224,8 +224,8 @@ def _verify_spill(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Findi
     if len(stem) < 32 or any(c not in "0123456789abcdef" for c in stem):
         evidence.append(f"spill file name {name!r} is predictable")
     mode, dir_mode = outcome.notes.get("spill_mode"), outcome.notes.get("spill_dir_mode")
-    if mode != 0o600 or dir_mode != 0o700:
-        evidence.append(f"spill modes {mode:o}/{dir_mode:o} (want 600/700)")
+    if mode != 0o600 or dir_mode != 0o300:
+        evidence.append(f"spill modes {mode:o}/{dir_mode:o} (want 600/300: never listable)")
     if evidence:
         return escaped(evidence[0], evidence)
     return contained(why_contained(env, outcome) or "spill unreadable")
