@@ -66,7 +66,9 @@ def denial_marker(
     """One marker line for ``denial`` under ``mode`` and ``network`` (see the module doc)."""
     mode = SandboxMode(mode)
     inferred = " (inferred)" if denial.evidence is DenialEvidence.INFERRED else ""
-    reason = f" ({denial.reason})" if denial.reason else ""
+    # "(read-only mode) under read-only mode" says nothing twice.
+    redundant = denial.reason in ("", f"{mode.value} mode", "isolated network")
+    reason = "" if redundant else f" ({denial.reason})"
     if denial.kind in (DenialKind.NETWORK_CONNECT, DenialKind.NETWORK_RESOLVE):
         net = NetworkMode(network).value if network is not None else NetworkMode.ISOLATED.value
         verb = "connect to" if denial.kind is DenialKind.NETWORK_CONNECT else "resolve"

@@ -57,7 +57,11 @@ def test_read_only_write_is_denied_with_marker_and_host_unchanged(
     code = run(workspace, "--mode", "read-only", "--", "echo x > f")
     err = capsys.readouterr().err
     assert code != 0
-    assert err.splitlines()[-1] == sandbox_denial_marker("read-only")
+    # The contract's line, then the one naming what was refused and the next step.
+    generic, specific = err.splitlines()[-2:]
+    assert generic == sandbox_denial_marker("read-only")
+    assert specific.startswith(f"[sandbox: write to {workspace / 'f'} denied under read-only")
+    assert specific.endswith("ask for workspace-write]")
     assert not (workspace / "f").exists()
 
 

@@ -120,7 +120,8 @@ def test_the_denial_marker_follows_the_commands_stderr_on_its_own_line(
     err = capsys.readouterr().err
     assert code != 0
     assert not (workspace / "f").exists()
-    assert err.endswith("no-newline\n[sandbox: file access denied under read-only mode]\n")
+    assert "no-newline\n[sandbox: file access denied under read-only mode]\n[sandbox: write to " in err
+    assert err.endswith("ask for workspace-write]\n")
 
 
 def test_large_output_streams_whole_without_a_spill_file(

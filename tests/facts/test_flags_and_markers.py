@@ -87,7 +87,7 @@ def test_markers_name_what_why_and_the_next_step(monkeypatch: pytest.MonkeyPatch
         "read-only",
         "isolated",
     ) == (
-        "[sandbox: write to /srv/ws/a denied (read-only mode) under read-only mode; "
+        "[sandbox: write to /srv/ws/a denied under read-only mode; "
         "ask for workspace-write]"
     )
     assert denial_marker(

@@ -100,12 +100,13 @@ def test_cli_exits_2_on_a_missing_writable_root(
     workspace = tmp_path / "ws"
     workspace.mkdir()
     marker = workspace / "ran"
-    (workspace / "pyproject.toml").write_text(
-        f"[tool.bash-sandbox]\nwritable_roots = ['{tmp_path / 'nope'}']\n"
+    config = tmp_path / "config.toml"  # outside the workspace: a config the CLI trusts
+    config.write_text(f"writable_roots = ['{tmp_path / 'nope'}']\n")
+    code = main(
+        ["run", "--config", str(config), "--workspace", str(workspace), "--", f"touch {marker}"]
     )
-    code = main(["run", "--workspace", str(workspace), "--", f"touch {marker}"])
     assert code == 2
-    assert "config error: writable_roots: " in capsys.readouterr().err
+    assert "config error: writable_roots[0]: " in capsys.readouterr().err
     assert not marker.exists()
 
 
