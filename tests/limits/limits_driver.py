@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bash_sandbox import SandboxBashExecutor
+from bash_sandbox.linux.cgroups import read_text
 from bash_seam import BashExecRequest, BashProcess, BashRunResult, SandboxFacts
 from policies import ResourceLimits
 
@@ -52,14 +53,6 @@ COUNTER_FILES = {
 def scenario(func: Scenario) -> Scenario:
     SCENARIOS[func.__name__] = func
     return func
-
-
-def read_text(path: str) -> str | None:
-    try:
-        with open(path) as fh:
-            return fh.read()
-    except OSError:
-        return None
 
 
 # -- the executor under test ------------------------------------------------------------
