@@ -10,10 +10,8 @@ Lifetime, in the order the executor calls it:
    `LimitsPlan` holds what the child does before exec: write "0" into each
    `procs_files` entry (the child moves *itself*, before it can fork, so nothing of the
    tree starts outside), and the `rlimits` for what no cgroup covers.
-   Apply it with `enter_cgroups` (first step of a `ChildSetup`, before any namespace is
-   joined) and `apply_rlimits` (right after the command's own user namespace exists), or,
-   for a spawn without a pre-exec step, with the argv prefixes `entry_argv` (outside every
-   namespace) and `rlimit_argv` (inside the command's user namespace).
+   Every confined spawn has a pre-exec `ChildSetup`: `enter_cgroups` adds its first
+   steps (before any namespace is joined), `apply_rlimits` its last ones before the filters.
 3. `outcome(plan, exit_code=..., signal=...)` names the limit that stopped the command, from
    kernel counters first (OOM kills, refused forks), then SIGXCPU, full tmpfs roots, and
    last the error text of an rlimit-bounded failure.
@@ -35,7 +33,6 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import signal as signal_module
 import threading
 import time
@@ -60,12 +57,7 @@ from bash_sandbox.linux.limit_enforcement import (
     describe_enforcement,
     summarize_enforcement,
 )
-from bash_sandbox.linux.rlimits import (
-    RlimitSetting,
-    current_rlimit,
-    render_prlimit_argv,
-    render_rlimits,
-)
+from bash_sandbox.linux.rlimits import RlimitSetting, current_rlimit, render_rlimits
 from policies import LimitExceeded, ResourceLimits, SandboxEnforcement
 
 __all__ = [
@@ -77,10 +69,6 @@ __all__ = [
     "apply_rlimits",
     "describe_enforcement",
     "enter_cgroups",
-    "entry_argv",
-    "entry_failure",
-    "find_prlimit",
-    "rlimit_argv",
     "summarize_enforcement",
 ]
 
@@ -90,15 +78,6 @@ PARENT_PREFIX = "bash-sandbox-"
 _PARENT_NAME = re.compile(r"bash-sandbox-(\d+)-[0-9a-f]{8}")
 # How long `close()` waits for SIGKILLed tasks to be reaped before giving up on a cgroup.
 _CLOSE_WAIT_S = 5.0
-# Exit status of the entry prefix when it cannot enter a cgroup: the command never ran.
-ENTRY_FAILED_EXIT = 125
-ENTRY_FAILURE_MARK = "bash-sandbox-limits: "
-# POSIX sh: write "0" into each of the first $1 paths (moving this very process), then exec.
-ENTRY_SCRIPT = (
-    'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || '
-    f'{{ echo "{ENTRY_FAILURE_MARK}cannot enter cgroup $1" >&2; exit {ENTRY_FAILED_EXIT}; }}; '
-    'n=$((n - 1)); shift; done; exec "$@"'
-)
 # Error text of an rlimit-bounded failure (the kernel keeps no counter for those).
 _INFERRED = (
     (
@@ -136,7 +115,7 @@ class LimitsPlan:
     limits: ResourceLimits
     # Write b"0" into each, in the child, before anything else: it moves itself.
     procs_files: tuple[str, ...]
-    # (resource, soft, hard), set after the command's own user namespace exists.
+    # (resource, soft, hard), set by the child once it joined its namespaces.
     rlimits: tuple[RlimitSetting, ...]
     # (controller, directory) of this command's cgroups, for the outcome and the release.
     cgroups: tuple[tuple[str, str], ...]
@@ -163,39 +142,11 @@ def enter_cgroups(setup: ChildSetup, plan: LimitsPlan) -> None:
 
 
 def apply_rlimits(setup: ChildSetup, plan: LimitsPlan) -> None:
-    """setrlimit steps: right after the command's own user namespace is made (see
-    rlimits.py: RLIMIT_NPROC set there counts this tree alone)."""
+    """setrlimit steps, once the child joined its namespaces. Where they run decides what
+    RLIMIT_NPROC counts (rlimits.py): in a user namespace made for this command alone, its
+    tree; in one several commands share (the executor's), all of them together."""
     for r in plan.rlimits:
         setup.set_rlimit(r.resource, r.soft, r.hard)
-
-
-def entry_argv(plan: LimitsPlan, sh_path: str = "/bin/sh") -> tuple[str, ...]:
-    """argv prefix that enters the cgroups, then execs the rest (for a spawn that keeps
-    vfork: no pre-exec step). Put it outermost. Empty when there is no cgroup."""
-    if not plan.procs_files:
-        return ()
-    return (sh_path, "-c", ENTRY_SCRIPT, "sh", str(len(plan.procs_files)), *plan.procs_files)
-
-
-def rlimit_argv(plan: LimitsPlan, prlimit_path: str) -> tuple[str, ...]:
-    """argv prefix that sets the rlimits, then execs the command: put it inside the
-    command's own user namespace (after bwrap's ``--``). Empty when nothing to set."""
-    return render_prlimit_argv(prlimit_path, plan.rlimits)
-
-
-def entry_failure(exit_code: int | None, stderr: str) -> str | None:
-    """The entry prefix's own failure line (the command never ran), else None."""
-    if exit_code != ENTRY_FAILED_EXIT:
-        return None
-    for line in stderr.splitlines():
-        if line.startswith(ENTRY_FAILURE_MARK):
-            return line
-    return None
-
-
-def find_prlimit() -> str | None:
-    """util-linux prlimit from the system directories only (never a writable PATH)."""
-    return shutil.which("prlimit", path="/usr/bin:/bin")
 
 
 # -- the executor's side ------------------------------------------------------------------

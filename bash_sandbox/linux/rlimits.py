@@ -32,7 +32,7 @@ RLIM_INFINITY = 2**64 - 1  # rlim_t's RLIM_INFINITY on Linux (Python spells it -
 # command dies of SIGXCPU (which says why) unless it ignores it.
 CPU_HARD_GRACE_S = 1
 
-_PRLIMIT_NAMES = {
+_NAMES = {
     resource.RLIMIT_NPROC: "nproc",
     resource.RLIMIT_DATA: "data",
     resource.RLIMIT_NOFILE: "nofile",
@@ -49,7 +49,7 @@ class RlimitSetting(NamedTuple):
 
     @property
     def name(self) -> str:
-        return _PRLIMIT_NAMES[self.resource]
+        return _NAMES[self.resource]
 
 
 def _rlim(value: int) -> int:
@@ -90,16 +90,3 @@ def render_rlimits(
     if limits.cpu_seconds is not None:
         capped(resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds + CPU_HARD_GRACE_S)
     return tuple(out)
-
-
-def render_prlimit_argv(prlimit_path: str, settings: tuple[RlimitSetting, ...]) -> tuple[str, ...]:
-    """util-linux `prlimit` as an argv prefix (for a spawn without a pre-exec step);
-    empty when there is nothing to set."""
-    if not settings:
-        return ()
-
-    def value(v: int) -> str:
-        return "unlimited" if v == RLIM_INFINITY else str(v)
-
-    options = tuple(f"--{s.name}={value(s.soft)}:{value(s.hard)}" for s in settings)
-    return (prlimit_path, *options, "--")

@@ -1,13 +1,15 @@
-"""Fixtures of the limit tests: the helper programs, and a driver run as root or as nobody.
+"""Fixtures of the limit tests: the helper programs, the backends, and a driver (the executor
+under test, `limits_driver.py`) run as root or as nobody.
 
-Every driver (the executor under test) runs inside an outer bound the test makes itself,
-so a broken limit cannot take the host down: as root an outer pids and memory cgroup, as
-nobody a user namespace of its own with RLIMIT_NPROC set inside it (which, measured here,
-counts that tree alone).
+Every driver runs inside an outer bound the test makes itself, so a broken limit cannot take
+the host down: as root an outer pids and memory cgroup, as nobody a user namespace of its own
+with RLIMIT_NPROC set inside it (which counts that tree alone: the limit is set after the
+namespace exists).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -15,10 +17,12 @@ import pwd
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +30,8 @@ from typing import Any
 
 import pytest
 
-from bash_sandbox.linux.cgroups import detect_this_host
+from bash_sandbox.backends.landlock import landlock_abi
+from bash_sandbox.linux.cgroups import CgroupVersion, detect_this_host
 from bash_sandbox.linux.child_setup import ChildSetup
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,6 +39,8 @@ HERE = Path(__file__).resolve().parent
 OUTER_PIDS = 3000
 OUTER_MEMORY = 4 << 30
 NOBODY = "nobody"
+# Scratch lives outside /tmp: under bwrap a command's /tmp is the executor's private one.
+SCRATCH = "/var/tmp"
 
 FORKCOUNT_C = r"""
 #include <errno.h>
@@ -64,23 +71,24 @@ int main(int argc, char **argv) {
 }
 """
 
+_PARENT = re.compile(r"bash-sandbox-(\d+)-[0-9a-f]{8}")
 
-@dataclass(frozen=True)
-class Programs:
-    forkbomb: str
-    forkcount: str
-    root: str  # a directory every identity can read
+
+def _scratch_dir(prefix: str, mode: int) -> str:
+    path = tempfile.mkdtemp(prefix=prefix, dir=SCRATCH)
+    os.chmod(path, mode)
+    return path
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_cgroup_left_behind() -> Iterator[None]:
-    """After the whole module: no cgroup of a dead executor and no outer test cgroup is
+    """After the whole session: no cgroup of a dead executor and no outer test cgroup is
     left anywhere under /sys/fs/cgroup (live executors of other sessions are theirs)."""
     yield
     left = []
     for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
         for name in dirnames:
-            match = re.fullmatch(r"bash-sandbox-(\d+)-[0-9a-f]{8}", name)
+            match = _PARENT.fullmatch(name)
             dead = match is not None and not os.path.exists(f"/proc/{match.group(1)}")
             if dead or name.startswith("limits-test-outer-"):
                 left.append(os.path.join(dirpath, name))
@@ -88,45 +96,53 @@ def no_cgroup_left_behind() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def programs() -> Iterator[Programs]:
+def programs() -> Iterator[dict[str, str]]:
+    """The fork helpers, built once, in a directory every identity and backend can read."""
     if not sys.platform.startswith("linux"):
         pytest.skip("resource limits are Linux mechanics")
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("gcc is needed to build the fork helpers")
-    root = tempfile.mkdtemp(prefix="bash-sandbox-limit-programs-")
-    os.chmod(root, 0o755)
+    root = _scratch_dir("bash-sandbox-limit-programs-", 0o755)
     (Path(root) / "forkcount.c").write_text(FORKCOUNT_C)
-    for name, source in (
-        ("forkbomb", str(HERE / "forkbomb.c")),
-        ("forkcount", f"{root}/forkcount.c"),
-    ):
-        subprocess.run([gcc, "-O2", "-o", f"{root}/{name}", source], check=True)
-    yield Programs(f"{root}/forkbomb", f"{root}/forkcount", root)
+    for name, source in (("forkbomb", HERE / "forkbomb.c"), ("forkcount", f"{root}/forkcount.c")):
+        subprocess.run([gcc, "-O2", "-o", f"{root}/{name}", str(source)], check=True)
+    yield {"forkbomb": f"{root}/forkbomb", "forkcount": f"{root}/forkcount"}
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def workspace() -> Iterator[Path]:
+    """The executor's workspace, writable by every identity (nobody's builds run in it)."""
+    path = Path(_scratch_dir("bash-sandbox-limit-work-", 0o777))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(params=["bwrap", "landlock"])
+def backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    if name == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed")
+    if name == "landlock" and landlock_abi() == 0:
+        pytest.skip("this kernel has no Landlock")
+    return name
 
 
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
 IN_OWN_USERNS = ["unshare", "--user", "--map-user=65534", "--map-group=65534", "--"]
-
-
-def nobody_available() -> bool:
-    try:
-        pwd.getpwnam(NOBODY)
-    except KeyError:
-        return False
-    return os.geteuid() == 0
+DRIVER_IMPORTS = "import pydantic, pyroute2, landlockpy, pyseccomp, pytest, xdist"
 
 
 @functools.cache
 def nobody_python() -> tuple[str, str] | None:
-    """(interpreter, extra PYTHONPATH) nobody can run with this venv's packages: this one,
-    or, when it lives somewhere nobody cannot enter (/root), the system one of the same
-    version reading the venv's site-packages."""
+    """(interpreter, extra PYTHONPATH) nobody can run with this venv's packages: this one
+    (a venv made from a system Python), or, when it lives where nobody cannot enter (/root),
+    the system one of the same version reading the venv's site-packages."""
     site = sysconfig.get_paths()["purelib"]
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for python, extra in ((sys.executable, ""), (f"/usr/bin/{version}", site)):
-        probe = [*AS_NOBODY, *IN_OWN_USERNS, python, "-c", "import pydantic"]
+        probe = [*AS_NOBODY, *IN_OWN_USERNS, python, "-c", DRIVER_IMPORTS]
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": extra}
         if (
             os.path.exists(python)
@@ -136,21 +152,26 @@ def nobody_python() -> tuple[str, str] | None:
     return None
 
 
-IDENTITIES = ("root", "nobody")
-
-
-@pytest.fixture(params=IDENTITIES)
+@pytest.fixture(params=["root", "nobody"])
 def identity(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     if name == "root" and os.geteuid() != 0:
         pytest.skip("needs root")
     if name == "nobody" and os.geteuid() != 0:
-        return name  # already unprivileged (scripts/test-unprivileged): run as ourselves
-    if name == "nobody" and not nobody_available():
-        pytest.skip("no nobody user here")
-    if name == "nobody" and nobody_python() is None:
-        pytest.skip("no Python that nobody can run")
+        return name  # already unprivileged (a copy run as nobody): run as ourselves
+    if name == "nobody":
+        try:
+            pwd.getpwnam(NOBODY)
+        except KeyError:
+            pytest.skip("no nobody user here")
+        if nobody_python() is None:
+            pytest.skip("no Python that nobody can run")
     return name
+
+
+def root_only() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (cgroups)")
 
 
 class OuterCgroup:
@@ -165,10 +186,12 @@ class OuterCgroup:
         self.dirs = [os.path.join(bases[c], name) for c in ("pids", "memory")]
         for d in self.dirs:
             os.mkdir(d)
+        memory = "memory.limit_in_bytes" if host.version is CgroupVersion.V1 else "memory.max"
         Path(self.dirs[0], "pids.max").write_text(str(OUTER_PIDS))
-        Path(self.dirs[1], "memory.limit_in_bytes").write_text(str(OUTER_MEMORY))
+        Path(self.dirs[1], memory).write_text(str(OUTER_MEMORY))
 
-    def setup(self) -> ChildSetup:
+    def entry(self) -> ChildSetup:
+        """Pre-exec of the driver: it moves itself into both before it runs any Python."""
         setup = ChildSetup()
         for d in self.dirs:
             setup.write_file(os.path.join(d, "cgroup.procs"), b"0")
@@ -183,18 +206,40 @@ class OuterCgroup:
         ]
 
     def remove(self) -> None:
-        for d in self.dirs:
-            os.rmdir(d)
+        """Remove both, and whatever a failed test left inside them (its tasks killed
+        first), deepest first; bounded, since SIGKILLed tasks take a moment to be reaped."""
+        deadline = time.monotonic() + 10
+        while True:
+            left = sorted((*self.leftovers_deep(), *self.dirs), key=len, reverse=True)
+            for d in left:
+                for pid in Path(d, "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.rmdir(d)
+            if not any(os.path.exists(d) for d in self.dirs):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cannot remove the outer cgroups: {left}")
+            time.sleep(0.01)  # the kernel reaps the killed tasks meanwhile
+
+    def leftovers_deep(self) -> list[str]:
+        return [
+            os.path.join(dirpath, name)
+            for d in self.dirs
+            for dirpath, dirnames, _ in os.walk(d)
+            for name in dirnames
+        ]
 
 
-def our_cgroups(pid: int) -> list[str]:
+def cgroups_named_after(pid: int) -> list[str]:
     """Every cgroup directory named after executor ``pid``, anywhere under /sys/fs/cgroup."""
-    found = []
-    for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup"):
-        for name in dirnames:
-            if name.startswith(f"bash-sandbox-{pid}-"):
-                found.append(os.path.join(dirpath, name))
-    return found
+    return [
+        os.path.join(dirpath, name)
+        for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup")
+        for name in dirnames
+        if name.startswith(f"bash-sandbox-{pid}-")
+    ]
 
 
 @dataclass
@@ -208,20 +253,23 @@ def run_driver(
     identity: str,
     params: dict[str, Any],
     *,
-    timeout_s: float = 240,
+    timeout_s: float = 120,
     outer: OuterCgroup | None = None,
+    expect_killed: bool = False,
 ) -> DriverRun:
     """Run one scenario in a bounded driver process and check it left no cgroup behind.
     A given ``outer`` is reused and kept (the caller removes it)."""
     keep_outer = outer is not None
+    home = _scratch_dir("bash-sandbox-limit-home-", 0o777)
     inherited = os.environ.get("PYTHONPATH")
     pythonpath = f"{REPO}:{inherited}" if inherited else str(REPO)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath, "HOME": "/"}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath, "HOME": home}
     argv = [sys.executable, "-m", "tests.limits.limits_driver"]
     preexec = None
+    params = {"token": f"limits-{secrets.token_hex(4)}", **params}
     if identity == "root":
         outer = outer or OuterCgroup()
-        preexec = outer.setup()
+        preexec = outer.entry()
     else:
         switch: list[str] = []
         if os.geteuid() == 0:
@@ -230,7 +278,7 @@ def run_driver(
             argv[0], extra = found
             env["PYTHONPATH"] += f":{extra}" if extra else ""
             switch = AS_NOBODY
-        uid, gid = os.geteuid() if not switch else 65534, os.getegid() if not switch else 65534
+        uid, gid = (65534, 65534) if switch else (os.geteuid(), os.getegid())
         argv = [
             *switch,
             "unshare", "--user", f"--map-user={uid}", f"--map-group={gid}", "--",
@@ -244,28 +292,26 @@ def run_driver(
             stderr=subprocess.PIPE,
             cwd=str(REPO),
             env=env,
-            preexec_fn=preexec,  # noqa: PLW1509 - pre-bound syscalls only
+            preexec_fn=preexec,  # noqa: PLW1509 - pre-bound writes only
             start_new_session=True,
         )
-        out, err = proc.communicate(json.dumps(params).encode(), timeout=timeout_s)
+        try:
+            out, err = proc.communicate(json.dumps(params).encode(), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+            raise
         lines = out.decode().strip().splitlines()
         result = json.loads(lines[-1]) if lines else {}
-        if proc.returncode != 0 and params.get("scenario") != "abandon":
-            raise AssertionError(f"driver failed ({proc.returncode}): {err.decode()[-3000:]}")
-        if params.get("scenario") != "abandon":
-            assert our_cgroups(proc.pid) == [], "the executor left cgroups behind"
+        if not expect_killed:
+            if proc.returncode != 0:
+                raise AssertionError(f"driver failed ({proc.returncode}): {err.decode()[-3000:]}")
+            assert result.get("left_after_close", []) == [], "aclose() left cgroups"
+            assert cgroups_named_after(proc.pid) == [], "the executor left cgroups behind"
             if outer is not None:
                 assert outer.leftovers() == [], "the executor left cgroups behind"
         return DriverRun(result, proc.pid, proc.returncode)
     finally:
+        shutil.rmtree(home, ignore_errors=True)
         if outer is not None and not keep_outer:
             outer.remove()
-
-
-@pytest.fixture
-def readable_dir() -> Iterator[Path]:
-    """A scratch directory every identity can write (nobody's builds run in it)."""
-    path = Path(tempfile.mkdtemp(prefix="bash-sandbox-limit-work-"))
-    os.chmod(path, 0o777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)

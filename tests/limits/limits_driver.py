@@ -1,59 +1,53 @@
-"""An executor process for the limit tests: `python -m tests.limits.limits_driver` reads one
-scenario as JSON on stdin and prints what it saw as JSON on stdout.
+"""The executor process of the limit tests: `python -m tests.limits.limits_driver` reads one
+scenario as JSON on stdin, drives real `SandboxBashExecutor`s through it, and prints what it
+saw as JSON on stdout.
 
-It runs in its own process so each test can bound it from outside (an outer cgroup as root,
-a user namespace with RLIMIT_NPROC as nobody) and so it really is "the executor": its own
-cgroups, uid and rlimits are what the code under test sees. Commands are spawned the way
-the sandbox will spawn them: a `ChildSetup` pre-exec step list (cgroup entry first, the
-command's own user namespace, then rlimits), or, for `"spawn": "bwrap"`, real bubblewrap
-with the argv prefixes and no pre-exec step.
+It is a process of its own so each test can bound it from outside (an outer cgroup as root,
+a user namespace with RLIMIT_NPROC as nobody), and so it really is "the executor": its own
+cgroups, uid and rlimits are what the code under test sees. Commands go through `start()` or
+`run()` like any harness's; nothing here spawns them another way.
+
+What it checks from outside the command, while the command still runs (the executor
+releases a command's cgroup as soon as it settles): the command's processes in /proc, their
+cgroups and the kernel counters there, their open descriptors, the private tmpfs roots seen
+through `/proc/<pid>/root`. A command that must be observed mid-run blocks on a fifo in the
+workspace (`Hold`) after printing a marker, and ends when the driver closes the fifo.
 """
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
+import asyncio
 import json
 import os
-import resource
-import select
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bash_sandbox import SandboxBashExecutor
 from bash_sandbox.linux.cgroups import read_text
-from bash_sandbox.linux.child_setup import (
-    CLONE_NEWNS,
-    CLONE_NEWUSER,
-    MS_PRIVATE,
-    MS_REC,
-    ChildSetup,
-    libc,
-)
-from bash_sandbox.linux.limits import (
-    ExecutorLimits,
-    LimitsPlan,
-    apply_rlimits,
-    enter_cgroups,
-    entry_argv,
-    find_prlimit,
-    rlimit_argv,
-)
+from bash_seam import BashExecRequest, BashProcess, BashRunResult, SandboxFacts
 from policies import ResourceLimits
 
-# Kernel counters of a command's cgroups, read before release for the tests to check.
-COUNTER_FILES = {
-    "pids": ("pids.peak", "pids.events"),
-    "memory": ("memory.max_usage_in_bytes", "memory.oom_control"),
-    "cpu": ("cpu.stat",),
-}
-Scenario = Callable[[dict[str, Any]], dict[str, Any]]
+Scenario = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 SCENARIOS: dict[str, Scenario] = {}
+MARKER = "HOLDING"
+# Kernel counters of a command's cgroups (v1 and v2 names), read while it runs.
+COUNTER_FILES = {
+    "pids": ("pids.current", "pids.peak", "pids.max", "pids.events"),
+    "memory": (
+        "memory.usage_in_bytes",
+        "memory.max_usage_in_bytes",
+        "memory.limit_in_bytes",
+        "memory.oom_control",
+        "memory.current",
+        "memory.peak",
+        "memory.max",
+        "memory.events",
+    ),
+    "cpu": ("cpu.stat", "cpu.cfs_quota_us", "cpu.max"),
+}
 
 
 def scenario(func: Scenario) -> Scenario:
@@ -61,360 +55,423 @@ def scenario(func: Scenario) -> Scenario:
     return func
 
 
-def child_setup(plan: LimitsPlan) -> ChildSetup:
-    """The Landlock-style step list: enter the cgroups, own user namespace, rlimits."""
-    setup = ChildSetup()
-    enter_cgroups(setup, plan)
-    setup.die_with_parent()
-    uid, gid = os.geteuid(), os.getegid()
-    setup.unshare(CLONE_NEWUSER)
-    setup.write_file("/proc/self/setgroups", b"deny")
-    setup.write_file("/proc/self/uid_map", f"{uid} {uid} 1".encode())
-    setup.write_file("/proc/self/gid_map", f"{gid} {gid} 1".encode())
-    apply_rlimits(setup, plan)
-    return setup
+# -- the executor under test ------------------------------------------------------------
 
 
-def bwrap_argv(plan: LimitsPlan, argv: list[str], writable: list[str]) -> list[str]:
-    bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
-    prlimit = find_prlimit() or "/usr/bin/prlimit"
-    binds = [a for w in writable for a in ("--bind", w, w)]
+def executor(params: dict[str, Any], limits: dict[str, Any] | None = None) -> SandboxBashExecutor:
+    """A real executor of the scenario's backend, mode and workspace."""
+    return SandboxBashExecutor(
+        backend=params["backend"],
+        mode=params.get("mode", "workspace-write"),
+        workspace_root=params["workspace"],
+        limits=ResourceLimits(**(params.get("limits", {}) if limits is None else limits)),
+    )
+
+
+def request(command: str, timeout_s: float = 120, **fields: Any) -> BashExecRequest:
+    # The commands' Python finds this driver's packages the way the driver does.
+    env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else None
+    return BashExecRequest(command=command, timeout_ms=int(timeout_s * 1000), env=env, **fields)
+
+
+def facts(sandbox: SandboxFacts | None) -> dict[str, Any] | None:
+    return None if sandbox is None else sandbox.model_dump(mode="json")
+
+
+def run_result(result: BashRunResult) -> dict[str, Any]:
+    return {
+        "exit_code": result.exit_code,
+        "signal": result.signal,
+        "stdout": result.stdout.text,
+        "stderr": result.stderr.text[-4000:],
+        "sandbox": facts(result.sandbox),
+    }
+
+
+def own_cgroups() -> list[str]:
+    """Every cgroup named after this process (the executors' parents), anywhere."""
+    prefix = f"bash-sandbox-{os.getpid()}-"
     return [
-        *entry_argv(plan),
-        bwrap,
-        "--die-with-parent",
-        "--unshare-user",
-        "--uid",
-        str(os.geteuid()),
-        "--unshare-pid",
-        "--ro-bind",
-        "/",
-        "/",
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        *binds,
-        "--",
-        *rlimit_argv(plan, prlimit),
-        *argv,
+        os.path.join(dirpath, name)
+        for dirpath, dirnames, _ in os.walk("/sys/fs/cgroup")
+        for name in dirnames
+        if name.startswith(prefix)
     ]
 
 
-class Command:
-    """One spawned command with its plan; stdin is a pipe the scenario may hold open."""
+# -- holding a command and watching its output ------------------------------------------
 
-    def __init__(
-        self,
-        limits_of: ExecutorLimits,
-        limits: ResourceLimits,
-        argv: list[str],
-        *,
-        spawn: str = "setup",
-        progress: bool = False,
-        writable: list[str] | None = None,
-        cwd: str | None = None,
+
+class Hold:
+    """A fifo in the workspace that a command blocks on (reading it) until `release()`."""
+
+    def __init__(self, workspace: str, token: str) -> None:
+        self.path = os.path.join(workspace, f"hold-{token}")
+        os.mkfifo(self.path, 0o666)
+        os.chmod(self.path, 0o666)
+        # Reader and writer in one descriptor: opening never blocks, and closing the only
+        # writer is what gives every reader its EOF.
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+
+    def shell(self, marker: str) -> str:
+        """Shell words that open the fifo, then print ``marker``, then block until the
+        release (and succeed): once the marker is out, a release cannot come too early."""
+        return f"{{ echo {marker}; cat > /dev/null; }} < {self.path}"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class Watch:
+    """An output listener for `start()`: keeps both streams and wakes whoever waits."""
+
+    def __init__(self) -> None:
+        self.streams = {"stdout": bytearray(), "stderr": bytearray()}
+        self._changed = asyncio.Event()
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        self.streams[stream] += data
+        self._changed.set()
+
+    def text(self, stream: str) -> str:
+        return self.streams[stream].decode(errors="replace")
+
+    async def until(
+        self, done: Callable[[bytes], bool], process: BashProcess, timeout_s: float = 60
     ) -> None:
-        self.executor = limits_of
-        self.plan = limits_of.prepare(f"cmd-{id(self)}", limits)
-        self.progress_r: int | None = None
-        pass_fds: tuple[int, ...] = ()
-        progress_w = -1
-        if progress:
-            # Both ends above 3 first: fd 3 itself may be free and handed out by pipe().
-            low_r, low_w = os.pipe()
-            self.progress_r = fcntl.fcntl(low_r, fcntl.F_DUPFD_CLOEXEC, 10)
-            progress_w = fcntl.fcntl(low_w, fcntl.F_DUPFD_CLOEXEC, 10)
-            os.close(low_r)
-            os.close(low_w)
-            # The command finds the write end as fd 3.
-            os.dup2(progress_w, 3, inheritable=True)
-            pass_fds = (3,)
-        if spawn == "bwrap":
-            full, preexec = bwrap_argv(self.plan, argv, writable or []), None
-        else:
-            full, preexec = argv, child_setup(self.plan)
-        # Files, not pipes: a fork bomb's thousand error lines must never block it.
-        self._out = tempfile.TemporaryFile()  # noqa: SIM115 - closed by _drain
-        self._err = tempfile.TemporaryFile()  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            full,
-            stdin=subprocess.PIPE,
-            stdout=self._out,
-            stderr=self._err,
-            preexec_fn=preexec,  # noqa: PLW1509 - pre-bound syscalls only
-            pass_fds=pass_fds,
-            start_new_session=True,
-            cwd=cwd,
-        )
-        if progress:
-            os.close(3)
-            os.close(progress_w)
-        self.rusage: resource.struct_rusage | None = None
+        """Until ``done(stdout)``; fails at once if the command ends first."""
+        ended = asyncio.ensure_future(process.wait())
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not done(bytes(self.streams["stdout"])):
+                    if ended.done():
+                        raise AssertionError(
+                            f"the command ended early: {self.text('stdout')[-1000:]}"
+                            f"{self.text('stderr')[-2000:]}"
+                        )
+                    self._changed.clear()
+                    changed = asyncio.ensure_future(self._changed.wait())
+                    await asyncio.wait({changed, ended}, return_when=asyncio.FIRST_COMPLETED)
+                    changed.cancel()
+        finally:
+            ended.cancel()
 
-    def wait_tree_complete(self, timeout_s: float = 60.0) -> dict[str, int]:
-        """Read the fork bomb's progress bytes until every fork attempt is accounted for."""
-        assert self.progress_r is not None
-        outstanding, started, failed = 1, 0, 0
-        deadline = time.monotonic() + timeout_s
-        while outstanding > 0:
-            ready, _, _ = select.select([self.progress_r], [], [], deadline - time.monotonic())
-            if not ready:
-                raise TimeoutError("fork bomb did not complete")
-            data = os.read(self.progress_r, 65536)
-            if not data:
-                break
-            for byte in data:
-                outstanding -= 1
-                if byte == ord("F"):
-                    failed += 1
-                else:
-                    started += 1
-                    outstanding += 2 if byte > ord("a") else 0
-        return {"started": started, "failed": failed}
-
-    def close_stdin(self) -> None:
-        """EOF for the command: a holding fork bomb winds down."""
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-            self.proc.stdin = None
-
-    def finish(self, timeout_s: float = 120.0, **roots: str) -> dict[str, Any]:
-        self.close_stdin()
-        code = self.proc.wait(timeout=timeout_s)
-        out, err = (_drain(f) for f in (self._out, self._err))
-        exit_code, sig = (code, None) if code >= 0 else (None, signal.Signals(-code).name)
-        outcome = self.executor.outcome(
-            self.plan,
-            exit_code=exit_code,
-            signal=sig,
-            stderr_text=err.decode(errors="replace"),
-            tmp_root=roots.get("tmp_root"),
-            shm_root=roots.get("shm_root"),
-        )
-        counters = {
-            name: read_text(os.path.join(d, name))
-            for c, d in self.plan.cgroups
-            for name in COUNTER_FILES.get(c, ())
-        }
-        leftover = self.executor.release(self.plan)
-        if self.progress_r is not None:
-            os.close(self.progress_r)
-        return {
-            "exit_code": exit_code,
-            "signal": sig,
-            "outcome": outcome,
-            "stdout": out.decode(errors="replace"),
-            "stderr": err.decode(errors="replace")[-4000:],
-            "counters": counters,
-            "leftover_killed": leftover,
-            "rlimits": [list(r) for r in self.plan.rlimits],
-            "summary": self.plan.summary,
-        }
+    async def until_seen(self, marker: str, process: BashProcess) -> None:
+        await self.until(lambda out: marker.encode() in out, process)
 
 
-def _drain(f: Any) -> bytes:
-    f.seek(0)
-    data: bytes = f.read()
-    f.close()
-    return data
+def process_result(process: BashProcess, watch: Watch) -> dict[str, Any]:
+    return {
+        "status": process.status,
+        "exit_code": process.exit_code,
+        "signal": process.signal,
+        "stdout": watch.text("stdout")[-8000:],
+        "stderr": watch.text("stderr")[-4000:],
+        "sandbox": facts(process.sandbox),
+    }
 
 
-def processes_with(program: str, token: str) -> int:
-    """Processes running ``program`` with ``token`` among their arguments, seen from this
-    (outside) process; a wrapper whose argv merely contains them (bwrap) is not counted."""
+# -- looking from outside ----------------------------------------------------------------
+
+
+def argv_of(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return [a.decode(errors="replace") for a in fh.read().split(b"\0")[:-1]]
+    except OSError:
+        return None
+
+
+def pids_with(token: str) -> list[int]:
+    """Processes with ``token`` in an argument: the command's bash, its wrapper and
+    whatever runs a script naming it."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and entry != str(os.getpid()):
+            argv = argv_of(int(entry))
+            if argv and any(token in a for a in argv):
+                found.append(int(entry))
+    return found
+
+
+def count_program(program: str, token: str) -> int:
+    """Processes executing ``program`` with ``token`` as an argument; a wrapper whose
+    argv merely contains them (bwrap, a shell) is not counted."""
     count = 0
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if argv[0] == program.encode() and token.encode() in argv[1:]:
-            count += 1
+        if entry.isdigit():
+            argv = argv_of(int(entry))
+            if argv and argv[0] == program and token in argv[1:]:
+                count += 1
     return count
 
 
-def limits_from(params: dict[str, Any], key: str = "limits") -> ResourceLimits:
-    return ResourceLimits(**params.get(key, {}))
-
-
-def bomb(executor: ExecutorLimits, params: dict[str, Any], limits: ResourceLimits) -> Command:
-    argv = [params["forkbomb"], str(params.get("depth", 13)), params["token"]]
-    return Command(executor, limits, argv, spawn=params.get("spawn", "setup"), progress=True)
-
-
-@scenario
-def forkbomb(params: dict[str, Any]) -> dict[str, Any]:
-    executor = ExecutorLimits()
-    cmd = bomb(executor, params, limits_from(params))
-    tree = cmd.wait_tree_complete()
-    observed = processes_with(params["forkbomb"], params["token"])
-    cmd.close_stdin()
-    result = cmd.finish()
-    executor.close()
-    return {
-        **result,
-        **tree,
-        "observed": observed,
-        "after": processes_with(params["forkbomb"], params["token"]),
-        "warnings": executor.warnings,
-    }
-
-
-@scenario
-def concurrent(params: dict[str, Any]) -> dict[str, Any]:
-    """A fork bomb at its limit in one command while two others (one from another
-    executor) fork a fixed number of children."""
-    first, second = ExecutorLimits(), ExecutorLimits()
-    held = bomb(first, params, ResourceLimits(processes=params["bomb_processes"]))
-    tree = held.wait_tree_complete()
-    probes = []
-    for executor in (first, second):
-        probe = Command(
-            executor,
-            ResourceLimits(processes=params["probe_processes"]),
-            [params["forkcount"], str(params["probe_forks"])],
-        )
-        probes.append(probe.finish())
-    held.close_stdin()
-    bomb_result = held.finish()
-    first.close()
-    second.close()
-    return {"bomb": {**bomb_result, **tree}, "probes": probes}
-
-
-@scenario
-def single(params: dict[str, Any]) -> dict[str, Any]:
-    """One command under the given limits; optionally the executor allocates meanwhile."""
-    executor = ExecutorLimits()
-    own_cgroup_before = read_text("/proc/self/cgroup")
-    own_limits_before = read_text("/proc/self/limits")
-    cmd = Command(
-        executor,
-        limits_from(params),
-        params["argv"],
-        spawn=params.get("spawn", "setup"),
-        writable=params.get("writable"),
-        cwd=params.get("cwd"),
-    )
-    ballast = None
-    if params.get("executor_allocates_mb"):
-        ballast = bytearray(params["executor_allocates_mb"] << 20)
-        for i in range(0, len(ballast), 4096):
-            ballast[i] = 1
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
-    result = cmd.finish(timeout_s=params.get("timeout_s", 120))
-    wall = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    del ballast
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    executor.close()
-    return {
-        **result,
-        "cpu_seconds": cpu,
-        "wall_seconds": wall,
-        "own_cgroup_unchanged": read_text("/proc/self/cgroup") == own_cgroup_before,
-        "own_limits_unchanged": read_text("/proc/self/limits") == own_limits_before,
-        "warnings": executor.warnings,
-    }
-
-
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """The process exists and is not a zombie (dead, only waiting for its reaper)."""
     stat = read_text(f"/proc/{pid}/stat")
     return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@scenario
-def daemon(params: dict[str, Any]) -> dict[str, Any]:
-    """A grandchild that left the command's session and process group: release kills it."""
-    executor = ExecutorLimits()
-    # The daemon reports its pid through a fifo only once setsid() made it a session of
-    # its own, so the command ends strictly after it escaped.
-    script = (
-        'fifo=$(mktemp -u); mkfifo "$fifo"; '
-        f'setsid /bin/sh -c \'echo $$ > "$0"; exec {params["sleep"]} 300\' "$fifo" '
-        "</dev/null >/dev/null 2>&1 & "
-        'read pid < "$fifo"; rm "$fifo"; echo "$pid"'
+def cgroups_of(pid: int) -> dict[str, str]:
+    """The command's cgroup directories of ``pid`` (those an executor made), by controller."""
+    out: dict[str, str] = {}
+    for line in (read_text(f"/proc/{pid}/cgroup") or "").splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "/bash-sandbox-" not in path:
+            continue
+        if controllers == "":  # cgroup v2: one tree
+            for c in ("memory", "pids", "cpu"):
+                out.setdefault(c, f"/sys/fs/cgroup{path}")
+        for c in controllers.split(","):
+            if c in COUNTER_FILES and os.path.isdir(f"/sys/fs/cgroup/{c}"):
+                out[c] = f"/sys/fs/cgroup/{c}{path}"
+    return out
+
+
+def tmpfs_of(pid: int, path: str) -> dict[str, int] | None:
+    """Size and free bytes of ``path`` as the process sees it (its root, its mounts)."""
+    try:
+        st = os.statvfs(f"/proc/{pid}/root{path}")
+    except OSError:
+        return None
+    return {"size": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
+
+
+def cpu_of(pid: int) -> dict[str, float] | None:
+    """CPU seconds of the process itself and of its children it has reaped."""
+    stat = read_text(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    # Fields 14-17 of proc(5), counted from the state (field 3) here.
+    utime, stime, cutime, cstime = (int(f) / tick for f in fields[11:15])
+    return {"self": utime + stime, "children": cutime + cstime}
+
+
+def is_command_shell(argv: list[str], token: str) -> bool:
+    """The command's own `bash -c COMMAND`, not a wrapper (bwrap, the PID 1 bash)."""
+    return (
+        len(argv) >= 3
+        and os.path.basename(argv[0]) == "bash"
+        and argv[1] == "-c"
+        and token in argv[2]
     )
-    cmd = Command(executor, ResourceLimits(), ["/bin/sh", "-c", script])
-    result = cmd.proc.wait(timeout=30)
-    pid = int(_drain(cmd._out).decode())
-    # The command is gone; its grandchild (whatever it is executing by now) is not.
-    alive_before = _running(pid)
-    other_session = alive_before and os.getsid(pid) != cmd.proc.pid
-    killed = executor.release(cmd.plan)
-    executor.close()  # waits until the killed daemon is reaped and its cgroup gone
+
+
+def observe(token: str, exact: str | None = None) -> dict[str, Any]:
+    """The command's processes and cgroups, seen from here while it runs."""
+    pids = pids_with(token)
+    cgroups: dict[str, str] = {}
+    for pid in pids:
+        cgroups.update(cgroups_of(pid))
+    counters = {
+        name: text
+        for c, d in cgroups.items()
+        for name in COUNTER_FILES[c]
+        if (text := read_text(os.path.join(d, name))) is not None
+    }
+    procs = {}
+    for pid in pids:
+        argv = argv_of(pid) or []
+        try:
+            fds: int | None = len(os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            fds = None
+        try:
+            sid: int | None = os.getsid(pid)
+        except OSError:
+            sid = None
+        procs[str(pid)] = {"argv": argv, "fds": fds, "sid": sid, "exact": exact in argv}
+    shell = next((p for p in pids if is_command_shell(procs[str(p)]["argv"], token)), None)
     return {
-        "exit_code": result,
-        "alive_before": alive_before,
-        "other_session": other_session,
-        "alive_after": _running(pid),
-        "killed": killed,
-        "warnings": executor.warnings,
+        "procs": procs,
+        "cgroups": cgroups,
+        "counters": counters,
+        "shell": shell,
+        # What the command's shell sees at /tmp and /dev/shm, and the CPU its reaped
+        # children used.
+        "tmpfs": {w: tmpfs_of(shell, w) if shell else None for w in ("/tmp", "/dev/shm")},
+        "shell_cpu": cpu_of(shell) if shell else None,
+    }
+
+
+# -- scenarios ---------------------------------------------------------------------------
+
+
+def expand(template: str, params: dict[str, Any], **more: str) -> str:
+    return template.format(python=sys.executable, **params.get("programs", {}), **more)
+
+
+@scenario
+async def held(params: dict[str, Any]) -> dict[str, Any]:
+    """Each step on a fresh executor: start the command, wait for its marker, look at it
+    from outside (optionally while this process allocates), let it end, check it is gone."""
+    steps = []
+    for n, step in enumerate(params["steps"]):
+        token = f"{params['token']}-{n}"
+        hold = Hold(params["workspace"], token)
+        watch = Watch()
+        marker = f"{MARKER}-{token}"
+        # A command holds with `{hold}`, or opens `{fifo}` itself before it prints `{marker}`.
+        fields = {"hold": hold.shell(marker), "fifo": hold.path, "marker": marker, "token": token}
+        command = expand(step["command"], params, **fields)
+        exact = expand(step["exact"], params, **fields) if "exact" in step else None
+        own_cgroup, own_limits = read_text("/proc/self/cgroup"), read_text("/proc/self/limits")
+        ex = executor({**params, **step}, step.get("limits"))
+        try:
+            process = await ex.start(ex.resolve(request(command)), on_output=watch)
+            started = time.monotonic()
+            await watch.until_seen(marker, process)
+            held_s = time.monotonic() - started
+            ballast = None
+            if step.get("executor_allocates_mb"):
+                # The executor allocates (and touches) far past the command's limit.
+                ballast = bytearray(step["executor_allocates_mb"] << 20)
+                for i in range(0, len(ballast), 4096):
+                    ballast[i] = 1
+            seen = observe(token, exact)
+            del ballast
+            hold.release()
+            await process.wait()
+        finally:
+            hold.release()
+            await ex.aclose()
+        steps.append(
+            {
+                **process_result(process, watch),
+                "seen": seen,
+                "held_seconds": held_s,
+                "alive_after": [int(p) for p in seen["procs"] if running(int(p))],
+                "cgroups_after": [d for d in seen["cgroups"].values() if os.path.exists(d)],
+                "own_cgroup_unchanged": read_text("/proc/self/cgroup") == own_cgroup,
+                "own_limits_unchanged": read_text("/proc/self/limits") == own_limits,
+                "left_after_close": own_cgroups(),
+            }
+        )
+    return {"steps": steps, "left_after_close": own_cgroups()}
+
+
+@scenario
+async def run(params: dict[str, Any]) -> dict[str, Any]:
+    """One command through `run()`."""
+    ex = executor(params)
+    try:
+        result = await ex.run(ex.resolve(request(expand(params["command"], params))))
+    finally:
+        await ex.aclose()
+    return {**run_result(result), "left_after_close": own_cgroups()}
+
+
+def tree_complete(out: bytes) -> bool:
+    """The fork bomb's progress bytes account for every fork attempt (see forkbomb.c)."""
+    outstanding = 1
+    for byte in out:
+        outstanding -= 1
+        if byte > ord("a"):  # a node above the leaves: two fork attempts to come
+            outstanding += 2
+    return outstanding <= 0
+
+
+async def start_bomb(
+    ex: SandboxBashExecutor, params: dict[str, Any], hold: Hold, watch: Watch
+) -> BashProcess:
+    """The bounded fork bomb, holding on the fifo, its progress bytes on stdout."""
+    bomb = params["programs"]["forkbomb"]
+    command = f"{bomb} {params.get('depth', 13)} {params['token']} < {hold.path} 3>&1"
+    process = await ex.start(ex.resolve(request(command)), on_output=watch)
+    await watch.until(tree_complete, process)
+    return process
+
+
+@scenario
+async def forkbomb(params: dict[str, Any]) -> dict[str, Any]:
+    ex = executor(params)
+    hold, watch = Hold(params["workspace"], params["token"]), Watch()
+    try:
+        process = await start_bomb(ex, params, hold, watch)
+        observed = count_program(params["programs"]["forkbomb"], params["token"])
+        seen = observe(params["token"])
+        hold.release()
+        await process.wait()
+    finally:
+        hold.release()
+        await ex.aclose()
+    return {
+        **process_result(process, watch),
+        "failed_forks": watch.streams["stdout"].count(b"F"),
+        "observed": observed,
+        "seen": seen,
+        "after": count_program(params["programs"]["forkbomb"], params["token"]),
+        "cgroups_after": [d for d in seen["cgroups"].values() if os.path.exists(d)],
+        "left_after_close": own_cgroups(),
     }
 
 
 @scenario
-def abandon(params: dict[str, Any]) -> dict[str, Any]:
-    """Make an executor's cgroups, then die without close() (SIGKILL, as a crash would)."""
-    executor = ExecutorLimits()
-    plan = executor.prepare("x", ResourceLimits())
-    print(json.dumps({"cgroups": [d for _, d in plan.cgroups]}), flush=True)
+async def concurrent(params: dict[str, Any]) -> dict[str, Any]:
+    """A fork bomb held at its limit in one command while a command of the same executor
+    (its own limits, a per-call policy) and one of another executor fork 40 children."""
+    first = executor(params, {"processes": params["bomb_processes"]})
+    second = executor(params, {"processes": params["probe_processes"]})
+    hold, watch = Hold(params["workspace"], params["token"]), Watch()
+    probe = f"{params['programs']['forkcount']} {params['probe_forks']}"
+    try:
+        bomb = await start_bomb(first, params, hold, watch)
+        spec = first.resolve(request(probe))
+        assert spec.sandbox_policy is not None
+        policy = spec.sandbox_policy.model_copy(
+            update={"limits": ResourceLimits(processes=params["probe_processes"])}
+        )
+        same = await first.run(first.resolve(request(probe, sandbox_policy=policy)))
+        other = await second.run(second.resolve(request(probe)))
+        hold.release()
+        await bomb.wait()
+    finally:
+        hold.release()
+        await first.aclose()
+        await second.aclose()
+    return {
+        "bomb": process_result(bomb, watch),
+        "same_executor": run_result(same),
+        "other_executor": run_result(other),
+        "left_after_close": own_cgroups(),
+    }
+
+
+@scenario
+async def abandon(params: dict[str, Any]) -> dict[str, Any]:
+    """Start a command, print its cgroups, then die without aclose() (SIGKILL, as a crash)."""
+    ex = executor(params)
+    hold, watch = Hold(params["workspace"], params["token"]), Watch()
+    marker = f"{MARKER}-{params['token']}"
+    process = await ex.start(ex.resolve(request(hold.shell(marker))), on_output=watch)
+    await watch.until_seen(marker, process)
+    seen = observe(params["token"])
+    parents = sorted(own_cgroups())
+    print(json.dumps({"seen": seen, "parents": parents}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     return {}
 
 
 @scenario
-def sweep(params: dict[str, Any]) -> dict[str, Any]:
-    """A fresh executor's first prepare removes parents of dead executors."""
-    executor = ExecutorLimits()
-    executor.prepare("y", ResourceLimits())
-    executor.close()
-    return {"warnings": executor.warnings}
+async def sweep(params: dict[str, Any]) -> dict[str, Any]:
+    """A fresh executor's first command: its limits' first prepare removes dead parents."""
+    ex = executor(params)
+    try:
+        result = await ex.run(ex.resolve(request("true")))
+    finally:
+        await ex.aclose()
+    return {**run_result(result), "left_after_close": own_cgroups()}
 
 
-@scenario
-def tmpfull(params: dict[str, Any]) -> dict[str, Any]:
-    """Root only: two small tmpfs in a private mount namespace; the command fills one."""
-    lib = libc()
-    if lib.unshare(CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
-    # Private propagation first: these mounts never reach the host's namespace.
-    if lib.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "mount(private)")
-    roots = {}
-    for name in ("tmp", "shm"):
-        root = os.path.join(params["dir"], name)
-        os.mkdir(root)
-        if lib.mount(b"tmpfs", root.encode(), b"tmpfs", 0, b"size=1m") != 0:
-            raise OSError(ctypes.get_errno(), "mount tmpfs")
-        roots[name] = root
-    executor = ExecutorLimits()
-    target = roots[params["fill"]]
-    cmd = Command(executor, ResourceLimits(), ["/bin/sh", "-c", f"cat /dev/zero > {target}/f"])
-    result = cmd.finish(timeout_s=30, tmp_root=roots["tmp"], shm_root=roots["shm"])
-    fd = os.open(roots["tmp"], os.O_RDONLY | os.O_DIRECTORY)
-    again = executor.prepare("again", ResourceLimits())
-    # The same question with an fd for /tmp (what the lead may hold) and a path for shm.
-    outcome_fd = executor.outcome(
-        again, exit_code=1, signal=None, tmp_root=fd, shm_root=roots["shm"]
-    )
-    os.close(fd)
-    executor.release(again)
-    executor.close()
-    return {**result, "outcome_fd": outcome_fd}
-
-
-def main() -> None:
+async def main() -> None:
     params = json.loads(sys.stdin.read())
-    result = SCENARIOS[params["scenario"]](params)
+    result = await SCENARIOS[params["scenario"]](params)
     print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    asyncio.run(main())

@@ -1,147 +1,202 @@
-"""Real-kernel tests of per-command limits, as root (cgroups) and as nobody (rlimits).
+"""Real-kernel tests of per-command limits through the real `SandboxBashExecutor`, on both
+Linux backends, as root (cgroups) and as nobody (rlimits).
 
 Each test runs an executor in a driver process bounded from outside (conftest.py), attacks
-with the real thing (a bounded fork bomb, an allocation, a spinner), and checks the world
-from outside the command: processes counted in /proc by the driver, the cgroup's own kernel
-counters, and no cgroup left anywhere under /sys/fs/cgroup once the executor closed.
+with the real thing (a bounded fork bomb, an allocation, a spinner, a full tmpfs, a daemon),
+and checks the world from outside the command while it runs (its processes in /proc, its
+cgroup's own kernel counters, its descriptors, its tmpfs), then the typed facts of the
+result (`limit_exceeded`, `limits_enforcement`), then that nothing is left: no process, the
+command's cgroup removed when it settled, no cgroup anywhere once the executor closed.
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import secrets
-import shutil
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.limits.conftest import OuterCgroup, Programs, nobody_python, our_cgroups, run_driver
+from bash_sandbox.linux.cgroups import detect_this_host
+from tests.limits.conftest import OuterCgroup, root_only, run_driver
 
-SPAWNS = ("setup", "bwrap")
 MiB = 1 << 20
 
 
-@pytest.fixture(params=SPAWNS)
-def spawn(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    if name == "bwrap" and shutil.which("bwrap") is None:
-        pytest.skip("bwrap is not installed")
-    return name
+def drive(
+    identity: str,
+    backend: str,
+    workspace: Path,
+    scenario: str,
+    programs: dict[str, str] | None = None,
+    **params: Any,
+) -> dict[str, Any]:
+    return run_driver(
+        identity,
+        {
+            "scenario": scenario,
+            "backend": backend,
+            "workspace": str(workspace),
+            "programs": programs or {},
+            **params,
+        },
+    ).result
 
 
-@pytest.fixture
-def python(identity: str) -> str:
-    """An interpreter the identity can run (with this venv's packages on PYTHONPATH)."""
-    if identity == "nobody" and os.geteuid() == 0:
-        found = nobody_python()
-        assert found is not None
-        return found[0]
-    return sys.executable
+def held(identity: str, backend: str, workspace: Path, **step: Any) -> dict[str, Any]:
+    """One command started, looked at from outside at its marker, then let go."""
+    (result,) = drive(identity, backend, workspace, "held", steps=[step])["steps"]
+    return result  # type: ignore[no-any-return]
+
+
+def enforcement_here(identity: str) -> str:
+    """Root here has writable memory, pids and cpu cgroups (the outer bound needs the first
+    two): every limit holds for the whole tree. Nobody gets rlimits, and RLIMIT_DATA bounds
+    memory per process only."""
+    return "full" if identity == "root" else "partial"
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def cgroup_file(counters: dict[str, str], v1: str, v2: str) -> str:
+    """A counter file of the command's cgroup under its cgroup-v1 or its v2 name."""
+    return counters[v1] if v1 in counters else counters[v2]
+
+
+def counter(text: str, key: str) -> int:
+    """One value of a flat keyed counter file ("oom_kill 1\\n...")."""
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    raise KeyError(key)
 
 
 def test_fork_bomb_stops_at_the_process_limit_and_leaves_no_process(
-    identity: str, spawn: str, programs: Programs
+    identity: str, backend: str, programs: dict[str, str], workspace: Path
 ) -> None:
-    token = f"limits-bomb-{secrets.token_hex(4)}"
-    run = run_driver(
+    r = drive(
         identity,
-        {
-            "scenario": "forkbomb",
-            "forkbomb": programs.forkbomb,
-            "depth": 13,  # at most 16383 processes if every limit were broken
-            "token": token,
-            "spawn": spawn,
-            "limits": {"processes": 64},
-        },
+        backend,
+        workspace,
+        "forkbomb",
+        programs,
+        depth=13,  # at most 16383 processes if every limit were broken
+        limits={"processes": 64},
     )
-    r = run.result
-    assert r["failed"] > 0, "the bomb never met a limit"
+    assert r["failed_forks"] > 0, "the bomb never met a limit"
     # Counted from outside while the whole tree held: never past the limit, and close to
-    # it (the wrapper processes of a bwrap spawn take a few of the 64).
-    assert 64 - 6 <= r["observed"] <= 64
+    # it (the backend's waiter and wrapper processes take a few of the 64).
+    assert 64 - 6 <= r["observed"] <= 64, r["observed"]
     assert r["after"] == 0
-    assert r["outcome"] == "processes"
+    assert r["sandbox"]["limit_exceeded"] == "processes"
+    assert r["sandbox"]["limits_enforcement"] == enforcement_here(identity)
+    seen = r["seen"]
     if identity == "root":
-        assert int(r["counters"]["pids.peak"]) <= 64
+        assert seen["counters"]["pids.max"].strip() == "64"
+        assert int(seen["counters"]["pids.current"]) <= 64
+        assert counter(seen["counters"]["pids.events"], "max") > 0
+        assert r["cgroups_after"] == [], "the command's cgroup outlived it"
     else:
-        nproc = [x for x in r["rlimits"] if x[0] == resource.RLIMIT_NPROC]
-        assert nproc == [[resource.RLIMIT_NPROC, 64, 64]]
+        assert seen["cgroups"] == {}
 
 
 def test_allocation_past_the_memory_limit_is_stopped_and_reported(
-    identity: str, python: str
+    identity: str, backend: str, workspace: Path
 ) -> None:
-    code = "b = b'x' * (512 << 20); print('allocated', len(b))"
-    run = run_driver(
+    r = held(
         identity,
-        {
-            "scenario": "single",
-            "argv": [python, "-c", code],
-            "limits": {"memory_bytes": 128 * MiB},
-        },
+        backend,
+        workspace,
+        command="{python} -c \"b = b'x' * (512 << 20); print('allocated', len(b))\"; "
+        "rc=$?; {hold}; exit $rc",
+        limits={"memory_bytes": 128 * MiB},
     )
-    r = run.result
     assert "allocated" not in r["stdout"]
-    assert r["outcome"] == "memory"
+    assert r["sandbox"]["limit_exceeded"] == "memory"
+    assert r["sandbox"]["limits_enforcement"] == enforcement_here(identity)
     if identity == "root":
-        assert r["signal"] == "SIGKILL"  # the cgroup's OOM killer, not the process itself
-        oom = r["counters"]["memory.oom_control"]
-        assert "oom_kill 0" not in oom and "oom_kill " in oom
-        assert int(r["counters"]["memory.max_usage_in_bytes"]) <= 128 * MiB
+        # The cgroup's OOM killer, not the allocation failing in the process itself.
+        assert r["exit_code"] == 128 + 9
+        counters = r["seen"]["counters"]
+        events = cgroup_file(counters, "memory.oom_control", "memory.events")
+        assert counter(events, "oom_kill") > 0
+        assert int(cgroup_file(counters, "memory.max_usage_in_bytes", "memory.peak")) <= 128 * MiB
+        assert r["cgroups_after"] == []
     else:
         assert r["exit_code"] == 1 and "MemoryError" in r["stderr"]
 
 
 def test_a_limit_on_one_command_does_not_affect_others_running_meanwhile(
-    identity: str, programs: Programs
+    identity: str, backend: str, programs: dict[str, str], workspace: Path
 ) -> None:
-    token = f"limits-held-{secrets.token_hex(4)}"
-    run = run_driver(
+    r = drive(
         identity,
-        {
-            "scenario": "concurrent",
-            "forkbomb": programs.forkbomb,
-            "forkcount": programs.forkcount,
-            "token": token,
-            "depth": 13,
-            "bomb_processes": 32,
-            "probe_processes": 64,
-            "probe_forks": 40,
-        },
+        backend,
+        workspace,
+        "concurrent",
+        programs,
+        depth=13,
+        bomb_processes=32,
+        probe_processes=64,
+        probe_forks=40,
     )
-    r = run.result
-    assert r["bomb"]["failed"] > 0 and r["bomb"]["outcome"] == "processes"
-    # While the bomb sat at its limit, a command of the same executor and one of another
-    # executor each forked all 40 children.
-    for probe in r["probes"]:
-        assert probe["exit_code"] == 0, probe["stderr"]
-        assert probe["stdout"].strip() == "40"
-        assert probe["outcome"] is None
+    assert r["bomb"]["sandbox"]["limit_exceeded"] == "processes"
+    # While the bomb sat at its limit, a command of another executor forked all 40.
+    other = r["other_executor"]
+    assert other["exit_code"] == 0, other["stderr"]
+    assert other["stdout"].strip() == "40"
+    assert other["sandbox"]["limit_exceeded"] is None
+    same = r["same_executor"]
+    if identity == "nobody":
+        # Known gap: unprivileged, RLIMIT_NPROC is set in the executor's shared user
+        # namespace (Landlock) or before bwrap makes the command's own, so the commands of
+        # one executor share the count. Fails loudly once that is fixed.
+        if same["exit_code"] == 0:
+            pytest.fail("same-executor commands no longer share RLIMIT_NPROC: drop this branch")
+        assert same["sandbox"]["limit_exceeded"] == "processes"
+        pytest.xfail("RLIMIT_NPROC is shared by the commands of one unprivileged executor")
+    # ... and so did a command of the same executor with its own (per-call) limits.
+    assert same["exit_code"] == 0, same["stderr"]
+    assert same["stdout"].strip() == "40"
+    assert same["sandbox"]["limit_exceeded"] is None
 
 
-def test_the_executors_own_process_is_not_charged(identity: str, python: str) -> None:
-    code = "import time; b = b'x' * (32 << 20); time.sleep(1); print('done')"
-    run = run_driver(
-        identity,
-        {
-            "scenario": "single",
-            "argv": [python, "-c", code],
-            "limits": {"memory_bytes": 96 * MiB, "processes": 16},
-            # The executor allocates far past the command's limit while it runs.
-            "executor_allocates_mb": 512,
-        },
+def test_the_executors_own_process_is_not_charged(
+    identity: str, backend: str, workspace: Path
+) -> None:
+    code = (
+        "import sys; b = b'x' * (32 << 20); hold = open(sys.argv[1]); "
+        "print(sys.argv[2], flush=True); hold.read(); print('done')"
     )
-    r = run.result
-    assert r["exit_code"] == 0 and r["stdout"].strip() == "done", r["stderr"]
-    assert r["outcome"] is None
+    r = held(
+        identity,
+        backend,
+        workspace,
+        command=f'{{python}} -c "{code}" {{fifo}} {{marker}}',
+        limits={"memory_bytes": 96 * MiB, "processes": 16},
+        # While the command holds its 32 MiB, the executor touches 512 MiB of its own.
+        executor_allocates_mb=512,
+    )
+    assert r["exit_code"] == 0, r["stderr"]
+    assert r["stdout"].strip().endswith("done")
+    assert r["sandbox"]["limit_exceeded"] is None
     assert r["own_cgroup_unchanged"] and r["own_limits_unchanged"]
     if identity == "root":
-        assert int(r["counters"]["memory.max_usage_in_bytes"]) < 96 * MiB
+        usage = int(cgroup_file(r["seen"]["counters"], "memory.usage_in_bytes", "memory.current"))
+        assert 32 * MiB <= usage < 96 * MiB, usage
 
 
-def _c_project(root: Path, files: int = 24) -> None:
+def _c_project(root: Path, files: int = 24) -> int:
+    """A small C project for `make -j`; returns what its program prints."""
     src = root / "src"
     src.mkdir()
     objs = []
@@ -157,152 +212,183 @@ def _c_project(root: Path, files: int = 24) -> None:
     (src / "Makefile").write_text(
         f"app: {' '.join(objs)}\n\tgcc -o $@ $^\n%.o: %.c\n\tgcc -O2 -c -o $@ $<\n"
     )
-    os.system(f"chmod -R a+rwX {root}")
+    for path in (src, *src.iterdir()):
+        path.chmod(0o777 if path.is_dir() else 0o666)
+    return sum(range(files)) + files
 
 
 def test_defaults_let_a_parallel_make_build_pass(
-    identity: str, spawn: str, readable_dir: Path
+    identity: str, backend: str, workspace: Path
 ) -> None:
-    if shutil.which("make") is None or shutil.which("gcc") is None:
-        pytest.skip("make and gcc are needed")
-    _c_project(readable_dir)
-    src = str(readable_dir / "src")
-    run = run_driver(
-        identity,
-        {
-            "scenario": "single",
-            "argv": ["/bin/sh", "-c", f"cd {src} && make -j && ./app"],
-            "spawn": spawn,
-            "writable": [str(readable_dir)],
-        },
-    )
-    r = run.result
+    expected = _c_project(workspace)
+    r = drive(identity, backend, workspace, "run", command="cd src && make -j && ./app")
     assert r["exit_code"] == 0, r["stderr"]
-    assert r["stdout"].strip().splitlines()[-1] == str(sum(range(24)) + 24 + 0)
-    assert r["outcome"] is None
+    assert r["stdout"].strip().splitlines()[-1] == str(expected)
+    assert r["sandbox"]["limit_exceeded"] is None
+    assert r["sandbox"]["limits_enforcement"] == enforcement_here(identity)
+    assert (workspace / "src" / "app").is_file()  # built on the host, in the workspace
 
 
 def test_defaults_let_a_parallel_pytest_run_pass(
-    identity: str, python: str, readable_dir: Path
+    identity: str, backend: str, workspace: Path
 ) -> None:
     pytest.importorskip("xdist")
-    tests = readable_dir / "test_many.py"
+    tests = workspace / "test_many.py"
     tests.write_text(
         "import pytest\n@pytest.mark.parametrize('i', range(40))\ndef test_n(i):\n"
         "    assert i * i >= 0\n"
     )
-    os.chmod(tests, 0o644)
-    run = run_driver(
+    tests.chmod(0o644)
+    r = drive(
         identity,
-        {
-            "scenario": "single",
-            "argv": [
-                python, "-m", "pytest", "-q", "-n", "4", "-p", "no:cacheprovider",
-                str(tests),
-            ],
-            "cwd": str(readable_dir),
-        },
-    )  # fmt: skip
-    r = run.result
+        backend,
+        workspace,
+        "run",
+        command="{python} -m pytest -q -n 4 -p no:cacheprovider -p no:asyncio test_many.py",
+    )
     assert r["exit_code"] == 0, r["stdout"][-2000:] + r["stderr"]
     assert "40 passed" in r["stdout"]
-    assert r["outcome"] is None
+    assert r["sandbox"]["limit_exceeded"] is None
+    assert r["sandbox"]["limits_enforcement"] == enforcement_here(identity)
 
 
-def test_cpu_time_limit_ends_a_spinner_with_sigxcpu(identity: str, python: str) -> None:
-    run = run_driver(
+def test_cpu_time_limit_ends_a_spinner_with_sigxcpu(
+    identity: str, backend: str, workspace: Path
+) -> None:
+    r = held(
         identity,
-        {
-            "scenario": "single",
-            "argv": [python, "-c", "while True: pass"],
-            "limits": {"cpu_seconds": 1},
-            "timeout_s": 60,
-        },
+        backend,
+        workspace,
+        command='{python} -c "while True: pass"; rc=$?; {hold}; exit $rc',
+        limits={"cpu_seconds": 1},
     )
-    r = run.result
-    assert r["signal"] == "SIGXCPU"
-    assert r["outcome"] == "cpu-time"
-    # Measured by the kernel for the reaped child: it ran to its limit, and no further.
-    assert 0.7 <= r["cpu_seconds"] < 2.5
+    # The spinner died of SIGXCPU (its shell says 128+n, as both backends would).
+    assert r["exit_code"] == 128 + 24, r["stderr"]
+    assert r["sandbox"]["limit_exceeded"] == "cpu-time"
+    # Measured by the kernel, read from outside while the shell held: the spinner it
+    # reaped ran to its limit, and no further.
+    cpu = r["seen"]["shell_cpu"]
+    assert cpu is not None and 0.7 <= cpu["children"] < 2.1, cpu
 
 
-def test_open_files_limit_is_reported(identity: str, python: str) -> None:
-    code = "fs = [open('/dev/null') for _ in range(200)]; print('opened')"
-    run = run_driver(
+def test_open_files_limit_is_reported(identity: str, backend: str, workspace: Path) -> None:
+    code = (
+        "import sys\nhold = open(sys.argv[1])\nfs = []\ntry:\n"
+        '    while len(fs) < 200: fs.append(open("/dev/null"))\n'
+        "except OSError as e:\n    print(e, file=sys.stderr)\n"
+        "print(sys.argv[2], flush=True)\nhold.read()\nsys.exit(len(fs) < 200)"
+    )
+    r = held(
         identity,
-        {
-            "scenario": "single",
-            "argv": [python, "-c", code],
-            "limits": {"open_files": 64},
-        },
+        backend,
+        workspace,
+        command=f"{{python}} -c '{code}' {{fifo}} {{marker}}",
+        exact=code,
+        limits={"open_files": 64},
     )
-    r = run.result
-    assert "opened" not in r["stdout"]
+    (python,) = [p for p in r["seen"]["procs"].values() if p["exact"]]
+    # Counted from outside while it held them: never more than the limit.
+    assert python["fds"] is not None and python["fds"] <= 64, python["fds"]
+    assert r["exit_code"] == 1
     assert "Too many open files" in r["stderr"]
-    assert r["outcome"] == "open-files"
+    assert r["sandbox"]["limit_exceeded"] == "open-files"
 
 
-def test_cpu_quota_bounds_the_whole_tree(programs: Programs) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (cpu cgroup)")
-    spin = "timeout 2 sh -c 'while :; do :; done'"
-    run = run_driver(
-        "root",
-        {
-            "scenario": "single",
-            "argv": ["/bin/sh", "-c", f"{spin} & {spin} & {spin} & wait"],
-            "limits": {"cpu_cores": 0.25},
-        },
-    )
-    r = run.result
-    if "cpu.stat" not in r["counters"]:
+def test_cpu_quota_bounds_the_whole_tree(backend: str, workspace: Path) -> None:
+    root_only()
+    if "cpu" not in detect_this_host().controllers:
         pytest.skip("no writable cpu cgroup here")
+    spin = "timeout 2 sh -c 'while :; do :; done'"
+    r = held(
+        "root",
+        backend,
+        workspace,
+        command=f"{spin} & {spin} & {spin} & wait; {{hold}}",
+        limits={"cpu_cores": 0.25},
+    )
+    counters = r["seen"]["counters"]
+    assert r["exit_code"] == 0, r["stderr"]
     # Three spinners for 2 s of wall time would use ~4 CPU-seconds on 2 cores; the quota
-    # holds the whole tree to a quarter core.
-    assert r["cpu_seconds"] < 0.25 * r["wall_seconds"] + 0.35
-    assert "nr_throttled 0" not in r["counters"]["cpu.stat"]
+    # holds the whole tree to a quarter core (read from outside once the shell reaped them).
+    cpu = r["seen"]["shell_cpu"]["children"]
+    assert cpu < 0.25 * r["held_seconds"] + 0.35, (cpu, r["held_seconds"])
+    assert counter(counters["cpu.stat"], "nr_throttled") > 0
+    assert r["sandbox"]["limits_enforcement"] == "full"
 
 
-@pytest.mark.parametrize("fill", ["tmp", "shm"])
-def test_a_full_private_tmpfs_is_reported(fill: str, readable_dir: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount tmpfs in a private mount namespace")
-    run = run_driver("root", {"scenario": "tmpfull", "dir": str(readable_dir), "fill": fill})
-    r = run.result
-    assert r["exit_code"] != 0
-    assert r["outcome"] == f"{fill}-space"
-    assert r["outcome_fd"] == f"{fill}-space"
-    # The mounts lived in the driver's private namespace: nothing is mounted here.
-    assert not os.path.ismount(readable_dir / fill)
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_a_full_private_tmp_or_shm_is_reported_and_never_the_hosts(
+    identity: str, backend: str, mode: str, workspace: Path
+) -> None:
+    fill = "head -c 20M /dev/zero > {where}/fill-{{token}}; rc=$?; {{hold}}; exit $rc"
+    limits = {"tmp_bytes": 8 * MiB, "shm_bytes": 8 * MiB}
+    steps = [
+        {"command": fill.format(where=where), "limits": limits, "mode": mode}
+        for where in ("/tmp", "/dev/shm")
+    ]
+    token = f"limits-full-{secrets.token_hex(4)}"
+    r = drive(identity, backend, workspace, "held", steps=steps, token=token)
+    for where, step, limit in zip(
+        ("/tmp", "/dev/shm"), r["steps"], ("tmp-space", "shm-space"), strict=True
+    ):
+        assert step["exit_code"] == 1, step["stderr"]
+        assert "No space left on device" in step["stderr"]
+        assert step["sandbox"]["limit_exceeded"] == limit
+        # The command's own view (through /proc/<pid>/root, while it held): its private
+        # tmpfs of the configured size, full.
+        seen = step["seen"]["tmpfs"][where]
+        assert seen is not None and seen["size"] == 8 * MiB and seen["free"] < 64 * 1024, seen
+    # The host's own /tmp and /dev/shm never saw the files (steps 0 and 1).
+    assert not Path(f"/tmp/fill-{token}-0").exists()
+    assert not Path(f"/dev/shm/fill-{token}-1").exists()
 
 
-def test_release_kills_a_daemonised_grandchild(programs: Programs) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs cgroups (root); unprivileged, the backend's PID namespace ends it")
-    sleep = shutil.which("sleep") or "/bin/sleep"
-    run = run_driver("root", {"scenario": "daemon", "sleep": sleep})
-    r = run.result
-    assert r["exit_code"] == 0
-    assert r["alive_before"] and r["other_session"], "the daemon should have outlived its command"
-    assert r["killed"] >= 1
-    assert not r["alive_after"]
-    assert r["warnings"] == []
+def test_a_daemonised_grandchild_dies_with_its_command(
+    identity: str, backend: str, workspace: Path
+) -> None:
+    daemon = 'echo up > "$0"; sleep 300; : {token}'
+    r = held(
+        identity,
+        backend,
+        workspace,
+        command=(
+            f'f=$(mktemp -u); mkfifo "$f"; setsid sh -c \'{daemon}\' "$f" '
+            '</dev/null >/dev/null 2>&1 & read _ < "$f"; rm "$f"; {hold}'
+        ),
+        exact=daemon,
+    )
+    assert r["exit_code"] == 0, r["stderr"]
+    procs = r["seen"]["procs"]
+    (pid,) = [int(p) for p, info in procs.items() if info["exact"]]
+    # Seen from outside while the command held: a session of its own, apart from the
+    # command shell's (it survives the kill of the command's process group).
+    shell = r["seen"]["shell"]
+    assert procs[str(pid)]["sid"] == pid
+    assert shell is not None and procs[str(shell)]["sid"] not in (None, pid)
+    assert r["alive_after"] == [], "the daemon (or another process) outlived its command"
+    assert r["sandbox"]["limit_exceeded"] is None
 
 
-def test_cgroups_of_a_killed_executor_are_removed_by_the_next() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs cgroups (root)")
+def test_cgroups_of_a_killed_executor_are_removed_by_the_next(
+    backend: str, workspace: Path
+) -> None:
+    root_only()
     outer = OuterCgroup()
     try:
-        dead = run_driver("root", {"scenario": "abandon"}, outer=outer)
-        assert dead.returncode == -9
-        left = dead.result["cgroups"]
-        assert left and all(os.path.isdir(d) for d in left)
-        run_driver("root", {"scenario": "sweep"}, outer=outer)
-        assert not any(os.path.exists(d) for d in left)
-        assert our_cgroups(dead.pid) == [] or all(
-            not d.startswith(tuple(outer.dirs)) for d in our_cgroups(dead.pid)
+        params = {"backend": backend, "workspace": str(workspace)}
+        dead = run_driver(
+            "root", {"scenario": "abandon", **params}, outer=outer, expect_killed=True
         )
+        assert dead.returncode == -9
+        made = [*dead.result["seen"]["cgroups"].values(), *dead.result["parents"]]
+        # Left behind: those below the outer cgroups are out of every other executor's
+        # reach (on the host's shared cpu hierarchy another session may sweep first).
+        ours = [d for d in made if d.startswith(tuple(outer.dirs))]
+        assert len(ours) == 4 and all(os.path.isdir(d) for d in ours), made
+        run_driver("root", {"scenario": "sweep", **params}, outer=outer)
+        assert not [d for d in made if os.path.exists(d)]
         assert outer.leftovers() == []
+        # The dead executor's command went with it (it dies with its executor).
+        assert not [p for p in dead.result["seen"]["procs"] if running(int(p))]
     finally:
         outer.remove()

@@ -1,5 +1,5 @@
 """Pure parts of the limits: host discovery from text, what each cgroup gets, which rlimits,
-the argv prefixes, the enforcement report, and the outcome read from counter files.
+the child steps of a plan, the enforcement report, and the outcome read from counter files.
 
 Kernel behaviour is in test_limits_kernel.py; here a cgroup tree is a temp directory.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,15 +25,14 @@ from bash_sandbox.linux.cgroups import (
     render_cgroup_settings,
     v2_host,
 )
+from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.limits import (
-    ENTRY_SCRIPT,
     ExecutorLimits,
     LimitMechanism,
     LimitsPlan,
+    apply_rlimits,
     describe_enforcement,
-    entry_argv,
-    entry_failure,
-    rlimit_argv,
+    enter_cgroups,
     summarize_enforcement,
 )
 from bash_sandbox.linux.rlimits import RLIM_INFINITY, RlimitSetting, render_rlimits
@@ -214,59 +212,27 @@ def _plan(**kw: object) -> LimitsPlan:
     return LimitsPlan(**base)  # type: ignore[arg-type]
 
 
-def test_prefixes_render_exact_argv() -> None:
+def test_a_plan_becomes_cgroup_entries_and_setrlimit_steps_of_the_child() -> None:
     plan = _plan(
         procs_files=("/cg/pids/x/cgroup.procs", "/cg/memory/x/cgroup.procs"),
         rlimits=(
             RlimitSetting(resource.RLIMIT_NPROC, 64, 64),
-            RlimitSetting(resource.RLIMIT_DATA, RLIM_INFINITY, RLIM_INFINITY),
+            RlimitSetting(resource.RLIMIT_CPU, 5, 6),
         ),
     )
-    assert entry_argv(plan) == (
-        "/bin/sh",
-        "-c",
-        ENTRY_SCRIPT,
-        "sh",
-        "2",
-        "/cg/pids/x/cgroup.procs",
-        "/cg/memory/x/cgroup.procs",
+    setup = ChildSetup()
+    enter_cgroups(setup, plan)
+    apply_rlimits(setup, plan)
+    assert setup.step_names() == (
+        "write /cg/pids/x/cgroup.procs",
+        "write /cg/memory/x/cgroup.procs",
+        f"rlimit {resource.RLIMIT_NPROC}",
+        f"rlimit {resource.RLIMIT_CPU}",
     )
-    assert rlimit_argv(plan, "/usr/bin/prlimit") == (
-        "/usr/bin/prlimit",
-        "--nproc=64:64",
-        "--data=unlimited:unlimited",
-        "--",
-    )
-    assert entry_argv(_plan()) == () and rlimit_argv(_plan(), "/usr/bin/prlimit") == ()
-
-
-def test_entry_script_writes_each_file_then_execs_and_refuses_to_run_past_a_failure(
-    tmp_path: Path,
-) -> None:
-    first, second = tmp_path / "a.procs", tmp_path / "b.procs"
-    marker = tmp_path / "ran"
-    plan = _plan(procs_files=(str(first), str(second)))
-    done = subprocess.run(
-        [*entry_argv(plan), "/bin/sh", "-c", f"echo $$ > {marker}"],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    assert first.read_text() == "0\n" and second.read_text() == "0\n"
-    assert marker.exists()
-    marker.unlink()
-    broken = _plan(procs_files=(str(first), str(tmp_path / "missing" / "cgroup.procs")))
-    failed = subprocess.run(
-        [*entry_argv(broken), "/bin/sh", "-c", f"touch {marker}"],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    assert not marker.exists(), "the command ran outside its cgroup"
-    reason = entry_failure(failed.returncode, failed.stderr)
-    assert reason is not None and "missing/cgroup.procs" in reason
-    assert entry_failure(0, failed.stderr) is None
+    empty = ChildSetup()
+    enter_cgroups(empty, _plan())
+    apply_rlimits(empty, _plan())
+    assert not empty, "a plan without cgroups or rlimits adds no step"
 
 
 V1_ALL = CgroupHost(
