@@ -120,7 +120,8 @@ def test_the_denial_marker_follows_the_commands_stderr_on_its_own_line(
     err = capsys.readouterr().err
     assert code != 0
     assert not (workspace / "f").exists()
-    assert "no-newline\n[sandbox: file access denied under read-only mode]\n[sandbox: write to " in err
+    denial = "no-newline\n[sandbox: file access denied under read-only mode]\n[sandbox: write to "
+    assert denial in err
     assert err.endswith("ask for workspace-write]\n")
 
 
