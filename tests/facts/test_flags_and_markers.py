@@ -86,10 +86,7 @@ def test_markers_name_what_why_and_the_next_step(monkeypatch: pytest.MonkeyPatch
         _denial(DenialKind.FILE_WRITE, "/srv/ws/a", "read-only mode", DenialEvidence.SUPERVISOR),
         "read-only",
         "isolated",
-    ) == (
-        "[sandbox: write to /srv/ws/a denied under read-only mode; "
-        "ask for workspace-write]"
-    )
+    ) == ("[sandbox: write to /srv/ws/a denied under read-only mode; ask for workspace-write]")
     assert denial_marker(
         _denial(DenialKind.FILE_READ, "/home/u/.ssh/id_rsa", "deny_read"), "read-only", None
     ) == (
