@@ -409,13 +409,20 @@ class SandboxBashExecutor(LocalBashExecutor):
         if not self._supervisors:
             self._supervisors.append(SeccompSupervisor())
         cache_home: str | None = None
+        cache_warning: str | None = None
         user_policy = policy
         if policy.mode is SandboxMode.WORKSPACE_WRITE and self.config.tool_caches:
             # The sandbox's own cache home is writable like a root, for this spawn only.
             cache_home = tool_cache_home()
-            policy = policy.model_copy(
-                update={"writable_roots": (*policy.writable_roots, cache_home)}
-            )
+            if cache_home is None:
+                cache_warning = (
+                    "no tool cache home under ~/.cache (not writable): package caches "
+                    "live in this call's private /tmp"
+                )
+            else:
+                policy = policy.model_copy(
+                    update={"writable_roots": (*policy.writable_roots, cache_home)}
+                )
         started_ns = time.time_ns()
         view, held = self._view(policy, backend, user_policy)
         grant = self._egress_grant(policy, backend)
@@ -474,6 +481,8 @@ class SandboxBashExecutor(LocalBashExecutor):
         if self._selector.degraded:
             record.warnings.append(self._selector.degraded)
         record.warnings += list(view.partial)
+        if cache_warning is not None:
+            record.warnings.append(cache_warning)
         fields = {f.name: getattr(confined, f.name) for f in dataclasses.fields(ConfinedPlan)}
         fields["release"] = release
         return SandboxSpawn(

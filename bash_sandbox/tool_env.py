@@ -52,11 +52,19 @@ _CACHE_DIRS = {
 }
 
 
-def tool_cache_home() -> str:
-    """The sandbox's own cache home for this user (created 0700 on first use)."""
+def tool_cache_home() -> str | None:
+    """The sandbox's own cache home for this user (created 0700 on first use), or None
+    when the home cannot hold one (read-only, not ours): caches then stay in the call's
+    private /tmp."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     path = os.path.realpath(os.path.join(base, "bash-sandbox", "tools"))
-    os.makedirs(path, 0o700, exist_ok=True)
+    try:
+        os.makedirs(path, 0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError:
+        return None
+    if st.st_uid != os.geteuid() or not os.access(path, os.W_OK | os.X_OK):
+        return None
     return path
 
 

@@ -11,19 +11,17 @@ order (each step needs the privileges the next ones drop):
 1. the shared prefix (`linux_child.join_executor`): die with the executor, join the
    executor's user, mount and (isolated) network namespaces, take the limits;
 2. new mount, PID, IPC and UTS namespaces;
-3. every host mount remounted read-only (per-mount flags kept), so metadata changes Landlock
-   does not govern (chmod, chown, xattrs, utimes) fail with EROFS outside the roots;
-4. the git overlays, then a staging bind of the whole view (`stage`), so every later bind
-   takes its source from the view as it was, like bwrap's `/oldroot`;
-5. the shared view (`mount_plan`): shadows, the private /tmp, writable roots bound back
-   writable, protected names and covers;
-6. a fresh /dev (no host terminals, consoles, input devices or disks) with the executor's
-   /dev/shm and ptys, read-only; the stage detached; the working directory re-entered;
-7. fork: the parent stays as a waiter (exits with the command's status); the child is PID 1
+3. the shared view (`view_steps.apply_view`): every mount private, the git overlays, the
+   whole tree read-only, nosuid and nodev (so metadata changes Landlock does not govern,
+   chmod, chown, xattrs, utimes, fail with EROFS outside the roots), then shadows, the
+   private /tmp, writable roots bound back writable, protected names, covers, and a fresh
+   /dev (no host terminals, consoles, input devices or disks) with the executor's /dev/shm
+   and ptys, read-only; the working directory re-entered;
+4. fork: the parent stays as a waiter (exits with the command's status); the child is PID 1
    of the new PID namespace and mounts its own /proc (only the command's processes);
-8. drop every capability (bounding set included) and set `no_new_privs`;
-9. `landlock_restrict_self`;
-10. seccomp: the refusal filter, then the supervised filter (`linux_child.supervise`).
+5. drop every capability (bounding set included) and set `no_new_privs`;
+6. `landlock_restrict_self`;
+7. seccomp: the refusal filter, then the supervised filter (`linux_child.supervise`).
 
 PID 1 then execs a bash that runs the command as its child and exits with its status,
 because PID 1 ignores signals sent from inside its namespace (`kill $$` must still work).
@@ -33,7 +31,6 @@ Like bwrap, a command killed by signal n therefore reports exit 128+n.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from dataclasses import dataclass
 
@@ -47,28 +44,19 @@ from bash_sandbox.backends.base import (
     SandboxBackend,
     run_probe_command,
 )
-from bash_sandbox.backends.linux_child import (
-    in_user_namespace,
-    join_executor,
-    mount_overlays,
-    probe_context,
-    supervise,
-)
+from bash_sandbox.backends.linux_child import join_executor, probe_context, supervise
 from bash_sandbox.backends.mount_plan import MountOp, render_mount_plan
+from bash_sandbox.backends.view_steps import MountTable, apply_view, read_mount_table
 from bash_sandbox.linux.child_setup import (
     CLONE_NEWIPC,
     CLONE_NEWNS,
     CLONE_NEWPID,
     CLONE_NEWUTS,
-    MS_NOATIME,
     MS_NODEV,
-    MS_NODIRATIME,
     MS_NOEXEC,
     MS_NOSUID,
-    MS_RDONLY,
-    MS_RELATIME,
-    MS_STRICTATIME,
     ChildSetup,
+    mount_setattr_available,
 )
 from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
@@ -200,114 +188,23 @@ def build_ruleset_fd(ruleset: LandlockRuleset) -> object:
 
 # The devices a fresh /dev offers (like bwrap's --dev): no host terminals, consoles, input
 # devices or disks, so nothing can read keystrokes or raw blocks around the rules.
-FRESH_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-FRESH_DEV_LINKS = (
-    ("/proc/self/fd", "/dev/fd"),
-    ("/proc/self/fd/0", "/dev/stdin"),
-    ("/proc/self/fd/1", "/dev/stdout"),
-    ("/proc/self/fd/2", "/dev/stderr"),
-    ("pts/ptmx", "/dev/ptmx"),
-)
-
-_MOUNT_OPTION_FLAGS = {
-    "nosuid": MS_NOSUID,
-    "nodev": MS_NODEV,
-    "noexec": MS_NOEXEC,
-    "noatime": MS_NOATIME,
-    "nodiratime": MS_NODIRATIME,
-    "relatime": MS_RELATIME,
-    "strictatime": MS_STRICTATIME,
-}
-
-
-def _unescape_mountinfo(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def parse_mount_table(mountinfo: str) -> tuple[tuple[str, int], ...]:
-    """(mount point, per-mount flags without MS_RDONLY) for each line of a mountinfo text."""
-    table: list[tuple[str, int]] = []
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if len(fields) < 6:
-            continue
-        flags = 0
-        for option in fields[5].split(","):
-            flags |= _MOUNT_OPTION_FLAGS.get(option, 0)
-        table.append((_unescape_mountinfo(fields[4]), flags))
-    return tuple(table)
-
-
-def _mount_of(path: str, table: tuple[tuple[str, int], ...]) -> int:
-    """Per-mount flags of the deepest mount holding ``path``."""
-    best, flags = "", 0
-    for point, point_flags in table:
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, flags = point, point_flags
-    return flags
-
-
-# Where the child keeps the stage open (below the default 1024 descriptor limit; the
-# open-files rlimit is applied only after the stage is closed).
-STAGE_FD = 1000
-STAGE = f"/proc/self/fd/{STAGE_FD}"
-
-
-def _apply_op(
-    setup: ChildSetup, op: MountOp, stage: str, table: tuple[tuple[str, int], ...]
-) -> None:
-    """One shared view step; every bind source is taken from the stage (the view as it was)."""
-    if op.kind == "tmpfs":
-        setup.mount_fs("tmpfs", op.target, MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
-    elif op.kind == "mkdir":
-        setup.make_dir(op.target)
-    elif op.kind == "mkfile":
-        setup.create_file(op.target, 0o644)
-    elif op.kind == "symlink":
-        setup.symlink(op.source or "", op.target)
-    elif op.kind == "readonly":
-        setup.remount(op.target, MS_RDONLY | MS_NOSUID | MS_NODEV)
-    elif op.kind == "bind":
-        source = stage + (op.source or op.target)
-        if op.writable:
-            setup.bind(source, op.target, recursive=True)
-            setup.remount(op.target, _mount_of(op.target, table))
-        else:
-            setup.bind_read_only(source, op.target, optional=op.optional)
-
-
 def landlock_child_setup(
     policy: SandboxPolicy,
     ctx: BackendContext,
     *,
     ops: tuple[MountOp, ...],
-    mount_table: tuple[tuple[str, int], ...],
+    mount_table: MountTable,
     ruleset_fd: int,
     cwd: str,
     abi: int = 7,
+    setattr: bool = True,
 ) -> ChildSetup:
-    """Every pre-exec step of a Landlock-confined command, in order (module docstring)."""
+    """Every pre-exec step of a Landlock-confined command, in order (module docstring);
+    ``setattr``: the kernel has mount_setattr(2) (`view_steps`)."""
     setup = ChildSetup()
     join_executor(setup, policy, ctx)
     setup.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS)
-    setup.make_mounts_private()
-    # Before the read-only remounts: an overlay needs its upper layer's mount writable when
-    # it is made (it keeps a private clone of that mount from then on).
-    mount_overlays(setup, ctx.view.overlays, in_user_namespace(ctx))
-    for point, flags in mount_table:
-        setup.remount(point, flags | MS_RDONLY)
-    # The stage is reached by descriptor: the view's later mounts may cover its path.
-    setup.bind("/", ctx.stage, recursive=True)
-    setup.hold_dir(ctx.stage, STAGE_FD)
-    for op in ops:
-        _apply_op(setup, op, STAGE, mount_table)
-    _fresh_dev(setup, ctx)
-    setup.unmount(STAGE)
-    setup.close_fd(STAGE_FD)
-    # subprocess chdir'ed before these mounts: without this, the cwd would still be the
-    # directory underneath them, where protected names are unprotected.
-    setup.chdir(cwd)
+    apply_view(setup, ctx, ops, mount_table, cwd=cwd, setattr=setattr)
     setup.fork_waiter()
     setup.mount_fs("proc", "/proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "")
     setup.bind_read_only("/proc/sys", "/proc/sys")
@@ -324,32 +221,6 @@ def landlock_child_setup(
     setup.seccomp(compile_seccomp(SeccompOptions()))
     supervise(setup, ctx)
     return setup
-
-
-def _fresh_dev(setup: ChildSetup, ctx: BackendContext) -> None:
-    """A tmpfs /dev with the harmless host nodes bound in, the executor's /dev/shm and ptys,
-    read-only. Built on an empty staging directory while the host's /dev is still visible,
-    then moved over /dev. The staging directory is reached through the stage, since the
-    private /tmp may cover the executor's state."""
-    stage = STAGE + ctx.sources.empty_dir
-    setup.mount_fs("tmpfs", stage, MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
-    for name in FRESH_DEV_NODES:
-        setup.create_file(f"{stage}/{name}")
-        setup.bind(f"/dev/{name}", f"{stage}/{name}")
-    for target, link in FRESH_DEV_LINKS:
-        setup.symlink(target, stage + link.removeprefix("/dev"))
-    setup.make_dir(f"{stage}/pts")
-    setup.make_dir(f"{stage}/shm")
-    if ctx.scratch is not None:
-        setup.bind(STAGE + ctx.scratch.pts, f"{stage}/pts")
-        setup.bind(STAGE + ctx.scratch.shm, f"{stage}/shm")
-    setup.move_mount(stage, "/dev")
-    setup.remount("/dev", MS_RDONLY | MS_NOSUID | MS_NOEXEC)
-
-
-def read_mount_table() -> tuple[tuple[str, int], ...]:
-    with open("/proc/self/mountinfo") as fh:
-        return parse_mount_table(fh.read())
 
 
 def scratch_rules(ctx: BackendContext) -> tuple[tuple[str, ...], str | None]:
@@ -437,6 +308,7 @@ class LandlockBackend(SandboxBackend):
             ruleset_fd=rs.fileno(),  # type: ignore[attr-defined]
             cwd=plan.cwd,
             abi=self._abi,
+            setattr=mount_setattr_available(),
         )
         return confined_plan(self.name, plan, rs, setup, argv=pid1_argv(plan.argv), folds=True)
 

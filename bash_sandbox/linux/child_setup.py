@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +74,13 @@ _SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}.get(_MACHINE, -1)
 _SYS_LANDLOCK_ADD_RULE = 445
 _SYS_LANDLOCK_RESTRICT_SELF = 446
 _SYS_CLOSE_RANGE = 436
+_SYS_MOUNT_SETATTR = 442  # the same number on every architecture (new-style syscall table)
+_AT_FDCWD = -100
+_AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+ENOSYS = 38
 SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 _SOL_SOCKET = 1
@@ -96,6 +104,15 @@ class _CapData(ctypes.Structure):
 
 class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 class _Rlimit(ctypes.Structure):
@@ -157,6 +174,16 @@ def libc() -> ctypes.CDLL:
         lib.sendmsg.restype = ctypes.c_ssize_t
         _libc = lib
     return _libc
+
+
+@functools.cache
+def mount_setattr_available() -> bool:
+    """Whether this kernel has mount_setattr(2) (5.12+) and lets us call it (a seccomp
+    policy of a container may refuse it with EPERM): an empty change is a no-op call."""
+    lib = libc()
+    attr = _MountAttr(0, 0, 0, 0)
+    rc = lib.syscall(_SYS_MOUNT_SETATTR, -1, b"", 0, ctypes.byref(attr), ctypes.sizeof(attr))
+    return rc == 0 or ctypes.get_errno() not in (ENOSYS, EPERM)
 
 
 def last_cap() -> int:
@@ -268,11 +295,15 @@ class ChildSetup:
             ok=(EINVAL,) if optional else (),
         )
 
-    def bind(self, source: str, target: str, *, recursive: bool = False) -> None:
-        """A writable bind; onto itself it pins a directory (mount points cannot be renamed)."""
+    def bind(
+        self, source: str, target: str, *, recursive: bool = False, optional: bool = False
+    ) -> None:
+        """A bind with the source mount's flags; onto itself it pins a directory (mount
+        points cannot be renamed). ``optional``: a source that vanished is skipped."""
         src, dst = self._buf(source.encode()), self._buf(target.encode())
         flags = MS_BIND | (MS_REC if recursive else 0)
-        self._add("bind " + target, self._lib.mount, src, dst, None, flags, None)
+        missing = (ENOENT,) if optional else ()
+        self._add("bind " + target, self._lib.mount, src, dst, None, flags, None, ok=missing)
 
     def remount(self, target: str, flags: int) -> None:
         """Change one mount's per-mount flags (MS_REMOUNT|MS_BIND keeps the filesystem's)."""
@@ -284,6 +315,32 @@ class ChildSetup:
             None,
             MS_REMOUNT | MS_BIND | flags,
             None,
+        )
+
+    def set_mount_attrs(
+        self,
+        target: str,
+        *,
+        add: int = 0,
+        clear: int = 0,
+        recursive: bool = False,
+        optional: bool = False,
+    ) -> None:
+        """mount_setattr(2): add or clear per-mount flags (MOUNT_ATTR_*) of the mount at
+        ``target``, or of its whole subtree in one atomic step; ``optional``: no mount there
+        (it vanished) is fine."""
+        attr = _MountAttr(add, clear, 0, 0)
+        self._keep.append(attr)
+        self._add(
+            f"setattr {target}",
+            self._lib.syscall,
+            _SYS_MOUNT_SETATTR,
+            _AT_FDCWD,
+            self._buf(target.encode()),
+            _AT_RECURSIVE if recursive else 0,
+            ctypes.byref(attr),
+            ctypes.sizeof(attr),
+            ok=(ENOENT,) if optional else (),
         )
 
     def move_mount(self, source: str, target: str) -> None:

@@ -62,7 +62,54 @@ def test_read_only_binds_nothing_writable_and_ends_with_the_command() -> None:
     assert argv == (*HEAD, *BASE_MOUNTS, "--remount-ro", "/dev", "--chdir", "/w", "--", *CMD)
 
 
-def test_the_shared_view_renders_in_order_between_the_base_and_dev() -> None:
+def test_a_prepared_view_is_taken_whole_with_its_flags_and_a_fresh_proc() -> None:
+    policy = SandboxPolicy(mode="workspace-write", workspace_root="/w", deny_read=())
+    argv = render_bwrap_argv(
+        policy, CMD, workdir="/w", ops=(), options=_options(seccomp_fd=9, prepared_view=True)
+    )
+    assert argv == (
+        *HEAD,
+        "--cap-drop", "ALL",
+        "--dev-bind", "/", "/",
+        "--proc", "/proc",
+        "--ro-bind", "/proc/sys", "/proc/sys",
+        "--seccomp", "9",
+        "--chdir", "/w", "--", *CMD,
+    )  # fmt: skip
+
+
+def test_wrap_builds_the_view_in_the_child_before_bwrap_starts() -> None:
+    from bash_sandbox.backends.base import BackendContext
+    from bash_sandbox.backends.mount_plan import HostView, PlaceholderSources
+    from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
+    from bash_local.spawn import SpawnPlan
+
+    ctx = BackendContext(
+        sources=PlaceholderSources("/st/empty", "/st/denied-dir", "/st/denied-file"),
+        view=HostView(),
+        namespaces=NamespaceFds(mnt=5, net=6, tmp=7, shm=8, pts=9, listener=10),
+        scratch=ScratchPaths("/st/tmp", "/st/shm", "/st/pts"),
+        stage="/st/stage",
+        private_tmpdir="/st/lt",
+        listener_fd=12,
+    )
+    policy = SandboxPolicy(mode="read-only", workspace_root="/w", deny_read=())
+    plan = BwrapBackend("/usr/bin/bwrap").wrap(
+        policy, SpawnPlan(argv=CMD, env={}, cwd="/w"), ctx
+    )
+    try:
+        names = plan.preexec_fn.step_names()  # type: ignore[union-attr]
+        assert names.index("unshare") < names.index("mount(private)")
+        assert names.index("mount(private)") < names.index("bind /tmp") < names.index("fork")
+        assert names[-2:] == ("no_new_privs", "seccomp(listener)")
+        assert "--dev-bind" in plan.argv and "--ro-bind" in plan.argv
+        assert "/tmp" not in plan.argv[: plan.argv.index("--")]  # bwrap binds nothing itself
+    finally:
+        assert plan.release is not None
+        plan.release()
+
+
+def test_without_executor_namespaces_the_view_renders_as_arguments() -> None:
     policy = SandboxPolicy(mode="workspace-write", workspace_root="/w", deny_read=())
     ops = (
         MountOp("tmpfs", "/home/u"),

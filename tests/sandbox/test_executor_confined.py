@@ -436,3 +436,27 @@ async def test_a_missing_protected_name_is_uncreatable_and_leaves_nothing_behind
         await held.wait()
     await _run(ex, "true", workspace)
     assert sorted(os.listdir(workspace)) == []
+
+
+async def test_a_home_without_room_for_caches_keeps_them_in_the_private_tmp(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".cache").write_text("a file where the cache directory would go\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        'mkdir -p "$PIP_CACHE_DIR" && touch "$PIP_CACHE_DIR/x" && echo "$PIP_CACHE_DIR"',
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.stdout.text.strip() == "/tmp/.cache/pip"
+    assert result.sandbox is not None
+    assert any("no tool cache home" in w for w in result.sandbox.warnings)
+    assert (home / ".cache").read_text().startswith("a file")

@@ -11,8 +11,10 @@ import itertools
 import pytest
 
 from bash_sandbox.backends import landlock as ll
+from bash_sandbox.backends import view_steps as vs
 from bash_sandbox.backends.base import BackendContext
 from bash_sandbox.backends.mount_plan import GitOverlay, HostView, MountOp, PlaceholderSources
+from bash_sandbox.linux.child_setup import MS_RDONLY
 from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
 from bash_sandbox.linux.seccomp import (
     SeccompOptions,
@@ -25,7 +27,7 @@ SINKS = tuple(
     (s, ll.WRITE_FILE | ll.TRUNCATE | ll.IOCTL_DEV) for s in ("/dev/null", "/dev/zero", "/dev/full")
 )
 SCRATCH = ScratchPaths("/st/tmp", "/st/shm", "/st/pts")
-TABLE = ll.parse_mount_table(
+TABLE = vs.parse_mount_table(
     "22 1 0:21 / / rw,relatime - ext4 /dev/vda rw\n"
     "23 22 0:22 / /proc rw,nosuid,nodev,noexec - proc proc rw\n"
 )
@@ -86,29 +88,48 @@ def _ctx(*, user: bool, overlays: tuple[GitOverlay, ...] = ()) -> BackendContext
     )
 
 
-def _steps(policy: SandboxPolicy, ctx: BackendContext, ops: tuple[MountOp, ...] = ()) -> list[str]:
+def _steps(
+    policy: SandboxPolicy,
+    ctx: BackendContext,
+    ops: tuple[MountOp, ...] = (),
+    *,
+    setattr: bool = True,
+) -> list[str]:
     setup = ll.landlock_child_setup(
-        policy, ctx, ops=ops, mount_table=TABLE, ruleset_fd=20, cwd=policy.workspace_root
+        policy,
+        ctx,
+        ops=ops,
+        mount_table=TABLE,
+        ruleset_fd=20,
+        cwd=policy.workspace_root,
+        setattr=setattr,
     )
     # One "capbset" step per capability: collapse runs of the same step.
     return [name for name, _ in itertools.groupby(setup.step_names())]
 
 
-STAGE = ll.STAGE
+STAGE = vs.STAGE
 DEV = STAGE + "/st/empty"
-FRESH_DEV = [
+FRESH_DEV_START = [
     f"mount tmpfs {DEV}",
     *itertools.chain.from_iterable(
-        (f"create {DEV}/{n}", f"bind {DEV}/{n}") for n in ll.FRESH_DEV_NODES
+        (f"create {DEV}/{n}", f"bind {DEV}/{n}") for n in vs.FRESH_DEV_NODES
     ),
-    *(f"symlink {DEV}{link.removeprefix('/dev')}" for _, link in ll.FRESH_DEV_LINKS),
+    *(f"symlink {DEV}{link.removeprefix('/dev')}" for _, link in vs.FRESH_DEV_LINKS),
     f"mkdir {DEV}/pts",
     f"mkdir {DEV}/shm",
-    f"bind {DEV}/pts",
-    f"bind {DEV}/shm",
-    f"move {DEV}",
-    "remount /dev",
 ]
+FRESH_DEV_END = [f"move {DEV}", "remount /dev"]
+# The executor's ptys and /dev/shm were made read-only with the rest: writable again.
+FRESH_DEV = [
+    *FRESH_DEV_START,
+    f"bind {DEV}/pts",
+    f"setattr {DEV}/pts",
+    f"bind {DEV}/shm",
+    f"setattr {DEV}/shm",
+    *FRESH_DEV_END,
+]
+FRESH_DEV_REMOUNTS = [*FRESH_DEV_START, f"bind {DEV}/pts", f"bind {DEV}/shm", *FRESH_DEV_END]
 PRIVILEGE = [
     "fork",
     "mount proc /proc",
@@ -146,6 +167,29 @@ def test_the_child_steps_in_order_as_root_and_unprivileged_isolated_and_host(
         *joins,
         "unshare",
         "mount(private)",
+        "setattr /",
+        "setattr /dev",
+        "setattr /proc",
+        "bind /st/stage",
+        "hold /st/stage",
+        "bind /tmp",
+        "setattr /tmp",
+        "bind /x",
+        *FRESH_DEV,
+        f"umount {STAGE}",
+        f"close {vs.STAGE_FD}",
+        "chdir /srv",
+        *PRIVILEGE,
+    ]
+
+
+def test_without_mount_setattr_every_mount_of_the_table_is_remounted_one_by_one() -> None:
+    policy = SandboxPolicy(mode="read-only", workspace_root="/srv", deny_read=())
+    ops = (MountOp("bind", "/tmp", "/st/tmp", writable=True), MountOp("bind", "/x", "/x"))
+    steps = _steps(policy, _ctx(user=False), ops, setattr=False)
+    start = steps.index("mount(private)")
+    assert steps[start : start + 10] == [
+        "mount(private)",
         "remount /",
         "remount /proc",
         "bind /st/stage",
@@ -154,19 +198,54 @@ def test_the_child_steps_in_order_as_root_and_unprivileged_isolated_and_host(
         "remount /tmp",
         "bind /x",
         "remount-ro /x",
-        *FRESH_DEV,
-        f"umount {STAGE}",
-        f"close {ll.STAGE_FD}",
-        "chdir /srv",
-        *PRIVILEGE,
+        *FRESH_DEV_REMOUNTS[:1],
     ]
+    assert not [s for s in steps if s.startswith("setattr")]
+
+
+def test_a_writable_root_on_a_read_only_host_mount_stays_read_only() -> None:
+    policy = SandboxPolicy(mode="workspace-write", workspace_root="/srv", deny_read=())
+    table = vs.parse_mount_table(
+        "22 1 0:21 / / rw,relatime - ext4 /dev/vda rw\n"
+        "24 22 0:23 / /srv ro,nosuid - ext4 /dev/vdb ro\n"
+    )
+    assert vs.mount_of("/srv/app", table) & MS_RDONLY
+    setup = ll.landlock_child_setup(
+        policy,
+        _ctx(user=False),
+        ops=(MountOp("bind", "/srv", "/srv", writable=True),),
+        mount_table=table,
+        ruleset_fd=20,
+        cwd="/srv",
+    )
+    names = setup.step_names()
+    assert "bind /srv" in names
+    assert "setattr /srv" not in names and "remount /srv" not in names
 
 
 def test_git_overlays_are_mounted_before_the_read_only_remounts() -> None:
     policy = SandboxPolicy(mode="workspace-write", workspace_root="/srv", deny_read=())
-    steps = _steps(policy, _ctx(user=False, overlays=(GitOverlay("/srv/.git", "/u", "/w"),)))
-    assert steps.index("mount overlay /srv/.git") < steps.index("remount /")
+    ctx = _ctx(user=False, overlays=(GitOverlay("/srv/.git", "/u", "/w"),))
+    ops = (
+        MountOp("bind", "/srv", "/srv", writable=True),
+        MountOp("overlay", "/srv/.git", "/srv/.git", writable=True, upper="/u", work="/w"),
+        MountOp("bind", "/srv/.git/config", "/srv/.git/config"),
+    )
+    steps = _steps(policy, ctx, ops)
     assert steps.index("mount(private)") < steps.index("mount overlay /srv/.git")
+    assert steps.index("mount overlay /srv/.git") < steps.index("setattr /")
+    # The whole stage is read-only, the overlay's copy included: the root's bind brings
+    # the copy back, which is made writable, then covered.
+    i = steps.index("bind /srv")
+    assert steps[i : i + 4] == [
+        "bind /srv",
+        "setattr /srv",
+        "setattr /srv/.git",
+        "bind /srv/.git/config",
+    ]
+    legacy = _steps(policy, ctx, ops, setattr=False)
+    assert legacy.index("mount overlay /srv/.git") < legacy.index("remount /")
+    assert "remount-ro /srv/.git/config" in legacy
 
 
 def test_the_refusal_filter_rules_in_order() -> None:
