@@ -401,6 +401,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         backend = self._selector.choose(policy.mode)
         self._state.check(policy)
         self._check_binaries(policy, backend)
+        self._check_egress(policy, backend)
         namespaces = self._namespaces.ready if backend.mounts else None
         if backend.mounts and namespaces is None:
             # _prepare runs before every spawn; a hand-driven _launch may skip it.
@@ -487,6 +488,24 @@ class SandboxBashExecutor(LocalBashExecutor):
             cache_home=cache_home,
             record=record,
         )
+
+    def _check_egress(self, policy: SandboxPolicy, backend: SandboxBackend) -> None:
+        """Refuse, before anything is acquired for the spawn, an allowlist this executor
+        cannot enforce."""
+        if policy.network is not NetworkMode.ISOLATED or not backend.mounts:
+            return
+        # Every command in the namespace can reach the proxy, which serves requests without a
+        # grant token under the executor's list: a per-call list without all of it (or none)
+        # cannot be enforced, so it is refused rather than silently widened.
+        missing = [e for e in self.config.allow_domains if e not in policy.allow_domains]
+        if missing:
+            raise SandboxUnavailableError(
+                policy.mode,
+                f"this call's allow_domains {list(policy.allow_domains)} lacks the executor's "
+                f"{missing}, and the executor's proxy serves requests without a grant token "
+                "under the executor's list: keep the executor's entries in a per-call "
+                "allowlist, or use an executor configured with the narrower list",
+            )
 
     def _egress_grant(self, policy: SandboxPolicy, backend: SandboxBackend) -> ProxyGrant | None:
         """Under `isolated` with an allowlist: this command's grant on the executor's proxy,
