@@ -12,6 +12,7 @@ the spawn is exactly the local executor's. When confinement cannot be guaranteed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -144,7 +145,13 @@ def _cleanup(
     namespaces: ExecutorNamespaces,
     supervisor: list[SeccompSupervisor],
     limits: ExecutorLimits,
+    proxies: list[EgressProxy],
 ) -> None:
+    for proxy in proxies:
+        # Its thread holds the listener, which holds the network namespace. Called on that
+        # very thread (a collection there), close() stops the loop but cannot join it.
+        with contextlib.suppress(RuntimeError):
+            proxy.close()
     for sup in supervisor:
         sup.close()
     limits.close()
@@ -186,10 +193,18 @@ class SandboxBashExecutor(LocalBashExecutor):
         )
         self._supervisors: list[SeccompSupervisor] = []
         self._limits = ExecutorLimits()
+        self._proxies: list[EgressProxy] = []  # at most one, made by the first allowlist
         self._spawn_ids = itertools.count(1)
-        # An executor dropped without aclose() still frees its namespaces, cgroups and state.
+        # An executor dropped without aclose() still frees its namespaces, cgroups, proxy
+        # and state.
         self._finalizer = weakref.finalize(
-            self, _cleanup, self._state, self._namespaces, self._supervisors, self._limits
+            self,
+            _cleanup,
+            self._state,
+            self._namespaces,
+            self._supervisors,
+            self._limits,
+            self._proxies,
         )
         self._selector = BackendSelector(
             candidate_backends(
@@ -201,7 +216,6 @@ class SandboxBashExecutor(LocalBashExecutor):
         )
         self._prepared = False
         self._nameservers = _resolv_nameservers()
-        self._proxy: EgressProxy | None = None
         self._egress_resolver = egress_resolver
         self._placeholders = Placeholders()
 
@@ -517,13 +531,14 @@ class SandboxBashExecutor(LocalBashExecutor):
             raise SandboxUnavailableError(
                 policy.mode, "an allowlist needs the executor's network namespace (none here)"
             )
-        if self._proxy is None:
+        if not self._proxies:
             listener = socket.socket(fileno=os.dup(ns.listener))
-            self._proxy = EgressProxy(
+            proxy = EgressProxy(
                 listener, allow=tuple(self.config.allow_domains), resolver=self._egress_resolver
             )
-            self._proxy.start()
-        return self._proxy.register(policy.allow_domains)
+            self._proxies.append(proxy)
+            proxy.start()
+        return self._proxies[0].register(policy.allow_domains)
 
     def _check_binaries(self, policy: SandboxPolicy, backend: SandboxBackend) -> None:
         path = getattr(backend, "path", None)
@@ -749,7 +764,7 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     async def aclose(self) -> None:
         await super().aclose()
-        if self._proxy is not None:
+        for proxy in self._proxies:
             # Joins the proxy's thread: off the loop.
-            await asyncio.to_thread(self._proxy.close)
+            await asyncio.to_thread(proxy.close)
         self._finalizer()

@@ -16,6 +16,7 @@ tool that dropped the grant's token would be served under the base list and refu
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import os
 import re
@@ -530,11 +531,11 @@ def processes_in(netns: str, *, started_before_s: float) -> list[int]:
     return found
 
 
-async def test_aclose_leaves_no_proxy_thread_listening_socket_or_namespace(
-    make_executor: ExecutorFactory, site: UpstreamServer
-) -> None:
-    threads_before = set(threading.enumerate())
-    ex = make_executor()
+async def namespace_and_listener(
+    ex: SandboxBashExecutor, site: UpstreamServer
+) -> tuple[str, str, str]:
+    """``ex``'s network namespace (``net:[N]``), its proxy's listening socket (``socket:[N]``)
+    and a proxy URL, as commands see them, after one request through the proxy."""
     probe = await sh(
         ex,
         "readlink /proc/self/ns/net; cat /proc/net/tcp; "
@@ -542,9 +543,27 @@ async def test_aclose_leaves_no_proxy_thread_listening_socket_or_namespace(
     )
     netns, _, rest = probe.stdout.text.partition("\n")
     assert re.fullmatch(r"net:\[\d+\]", netns), probe.stdout.text
+    assert rest.endswith("\n200")  # the proxy served a connection
     proxy, port = await proxy_url_of(ex)
-    socket_link = f"socket:[{listener_inode(rest, port)}]"
-    assert rest.endswith("\n200")  # the proxy served a connection before closing
+    return netns, f"socket:[{listener_inode(rest, port)}]", proxy
+
+
+def threads_started_since(before: set[threading.Thread]) -> list[str]:
+    """Names of live threads not in ``before``, but the test loop's default executor's
+    workers (asyncio.to_thread)."""
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t not in before and not t.name.startswith("asyncio_")
+    ]
+
+
+async def test_aclose_leaves_no_proxy_thread_listening_socket_or_namespace(
+    make_executor: ExecutorFactory, site: UpstreamServer
+) -> None:
+    threads_before = set(threading.enumerate())
+    ex = make_executor()
+    netns, socket_link, proxy = await namespace_and_listener(ex, site)
     # Positive controls: while the executor lives, this process holds both, and a background
     # command of it sits in the namespace.
     assert {netns, socket_link} <= fd_links()
@@ -558,11 +577,28 @@ async def test_aclose_leaves_no_proxy_thread_listening_socket_or_namespace(
     assert netns not in fd_links()
     assert socket_link not in fd_links()
     assert processes_in(netns, started_before_s=closed_at) == []
-    new_threads = [t for t in threading.enumerate() if t not in threads_before]
-    # The test loop's default executor (asyncio.to_thread) may have started workers.
-    assert [t.name for t in new_threads if not t.name.startswith("asyncio_")] == []
+    assert threads_started_since(threads_before) == []
 
     fresh = make_executor()
     after = await sh(fresh, through(proxy, site.url("pkg.test", "/hello.txt")))
     assert after.exit_code == CURL_COULD_NOT_CONNECT, after.stderr.text
     assert paths_seen(site) == ["/hello.txt"]  # only the request made before aclose()
+
+
+async def test_an_executor_dropped_without_aclose_stops_its_proxy(
+    backend: str, workspace: Path, site: UpstreamServer
+) -> None:
+    threads_before = set(threading.enumerate())
+    ex = SandboxBashExecutor(
+        backend=backend, workspace_root=str(workspace), allow_domains=BASE, egress_resolver=RESOLVER
+    )
+    netns, socket_link, _ = await namespace_and_listener(ex, site)
+    assert {netns, socket_link} <= fd_links()
+    assert "bash-sandbox-egress" in threads_started_since(threads_before)
+
+    del ex
+    gc.collect()  # the executor's finalizer runs once it is collected
+
+    assert netns not in fd_links()
+    assert socket_link not in fd_links()
+    assert threads_started_since(threads_before) == []
