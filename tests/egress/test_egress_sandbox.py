@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -493,6 +494,35 @@ async def test_the_proxy_is_reachable_only_from_its_own_executors_commands(
     neighbour = await sh(other, through(proxy, target))
     assert neighbour.exit_code == CURL_COULD_NOT_CONNECT, neighbour.stderr.text
     assert paths_seen(site) == ["/hello.txt"]  # only the control reached the upstream
+
+
+def hold_one_connection(listener: socket.socket, closed: threading.Event) -> None:
+    """Accept one connection, read until the peer closes it, then set ``closed``."""
+    conn, _ = listener.accept()
+    with conn:
+        conn.settimeout(30)
+        with contextlib.suppress(OSError):
+            while conn.recv(65536):
+                pass
+            closed.set()
+
+
+async def test_a_timed_out_commands_tunnel_is_closed_upstream(
+    make_executor: ExecutorFactory,
+) -> None:
+    ex = make_executor()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        closed = threading.Event()
+        holder = threading.Thread(target=hold_one_connection, args=(listener, closed))
+        holder.start()
+        # A CONNECT tunnel to an upstream that never answers, then the command hangs.
+        command = f"curl -sS -p http://pkg.test:{port}/ & sleep 60"
+        request = BashExecRequest(command=command, timeout_ms=1_500)
+        result = await ex.run(ex.resolve(request))
+        assert result.timed_out
+        holder.join(30)
+        assert closed.is_set()  # the upstream saw the tunnel end
 
 
 # -- nothing left after aclose() ----------------------------------------------------------------
