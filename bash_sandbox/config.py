@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, StrictStr
+from pydantic import Field, StrictStr, field_validator
 
 from bash_local.config import LocalBashConfig, PositiveInt
 from bash_seam import AbsolutePath
 from policies import DEFAULT_PROTECTED_PATHS, NetworkMode, ResourceLimits, SandboxMode
+from policies.egress import canonical_allowlist
 
 BackendName = Literal["auto", "bwrap", "landlock", "seatbelt"]
 
@@ -33,3 +34,9 @@ class SandboxBashConfig(LocalBashConfig):
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     # workspace-write: the tools' cache variables point at the sandbox's own cache home.
     tool_caches: bool = True
+
+    @field_validator("allow_domains")
+    @classmethod
+    def _egress_rules(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # As `SandboxPolicy` does: the list is stamped on every policy without revalidation.
+        return canonical_allowlist(value)

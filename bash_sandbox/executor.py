@@ -12,6 +12,7 @@ the spawn is exactly the local executor's. When confinement cannot be guaranteed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -144,7 +145,13 @@ def _cleanup(
     namespaces: ExecutorNamespaces,
     supervisor: list[SeccompSupervisor],
     limits: ExecutorLimits,
+    proxies: list[EgressProxy],
 ) -> None:
+    for proxy in proxies:
+        # Its thread holds the listener, which holds the network namespace. Called on that
+        # very thread (a collection there), close() stops the loop but cannot join it.
+        with contextlib.suppress(RuntimeError):
+            proxy.close()
     for sup in supervisor:
         sup.close()
     limits.close()
@@ -186,10 +193,18 @@ class SandboxBashExecutor(LocalBashExecutor):
         )
         self._supervisors: list[SeccompSupervisor] = []
         self._limits = ExecutorLimits()
+        self._proxies: list[EgressProxy] = []  # at most one, made by the first allowlist
         self._spawn_ids = itertools.count(1)
-        # An executor dropped without aclose() still frees its namespaces, cgroups and state.
+        # An executor dropped without aclose() still frees its namespaces, cgroups, proxy
+        # and state.
         self._finalizer = weakref.finalize(
-            self, _cleanup, self._state, self._namespaces, self._supervisors, self._limits
+            self,
+            _cleanup,
+            self._state,
+            self._namespaces,
+            self._supervisors,
+            self._limits,
+            self._proxies,
         )
         self._selector = BackendSelector(
             candidate_backends(
@@ -201,7 +216,6 @@ class SandboxBashExecutor(LocalBashExecutor):
         )
         self._prepared = False
         self._nameservers = _resolv_nameservers()
-        self._proxy: EgressProxy | None = None
         self._egress_resolver = egress_resolver
         self._placeholders = Placeholders()
 
@@ -401,6 +415,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         backend = self._selector.choose(policy.mode)
         self._state.check(policy)
         self._check_binaries(policy, backend)
+        self._check_egress(policy, backend)
         namespaces = self._namespaces.ready if backend.mounts else None
         if backend.mounts and namespaces is None:
             # _prepare runs before every spawn; a hand-driven _launch may skip it.
@@ -497,6 +512,24 @@ class SandboxBashExecutor(LocalBashExecutor):
             record=record,
         )
 
+    def _check_egress(self, policy: SandboxPolicy, backend: SandboxBackend) -> None:
+        """Refuse, before anything is acquired for the spawn, an allowlist this executor
+        cannot enforce."""
+        if policy.network is not NetworkMode.ISOLATED or not backend.mounts:
+            return
+        # Every command in the namespace can reach the proxy, which serves requests without a
+        # grant token under the executor's list: a per-call list without all of it (or none)
+        # cannot be enforced, so it is refused rather than silently widened.
+        missing = [e for e in self.config.allow_domains if e not in policy.allow_domains]
+        if missing:
+            raise SandboxUnavailableError(
+                policy.mode,
+                f"this call's allow_domains {list(policy.allow_domains)} lacks the executor's "
+                f"{missing}, and the executor's proxy serves requests without a grant token "
+                "under the executor's list: keep the executor's entries in a per-call "
+                "allowlist, or use an executor configured with the narrower list",
+            )
+
     def _egress_grant(self, policy: SandboxPolicy, backend: SandboxBackend) -> ProxyGrant | None:
         """Under `isolated` with an allowlist: this command's grant on the executor's proxy,
         which listens inside the executor's network namespace and is its only way out."""
@@ -507,13 +540,14 @@ class SandboxBashExecutor(LocalBashExecutor):
             raise SandboxUnavailableError(
                 policy.mode, "an allowlist needs the executor's network namespace (none here)"
             )
-        if self._proxy is None:
+        if not self._proxies:
             listener = socket.socket(fileno=os.dup(ns.listener))
-            self._proxy = EgressProxy(
+            proxy = EgressProxy(
                 listener, allow=tuple(self.config.allow_domains), resolver=self._egress_resolver
             )
-            self._proxy.start()
-        return self._proxy.register(policy.allow_domains)
+            self._proxies.append(proxy)
+            proxy.start()
+        return self._proxies[0].register(policy.allow_domains)
 
     def _check_binaries(self, policy: SandboxPolicy, backend: SandboxBackend) -> None:
         path = getattr(backend, "path", None)
@@ -739,7 +773,7 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     async def aclose(self) -> None:
         await super().aclose()
-        if self._proxy is not None:
+        for proxy in self._proxies:
             # Joins the proxy's thread: off the loop.
-            await asyncio.to_thread(self._proxy.close)
+            await asyncio.to_thread(proxy.close)
         self._finalizer()
