@@ -79,10 +79,10 @@ def test_a_prepared_view_is_taken_whole_with_its_flags_and_a_fresh_proc() -> Non
 
 
 def test_wrap_builds_the_view_in_the_child_before_bwrap_starts() -> None:
+    from bash_local.spawn import SpawnPlan
     from bash_sandbox.backends.base import BackendContext
     from bash_sandbox.backends.mount_plan import HostView, PlaceholderSources
     from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
-    from bash_local.spawn import SpawnPlan
 
     ctx = BackendContext(
         sources=PlaceholderSources("/st/empty", "/st/denied-dir", "/st/denied-file"),
@@ -94,9 +94,7 @@ def test_wrap_builds_the_view_in_the_child_before_bwrap_starts() -> None:
         listener_fd=12,
     )
     policy = SandboxPolicy(mode="read-only", workspace_root="/w", deny_read=())
-    plan = BwrapBackend("/usr/bin/bwrap").wrap(
-        policy, SpawnPlan(argv=CMD, env={}, cwd="/w"), ctx
-    )
+    plan = BwrapBackend("/usr/bin/bwrap").wrap(policy, SpawnPlan(argv=CMD, env={}, cwd="/w"), ctx)
     try:
         names = plan.preexec_fn.step_names()  # type: ignore[union-attr]
         assert names.index("unshare") < names.index("mount(private)")
