@@ -37,11 +37,11 @@ from bash_sandbox.backends.mount_plan import (
     GitOverlay,
     HostView,
     inspect_protected,
-    inspect_shadows,
     tmp_tops,
     visible,
     within_any,
 )
+from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.egress import EgressProxy, ProxyGrant, Resolver
 from bash_sandbox.environment import sandbox_inherited_env
@@ -218,6 +218,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._nameservers = _resolv_nameservers()
         self._egress_resolver = egress_resolver
         self._placeholders = Placeholders()
+        self._shadows = ShadowCache()
 
     @property
     def sandbox_mode(self) -> SandboxMode:
@@ -366,7 +367,7 @@ class SandboxBashExecutor(LocalBashExecutor):
                 held.append(path)
                 covers.append(path)
         # The host's own secrets stay hidden whatever the policy's deny_read says.
-        shadows, deny_dirs, deny_files = inspect_shadows(
+        shadows, deny_dirs, deny_files = self._shadows.inspect(
             (*policy.deny_read, *host_secrets()), roots
         )
         # The executor's private paths are its own directories: covered, never shadowed.

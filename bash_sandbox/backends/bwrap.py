@@ -173,15 +173,18 @@ def confinement_check_argv(argv: tuple[str, ...], executor_pidns: str) -> tuple[
     """Wrap ``(bash, "-c", command)`` so it runs only if it really is confined.
 
     An operator's runner passed the probe once; this re-checks every run from inside, with
-    bash builtins only. The executor's own pre-exec step already set no_new_privs and a
-    seccomp filter, so those prove nothing about the runner; what only a real sandbox gives
-    is a PID namespace of its own with its own /proc, where the executor's namespace file
-    (``executor_pidns``) is not even visible.
+    bash builtins only. The executor's own pre-exec step already set no_new_privs, a seccomp
+    filter and a PID namespace, so those prove nothing about the runner; what only a real
+    sandbox gives is a /proc of the command's own PID namespace: its PID 1 is in the
+    command's namespace (the host's /proc shows the host's init, in another one, or not at
+    all to a user namespace), and the executor's namespace file (``executor_pidns``) is not
+    even visible there. Both must hold.
     """
     if len(argv) != 3 or argv[1] != "-c":
         return argv
     script = (
-        f"if [ -e {executor_pidns} ] || [ /proc/self/ns/pid -ef {executor_pidns} ]; "
+        f"if [ -e {executor_pidns} ] || [ /proc/self/ns/pid -ef {executor_pidns} ] "
+        "|| ! [ /proc/self/ns/pid -ef /proc/1/ns/pid ]; "
         f'then echo "{UNCONFINED_RUNNER_LINE}" >&2; exit {UNCONFINED_RUNNER_EXIT}; fi; '
         'exec "$0" -c "$1"'
     )

@@ -210,26 +210,57 @@ def _entry(path: str, name: str, denied: frozenset[str]) -> ShadowEntry:
     return ShadowEntry(name, "dir" if stat.S_ISDIR(st.st_mode) else "file")
 
 
-def inspect_shadows(
-    denied: Iterable[str], roots: tuple[str, ...]
-) -> tuple[tuple[Shadow, ...], tuple[str, ...], tuple[str, ...]]:
-    """(shadows, dirs to cover, files to cover) for the denied paths, as the host has them.
+@dataclass(frozen=True)
+class ShadowSurvey:
+    """What `inspect_shadows` read from the host: the shadows with their listings, the
+    denied names to cover where they lie (if they exist), every path it resolved (each
+    component of each denied name, through every link) and every directory whose entries
+    it read (`shadow_cache` reuses a survey while none of them changed)."""
 
-    A denied path inside a writable root, or one whose directory is a system directory or
-    too large, is covered where it lies (existing only) instead of shadowed.
-    """
+    shadows: tuple[Shadow, ...]
+    candidates: tuple[str, ...]
+    resolved: tuple[str, ...]
+    listed: tuple[str, ...]
+
+
+def _resolution_paths(path: str, limit: int = 40) -> list[str]:
+    """Every path `os.path.realpath(path)` looks at: each component's prefix, through
+    every symlink it follows (``limit`` hops, like ELOOP)."""
+    seen: list[str] = []
+    pending = [os.path.normpath(path)]
+    while pending and limit > 0:
+        limit -= 1
+        probe = "/"
+        for part in pending.pop().strip("/").split("/"):
+            probe = os.path.join(probe, part)
+            seen.append(probe)
+            try:
+                link = os.readlink(probe)
+            except OSError:
+                continue  # not a link, or missing
+            pending.append(os.path.normpath(os.path.join(os.path.dirname(probe), link)))
+    return seen
+
+
+def survey_shadows(denied: Iterable[str], roots: tuple[str, ...]) -> ShadowSurvey:
+    """The shadows of the directories holding ``denied`` paths, and the names to cover
+    instead: a denied path inside a writable root, or one whose directory is a system
+    directory or too large, is covered where it lies."""
     names: set[str] = set()
     for p in denied:
         names.add(os.path.normpath(p))
         names.add(os.path.realpath(p))
     frozen = frozenset(names)
+    resolved: dict[str, None] = {}
+    listed: dict[str, None] = {}
     parents: dict[str, None] = {}
-    cover_dirs: list[str] = []
-    cover_files: list[str] = []
+    candidates: list[str] = []
     for path in sorted(frozen):
+        resolved.update(dict.fromkeys(_resolution_paths(path)))
         parent = _nearest_existing(os.path.dirname(path))
         inside = within_any(path, roots) or within_any(parent, roots)
         if not inside and parent not in UNSHADOWED and not any(within(r, path) for r in roots):
+            listed.setdefault(parent, None)
             try:
                 count = sum(1 for _ in os.scandir(parent))
             except OSError:
@@ -237,11 +268,7 @@ def inspect_shadows(
             if count <= MAX_SHADOW_ENTRIES:
                 parents.setdefault(parent, None)
                 continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue  # missing and not shadowable: nothing to read now
-        (cover_dirs if stat.S_ISDIR(st.st_mode) else cover_files).append(os.path.realpath(path))
+        candidates.append(path)
     shadows = []
     for parent in parents:
         try:
@@ -251,14 +278,43 @@ def inspect_shadows(
         entries = []
         for name in listing:
             try:
-                entries.append(_entry(parent, name, frozen))
+                entry = _entry(parent, name, frozen)
             except OSError:
                 continue  # vanished meanwhile
+            if entry.kind not in {"dir", "file"}:
+                # Its kind depends on where the link leads: those paths count too.
+                resolved.update(dict.fromkeys(_resolution_paths(f"{parent}/{name}")))
+            entries.append(entry)
         shadows.append(Shadow(parent, tuple(entries)))
+    return ShadowSurvey(tuple(shadows), tuple(candidates), tuple(resolved), tuple(listed))
+
+
+def cover_candidates(
+    survey: ShadowSurvey,
+) -> tuple[tuple[Shadow, ...], tuple[str, ...], tuple[str, ...]]:
+    """(shadows, dirs to cover, files to cover): the survey's shadows, and its candidates
+    as they exist now (looked at on every spawn, never cached: a secret made since the
+    survey is covered)."""
+    cover_dirs: list[str] = []
+    cover_files: list[str] = []
+    for path in survey.candidates:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # missing and not shadowable: nothing to read now
+        (cover_dirs if stat.S_ISDIR(st.st_mode) else cover_files).append(os.path.realpath(path))
+    shadows = survey.shadows
     # A denied path inside a shadowed directory is already a placeholder there.
     covered = [p for p in cover_dirs if not any(within(p, s.directory) for s in shadows)]
     files = [p for p in cover_files if not any(within(p, s.directory) for s in shadows)]
-    return tuple(shadows), _drop_nested(covered), _drop_nested(files)
+    return shadows, _drop_nested(covered), _drop_nested(files)
+
+
+def inspect_shadows(
+    denied: Iterable[str], roots: tuple[str, ...]
+) -> tuple[tuple[Shadow, ...], tuple[str, ...], tuple[str, ...]]:
+    """(shadows, dirs to cover, files to cover) for the denied paths, as the host has them."""
+    return cover_candidates(survey_shadows(denied, roots))
 
 
 def _drop_nested(paths: list[str]) -> tuple[str, ...]:

@@ -217,6 +217,8 @@ def test_operator_runner_commands_recheck_their_confinement_from_inside() -> Non
     assert argv[0:2] == ("/bin/bash", "-c")
     assert argv[3:] == ("/bin/bash", "make; echo '$1'")
     assert "[ -e /proc/42/fd/7 ]" in argv[2] and "-ef /proc/42/fd/7" in argv[2]
+    # Positive evidence too: a user namespace cannot see the executor's descriptor at all.
+    assert "! [ /proc/self/ns/pid -ef /proc/1/ns/pid ]" in argv[2]
     backend = BwrapBackend(runner_prefix=("/opt/runner",))
     assert backend.runner_failure(UNCONFINED_RUNNER_EXIT, UNCONFINED_RUNNER_LINE + "\n") == (
         UNCONFINED_RUNNER_LINE

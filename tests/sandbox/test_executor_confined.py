@@ -382,6 +382,28 @@ async def test_secrets_the_host_creates_or_replaces_while_a_command_runs_stay_un
     assert "TOPSECRET" not in loot
 
 
+async def test_a_secret_the_host_makes_between_two_calls_is_hidden_from_the_second(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # The executor reuses its survey of the shadowed directories while they are unchanged
+    # (settled mtimes, as a real home has): the new secret must end that reuse.
+    home = tmp_path / "home"
+    (home / "notes").mkdir(parents=True)
+    token = home / ".token"
+    for path in (home, tmp_path):
+        os.utime(path, (1_600_000_000, 1_600_000_000))
+    ex = make_executor(mode="read-only", deny_read=(str(token),))
+    for _ in range(2):
+        first = await _run(ex, f"ls -a {home}", workspace)
+        assert "notes" in first.stdout.text and ".token" not in first.stdout.text
+    assert ex._shadows.hits >= 1  # the second call did reuse the survey
+    token.write_text("TOPSECRET-token\n")
+    second = await _run(ex, f"cat {token}; ls -a {home}", workspace)
+    assert "TOPSECRET" not in second.stdout.text + second.stderr.text
+    assert ".token" in second.stdout.text  # a placeholder now stands there
+    assert token.read_text() == "TOPSECRET-token\n"
+
+
 async def test_git_config_stays_the_hosts_while_the_host_rewrites_it_during_a_command(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:

@@ -98,6 +98,31 @@ async def test_broken_hanging_or_tampered_runner_is_refused_before_anything_runs
     assert not (tmp_path / "escape").exists()
 
 
+async def test_a_runner_tampered_after_its_probe_runs_nothing_unconfined(tmp_path: Path) -> None:
+    # The first call (the probe) reaches the real bwrap; every later one drops bwrap and
+    # execs the command directly. As root and as an unprivileged user (whose user namespace
+    # cannot see the executor's descriptors), the in-sandbox check must refuse it.
+    require_backend("bwrap")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    calls = tmp_path / "calls"
+    runner = _script(
+        tmp_path / "runner",
+        f'if [ ! -e {calls} ]; then : > {calls}; exec /usr/bin/bwrap "$@"; fi\n'
+        'while [ "$1" != "--" ]; do shift; done; shift; exec "$@"\n',
+    )
+    marker = ws / "marker"
+    async with SandboxBashExecutor(
+        runner_command=[runner], workspace_root=str(ws), mode="workspace-write"
+    ) as ex:
+        spec = ex.resolve(BashExecRequest(command=f"touch {marker}", workdir=str(ws)))
+        with pytest.raises(SandboxUnavailableError) as info:
+            await ex.run(spec)
+    assert calls.exists()  # the probe did go through the real bwrap
+    assert "did not confine" in info.value.detail
+    assert not marker.exists()
+
+
 async def test_missing_runner_is_refused(tmp_path: Path) -> None:
     async with SandboxBashExecutor(
         runner_command=[str(tmp_path / "absent")], workspace_root=str(tmp_path)
