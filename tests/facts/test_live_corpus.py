@@ -82,12 +82,14 @@ class Layout:
 
 
 def _snapshot(path: Path) -> str:
-    """A digest of a file's bytes, or of a directory tree's names, kinds and bytes."""
+    """A digest of a file, or of a directory tree: names, modes, sizes, mtimes and bytes
+    (bytes where readable: a mode 000 file still shows a write in its size and mtime)."""
     digest = hashlib.sha256()
-    paths = [path] if not path.is_dir() else sorted(path.rglob("*"))
+    paths = [path] if not path.is_dir() else [path, *sorted(path.rglob("*"))]
     for p in paths:
-        digest.update(str(p.relative_to(path) if p != path else ".").encode())
-        if p.is_file() and not p.is_symlink():
+        st = p.lstat()
+        digest.update(f"{p.relative_to(path)} {st.st_mode} {st.st_size} {st.st_mtime_ns}".encode())
+        if p.is_file() and not p.is_symlink() and os.access(p, os.R_OK):
             digest.update(p.read_bytes())
     return digest.hexdigest()
 
@@ -136,12 +138,12 @@ def _serve(case: LiveCase, layout: Layout) -> CountingServer | None:
 
 
 async def _run(case: LiveCase, backend: str, layout: Layout) -> BashRunResult:
-    deny_read = (*default_deny_read(), str(layout.outside / "secret.txt"))
+    secrets = (str(layout.outside / "secret.txt"), str(layout.outside / "secrets"))
     async with SandboxBashExecutor(
         backend=backend,
         mode=case.mode,
         workspace_root=str(layout.ws),
-        deny_read=(*deny_read, str(layout.outside / "secrets")),
+        deny_read=(*default_deny_read(), *secrets),
         grace_ms=500,
     ) as ex:
         request = BashExecRequest(
