@@ -164,6 +164,10 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     config_type: ClassVar[type[LocalBashConfig]] = SandboxBashConfig
     config: SandboxBashConfig
+    # Private, for `scripts/bench-facts` only: False skips the evidence work after each
+    # command (nested-repository detection, output inference) to measure its cost. The
+    # confinement, the supervisor and the git copy-back run either way.
+    _collect_evidence: bool = True
 
     def __init__(
         self,
@@ -658,7 +662,11 @@ class SandboxBashExecutor(LocalBashExecutor):
             gitdirs = tuple(o.gitdir for o in plan.overlays)
             # The sandbox's own cache home holds tools' git checkouts (cargo): not the user's.
             roots = tuple(r for r in policy.all_writable_roots() if r != plan.cache_home)
-            nested = new_repositories(roots, plan.started_ns, overlaid=gitdirs)
+            nested = (
+                new_repositories(roots, plan.started_ns, overlaid=gitdirs)
+                if self._collect_evidence
+                else []
+            )
             for overlay in plan.overlays:
                 report = merge_back(overlay, plan.started_ns)
                 record.merges.append(report)
@@ -721,8 +729,12 @@ class SandboxBashExecutor(LocalBashExecutor):
         if record.grant is not None:
             denials += [d.to_sandbox_denial() for d in record.grant.denials()]
             total += record.grant.denials_total
-        inferred = infer_file_denials(
-            stdout_text, stderr_text, **self._inference_context(plan, spec.workdir)
+        inferred = (
+            infer_file_denials(
+                stdout_text, stderr_text, **self._inference_context(plan, spec.workdir)
+            )
+            if self._collect_evidence
+            else []
         )
         denials += inferred
         total += len(inferred)

@@ -19,6 +19,10 @@ Dialects, tried in this order on each line (the first that yields a path wins):
 6. Cargo and anyhow chains: an errno line without a path (``Read-only file system (os
    error 30)``) after ``Caused by:`` takes the quoted path of the ``failed to ...`` line
    above it.
+7. ``git push`` to a local repository: receive-pack reports ``error: remote unpack failed:
+   unable to create temporary object directory`` with no errno and no path; the
+   repository is the ``To <url>`` line below it (or ``failed to push some refs to
+   '<url>'``) when that URL is a local path or ``file://``. Its errno is `UNSTATED`.
 
 A line that only says ``Permission denied`` (``raise SystemExit("Permission denied")``) has
 no path and yields nothing.
@@ -33,15 +37,22 @@ from typing import Literal
 
 Access = Literal["write", "read", "unknown"]
 
+
+def _code(name: str) -> str:
+    # Node's bare codes: upper case, and a token of their own, not a piece of a path
+    # ("/srv/ww-erofs-test/x" names no errno).
+    return rf"(?-i:(?<![\w/.-]){name}(?![\w/-]|\.\w))"
+
+
 # One errno per group; IGNORECASE because tools differ in case ("read-only file system").
 _ERRNO = re.compile(
-    r"(?P<EROFS>read-only file system|\bEROFS\b|\(os error 30\)|\[Errno 30\])"
-    r"|(?P<EACCES>permission denied|\bEACCES\b|\(os error 13\)|\[Errno 13\]"
+    rf"(?P<EROFS>read-only file system|{_code('EROFS')}|\(os error 30\)|\[Errno 30\])"
+    rf"|(?P<EACCES>permission denied|{_code('EACCES')}|\(os error 13\)|\[Errno 13\]"
     r"|AccessDeniedException|insufficient permission)"
-    r"|(?P<EPERM>operation not permitted|\bEPERM\b|\(os error 1\)|\[Errno 1\])"
-    r"|(?P<EISDIR>is a directory|\bEISDIR\b|\(os error 21\)|\[Errno 21\])"
-    r"|(?P<ENOENT>no such file or directory|\bENOENT\b|\(os error 2\)|\[Errno 2\])"
-    r"|(?P<EBUSY>device or resource busy|\bEBUSY\b|\(os error 16\)|\[Errno 16\])",
+    rf"|(?P<EPERM>operation not permitted|{_code('EPERM')}|\(os error 1\)|\[Errno 1\])"
+    rf"|(?P<EISDIR>is a directory|{_code('EISDIR')}|\(os error 21\)|\[Errno 21\])"
+    rf"|(?P<ENOENT>no such file or directory|{_code('ENOENT')}|\(os error 2\)|\[Errno 2\])"
+    rf"|(?P<EBUSY>device or resource busy|{_code('EBUSY')}|\(os error 16\)|\[Errno 16\])",
     re.IGNORECASE,
 )
 
@@ -85,6 +96,15 @@ _NOT_A_PATH = frozenset(
 )
 _CONTEXT_LOOKBACK = 12
 
+# A write the tool says failed without printing why (git push's remote unpack).
+UNSTATED = "unstated"
+_GIT_UNPACK = re.compile(
+    r"^error: remote unpack failed: unable to create temporary object directory\s*$"
+)
+_GIT_PUSH_URL = re.compile(r"^To (?P<a>\S.*?)\s*$|failed to push some refs to '(?P<b>[^'\n]+)'")
+# "To <url>" follows the unpack error directly; the summary line ends the push's report.
+_GIT_PUSH_LOOKAHEAD = 24
+
 _WRITE_WORDS = re.compile(
     r"\b(?:cannot (?:create|touch|remove|move|make|overwrite|change|mkdir|link|symlink|copy|"
     r"utime|open output)|changing (?:permissions|ownership)|"
@@ -120,7 +140,7 @@ class RefusalMessage:
     """One message naming ``path`` (as printed) with an errno of refusal."""
 
     path: str
-    errno: str  # "EROFS", "EACCES", "EPERM", "EISDIR", "ENOENT" or "EBUSY"
+    errno: str  # "EROFS", "EACCES", "EPERM", "EISDIR", "ENOENT", "EBUSY" or UNSTATED
     access: Access  # what the operation needed, when the wording says so
     operation: str | None  # e.g. "mkdir", "open" (Node, Go), else None
     line: str
@@ -217,6 +237,30 @@ def _context_path(lines: list[str], index: int) -> tuple[str, str] | None:
     return None
 
 
+def _local_repository(url: str) -> str | None:
+    """The path of a push URL that names a local repository, else None (ssh, https)."""
+    if url.startswith("file://"):
+        path = url.removeprefix("file://")
+        return path if path.startswith("/") else None
+    if "://" in url:
+        return None
+    # scp-like "host:path" has a colon before any slash; a local path has none there.
+    colon, slash = url.find(":"), url.find("/")
+    if colon != -1 and (slash == -1 or colon < slash):
+        return None
+    return url
+
+
+def _git_push_target(lines: list[str], index: int) -> str | None:
+    """The local repository a failed ``git push`` reported at ``lines[index]`` went to."""
+    for line in lines[index + 1 : index + 1 + _GIT_PUSH_LOOKAHEAD]:
+        if _GIT_UNPACK.match(line):
+            return None  # the next push's report: its own message covers it
+        if m := _GIT_PUSH_URL.search(line):
+            return _local_repository(m.group("a") or m.group("b"))
+    return None
+
+
 # coreutils mv: "cannot move 'SRC' to 'DST'" (quotes may be ' or the UTF-8 pair).
 _MOVED = re.compile(r"cannot move ['\u2018]([^'\u2019]+)['\u2019] to ")
 
@@ -228,6 +272,8 @@ def find_refusal_messages(text: str) -> list[RefusalMessage]:
     for index, line in enumerate(lines):
         match = _ERRNO.search(line)
         if match is None:
+            if _GIT_UNPACK.match(line) and (repo := _git_push_target(lines, index)):
+                found.append(RefusalMessage(repo, UNSTATED, "write", "push", line))
             continue
         errno = match.lastgroup or ""
         # The words saying what was attempted are on the same line, or on the context line.

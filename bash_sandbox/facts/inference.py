@@ -4,7 +4,8 @@
 each path against the command's working directory, and keeps only those the *policy*
 refuses. A message is a denial when it reports:
 
-- a write (``EROFS``, a write operation with ``EACCES``/``EPERM``, or an operation-less
+- a write (``EROFS``, a write operation with ``EACCES``/``EPERM``, a write the tool reports
+  failed without an errno such as ``git push``'s remote unpack, or an operation-less
   message with an errno in ``write_refusals``) to a path outside every writable root, or
   to a protected name inside one (also ``EISDIR`` on it, which is what the placeholder of
   a missing protected file answers; ``ENOENT`` under it and ``EBUSY`` for an explicit write,
@@ -23,7 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from bash_sandbox.facts.dialects import RefusalMessage, find_refusal_messages
+from bash_sandbox.facts.dialects import UNSTATED, RefusalMessage, find_refusal_messages
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 from policies import SandboxMode, SandboxPolicy
 
@@ -76,6 +77,10 @@ def _is_refused_write(message: RefusalMessage, write_refusals: frozenset[str]) -
     """Whether the message reports a write the kernel refused (not merely failed)."""
     if message.errno == "EROFS":
         return True
+    if message.errno == UNSTATED:
+        # The tool says the write failed, not why: outside the roots the policy refuses it
+        # whatever else would have.
+        return message.access == "write"
     if message.errno in _REFUSALS:
         return message.access == "write" or (
             message.access == "unknown" and message.errno in write_refusals

@@ -154,3 +154,46 @@ def test_relative_and_home_paths_resolve(monkeypatch: pytest.MonkeyPatch) -> Non
         ("file-write", "/srv/sibling", "outside the writable roots"),
         ("file-read", "/home/u/.ssh/config", "deny_read"),
     ]
+
+
+def _push_report(url: str) -> str:
+    return (
+        "error: remote unpack failed: unable to create temporary object directory\n"
+        f"To {url}\n"
+        " ! [remote rejected] HEAD -> main (unpacker error)\n"
+        f"error: failed to push some refs to '{url}'\n"
+    )
+
+
+def test_a_push_to_a_local_repository_outside_the_roots_is_a_write_denial() -> None:
+    # receive-pack names neither an errno nor a path: the repository is the "To" URL.
+    for url in ("/srv/remote.git", "file:///srv/remote.git", "../remote.git"):
+        assert _targets(_push_report(url)) == [
+            ("file-write", "/srv/remote.git", "outside the writable roots")
+        ]
+    # Inside the workspace it is git's own failure under workspace-write...
+    assert _targets(_push_report(f"{WS}/remote.git")) == []
+    # ...and read-only mode's under read-only.
+    assert _targets(_push_report(f"{WS}/remote.git"), policy=_policy("read-only")) == [
+        ("file-write", f"{WS}/remote.git", "read-only mode")
+    ]
+    # Network remotes are the supervisor's business, and a report without the unpack
+    # error (a non-fast-forward) is no refusal at all.
+    for url in ("git@example.com:o/r.git", "https://example.com/o/r.git", "ssh://h/r.git"):
+        assert _targets(_push_report(url)) == []
+    rejected = " ! [rejected] main -> main (non-fast-forward)\n"
+    assert _targets(f"To /srv/remote.git\n{rejected}error: failed to push some refs to '/x'") == []
+
+
+def test_an_errno_name_inside_a_path_is_no_errno() -> None:
+    # Node repeats the path on a `path:` line; a directory named after an errno is a path.
+    stderr = (
+        "Error: EROFS: read-only file system, open '/opt/ww-erofs-case/n.txt'\n"
+        "  code: 'EROFS',\n"
+        "  path: '/opt/ww-erofs-case/n.txt'\n"
+        "cat: /opt/eacces.d/ENOENT-x: Is a file\n"
+    )
+    assert _targets(stderr) == [
+        ("file-write", "/opt/ww-erofs-case/n.txt", "outside the writable roots")
+    ]
+    assert find_refusal_messages("ls: /srv/EACCES/x: done\nsee /tmp/erofs.log") == []

@@ -1,0 +1,264 @@
+"""Denial facts of real commands on both Linux backends, against the labelled live corpus.
+
+Every case of `live_cases.py` runs through the real `SandboxBashExecutor` (real bwrap, real
+Landlock, the real seccomp supervisor, git overlays, and output inference); the result's
+denials are compared with the label as ``(kind, target)`` sets, the evidence is checked
+where only one source can see the refusal, and the flags keep their contract meaning.
+The host is checked from outside too: refused files are absent, host git state unchanged,
+the test's own servers saw nothing, no secret reached the output. Precision and recall
+over the corpus must both be 100% on each backend; they are printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox import SandboxBashExecutor
+from bash_seam import BashExecRequest, BashRunResult
+from policies import default_deny_read
+from tests.facts.live_cases import LIVE_CASES, Expected, LiveCase
+from tests.sandbox.conftest import LINUX_BACKENDS, require_backend
+from tests.sandbox.test_network import CountingServer
+
+# The base interpreter for stdlib-only scripts; the venv's for pytest (see test_network).
+PY = os.path.realpath(sys.executable)
+VENV_PY = sys.executable
+SECRET = f"live-corpus-secret-{os.getpid()}"
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "Live Corpus",
+    "GIT_AUTHOR_EMAIL": "live@corpus.invalid",
+    "GIT_COMMITTER_NAME": "Live Corpus",
+    "GIT_COMMITTER_EMAIL": "live@corpus.invalid",
+}
+
+Denial = tuple[str, str]
+
+
+def _nameservers() -> list[str]:
+    """The resolvers glibc tries, named as the supervisor names a connect to them."""
+    try:
+        lines = Path("/etc/resolv.conf").read_text().splitlines()
+    except OSError:
+        return []
+    found = [p[1] for p in (line.split() for line in lines) if len(p) > 1 and p[0] == "nameserver"]
+    return [f"[{ns}]:53" if ":" in ns else f"{ns}:53" for ns in found[:3]]
+
+
+@dataclass
+class Layout:
+    """One case's directories and the values its placeholders take."""
+
+    root: Path
+    port: int = 0
+
+    @property
+    def ws(self) -> Path:
+        return self.root / "ws"
+
+    @property
+    def outside(self) -> Path:
+        return self.root / "outside"
+
+    def fill(self, text: str) -> str:
+        values = {
+            "{ws}": str(self.ws),
+            "{outside}": str(self.outside),
+            "{py}": PY,
+            "{venv_py}": VENV_PY,
+            "{port}": str(self.port),
+        }
+        for key, value in values.items():
+            text = text.replace(key, value)
+        return text
+
+
+def _snapshot(path: Path) -> str:
+    """A digest of a file, or of a directory tree: names, modes, sizes, mtimes and bytes
+    (bytes where readable: a mode 000 file still shows a write in its size and mtime)."""
+    digest = hashlib.sha256()
+    paths = [path] if not path.is_dir() else [path, *sorted(path.rglob("*"))]
+    for p in paths:
+        st = p.lstat()
+        digest.update(f"{p.relative_to(path)} {st.st_mode} {st.st_size} {st.st_mtime_ns}".encode())
+        if p.is_file() and not p.is_symlink() and os.access(p, os.R_OK):
+            digest.update(p.read_bytes())
+    return digest.hexdigest()
+
+
+def _make_layout(case: LiveCase, layout: Layout) -> None:
+    layout.ws.mkdir(parents=True)
+    (layout.outside / "secrets").mkdir(parents=True)
+    (layout.outside / "secret.txt").write_text(SECRET)
+    (layout.outside / "secrets" / "key").write_text(SECRET)
+    locked = layout.ws / "locked"
+    locked.write_text("L")
+    locked.chmod(0)
+    for rel, text in case.files:
+        path = layout.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(layout.fill(text))
+    if case.setup:
+        subprocess.run(
+            layout.fill(case.setup),
+            shell=True,
+            cwd=layout.ws,
+            check=True,
+            capture_output=True,
+            env={**os.environ, **GIT_ENV},
+            timeout=60,
+        )
+
+
+@dataclass
+class CaseOutcome:
+    case: LiveCase
+    predicted: set[Denial]
+    expected: set[Denial]
+    problems: list[str] = field(default_factory=list)
+
+
+def _serve(case: LiveCase, layout: Layout) -> CountingServer | None:
+    if case.serves == "tcp":
+        server = CountingServer(socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 0))
+        layout.port = server.address[1]  # type: ignore[index]
+        return server
+    if case.serves is not None:
+        kind = socket.SOCK_STREAM if case.serves == "unix-stream" else socket.SOCK_DGRAM
+        return CountingServer(socket.AF_UNIX, kind, str(layout.outside / "host.sock"))
+    return None
+
+
+async def _run(case: LiveCase, backend: str, layout: Layout) -> BashRunResult:
+    secrets = (str(layout.outside / "secret.txt"), str(layout.outside / "secrets"))
+    async with SandboxBashExecutor(
+        backend=backend,
+        mode=case.mode,
+        workspace_root=str(layout.ws),
+        deny_read=(*default_deny_read(), *secrets),
+        grace_ms=500,
+    ) as ex:
+        request = BashExecRequest(
+            command=layout.fill(case.command), timeout_ms=120_000, env=GIT_ENV
+        )
+        return await ex.run(ex.resolve(request))
+
+
+def _judge(
+    case: LiveCase, layout: Layout, result: BashRunResult, before: dict[str, str]
+) -> CaseOutcome:
+    facts = result.sandbox
+    assert facts is not None
+    labels: dict[Denial, Expected] = {}
+    for e in case.expected:
+        filled = _nameservers() if e.target == "{nameserver}" else [layout.fill(e.target)]
+        labels |= {(e.kind, target): e for target in filled}
+    expected = set(labels)
+    predicted = {(d.kind.value, d.target) for d in facts.denials}
+    outcome = CaseOutcome(case, predicted, expected)
+    problems = outcome.problems
+    if predicted != expected:
+        problems.append(f"denials {sorted(predicted)} != label {sorted(expected)}")
+    for d in facts.denials:
+        label = labels.get((d.kind.value, d.target))
+        if label is not None and label.evidence is not None and d.evidence.value != label.evidence:
+            problems.append(f"{d.target}: evidence {d.evidence.value}, not {label.evidence}")
+    if (facts.denied, facts.network_denied) != (case.denied, case.network_denied):
+        problems.append(
+            f"denied={facts.denied} network_denied={facts.network_denied}, "
+            f"expected {case.denied}/{case.network_denied}"
+        )
+    if (result.exit_code == 0) != case.exit_zero:
+        problems.append(f"premise: exit {result.exit_code}")
+    streams = {"stdout": result.stdout.text, "stderr": result.stderr.text}
+    if case.shows and not any(layout.fill(text) in streams[s] for s, text in case.shows):
+        problems.append(f"premise: none of {case.shows} printed")
+    if any(SECRET in text for text in streams.values()):
+        problems.append("a deny_read secret reached the output")
+    for path in case.absent:
+        if os.path.lexists(layout.fill(path)):
+            problems.append(f"host: {layout.fill(path)} exists")
+    for path, digest in before.items():
+        if _snapshot(Path(path)) != digest:
+            problems.append(f"host: {path} changed")
+    if problems:
+        problems.append(
+            f"stdout={result.stdout.text[-400:]!r} stderr={result.stderr.text[-400:]!r}"
+        )
+    return outcome
+
+
+async def _run_case(case: LiveCase, backend: str, layout: Layout) -> CaseOutcome:
+    _make_layout(case, layout)
+    server = _serve(case, layout)
+    try:
+        before = {layout.fill(p): _snapshot(Path(layout.fill(p))) for p in case.unchanged}
+        result = await _run(case, backend, layout)
+        outcome = _judge(case, layout, result, before)
+    finally:
+        if server is not None:
+            server.close()
+    if server is not None and server.hits:
+        outcome.problems.append(f"host: the test's {case.serves} server saw {server.hits} hit(s)")
+    return outcome
+
+
+def _unrunnable(case: LiveCase) -> str | None:
+    """Why this host cannot run ``case``, else None. In CI only an optional tool (cargo,
+    go) may be missing: a missing node or npm fails, as a missing backend does."""
+    if shutil.which(case.tool) is None:
+        if case.optional or not os.environ.get("CI"):
+            return f"{case.tool} is not installed"
+        pytest.fail(f"{case.tool} must be installed to run the live corpus case {case.name}")
+    if any(e.target == "{nameserver}" for e in case.expected) and not _nameservers():
+        return "no nameserver in /etc/resolv.conf: the resolver is the sandbox's own loopback"
+    return None
+
+
+def _cleanup(root: Path) -> None:
+    # Mode 000 entries in the layout: give them back their bits so tmp_path can be removed.
+    for path in root.rglob("locked*"):
+        path.chmod(0o700)
+
+
+@pytest.mark.parametrize("backend", LINUX_BACKENDS)
+async def test_live_corpus_precision_and_recall_are_100_percent(
+    backend: str, tmp_path: Path
+) -> None:
+    require_backend(backend)
+    outcomes: list[CaseOutcome] = []
+    skipped: list[str] = []
+    for case in LIVE_CASES:
+        reason = _unrunnable(case)
+        if reason is not None:
+            skipped.append(f"{case.name} ({reason})")
+            continue
+        root = tmp_path / case.name
+        try:
+            outcomes.append(await _run_case(case, backend, Layout(root)))
+        finally:
+            _cleanup(root)
+    true_positive = sum(len(o.predicted & o.expected) for o in outcomes)
+    false_positive = sum(len(o.predicted - o.expected) for o in outcomes)
+    false_negative = sum(len(o.expected - o.predicted) for o in outcomes)
+    precision = true_positive / ((true_positive + false_positive) or 1)
+    recall = true_positive / ((true_positive + false_negative) or 1)
+    with_denials = sum(1 for o in outcomes if o.expected)
+    print(
+        f"\nlive corpus on {backend}: {len(outcomes)} cases ({with_denials} with denials, "
+        f"{len(outcomes) - with_denials} look-alikes), {true_positive + false_negative} labelled "
+        f"denials; precision {precision:.1%}, recall {recall:.1%}"
+        + (f"; skipped: {', '.join(skipped)}" if skipped else "")
+    )
+    failures = [f"{o.case.name}: " + "; ".join(o.problems) for o in outcomes if o.problems]
+    assert not failures, "\n".join(failures)
+    assert with_denials >= 15 and len(outcomes) - with_denials >= 6
+    assert (precision, recall) == (1.0, 1.0)
