@@ -43,7 +43,7 @@ from bash_sandbox.backends.mount_plan import (
 )
 from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.config import SandboxBashConfig
-from bash_sandbox.egress import EgressProxy, ProxyGrant, Resolver
+from bash_sandbox.egress import EgressProxy, EgressProxyError, ProxyGrant, Resolver
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import (
@@ -106,6 +106,7 @@ class _SpawnRecord:
     grant: ProxyGrant | None = None
     limits: LimitsPlan | None = None
     placeholders: tuple[str, ...] = ()
+    overlays: tuple[GitOverlay, ...] = ()  # their upper directories, removed on release
     limit_exceeded: LimitExceeded | None = None
     merges: list[MergeReport] = field(default_factory=list)
     nested: tuple[str, ...] = ()
@@ -445,7 +446,41 @@ class SandboxBashExecutor(LocalBashExecutor):
                 )
         started_ns = time.time_ns()
         view, held = self._view(policy, backend, user_policy)
-        grant = self._egress_grant(policy, backend)
+        # Everything this spawn holds from here on, released once whatever happens.
+        record = _SpawnRecord(placeholders=held, overlays=view.overlays)
+        try:
+            return self._confine_with(
+                spec,
+                plan,
+                policy=policy,
+                backend=backend,
+                view=view,
+                record=record,
+                started_ns=started_ns,
+                cache_home=cache_home,
+                cache_warning=cache_warning,
+            )
+        except BaseException:
+            self._release(record)
+            raise
+
+    def _confine_with(
+        self,
+        spec: BashExecSpec,
+        plan: SpawnPlan,
+        *,
+        policy: SandboxPolicy,
+        backend: SandboxBackend,
+        view: HostView,
+        record: _SpawnRecord,
+        started_ns: int,
+        cache_home: str | None,
+        cache_warning: str | None,
+    ) -> SandboxSpawn:
+        """The rest of `_confine` once the view is taken: the egress grant, the
+        environment, the limits and the backend's plan, each recorded as it is taken."""
+        namespaces = self._namespaces.ready if backend.mounts else None
+        grant = record.grant = self._egress_grant(policy, backend)
         env = confined_environment(
             build_command_env(sandbox_inherited_env(os.environ), spec.env, spec.dsh_env),
             policy,
@@ -455,7 +490,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             request_env=spec.env,
         )
         try:
-            limits = self._limits.prepare(
+            limits = record.limits = self._limits.prepare(
                 f"spawn-{next(self._spawn_ids)}",
                 policy.limits,
                 own_user_namespace=backend.name != "landlock",
@@ -478,13 +513,6 @@ class SandboxBashExecutor(LocalBashExecutor):
         except BaseException:
             ours.close()
             theirs.close()
-            self._limits.release(limits)
-            if grant is not None:
-                grant.close()
-            for path in held:
-                self._placeholders.release(path)
-            for overlay in view.overlays:
-                remove_tree(os.path.dirname(overlay.upper))
             raise
         inner_release = confined.release
 
@@ -496,7 +524,6 @@ class SandboxBashExecutor(LocalBashExecutor):
         enforcement = backend.enforcement(policy)
         if view.partial:
             enforcement = SandboxEnforcement.PARTIAL
-        record = _SpawnRecord(limits=limits, grant=grant, placeholders=held)
         record.warnings += self._limits.warnings
         if self._selector.degraded:
             record.warnings.append(self._selector.degraded)
@@ -550,8 +577,12 @@ class SandboxBashExecutor(LocalBashExecutor):
             proxy = EgressProxy(
                 listener, allow=tuple(self.config.allow_domains), resolver=self._egress_resolver
             )
+            try:
+                proxy.start()
+            except EgressProxyError as exc:
+                proxy.close()  # never kept: the next call tries a fresh one
+                raise SandboxUnavailableError(policy.mode, str(exc)) from exc
             self._proxies.append(proxy)
-            proxy.start()
         return self._proxies[0].register(policy.allow_domains)
 
     def _check_binaries(self, policy: SandboxPolicy, backend: SandboxBackend) -> None:
@@ -614,6 +645,8 @@ class SandboxBashExecutor(LocalBashExecutor):
             return super()._spawn_error(spec, plan, exc)
         if plan.listener_socket is not None:
             plan.listener_socket.close()
+        self._release(plan.record)
+        plan.record.settled = True  # nothing ran: no facts, no merge-back
         detail = plan.backend.explain_failure(plan, exc)
         return SandboxUnavailableError(
             plan.policy.mode, f"{plan.backend.name} could not start: {detail}"
@@ -645,13 +678,8 @@ class SandboxBashExecutor(LocalBashExecutor):
                 tmp_root=ns.tmp if ns is not None else None,
                 shm_root=ns.shm if ns is not None else None,
             )
-            self._limits.release(record.limits)
         if record.supervised is not None and self._supervisors:
             self._supervisors[0].unregister(record.supervised)
-        if record.grant is not None:
-            record.grant.close()
-        for path in record.placeholders:
-            self._placeholders.release(path)
         policy = plan.policy
         assert policy is not None
         if (
@@ -681,7 +709,22 @@ class SandboxBashExecutor(LocalBashExecutor):
                     "the command's; do not run git there before reviewing them): "
                     + ", ".join(record.nested)
                 )
-        for overlay in plan.overlays:
+        self._release(record)
+
+    def _release(self, record: _SpawnRecord) -> None:
+        """Give back everything a spawn held: its cgroups, egress grant, host placeholders
+        and overlay directories. Once: each is dropped from the record as it goes."""
+        limits, record.limits = record.limits, None
+        if limits is not None:
+            self._limits.release(limits)
+        grant, record.grant = record.grant, None
+        if grant is not None:
+            grant.close()
+        held, record.placeholders = record.placeholders, ()
+        for path in held:
+            self._placeholders.release(path)
+        overlays, record.overlays = record.overlays, ()
+        for overlay in overlays:
             remove_tree(os.path.dirname(overlay.upper))
 
     def _outcome_facts(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -482,3 +483,68 @@ async def test_a_home_without_room_for_caches_keeps_them_in_the_private_tmp(
     assert result.sandbox is not None
     assert any("no tool cache home" in w for w in result.sandbox.warnings)
     assert (home / ".cache").read_text().startswith("a file")
+
+
+def _git_uppers(ex: SandboxBashExecutor) -> list[str]:
+    return os.listdir(os.path.join(ex._state.path, "git"))
+
+
+@pytest.mark.parametrize("failure", ["limits", "spawn", "proxy"])
+async def test_a_spawn_that_fails_midway_gives_back_everything_it_took(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: str,
+) -> None:
+    from bash_sandbox.egress import EgressProxy, EgressProxyError
+    from bash_sandbox.linux.limits import LimitsSetupError
+
+    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
+    assert await init.wait() == 0
+    before = sorted(os.listdir(workspace))
+    ex = make_executor(
+        mode="workspace-write",
+        protected_paths=(".git/hooks", ".git/config", "deploy/secrets.env"),
+        allow_domains=("pkg.test",),
+    )
+    await _run(ex, "true", workspace)  # the executor's namespaces and proxy exist now
+    grants = ex._proxies[0]._grants  # type: ignore[attr-defined]
+    live = len(grants._by_token)
+    proxy_starts: list[str] = []
+    if failure == "limits":
+
+        def refuse(*_: object, **__: object) -> None:
+            raise LimitsSetupError(28, "no space for a cgroup")
+
+        monkeypatch.setattr(ex._limits, "prepare", refuse)
+    elif failure == "spawn":
+        real_wrap = ex._selector.choose(ex.config.mode).wrap
+
+        def broken(*args: object, **kw: object) -> object:
+            plan = real_wrap(*args, **kw)  # type: ignore[arg-type]
+            return dataclasses.replace(plan, argv=(str(workspace / "no-such-runner"),))
+
+        monkeypatch.setattr(ex._selector.choose(ex.config.mode), "wrap", broken)
+    else:
+        for proxy in ex._proxies:
+            proxy.close()
+        ex._proxies.clear()
+
+        def fails(self: EgressProxy) -> None:
+            proxy_starts.append("tried")
+            raise EgressProxyError("the egress proxy failed to start: test")
+
+        monkeypatch.setattr(EgressProxy, "start", fails)
+    with pytest.raises(SandboxUnavailableError):
+        await _run(ex, "echo ran > marker", workspace)
+    assert not (workspace / "marker").exists()
+    assert sorted(os.listdir(workspace)) == before  # the host placeholder (deploy/) is gone
+    assert _git_uppers(ex) == []  # the overlay's private directories too
+    assert ex._limits._live == {}  # type: ignore[attr-defined]
+    if failure == "proxy":
+        assert proxy_starts == ["tried"] and ex._proxies == []  # a failed proxy is not kept
+    else:
+        assert len(grants._by_token) == live  # the grant was closed
+    monkeypatch.undo()
+    again = await _run(ex, "echo ran > marker", workspace)
+    assert again.exit_code == 0 and (workspace / "marker").read_text() == "ran\n"
