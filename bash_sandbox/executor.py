@@ -112,6 +112,7 @@ class _SpawnRecord:
     nested: tuple[str, ...] = ()
     warnings: list[str] = field(default_factory=list)
     settled: bool = False
+    released: bool = False
 
 
 @dataclass(frozen=True)
@@ -713,18 +714,18 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     def _release(self, record: _SpawnRecord) -> None:
         """Give back everything a spawn held: its cgroups, egress grant, host placeholders
-        and overlay directories. Once: each is dropped from the record as it goes."""
-        limits, record.limits = record.limits, None
-        if limits is not None:
-            self._limits.release(limits)
-        grant, record.grant = record.grant, None
-        if grant is not None:
-            grant.close()
-        held, record.placeholders = record.placeholders, ()
-        for path in held:
+        and overlay directories. Once; the record keeps what the facts read (the grant's
+        denials, the limits' summary)."""
+        if record.released:
+            return
+        record.released = True
+        if record.limits is not None:
+            self._limits.release(record.limits)
+        if record.grant is not None:
+            record.grant.close()
+        for path in record.placeholders:
             self._placeholders.release(path)
-        overlays, record.overlays = record.overlays, ()
-        for overlay in overlays:
+        for overlay in record.overlays:
             remove_tree(os.path.dirname(overlay.upper))
 
     def _outcome_facts(
