@@ -132,7 +132,8 @@ def apply_view(
         setup.set_mount_attrs("/proc", clear=MOUNT_ATTR_RDONLY)
     else:
         for point, flags in table:
-            setup.remount(point, flags | MS_RDONLY)
+            if point != "/proc":  # as above: bwrap writes its uid map there
+                setup.remount(point, flags | MS_RDONLY)
     setup.bind("/", ctx.stage, recursive=True)
     setup.hold_dir(ctx.stage, STAGE_FD)
     for op in ops:

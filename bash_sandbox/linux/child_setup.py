@@ -178,12 +178,15 @@ def libc() -> ctypes.CDLL:
 
 @functools.cache
 def mount_setattr_available() -> bool:
-    """Whether this kernel has mount_setattr(2) (5.12+) and lets us call it (a seccomp
-    policy of a container may refuse it with EPERM): an empty change is a no-op call."""
+    """Whether this kernel has mount_setattr(2) (5.12+) and lets us call it. Unknown flags
+    make it fail with EINVAL before any permission check (so this works unprivileged);
+    ENOSYS means no such call, EPERM a container's seccomp policy refusing it."""
     lib = libc()
     attr = _MountAttr(0, 0, 0, 0)
-    rc = lib.syscall(_SYS_MOUNT_SETATTR, -1, b"", 0, ctypes.byref(attr), ctypes.sizeof(attr))
-    return rc == 0 or ctypes.get_errno() not in (ENOSYS, EPERM)
+    rc = lib.syscall(
+        _SYS_MOUNT_SETATTR, -1, b"", _UINT_MAX, ctypes.byref(attr), ctypes.sizeof(attr)
+    )
+    return rc == -1 and ctypes.get_errno() == EINVAL
 
 
 def last_cap() -> int:

@@ -548,3 +548,31 @@ async def test_a_spawn_that_fails_midway_gives_back_everything_it_took(
     monkeypatch.undo()
     again = await _run(ex, "echo ran > marker", workspace)
     assert again.exit_code == 0 and (workspace / "marker").read_text() == "ran\n"
+
+
+async def test_without_mount_setattr_the_remount_fallback_confines_the_same(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+) -> None:
+    # Kernels before 5.12 have no mount_setattr(2): each mount of the table is remounted.
+    module = "bash_sandbox.backends." + backend
+    monkeypatch.setattr(f"{module}.mount_setattr_available", lambda: False)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET-fallback")
+    ex = make_executor(mode="workspace-write", deny_read=(str(secret),))
+    result = await _run(
+        ex,
+        f"echo in > in.txt; cat {secret}; echo tmp > /tmp/t && cat /tmp/t; "
+        f"echo out > {outside}/out.txt",
+        workspace,
+    )
+    assert (workspace / "in.txt").read_text() == "in\n"
+    assert not (outside / "out.txt").exists()
+    assert "TOPSECRET" not in result.stdout.text + result.stderr.text
+    assert "tmp\n" in result.stdout.text
+    assert result.sandbox is not None and result.sandbox.denied
