@@ -220,20 +220,16 @@ class ExecutorLimits:
             made: list[str] = []
             try:
                 for base in self._host.bases:
+                    directory = os.path.join(parents[base.directory], name)
+                    os.mkdir(directory)
+                    made.append(directory)
+                    self._made.add(directory)
                     settings = render_cgroup_settings(
                         limits,
                         self._version,
                         base.controllers,
                         swap_accounting=self._swap,
                     )
-                    if not settings:
-                        # Nothing to bound in this hierarchy: no cgroup to make or enter
-                        # (entering one costs an RCU grace period on most kernels).
-                        continue
-                    directory = os.path.join(parents[base.directory], name)
-                    os.mkdir(directory)
-                    made.append(directory)
-                    self._made.add(directory)
                     for setting in settings:
                         write_setting(directory, setting.file, setting.value)
                     cgroups += [(c, directory) for c in base.controllers]

@@ -358,27 +358,6 @@ def test_prepare_on_a_v2_tree_enables_controllers_and_writes_limits(tmp_path: Pa
     assert list(base.iterdir()) == []
 
 
-def test_a_hierarchy_with_nothing_to_bound_gets_no_cgroup_to_enter(tmp_path: Path) -> None:
-    # Entering a cgroup costs the spawn an RCU grace period: only where a limit needs it.
-    bases = {name: tmp_path / name for name in ("memory", "pids", "cpu")}
-    for directory in bases.values():
-        directory.mkdir()
-    host = CgroupHost(
-        CgroupVersion.V1, tuple(CgroupBase(str(d), (name,)) for name, d in bases.items())
-    )
-    limits = ExecutorLimits(host)
-    default = limits.prepare("a", ResourceLimits())  # memory and processes, no cpu quota
-    assert [c for c, _ in default.cgroups] == ["memory", "pids"]
-    assert len(default.procs_files) == 2
-    unbounded = limits.prepare("b", ResourceLimits(memory_bytes=None, processes=None))
-    assert unbounded.procs_files == () and unbounded.cgroup_name is None
-    assert not (bases["cpu"] / next(iter(os.listdir(bases["cpu"]))) / "cmd-1").exists()
-    for f in tmp_path.rglob("*"):
-        if f.is_file():
-            f.unlink()  # what the kernel's cgroupfs would not have as files
-    limits.close()
-
-
 def test_a_refused_parent_falls_back_to_rlimits_and_says_so(tmp_path: Path) -> None:
     host = CgroupHost(CgroupVersion.V1, (CgroupBase(str(tmp_path / "gone"), ("pids",)),))
     limits = ExecutorLimits(host)
