@@ -188,10 +188,10 @@ def test_without_mount_setattr_every_mount_of_the_table_is_remounted_one_by_one(
     ops = (MountOp("bind", "/tmp", "/st/tmp", writable=True), MountOp("bind", "/x", "/x"))
     steps = _steps(policy, _ctx(user=False), ops, setattr=False)
     start = steps.index("mount(private)")
-    assert steps[start : start + 10] == [
+    # /proc stays as the host has it (bwrap writes its uid map there; a fresh one covers it).
+    assert steps[start : start + 9] == [
         "mount(private)",
         "remount /",
-        "remount /proc",
         "bind /st/stage",
         "hold /st/stage",
         "bind /tmp",
