@@ -198,9 +198,15 @@ def _fresh_dev(setup: ChildSetup, ctx: BackendContext, *, setattr: bool) -> None
     setup.make_dir(f"{stage}/pts")
     setup.make_dir(f"{stage}/shm")
     if ctx.scratch is not None:
-        for name, source in (("pts", ctx.scratch.pts), ("shm", ctx.scratch.shm)):
+        # The executor's own mounts, read-only and nodev since step 3: the ptys need their
+        # device nodes (ptmx) back, /dev/shm only its writes.
+        scratch = (
+            ("pts", ctx.scratch.pts, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV),
+            ("shm", ctx.scratch.shm, MOUNT_ATTR_RDONLY),
+        )
+        for name, source, clear in scratch:
             setup.bind(STAGE + source, f"{stage}/{name}")
-            if setattr:  # the executor's own mounts: read-only since step 3
-                setup.set_mount_attrs(f"{stage}/{name}", clear=MOUNT_ATTR_RDONLY)
+            if setattr:
+                setup.set_mount_attrs(f"{stage}/{name}", clear=clear)
     setup.move_mount(stage, "/dev")
     setup.remount("/dev", MS_RDONLY | MS_NOSUID | MS_NOEXEC)

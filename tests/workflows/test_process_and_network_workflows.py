@@ -90,8 +90,10 @@ async def test_ps_shows_only_the_commands_own_processes(plain_workflow: Workflow
     ("tool", "command"),
     [
         ("npm", "npm view left-pad version"),
-        # --isolated: this machine's pip config points at a local mirror; a usual one does not.
-        ("pip", "python3 -m pip --isolated download --no-deps -d /tmp/dl six"),
+        # As an agent runs it: pip reads the sandbox's settings from the environment (a
+        # `--isolated` pip ignores them and retries for ~10 s). The host's pip.conf, which may
+        # name an index with credentials, is a default deny_read entry, hidden anyway.
+        ("pip", "python3 -m pip download --no-deps -d /tmp/dl six"),
     ],
 )
 async def test_package_managers_fail_fast_under_isolated_and_say_network_denied(
