@@ -17,10 +17,12 @@ write here could redirect the next spawn. The rule, by construction:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 
 from bash_local.userdir import registered_spill_parents, user_base_dir
@@ -87,12 +89,57 @@ class GitUpper:
     work: str
 
 
+# A state dir without its lock file this old is a leftover from before locks (or a crash
+# between mkdtemp and the lock, which takes microseconds).
+_UNLOCKED_GRACE_S = 600
+_LOCK = "lock"
+
+
+def sweep_stale(parent: str) -> None:
+    """Remove the state dirs in ``parent`` that no live executor holds: an executor killed
+    outright (SIGKILL, a crash) cannot remove its own. Each live one holds an exclusive
+    lock on its `lock` file for its lifetime, so a lock we can take means its owner is gone."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith("exec-"):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            fd = os.open(os.path.join(path, _LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                if time.time() - os.lstat(path).st_mtime > _UNLOCKED_GRACE_S:
+                    remove_tree(path)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: a live executor
+        finally:
+            os.close(fd)
+        remove_tree(path)
+
+
 class ExecutorState:
     """One executor's private state directory, held by descriptor and checked per spawn."""
 
     def __init__(self, roots: tuple[str, ...]) -> None:
-        self.path = tempfile.mkdtemp(prefix="exec-", dir=state_parent(roots))
+        parent = state_parent(roots)
+        sweep_stale(parent)
+        self.path = tempfile.mkdtemp(prefix="exec-", dir=parent)
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # Held for the executor's lifetime (closed by the kernel when it dies): `sweep_stale`.
+        self._lock = os.open(
+            os.path.join(self.path, _LOCK),
+            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         st = os.fstat(self._fd)
         self._identity = (st.st_dev, st.st_ino)
         for name in ("tmp", "shm", "pts", "git", "stage", "landlock-tmp"):
@@ -155,6 +202,7 @@ class ExecutorState:
         return GitUpper(upper, work)
 
     def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
         remove_tree(self.path)
+        for fd in (self._fd, self._lock):
+            with contextlib.suppress(OSError):
+                os.close(fd)

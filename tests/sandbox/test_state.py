@@ -1,0 +1,91 @@
+"""The executor's private state directory: what a killed executor leaves is swept by the
+next one, what a live executor holds never is."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from bash_sandbox.state import ExecutorState, sweep_stale
+
+OLD = time.time() - 3600
+
+
+def _state_dir(parent: Path, name: str, *, lock: bool) -> Path:
+    path = parent / name
+    (path / "tmp").mkdir(parents=True)
+    if lock:
+        (path / "lock").write_text("")
+    return path
+
+
+def test_sweep_removes_only_what_no_live_executor_holds(tmp_path: Path) -> None:
+    dead = _state_dir(tmp_path, "exec-dead", lock=True)
+    held = _state_dir(tmp_path, "exec-held", lock=True)
+    legacy = _state_dir(tmp_path, "exec-legacy", lock=False)
+    os.utime(legacy, (OLD, OLD))
+    fresh = _state_dir(tmp_path, "exec-fresh", lock=False)  # mid-creation: lock not made yet
+    other = tmp_path / "not-a-state-dir"
+    other.mkdir()
+    fd = os.open(held / "lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        sweep_stale(str(tmp_path))
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "exec-fresh",
+        "exec-held",
+        "not-a-state-dir",
+    ]
+    assert not dead.exists() and not legacy.exists() and fresh.exists()
+
+
+def test_a_killed_executors_state_is_swept_by_the_next_executor() -> None:
+    # A real executor in another process, killed outright after its first confined command.
+    program = textwrap.dedent(
+        """
+        import asyncio, os, sys, tempfile
+        from bash_sandbox import SandboxBashExecutor
+        from bash_seam import BashExecRequest
+        async def main():
+            ws = tempfile.mkdtemp()
+            ex = SandboxBashExecutor(workspace_root=ws)
+            await ex.run(ex.resolve(BashExecRequest(command="true")))
+            print(ex._state.path, flush=True)
+            await asyncio.sleep(60)
+        asyncio.run(main())
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stdout is not None
+        path = proc.stdout.readline().strip()
+        assert os.path.isdir(path)
+        survivor = ExecutorState(())
+        try:
+            assert os.path.isdir(path)  # alive: held, never swept
+        finally:
+            survivor.remove()
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert os.path.isdir(path)  # a killed executor cannot clean up after itself
+        successor = ExecutorState(())
+        try:
+            assert not os.path.exists(path)
+            assert os.path.isdir(successor.path)
+        finally:
+            successor.remove()
+        assert not os.path.exists(successor.path)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
