@@ -194,6 +194,8 @@ def shared_parent() -> Iterator[Path]:
 def node_packages(shared_parent: Path) -> dict[str, Path]:
     """Two packed npm packages (made once, with a throw-away cache)."""
     if not have("node", "npm"):
+        if os.environ.get("CI"):
+            pytest.fail("node and npm must be installed in CI (scripts/setup installs them)")
         pytest.skip("node and npm are needed for the Node workflows")
     directory = shared_parent / "npm-packages"
     directory.mkdir()
