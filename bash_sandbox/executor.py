@@ -21,7 +21,7 @@ import socket
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from bash_local.config import LocalBashConfig
 from bash_local.environment import build_command_env
@@ -43,7 +43,6 @@ from bash_sandbox.backends.mount_plan import (
 )
 from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.config import SandboxBashConfig
-from bash_sandbox.egress import EgressProxy, EgressProxyError, ProxyGrant, Resolver
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import (
@@ -90,6 +89,10 @@ from policies import (
     host_secrets,
 )
 from policies.service import SandboxPolicyService
+
+if TYPE_CHECKING:
+    # The proxy (h11, its resolver) is loaded only by a policy with an allowlist.
+    from bash_sandbox.egress import EgressProxy, ProxyGrant, Resolver
 
 MAX_DENIALS = 16
 # bwrap's own words when a mount point or source it was given no longer exists.
@@ -574,6 +577,8 @@ class SandboxBashExecutor(LocalBashExecutor):
                 policy.mode, "an allowlist needs the executor's network namespace (none here)"
             )
         if not self._proxies:
+            from bash_sandbox.egress import EgressProxy, EgressProxyError
+
             listener = socket.socket(fileno=os.dup(ns.listener))
             proxy = EgressProxy(
                 listener, allow=tuple(self.config.allow_domains), resolver=self._egress_resolver

@@ -1,7 +1,10 @@
 """Choosing a backend: explicit names are used or fail closed; `auto` probes in order.
 
 Probes are functional (each backend confines a tiny command) and run once per executor,
-bounded by `probe_timeout_ms`; their results are cached, failures included.
+bounded by `probe_timeout_ms`; their results are kept for the executor's lifetime, failures
+included. Across processes, a full backend's "usable" may be taken from this uid's probe
+cache (`probe_cache`: keyed on what the probe depends on, and unable to make a spawn
+weaker); `doctor` builds its selector without it and always probes for real.
 
 Never silently weaker: Landlock alone (no namespaces, always `partial`) is chosen only when
 this host cannot make the namespaces the full backends need; where it can, a full backend
@@ -19,7 +22,8 @@ from dataclasses import dataclass
 
 from bash_sandbox.backends.base import BackendProbe, SandboxBackend
 from bash_sandbox.errors import SandboxUnavailableError
-from policies import SandboxMode
+from bash_sandbox.probe_cache import USER_PROBE_CACHE, ProbeCache
+from policies import NetworkMode, SandboxMode
 
 DEGRADED_WARNING = (
     "bash-sandbox: no namespaces on this host: Landlock alone confines commands (partial: "
@@ -42,27 +46,38 @@ def candidate_backends(
     runner_failure_signatures: tuple[str, ...] = (),
     platform: str = sys.platform,
 ) -> Candidates:
-    """Backends to try, in order, for a configured ``backend`` name on ``platform``."""
-    from bash_sandbox.backends.bwrap import BwrapBackend
-    from bash_sandbox.backends.landlock import LandlockBackend
-    from bash_sandbox.backends.landlock_only import LandlockOnlyBackend
-    from bash_sandbox.backends.seatbelt import SeatbeltBackend
+    """Backends to try, in order, for a configured ``backend`` name on ``platform``.
 
+    Each backend's module is imported only when it is a candidate (Seatbelt's never on
+    Linux, Landlock's bindings not for `--backend bwrap`)."""
     if runner_command:
+        from bash_sandbox.backends.bwrap import BwrapBackend
+
         # An operator-asserted runner replaces bwrap; it is never silently skipped.
         runner = BwrapBackend(
             runner_prefix=runner_command, failure_signatures=runner_failure_signatures
         )
         return Candidates((runner,))
     if backend == "bwrap":
+        from bash_sandbox.backends.bwrap import BwrapBackend
+
         return Candidates((BwrapBackend(),))
     if backend == "landlock":
+        from bash_sandbox.backends.landlock import LandlockBackend
+        from bash_sandbox.backends.landlock_only import LandlockOnlyBackend
+
         return Candidates((LandlockBackend(),), LandlockOnlyBackend())
     # macOS has no private loopback: allowing it (the issue's "loopback still works") also
     # reaches the host's own local services, so Seatbelt reports that network layer partial.
     if backend == "seatbelt" or (backend == "auto" and platform == "darwin"):
+        from bash_sandbox.backends.seatbelt import SeatbeltBackend
+
         return Candidates((SeatbeltBackend(allow_loopback=True),))
     if platform.startswith("linux"):
+        from bash_sandbox.backends.bwrap import BwrapBackend
+        from bash_sandbox.backends.landlock import LandlockBackend
+        from bash_sandbox.backends.landlock_only import LandlockOnlyBackend
+
         return Candidates((BwrapBackend(), LandlockBackend()), LandlockOnlyBackend())
     return Candidates(())
 
@@ -90,14 +105,25 @@ def namespaces_possible() -> tuple[bool, str]:
 
 
 class BackendSelector:
-    """Probes candidates once and hands out the first usable backend (or fails closed)."""
+    """Probes candidates once and hands out the first usable backend (or fails closed).
 
-    def __init__(self, candidates: Candidates, probe_timeout_ms: int) -> None:
+    ``cache`` (default: this uid's) may vouch for a full candidate instead of its probe;
+    None probes every candidate for real."""
+
+    def __init__(
+        self,
+        candidates: Candidates,
+        probe_timeout_ms: int,
+        *,
+        cache: ProbeCache | None = USER_PROBE_CACHE,
+    ) -> None:
         self._candidates = candidates
         self._timeout = probe_timeout_ms
+        self._cache = cache
         self._lock = threading.Lock()
         self._probes: list[BackendProbe] | None = None
         self._chosen: SandboxBackend | None = None
+        self._vouched: SandboxBackend | None = None
         self.degraded: str | None = None
 
     @property
@@ -115,13 +141,39 @@ class BackendSelector:
         except Exception as exc:  # a probe that crashes is an unusable backend
             return BackendProbe(backend.name, False, f"probe crashed: {type(exc).__name__}: {exc}")
 
+    @staticmethod
+    def _vouched_probe(backend: SandboxBackend) -> BackendProbe:
+        path = getattr(backend, "path", None)
+        return BackendProbe(
+            backend.name,
+            True,
+            "confined a probe command here earlier (cached verdict; `bash-sandbox doctor` "
+            "probes for real)",
+            binary=path if isinstance(path, str) else None,
+            layers=backend.layers(NetworkMode.ISOLATED),
+        )
+
+    def distrust_cached(self) -> None:
+        """Forget the cached verdict this selector used (its spawn failed): the next
+        executor of this uid probes the backend for real."""
+        if self._cache is not None and self._vouched is not None:
+            self._cache.forget(self._vouched)
+
     def _ensure(self) -> None:
         with self._lock:
             if self._probes is not None:
                 return
             probes: list[BackendProbe] = []
+            # In order, one candidate at a time: a cached verdict only ever stands in for the
+            # probe of the candidate a live probe would try next.
             for backend in self._candidates.full:
-                probe = self._probe(backend)
+                if self._cache is not None and self._cache.vouches_for(backend):
+                    probe = self._vouched_probe(backend)
+                    self._vouched = backend
+                else:
+                    probe = self._probe(backend)
+                    if self._cache is not None:
+                        self._cache.record(backend, probe.usable)
                 probes.append(probe)
                 if probe.usable:
                     self._chosen = backend

@@ -3,17 +3,20 @@
 `build_parser()` returns a parser whose usage errors raise `UsageError` instead of printing
 and exiting, so `main` can also report them as a JSON error object under `--json`.
 `--help` and `--version` still print and exit 0 the argparse way.
+
+Building it stays cheap for `run`: the `audit` and `mcp` flags are added only when that
+subcommand is parsed or its help shown (their modules are cold), and the version is looked
+up only when `--version` asks for it.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Sequence
-from typing import NoReturn
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
-from bash_sandbox.audit.command import add_audit_arguments
-from bash_sandbox.cli.mcp_command import MCP_EPILOG, add_mcp_arguments
 from policies import NetworkMode, SandboxMode
 
 PROG = "bash-sandbox"
@@ -31,10 +34,56 @@ class UsageError(Exception):
 
 
 class CliArgumentParser(argparse.ArgumentParser):
-    """An `ArgumentParser` that raises `UsageError`; its subparsers are of the same class."""
+    """An `ArgumentParser` that raises `UsageError`; its subparsers are of the same class.
+
+    ``deferred`` adds the parser's own arguments the first time it parses or formats
+    anything, so a subcommand whose flags live in a cold module costs nothing until used.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        deferred: Callable[[argparse.ArgumentParser], None] | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__(*args, **kw)
+        self._deferred = deferred
+
+    def _add_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            deferred(self)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._add_deferred()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._add_deferred()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._add_deferred()
+        return super().format_help()
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, self.format_usage(), self.prog)
+
+
+class _VersionAction(argparse.Action):
+    """`--version`, looked up only when asked for (reading package metadata costs a few ms)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, lookup: Callable[[], str]):
+        super().__init__(
+            option_strings, dest, nargs=0, help="show program's version number and exit"
+        )
+        self._lookup = lookup
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> NoReturn:
+        sys.stdout.write(f"{parser.prog} {self._lookup()}\n")  # on stdout, as argparse's own
+        parser.exit()
 
 
 def wants_json(argv: Sequence[str]) -> bool:
@@ -209,8 +258,22 @@ LIMIT_FLAGS = {
 LIST_FLAGS = ("writable_roots", "deny_read", "protected_paths", "allow_domains")
 
 
-def build_parser(version: str) -> CliArgumentParser:
-    """The whole command line; ``version`` is what `--version` prints after the name."""
+def _audit_arguments(parser: argparse.ArgumentParser) -> None:
+    from bash_sandbox.audit.command import add_audit_arguments
+
+    add_audit_arguments(parser)
+
+
+def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    from bash_sandbox.cli.mcp_command import MCP_EPILOG, add_mcp_arguments
+
+    parser.epilog = MCP_EPILOG
+    add_mcp_arguments(parser)
+
+
+def build_parser(version: str | Callable[[], str]) -> CliArgumentParser:
+    """The whole command line; ``version`` (or what it returns, called only for `--version`)
+    is what `--version` prints after the name."""
     formatter = argparse.RawDescriptionHelpFormatter
     parser = CliArgumentParser(
         prog=PROG,
@@ -219,7 +282,11 @@ def build_parser(version: str) -> CliArgumentParser:
         epilog=_MAIN_EPILOG,
         formatter_class=formatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version}")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        lookup=version if callable(version) else lambda: version,
+    )
     config_help = (
         "TOML config file (default: ~/.config/bash-sandbox/config.toml; "
         "refused inside the workspace or a writable root)"
@@ -323,25 +390,23 @@ def build_parser(version: str) -> CliArgumentParser:
     )
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    audit = sub.add_parser(
+    sub.add_parser(
         "audit",
         parents=[common],
         formatter_class=formatter,
+        deferred=_audit_arguments,
         help="attack this host's sandbox with every threat-model row",
         description="Run every row of the threat model as real attacks against each usable "
         "backend and mode, check the host from outside, and print a table (exit 0 only when "
         "nothing escaped and every positive control works).",
     )
-    add_audit_arguments(audit)
-
-    mcp = sub.add_parser(
+    sub.add_parser(
         "mcp",
         parents=[common],
         formatter_class=formatter,
-        epilog=MCP_EPILOG,
+        deferred=_mcp_arguments,
         help="serve confined bash tools to an MCP client (stdio)",
         description="Serve bash_run, bash_start, bash_read, bash_kill and bash_list over MCP "
         "stdio, every command confined by one long-lived sandbox.",
     )
-    add_mcp_arguments(mcp)
     return parser

@@ -24,11 +24,9 @@ never be half-read. Every problem becomes one `ConfigError` line naming the key 
 
 from __future__ import annotations
 
-import difflib
 import errno
 import os
 import stat
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -192,6 +190,8 @@ def _read_trusted(source: ConfigSource, workspace: str) -> tuple[dict[str, Any],
         data = fh.read(MAX_CONFIG_BYTES + 1)
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(f"larger than {MAX_CONFIG_BYTES} bytes; not a config file", source)
+    import tomllib  # only when there is a file to parse (most runs have none)
+
     try:
         return tomllib.loads(data.decode()), real
     except UnicodeDecodeError:
@@ -244,6 +244,8 @@ def workspace_table_notice(workspace: str) -> str | None:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             return None
         data = fh.read(MAX_CONFIG_BYTES + 1)
+    import tomllib
+
     try:
         tool = tomllib.loads(data.decode()).get("tool")
     except (UnicodeDecodeError, tomllib.TOMLDecodeError):
@@ -259,6 +261,8 @@ def workspace_table_notice(workspace: str) -> str | None:
 
 def describe_validation_error(exc: ValidationError, loaded: LoadedConfig) -> str:
     """A pydantic error as one line: ``key: reason; key[0]: reason``, keys as written."""
+    import difflib  # error path only
+
     fields = sorted(SandboxBashConfig.model_fields)
     parts: list[str] = []
     for err in exc.errors():

@@ -22,6 +22,11 @@ from bash_sandbox.errors import SandboxUnavailableError
 from policies import NetworkMode, SandboxMode
 
 LAYERS = ("files", "processes", "network", "unix sockets")
+LIVE_PROBES_NOTE = (
+    "every backend was probed for real just now; `run` may reuse a probe's verdict 'usable' from "
+    "this user's probe cache (keyed on the binary, kernel, credentials and sysctls, at most "
+    "a day old)"
+)
 
 Enforcement = Literal["full", "partial", "none"]
 
@@ -143,7 +148,8 @@ def collect_report(
         runner_command=tuple(config.runner_command),
         runner_failure_signatures=tuple(config.runner_failure_signatures),
     )
-    selector = BackendSelector(candidates, config.probe_timeout_ms)
+    # The audit tool never trusts the run path's probe cache: every probe below is live.
+    selector = BackendSelector(candidates, config.probe_timeout_ms, cache=None)
     refusal: str | None = None
     chosen: str | None = None
     try:
@@ -186,7 +192,7 @@ def collect_report(
         chosen_backend=chosen,
         refusal=refusal,
         degraded=selector.degraded,
-        notes=notes,
+        notes=(*notes, LIVE_PROBES_NOTE),
     )
 
 

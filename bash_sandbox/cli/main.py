@@ -28,13 +28,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from bash_sandbox.cli.arguments import (
     LIMIT_FLAGS,
@@ -66,13 +67,15 @@ from bash_seam import (
     WorkdirError,
 )
 from policies import (
-    JsonlSessionLog,
     PolicyError,
     effective_sandbox_mode,
     network_denial_marker,
     sandbox_denial_marker,
     set_sandbox_mode,
 )
+
+if TYPE_CHECKING:
+    from policies import JsonlSessionLog
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 125
@@ -135,6 +138,8 @@ def _workspace_dir(raw: str | None) -> str:
 
 
 def _open_session(path: str) -> JsonlSessionLog:
+    from policies import JsonlSessionLog  # only with --session
+
     try:
         return JsonlSessionLog(path)
     except OSError as exc:
@@ -379,6 +384,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         try:
             outcome = asyncio.run(run_until_interrupted(executor, request, live))
         except SandboxUnavailableError as exc:
+            # If a cached probe verdict led here, the next run probes for real.
+            executor.selector.distrust_cached()
             raise CliError(str(exc), EXIT_UNAVAILABLE, exc.code) from None
         except PolicyError as exc:
             raise CliError(str(exc), EXIT_USAGE, exc.code) from None
@@ -486,8 +493,12 @@ def _silence_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: `sys.argv[1:]`); returns the exit status."""
+    if argv is None:
+        # The process's own entry point: everything imported by now lives as long as the
+        # process, so no collection (the one at exit included) needs to walk it again.
+        gc.freeze()
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(package_version())
+    parser = build_parser(package_version)
     try:
         args, extra = parser.parse_known_args(words)
         if extra:

@@ -134,8 +134,11 @@ def test_large_output_streams_whole_without_a_spill_file(
     out = capsys.readouterr().out
     assert code == 0
     assert out == "a" * 300_000
-    spilled = [p for p in private_tempdir.rglob("*") if p.is_file()]
-    assert spilled == []  # nothing of the output is left behind on the host
+    # The probe cache's verdict stays (by design); nothing of the output is left behind.
+    spilled = [
+        p for p in private_tempdir.rglob("*") if p.is_file() and p.parent.name != "probe-cache"
+    ]
+    assert spilled == []
 
 
 def test_a_reader_that_goes_away_stops_the_command(cli: CliRunner, workspace: Path) -> None:
