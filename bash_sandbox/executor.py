@@ -75,6 +75,7 @@ from bash_sandbox.tool_env import confined_environment, tool_cache_home
 from bash_seam import (
     BashExecRequest,
     BashExecSpec,
+    BashProcess,
     BashRunResult,
     SandboxDenial,
     SandboxFacts,
@@ -96,8 +97,13 @@ if TYPE_CHECKING:
 
 MAX_DENIALS = 16
 # bwrap's own words when a mount point or source it was given no longer exists.
+# A path the view mounts vanished between inspecting the host and the child mounting it
+# (or bwrap's own wording, for a bwrap that mounts the view itself).
 _VANISHED = re.compile(
-    r"^bwrap: Can't (mkdir|mkdir parents for|get type of source|find source path) ", re.M
+    r"child setup failed at (bind|remount-ro|setattr|mkdir|create) .*: "
+    r"No such file or directory"
+    r"|^bwrap: Can't (mkdir|mkdir parents for|get type of source|find source path) ",
+    re.M,
 )
 
 
@@ -289,14 +295,27 @@ class SandboxBashExecutor(LocalBashExecutor):
         self, spec: BashExecSpec, *, on_output: OutputListener | None = None
     ) -> BashRunResult:
         try:
-            return await super().run(spec, on_output=on_output)
-        except SandboxUnavailableError as exc:
-            # A directory the view covers vanished between inspecting the host and bwrap
-            # mounting it (another executor's spill dir removed meanwhile): nothing ran;
-            # look at the host again, once.
-            if not _VANISHED.search(exc.detail):
-                raise
-            return await super().run(spec, on_output=on_output)
+            try:
+                return await super().run(spec, on_output=on_output)
+            except SandboxUnavailableError as exc:
+                # A directory the view covers vanished between inspecting the host and the
+                # child mounting it (another executor's spill dir removed meanwhile): nothing
+                # ran; look at the host again, once.
+                if not _VANISHED.search(exc.detail):
+                    raise
+                return await super().run(spec, on_output=on_output)
+        except SandboxUnavailableError:
+            self._selector.distrust_cached()  # if a cached verdict chose the backend
+            raise
+
+    async def start(
+        self, spec: BashExecSpec, *, on_output: OutputListener | None = None
+    ) -> BashProcess:
+        try:
+            return await super().start(spec, on_output=on_output)
+        except SandboxUnavailableError:
+            self._selector.distrust_cached()
+            raise
 
     # -- prepare: probes and namespaces, off the event loop ------------------------------
 

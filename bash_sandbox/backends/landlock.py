@@ -47,6 +47,7 @@ from bash_sandbox.backends.base import (
 from bash_sandbox.backends.linux_child import join_executor, probe_context, supervise
 from bash_sandbox.backends.mount_plan import MountOp, render_mount_plan
 from bash_sandbox.backends.view_steps import MountTable, apply_view, read_mount_table
+from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.linux.child_setup import (
     CLONE_NEWIPC,
     CLONE_NEWNS,
@@ -186,8 +187,6 @@ def build_ruleset_fd(ruleset: LandlockRuleset) -> object:
     return rs
 
 
-# The devices a fresh /dev offers (like bwrap's --dev): no host terminals, consoles, input
-# devices or disks, so nothing can read keystrokes or raw blocks around the rules.
 def landlock_child_setup(
     policy: SandboxPolicy,
     ctx: BackendContext,
@@ -299,7 +298,12 @@ class LandlockBackend(SandboxBackend):
         ops = render_mount_plan(policy, ctx.view, ctx.sources, private_tmp=private_tmp)
         scratch, ptys = scratch_rules(ctx)
         ruleset = render_landlock_ruleset(policy, self._abi, scratch=scratch, ptys=ptys)
-        rs = build_ruleset_fd(ruleset)
+        try:
+            rs = build_ruleset_fd(ruleset)
+        except OSError as exc:  # landlockpy's errors are OSErrors (Landlock gone, ENOMEM)
+            raise SandboxUnavailableError(
+                policy.mode, f"landlock: cannot build the ruleset: {exc}"
+            ) from exc
         setup = landlock_child_setup(
             policy,
             ctx,

@@ -167,7 +167,11 @@ def libc() -> ctypes.CDLL:
     """libc with errno capture, loaded once in the parent."""
     global _libc  # noqa: PLW0603 - loaded once, before any fork
     if _libc is None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The glibc soname first: find_library runs `ldconfig -p` (milliseconds per process).
+        try:
+            lib = ctypes.CDLL("libc.so.6", use_errno=True)
+        except OSError:
+            lib = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         for name in _INT_FUNCTIONS:
             getattr(lib, name).restype = ctypes.c_int
         lib.syscall.restype = ctypes.c_long

@@ -576,3 +576,27 @@ async def test_without_mount_setattr_the_remount_fallback_confines_the_same(
     assert "TOPSECRET" not in result.stdout.text + result.stderr.text
     assert "tmp\n" in result.stdout.text
     assert result.sandbox is not None and result.sandbox.denied
+
+
+async def test_a_covered_directory_that_vanishes_before_the_mount_is_looked_at_again(
+    make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another executor's spill dir, say: listed when the view is taken, gone a moment later,
+    # when the child mounts the cover. Nothing ran; the executor takes the view again, once.
+    doomed = workspace / "doomed"
+    doomed.mkdir()
+    ex = make_executor(mode="workspace-write", deny_read=(str(doomed),))
+    real_prepare = ex._limits.prepare
+    calls: list[str] = []
+
+    def prepare_then_remove(*args: object, **kw: object) -> object:
+        calls.append("prepare")
+        if doomed.exists():
+            doomed.rmdir()  # after the view named it, before the child mounts over it
+        return real_prepare(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ex._limits, "prepare", prepare_then_remove)
+    result = await _run(ex, "echo ran > marker", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    assert (workspace / "marker").read_text() == "ran\n"
+    assert calls == ["prepare", "prepare"]  # the first spawn was refused, the retry ran
