@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from bash_sandbox.backends.base import BackendProbe, LayerReport, SandboxBackend
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
+from bash_sandbox.linux.limit_enforcement import LimitEnforcement
 from policies import NetworkMode, SandboxMode
 
 LAYERS = ("files", "processes", "network", "unix sockets")
@@ -84,6 +85,10 @@ class DoctorReport(BaseModel):
     refusal: str | None = None  # why, when it would refuse
     degraded: str | None = None  # a loud note when the choice is weaker than a full backend
     notes: tuple[str, ...] = ()  # config trust and other facts the user should know
+    # Each per-command limit of the config as this host enforces it (the chosen backend's).
+    limits: tuple[LimitEnforcement, ...] = ()
+    # The destinations the egress proxy serves under `isolated` (empty: loopback only).
+    allow_domains: tuple[str, ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -184,6 +189,12 @@ def collect_report(
         landlock_abi=landlock_abi(),
         namespaces=Check(available=possible, detail=why),
     )
+    limits: tuple[LimitEnforcement, ...] = ()
+    if sys.platform.startswith("linux"):
+        from bash_sandbox.linux.limit_enforcement import describe_enforcement
+
+        # Landlock has no user namespace per command; bwrap makes one (RLIMIT_NPROC's scope).
+        limits = describe_enforcement(config.limits, own_user_namespace=chosen != "landlock")
     return DoctorReport(
         version=version,
         network=network,
@@ -193,6 +204,8 @@ def collect_report(
         refusal=refusal,
         degraded=selector.degraded,
         notes=(*notes, LIVE_PROBES_NOTE),
+        limits=limits,
+        allow_domains=tuple(config.allow_domains),
     )
 
 
@@ -246,4 +259,24 @@ def render_text(report: DoctorReport) -> str:
         lines += _table(
             [(layer.layer, layer.enforcement, layer.how) for layer in b.layers], indent="  "
         )
+    egress = ", ".join(report.allow_domains) or "none (isolated commands reach loopback only)"
+    lines += ["", f"egress allowlist: {egress}"]
+    if report.limits:
+        lines += ["", f"limits per command ({report.chosen_backend or 'no backend'}):"]
+        rows = [("LIMIT", "VALUE", "ENFORCED BY", "DETAIL")]
+        for limit in report.limits:
+            value = "-" if limit.value is None else _limit_value(limit.limit, limit.value)
+            rows.append((limit.limit, value, limit.mechanism.value, limit.detail))
+        lines += _table(rows, indent="  ")
     return "\n".join(lines) + "\n"
+
+
+def _limit_value(name: str, value: float) -> str:
+    if name in ("memory", "tmp-space", "shm-space"):
+        mib = value / (1 << 20)
+        return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
+    if name == "cpu":
+        return f"{value:g} cores"
+    if name == "cpu-time":
+        return f"{value:g} s"
+    return f"{value:g}"

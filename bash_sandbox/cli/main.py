@@ -52,6 +52,7 @@ from bash_sandbox.cli.config_file import (
     config_roots,
     is_within,
     load_config,
+    user_config_path,
     workspace_table_notice,
 )
 from bash_sandbox.cli.stream import LiveOutput
@@ -232,6 +233,10 @@ def result_notes(result: BashRunResult, *, streamed: bool) -> list[str]:
     if facts is not None and facts.network_denied:
         notes.append(network_denial_marker())
     notes += result_markers(facts)
+    # What the sandbox says about itself (a degraded backend, git repositories the command
+    # made, a cache home it could not use): after the markers, never instead of them.
+    if facts is not None:
+        notes += [f"{PROG}: warning: {warning}" for warning in facts.warnings]
     return notes
 
 
@@ -439,11 +444,22 @@ def _cmd_mode(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from bash_sandbox.cli.doctor import collect_report, render_text
 
-    config = build_config(load_config(args.config, _workspace_dir(None)), {})
+    loaded = load_config(args.config, _workspace_dir(None))
+    config = build_config(loaded, {})
+    source = (
+        f"config: {loaded.source.describe()}"
+        if loaded.source is not None
+        else f"config: none (defaults); the user config would be {user_config_path()}"
+    )
+    trust = (
+        "a workspace's own pyproject.toml is never read for configuration (a confined "
+        "command could write it), nor any config file inside a writable root"
+    )
     report = collect_report(
         config,
         network=args.network or config.network,
         version=package_version(),
+        notes=(source, trust),
     )
     if args.json:
         payload = report.model_dump(mode="json") | {"usable": report.usable}

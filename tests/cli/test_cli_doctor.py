@@ -160,3 +160,32 @@ def test_render_text_lists_usable_backends_layers_and_loud_notes() -> None:
     assert "chosen backend:    bwrap" in text
     assert "WARNING: weaker than it should be" in text
     assert "note: workspace config is not read" in text
+
+
+@on_linux_with_bwrap
+def test_doctor_shows_the_configs_limits_allowlist_and_where_config_comes_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(
+        'allow-domains = ["pypi.org", "*.npmjs.org"]\n'
+        "[limits]\nmemory_bytes = 1073741824\nprocesses = 100\n"
+    )
+    config.chmod(0o600)
+    assert main(["doctor", "--json", "--config", str(config)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["allow_domains"] == ["pypi.org", "*.npmjs.org"]
+    limits = {entry["limit"]: entry for entry in data["limits"]}
+    assert limits["memory"]["value"] == 1 << 30 and limits["processes"]["value"] == 100
+    assert set(limits) == {
+        "memory", "processes", "cpu", "cpu-time", "open-files", "tmp-space", "shm-space"
+    }  # fmt: skip
+    assert all(entry["mechanism"] and entry["detail"] for entry in data["limits"])
+    assert any(str(config) in note for note in data["notes"])
+    assert any("pyproject.toml is never read" in note for note in data["notes"])
+    assert main(["doctor", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "egress allowlist: pypi.org, *.npmjs.org" in out
+    assert "limits per command (bwrap):" in out
+    memory = next(line for line in out.splitlines() if line.strip().startswith("memory "))
+    assert "1 GiB" in memory

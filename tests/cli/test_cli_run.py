@@ -279,3 +279,16 @@ def test_exit_status_follows_the_shell_convention(
     exit_code: int | None, sig: str | None, expected: int
 ) -> None:
     assert exit_status(_result(exit_code, sig)) == expected
+
+
+def test_the_sandboxs_warnings_follow_the_output_on_stderr(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A repository the command makes carries its own config and hooks: the CLI says so.
+    code = run(workspace, "--mode", "workspace-write", "--", "git init -q sub && echo made")
+    out, err = capsys.readouterr()
+    assert code == 0 and out == "made\n"
+    assert (workspace / "sub" / ".git").is_dir()
+    warning = err.splitlines()[-1]
+    assert warning.startswith("bash-sandbox: warning: the command created or changed git")
+    assert str(workspace / "sub") in warning
