@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from bash_local.spawn import folded_signal
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 
 # How many denials a result lists; `denials_total` counts the rest.
@@ -20,11 +21,11 @@ _NETWORK_KINDS = frozenset({DenialKind.NETWORK_CONNECT, DenialKind.NETWORK_RESOL
 
 
 def failed_on_its_own(exit_code: int | None, signal: str | None, *, folds_signals: bool) -> bool:
-    """A nonzero exit that is not a signal (nor, for a folding runner, ``128 < code < 193``)."""
+    """A nonzero exit that is not a signal (nor, for a folding runner, a folded one)."""
     if signal is not None or exit_code is None or exit_code == 0:
         return False
     # A runner that folds "killed by signal n" into exit 128+n leaves no other trace.
-    return not (folds_signals and 128 < exit_code < 128 + 65)
+    return not (folds_signals and folded_signal(exit_code) is not None)
 
 
 def derive_facts_flags(
