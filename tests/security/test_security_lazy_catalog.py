@@ -1,4 +1,4 @@
-"""`bash-sandbox run` must not load the attack catalog: it only needs the audit's flags."""
+"""`bash-sandbox run` must not load the attack catalog; `audit` loads it only when asked."""
 
 from __future__ import annotations
 
@@ -6,23 +6,38 @@ import json
 import subprocess
 import sys
 
+_LIST_AUDIT_MODULES = (
+    "import json, sys; import bash_sandbox.cli.main; "
+    "from bash_sandbox.cli.arguments import build_parser; {action}; "
+    "print(json.dumps(sorted(n for n in sys.modules if n.startswith('bash_sandbox.audit'))))"
+)
 
-def test_importing_the_cli_loads_no_attack_module_and_no_audit_runner() -> None:
+
+def _audit_modules_after(action: str) -> list[str]:
     # A fresh interpreter: this test process has probably imported the catalog already.
-    probe = (
-        "import json, sys; import bash_sandbox.cli.main; "
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('bash_sandbox.audit'))))"
-    )
     done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", _LIST_AUDIT_MODULES.format(action=action)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
-    loaded = json.loads(done.stdout)
-    assert "bash_sandbox.audit.command" in loaded  # the parser's flags come from here
+    loaded: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return loaded
+
+
+def test_importing_the_cli_loads_no_audit_module_at_all() -> None:
+    assert _audit_modules_after("pass") == []
+
+
+def test_parsing_audit_flags_loads_the_flags_but_no_attack_module_and_no_runner() -> None:
+    loaded = _audit_modules_after("build_parser('0').parse_args(['audit', '--json'])")
+    assert "bash_sandbox.audit.command" in loaded  # the audit's flags come from here
     forbidden = [
-        m
-        for m in loaded
-        if m.startswith("bash_sandbox.audit.attacks")
-        or m in ("bash_sandbox.audit.runner", "bash_sandbox.audit.drives")
+        n
+        for n in loaded
+        if n.startswith("bash_sandbox.audit.attacks")
+        or n in ("bash_sandbox.audit.runner", "bash_sandbox.audit.drives")
     ]
     assert not forbidden, forbidden
 
