@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import struct
 import subprocess
+import time
 from typing import Any
 
 from bash_sandbox.audit.attacks.common import (
@@ -88,6 +90,26 @@ def _setuid_copy(env: AttackEnv) -> dict[str, Any]:
     return {}
 
 
+def _runs(binary: str) -> bool:
+    """Whether a fresh copy runs; ETXTBSY is retried, bounded.
+
+    Other cells fork concurrently: a child forked while the copy was open for writing holds
+    that descriptor until it execs, and the kernel refuses to exec a file open for writing.
+    """
+    for _ in range(50):
+        try:
+            done = subprocess.run(
+                [binary, "-c", "pass"], capture_output=True, check=False, timeout=20
+            )
+        except OSError as error:
+            if error.errno != errno.ETXTBSY:
+                raise
+            time.sleep(0.02)
+            continue
+        return done.returncode == 0
+    return False
+
+
 def _file_caps_copy(env: AttackEnv) -> dict[str, Any]:
     """A copy of python carrying file capabilities (CAP_SETUID, CAP_DAC_OVERRIDE; +ep)."""
     if os.geteuid() != 0:
@@ -97,8 +119,7 @@ def _file_caps_copy(env: AttackEnv) -> dict[str, Any]:
         if not source or not os.path.exists(source):
             continue
         shutil.copy(os.path.realpath(source), target)
-        done = subprocess.run([target, "-c", "pass"], capture_output=True, check=False, timeout=20)
-        if done.returncode == 0:
+        if _runs(target):
             break
     else:
         return {"skip": "no python binary that still runs when copied"}
@@ -141,6 +162,7 @@ ATTACKS: list[Attack] = [
         8,
         "run a binary carrying file capabilities (cap_setuid,cap_dac_override+ep)",
         r"""{{host}}/cap-python - <<'PY'
+import errno
 import os
 for line in open("/proc/self/status"):
     if line.startswith(("CapEff", "CapPrm", "NoNewPrivs")):
