@@ -39,6 +39,7 @@ from bash_sandbox.backends.mount_plan import (
     inspect_protected,
     tmp_tops,
     visible,
+    within,
     within_any,
 )
 from bash_sandbox.backends.shadow_cache import ShadowCache
@@ -52,6 +53,7 @@ from bash_sandbox.facts import (
     infer_file_denials,
 )
 from bash_sandbox.git_plane import (
+    NESTED_BUDGET,
     MergeReport,
     config_path_targets,
     discover_gitdirs,
@@ -355,7 +357,13 @@ class SandboxBashExecutor(LocalBashExecutor):
         private_tmp = True
         tops = tmp_tops((policy.workspace_root, *roots))
         # The user's roots: the sandbox's own cache home has no git dir or protected names.
-        gitdirs = discover_gitdirs(user_policy)
+        discovery = discover_gitdirs(user_policy)
+        gitdirs = discovery.gitdirs
+        notes = [
+            f"git: searched only the first {NESTED_BUDGET} directories of {root} for "
+            "repositories; one deeper in it has no overlay (its config and hooks are writable)"
+            for root in discovery.unsearched
+        ]
         protected = inspect_protected(user_policy, gitdirs)
         overlays: list[GitOverlay] = []
         covers = list(protected.protect)
@@ -415,6 +423,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             deny_files=deny_files,
             hidden=hidden,
             partial=tuple(partial),
+            notes=tuple(notes),
         )
         return view, tuple(held)
 
@@ -551,6 +560,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         if self._selector.degraded:
             record.warnings.append(self._selector.degraded)
         record.warnings += list(view.partial)
+        record.warnings += list(view.notes)
         if cache_warning is not None:
             record.warnings.append(cache_warning)
         fields = {f.name: getattr(confined, f.name) for f in dataclasses.fields(ConfinedPlan)}
@@ -831,9 +841,17 @@ class SandboxBashExecutor(LocalBashExecutor):
         assert plan.policy is not None and plan.backend is not None
         policy = plan.policy
         if plan.overlays:
-            # A git directory is a mount here: renaming or removing it is refused too.
-            names = (*policy.protected_paths, ".git")
-            policy = policy.model_copy(update={"protected_paths": names})
+            # A git directory is a mount here: renaming or removing it is refused too, and so
+            # is renaming a directory leading to a nested one (pinned).
+            names = [*policy.protected_paths, ".git"]
+            for root in policy.all_writable_roots():
+                for overlay in plan.overlays:
+                    if overlay.gitdir != os.path.join(root, ".git") and within(
+                        overlay.gitdir, root
+                    ):
+                        nested = os.path.relpath(overlay.gitdir, root)
+                        names += [nested, *_leading_dirs(os.path.dirname(nested))]
+            policy = policy.model_copy(update={"protected_paths": tuple(dict.fromkeys(names))})
         if not plan.backend.mounts and plan.backend.name == "landlock":
             # Landlock alone refuses with EACCES; its only scratch dir is the private TMPDIR.
             return {
@@ -858,3 +876,11 @@ class SandboxBashExecutor(LocalBashExecutor):
             # Joins the proxy's thread: off the loop.
             await asyncio.to_thread(proxy.close)
         self._finalizer()
+
+
+def _leading_dirs(relative: str) -> list[str]:
+    """``a``, ``a/b``, ``a/b/c`` for ``a/b/c`` (nothing for ``.`` or empty)."""
+    if relative in ("", "."):
+        return []
+    parts = relative.split("/")
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]

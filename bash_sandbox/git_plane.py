@@ -17,9 +17,16 @@ copied. A file the host changed during the run is not overwritten (a conflict, r
 The copy-back runs in the executor, outside every sandbox, and never follows a symlink on
 the host side (each directory is opened with O_NOFOLLOW from the git directory down).
 
+Repositories nested in a root (a workspace that is a folder of repositories, a vendored
+checkout) get an overlay too: every `.git` up to three levels below a root, found breadth
+first within a budget of listed directories, skipping dependency and cache directories
+(`NOT_SEARCHED`); the directories leading to one are pinned, so it cannot be renamed away.
+
 What this cannot stop: a repository the command creates itself (a new `.git`, or a gitlink
 added to the index) carries whatever config the command wrote. `nested_repositories`
-reports those on the result; treat them as untrusted.
+reports those on the result; treat them as untrusted. A pre-existing repository deeper than
+the search, or inside a skipped directory, has no overlay (a search cut short by the budget
+says so in the result's warnings).
 """
 
 from __future__ import annotations
@@ -120,35 +127,113 @@ def read_gitfile(path: str) -> str | None:
     return os.path.realpath(target)
 
 
-def discover_gitdirs(policy: SandboxPolicy) -> tuple[str, ...]:
+# Where a repository lies below a root: this many levels, at most this many directories
+# listed per root (breadth first, so the shallow ones are found first), never inside the
+# directories that hold installed dependencies or caches (a host user runs no git there).
+NESTED_DEPTH = 3
+NESTED_BUDGET = 1000
+NOT_SEARCHED = frozenset(
+    {
+        ".git",
+        "node_modules",
+        ".venv",
+        "venv",
+        "__pycache__",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".cache",
+        ".gradle",
+        "target",
+    }
+)
+
+
+@dataclass(frozen=True)
+class GitDiscovery:
+    """The git directories a command could reach through the writable roots; ``unsearched``
+    names each root whose search stopped at the budget (deeper repositories there have no
+    overlay)."""
+
+    gitdirs: tuple[str, ...]
+    unsearched: tuple[str, ...] = ()
+
+
+def discover_gitdirs(
+    policy: SandboxPolicy, *, depth: int = NESTED_DEPTH, budget: int = NESTED_BUDGET
+) -> GitDiscovery:
     """Git directories whose control plane a command could reach through a writable root:
-    each root's `.git` directory; for a root whose `.git` is a file (a linked worktree, a
+    each `.git` directory at a root or up to ``depth`` levels below it (a workspace that is
+    a folder of repositories, a vendored checkout); for a `.git` file (a linked worktree, a
     submodule checkout), the directory it points at and that directory's common dir,
-    wherever they are: committing from the root writes there, and the overlay is what makes
-    that safe (only git's own state is copied back)."""
-    roots = policy.all_writable_roots()
+    wherever they are: committing there writes them, and the overlay is what makes that safe
+    (only git's own state is copied back)."""
     found: dict[str, None] = {}
-    for root in roots:
-        dotgit = os.path.join(root, ".git")
-        if os.path.isdir(dotgit) and not os.path.islink(dotgit):
-            found.setdefault(os.path.realpath(dotgit), None)
-        elif os.path.isfile(dotgit) and not os.path.islink(dotgit):
-            target = read_gitfile(dotgit)
-            if target is None or not os.path.isdir(target):
-                continue
-            found.setdefault(target, None)
-            common = _read_small(os.path.join(target, "commondir"))
-            if common is not None:
-                main = os.path.realpath(os.path.join(target, common.strip()))
-                if os.path.isdir(main):
-                    found.setdefault(main, None)
-    # A git dir inside another one (a worktree's gitdir below the common dir) is covered
-    # by the outer overlay.
+    unsearched: list[str] = []
+    for root in policy.all_writable_roots():
+        dotgits, complete = _find_dotgits(root, depth, budget)
+        if not complete:
+            unsearched.append(root)
+        for dotgit in dotgits:
+            _add_gitdir(dotgit, found)
+    # A git dir inside another one (a worktree's gitdir below the common dir, a submodule's
+    # below .git/modules) is covered by the outer overlay.
     kept: list[str] = []
     for d in sorted(found, key=lambda p: (p.count("/"), p)):
         if not any(within(d, k) for k in kept):
             kept.append(d)
-    return tuple(kept)
+    return GitDiscovery(tuple(kept), tuple(unsearched))
+
+
+def _find_dotgits(root: str, depth: int, budget: int) -> tuple[list[str], bool]:
+    """Every `.git` entry (not a link) at ``root`` and up to ``depth`` levels below it,
+    breadth first; and whether the search was complete within ``budget`` listings."""
+    found: list[str] = []
+    level = [root]
+    for current in range(depth + 1):
+        below: list[str] = []
+        for directory in level:
+            if budget <= 0:
+                return found, False
+            budget -= 1
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    if entry.name == ".git":
+                        if not entry.is_symlink():
+                            found.append(entry.path)
+                    elif (
+                        current < depth
+                        and entry.name not in NOT_SEARCHED
+                        and entry.is_dir(follow_symlinks=False)
+                    ):
+                        below.append(entry.path)
+                except OSError:
+                    continue
+        level = sorted(below)
+    return found, True
+
+
+def _add_gitdir(dotgit: str, found: dict[str, None]) -> None:
+    if os.path.isdir(dotgit) and not os.path.islink(dotgit):
+        found.setdefault(os.path.realpath(dotgit), None)
+        return
+    if not os.path.isfile(dotgit) or os.path.islink(dotgit):
+        return
+    target = read_gitfile(dotgit)
+    if target is None or not os.path.isdir(target):
+        return
+    found.setdefault(target, None)
+    common = _read_small(os.path.join(target, "commondir"))
+    if common is not None:
+        main = os.path.realpath(os.path.join(target, common.strip()))
+        if os.path.isdir(main):
+            found.setdefault(main, None)
 
 
 def _read_small(path: str) -> str | None:

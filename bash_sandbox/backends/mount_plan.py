@@ -112,6 +112,7 @@ class HostView:
     deny_files: tuple[str, ...] = ()  # covered by the unreadable file
     hidden: tuple[str, ...] = ()  # executor-private paths (Landlock alone hides them by rules)
     partial: tuple[str, ...] = field(default=(), compare=False)  # why enforcement is partial
+    notes: tuple[str, ...] = field(default=(), compare=False)  # warnings for the result
 
 
 def within(path: str, root: str) -> bool:
@@ -154,6 +155,9 @@ def render_mount_plan(
                 ]
         ops.append(MountOp("readonly", shadow.directory))
     ops += [MountOp("bind", root, root, writable=True) for root in policy.all_writable_roots()]
+    # Pins before overlays: a pinned directory may lead to a nested repository's git dir,
+    # whose overlay must sit on top of the pin, not under it.
+    ops += [MountOp("bind", p, p, writable=True) for p in view.pins]
     for o in view.overlays:
         ops.append(
             MountOp("overlay", o.gitdir, o.gitdir, writable=True, upper=o.upper, work=o.work)
@@ -162,7 +166,6 @@ def render_mount_plan(
             # A linked worktree's git dir outside the roots: the read-only base covers the
             # overlay mounted there, so it is bound back writable (writes stay in its upper).
             ops.append(MountOp("bind", o.gitdir, o.gitdir, writable=True))
-    ops += [MountOp("bind", p, p, writable=True) for p in view.pins]
     ops += [MountOp("bind", p, p) for p in view.protect]
     ops += [MountOp("bind", p, sources.deny_dir) for p in view.deny_dirs]
     ops += [MountOp("bind", p, sources.deny_file) for p in view.deny_files]
@@ -371,6 +374,11 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
     for gitdir in gitdirs:
         for name in sorted(git_names):
             in_git.append((gitdir, name, name.split("/")[0] in GIT_DIRECTORY_NAMES))
+        # A nested repository's directories are pinned: renaming one would carry the
+        # overlay away and leave a plain `.git` for the command to create at the old path.
+        owner = next((r for r in roots if within(gitdir, r)), None)
+        if owner is not None:
+            pins += _pins_between(owner, gitdir)
     for root in roots:
         for name in policy.protected_paths:
             lexical = os.path.join(root, name)

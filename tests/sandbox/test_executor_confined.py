@@ -240,6 +240,86 @@ async def test_a_repository_the_command_creates_is_reported_and_nothing_is_left_
     assert any("git repositories" in w for w in result.sandbox.warnings)
 
 
+def _git(*args: str, cwd: Path) -> str:
+    import subprocess
+
+    env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
+    done = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert done.returncode == 0, (args, done.stderr)
+    return done.stdout
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "printf '[core]\\n\\tfsmonitor = touch ../../pwned\\n' >> {sub}/.git/config",
+        "echo 'touch ../pwned' > {sub}/.git/hooks/pre-commit; chmod +x {sub}/.git/hooks/pre-commit",
+        "echo ../../planted > {sub}/.git/commondir",
+        # rename(2) itself: `mv` would fall back to copying a directory it cannot rename.
+        "python3 -c \"import os; os.rename('{sub}', 'moved')\" && mkdir -p {sub}/.git && "
+        "printf '[core]\\n\\tfsmonitor = touch ../../pwned\\n' >> {sub}/.git/config",
+        "mv {sub}/.git {sub}/.git-old && git init -q {sub} && "
+        "printf '[core]\\n\\tfsmonitor = touch ../../pwned\\n' >> {sub}/.git/config",
+    ],
+)
+@pytest.mark.parametrize("sub", ["lib", "packages/api/vendor"])
+async def test_a_repository_nested_in_the_workspace_has_its_control_plane_protected(
+    make_executor: ExecutorFactory, workspace: Path, attack: str, sub: str
+) -> None:
+    # A workspace that is a folder of repositories (or vendors a checkout): each one's git
+    # dir is an overlay too, and the directories leading to it cannot be renamed away.
+    repo = workspace / sub
+    repo.mkdir(parents=True)
+    _git("init", "-q", cwd=repo)
+    (repo / "a.txt").write_text("a\n")
+    _git("add", "a.txt", cwd=repo)
+    _git("commit", "-qm", "first", cwd=repo)
+    config = (repo / ".git" / "config").read_bytes()
+    hooks = sorted(os.listdir(repo / ".git" / "hooks"))
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, attack.format(sub=sub), workspace)
+    # From outside: the host's repository is as it was, and its git runs nothing planted.
+    assert (repo / ".git" / "config").read_bytes() == config
+    assert sorted(os.listdir(repo / ".git" / "hooks")) == hooks
+    assert not (repo / ".git" / "commondir").exists()
+    assert not (workspace / "moved").exists() and not (repo / ".git-old").exists()
+    _git("status", "--short", cwd=repo)
+    _git("commit", "-q", "--allow-empty", "-m", "host", cwd=repo)
+    assert not (workspace / "pwned").exists() and not (repo.parent / "pwned").exists()
+    assert result.sandbox is not None
+    if "os.rename" not in attack:
+        # Refused (a failed run) or discarded from the overlay (also on an exit-0 run). A
+        # pinned directory's refused rename answers EXDEV, as an ordinary move across
+        # filesystems does: no denial is inferred from it.
+        assert result.sandbox.denials
+
+
+async def test_a_commit_in_a_nested_repository_lands_on_the_host(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    repo = workspace / "lib"
+    repo.mkdir()
+    _git("init", "-q", cwd=repo)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "cd lib && echo x > x.txt && git add x.txt && "
+        "git -c user.name=t -c user.email=t@t commit -qm inside && git checkout -qb feature",
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "inside" in _git("log", "--format=%s", "feature", cwd=repo)
+    assert result.sandbox is not None and result.sandbox.nested_repositories == ()
+
+
 async def test_a_symlinked_hooks_dir_protects_its_target_in_the_workspace(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:

@@ -29,7 +29,7 @@ def _policy(ws: Path | str, mode: str = "workspace-write", **kw: object) -> Sand
     return SandboxPolicy(mode=mode, workspace_root=str(ws), deny_read=(), **kw)  # type: ignore[arg-type]
 
 
-def test_render_orders_tmp_shadows_roots_overlays_pins_covers() -> None:
+def test_render_orders_tmp_shadows_roots_pins_overlays_covers() -> None:
     view = HostView(
         shadows=(
             Shadow(
@@ -72,8 +72,8 @@ def test_render_orders_tmp_shadows_roots_overlays_pins_covers() -> None:
         MountOp("bind", "/h/.config/nvim", "/h/.config/nvim", optional=True),
         MountOp("readonly", "/h/.config"),
         MountOp("bind", "/w", "/w", writable=True),
-        MountOp("overlay", "/w/.git", "/w/.git", writable=True, upper="/up", work="/wk"),
         MountOp("bind", "/w/d", "/w/d", writable=True),
+        MountOp("overlay", "/w/.git", "/w/.git", writable=True, upper="/up", work="/wk"),
         MountOp("bind", "/w/.git/config", "/w/.git/config"),
         MountOp("bind", "/w/secrets", "/s/denied-dir"),
         MountOp("bind", "/w/.env", "/s/denied-file"),
