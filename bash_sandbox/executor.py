@@ -61,6 +61,7 @@ from bash_sandbox.git_plane import (
     new_repositories,
     prepare_placeholders,
 )
+from bash_sandbox.linux.cover_watch import CoverWatch, CoverWatchError, WatchTicket
 from bash_sandbox.linux.limits import ExecutorLimits, LimitsPlan, LimitsSetupError
 from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError
 from bash_sandbox.linux.supervisor import (
@@ -122,6 +123,7 @@ class _SpawnRecord:
     merges: list[MergeReport] = field(default_factory=list)
     nested: tuple[str, ...] = ()
     warnings: list[str] = field(default_factory=list)
+    watch: WatchTicket | None = None
     settled: bool = False
     released: bool = False
 
@@ -156,10 +158,14 @@ def _resolv_nameservers() -> frozenset[str]:
 def _cleanup(
     state: ExecutorState,
     namespaces: ExecutorNamespaces,
+    *,
     supervisor: list[SeccompSupervisor],
     limits: ExecutorLimits,
     proxies: list[EgressProxy],
+    watches: list[CoverWatch],
 ) -> None:
+    for watch in watches:
+        watch.close()
     for proxy in proxies:
         # Its thread holds the listener, which holds the network namespace. Called on that
         # very thread (a collection there), close() stops the loop but cannot join it.
@@ -212,16 +218,18 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._limits = ExecutorLimits()
         self._proxies: list[EgressProxy] = []  # at most one, made by the first allowlist
         self._spawn_ids = itertools.count(1)
-        # An executor dropped without aclose() still frees its namespaces, cgroups, proxy
-        # and state.
+        self._watches: list[CoverWatch] = []
+        # An executor dropped without aclose() still frees its namespaces, cgroups, proxy,
+        # cover watch and state.
         self._finalizer = weakref.finalize(
             self,
             _cleanup,
             self._state,
             self._namespaces,
-            self._supervisors,
-            self._limits,
-            self._proxies,
+            supervisor=self._supervisors,
+            limits=self._limits,
+            proxies=self._proxies,
+            watches=self._watches,
         )
         self._selector = BackendSelector(
             candidate_backends(
@@ -236,6 +244,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._egress_resolver = egress_resolver
         self._placeholders = Placeholders()
         self._shadows = ShadowCache()
+        self._cover_watch: CoverWatch | None = None
 
     @property
     def sandbox_mode(self) -> SandboxMode:
@@ -413,6 +422,18 @@ class SandboxBashExecutor(LocalBashExecutor):
         deny_dirs = tuple(p for p in deny_dirs if visible(p, tops, private_tmp))
         deny_files = tuple(p for p in deny_files if visible(p, tops, private_tmp))
         shadows = tuple(s for s in shadows if visible(s.directory, tops, private_tmp))
+        # What a host rename or delete would uncover while the command runs: every name
+        # covered where it lies, and every denied name missing outside the shadows.
+        watched = [p for p in (*deny_dirs, *deny_files) if p not in hidden]
+        watched += [c for c in covers if not within_any(c, gitdirs)]
+        for denied in (*policy.deny_read, *host_secrets()):
+            name = os.path.normpath(denied)
+            if (
+                not os.path.lexists(name)
+                and not any(within(name, s.directory) for s in shadows)
+                and visible(name, tops, private_tmp)
+            ):
+                watched.append(name)
         view = HostView(
             shadows=shadows,
             tmp_tops=tops,
@@ -424,6 +445,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             hidden=hidden,
             partial=tuple(partial),
             notes=tuple(notes),
+            watched=tuple(dict.fromkeys(watched)),
         )
         return view, tuple(held)
 
@@ -481,6 +503,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         # Everything this spawn holds from here on, released once whatever happens.
         record = _SpawnRecord(placeholders=held, overlays=view.overlays)
         try:
+            view = self._watch_covers(view, record)
             return self._confine_with(
                 spec,
                 plan,
@@ -495,6 +518,36 @@ class SandboxBashExecutor(LocalBashExecutor):
         except BaseException:
             self._release(record)
             raise
+
+    def _watch_covers(self, view: HostView, record: _SpawnRecord) -> HostView:
+        """Watch the names this spawn covers where they lie (`linux/cover_watch.py`): the
+        command is stopped if the host replaces one while it runs. Set before the spawn,
+        on the loop thread, so no event can be read between the spawn and `_live`."""
+        if not view.watched:
+            return view
+        try:
+            if self._cover_watch is None:
+                watch = CoverWatch()
+                self._watches.append(watch)
+                asyncio.get_running_loop().add_reader(watch.fd, watch.read_events)
+                self._cover_watch = watch
+            record.watch = self._cover_watch.watch(
+                view.watched, lambda name: self._cover_replaced(record, name)
+            )
+        except (CoverWatchError, RuntimeError) as exc:
+            why = f"covers are not watched ({exc}): a host change of a covered name uncovers it"
+            return dataclasses.replace(view, partial=(*view.partial, why))
+        return view
+
+    def _cover_replaced(self, record: _SpawnRecord, name: str) -> None:
+        """The host changed a name this running command covers: it is stopped now."""
+        record.warnings.append(
+            f"stopped: the host replaced or removed {name}, which this command had covered, "
+            "while it ran (a replaced name is no longer covered); run it again"
+        )
+        for spawned in list(self._live):
+            if getattr(spawned.plan, "record", None) is record:
+                spawned.kill_now()
 
     def _confine_with(
         self,
@@ -753,6 +806,8 @@ class SandboxBashExecutor(LocalBashExecutor):
         if record.released:
             return
         record.released = True
+        if record.watch is not None and self._cover_watch is not None:
+            self._cover_watch.release(record.watch)
         if record.limits is not None:
             self._limits.release(record.limits)
         if record.grant is not None:
@@ -872,6 +927,11 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     async def aclose(self) -> None:
         await super().aclose()
+        if self._cover_watch is not None:
+            with contextlib.suppress(RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_reader(self._cover_watch.fd)
+            self._cover_watch.close()
+            self._cover_watch = None
         for proxy in self._proxies:
             # Joins the proxy's thread: off the loop.
             await asyncio.to_thread(proxy.close)

