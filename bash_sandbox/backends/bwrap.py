@@ -304,8 +304,9 @@ class BwrapBackend(SandboxBackend):
             LayerReport(
                 "files",
                 "full",
-                "read-only bind of /, writable roots bound, directories holding denied paths "
-                "shadowed, protected names covered, git directories overlaid",
+                "the whole tree read-only, nosuid and nodev, writable roots bound, directories "
+                "holding denied paths shadowed, protected names covered and watched, git "
+                "directories overlaid",
             ),
             LayerReport(
                 "processes",

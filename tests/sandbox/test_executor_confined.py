@@ -658,6 +658,33 @@ async def test_without_mount_setattr_the_remount_fallback_confines_the_same(
     assert result.sandbox is not None and result.sandbox.denied
 
 
+@pytest.mark.parametrize("setattr_available", [True, False])
+async def test_every_mount_of_the_view_is_nosuid_and_nodev_but_dev_itself(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+    setattr_available: bool,
+) -> None:
+    # Read inside the command: the flags of every mount it can see (mountinfo field 6).
+    module = "bash_sandbox.backends." + backend
+    monkeypatch.setattr(f"{module}.mount_setattr_available", lambda: setattr_available)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "awk '{print $5, $6}' /proc/self/mountinfo", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    # The last mount at a point is the one the command reaches (mountinfo is in mount order).
+    visible = dict(line.split(" ", 1) for line in result.stdout.text.splitlines())
+    assert str(workspace) in visible and "/" in visible and "/proc" in visible
+    for point, flags in visible.items():
+        if "/state/exec-" in point:
+            continue  # the executor's own mounts, where they lie: beneath the private /tmp
+        options = flags.split(",")
+        assert "nosuid" in options, (point, flags)
+        if point != "/dev" and not point.startswith("/dev/"):
+            # /dev holds its device nodes: the harmless host ones and the executor's ptys.
+            assert "nodev" in options, (point, flags)
+
+
 async def test_a_covered_directory_that_vanishes_before_the_mount_is_looked_at_again(
     make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

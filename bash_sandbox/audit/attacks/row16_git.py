@@ -181,6 +181,13 @@ def _origin(env: AttackEnv, values: dict[str, Any]) -> None:
     git(env, env.ws, "remote", "add", "origin", origin)
 
 
+def _nested_repositories(env: AttackEnv, values: dict[str, Any]) -> None:
+    """Repositories the user already has inside the workspace (a folder of repositories, a
+    vendored checkout three levels down), used by the host's git."""
+    for path in ("lib", "packages/api/vendor"):
+        init_repo(env, os.path.join(env.ws, path))
+
+
 def _info_guard(env: AttackEnv, values: dict[str, Any]) -> None:
     values["guards"] = {"ws/.git/info": os.path.join(env.ws, ".git", "info")}
 
@@ -351,7 +358,37 @@ def _nested() -> Attack:
     )
 
 
+NESTED_HOST: Sequence[HostGit] = (
+    ("ws/lib", ("status", "--porcelain")),
+    ("ws/lib", ("commit", "-q", "--allow-empty", "-m", "host commit")),
+    ("ws/packages/api/vendor", ("status", "--porcelain")),
+)
+
 ATTACKS: list[Attack] = [
+    git_attack(
+        "row16-nested-repository-config",
+        "write the config and hooks of repositories already nested in the workspace "
+        "(ws/lib, three levels down), by append and by replacing the file",
+        FSMONITOR
+        % ("nested-config", "lib/.git/config.tmp")
+        + " && cat lib/.git/config.tmp >> lib/.git/config\n"
+        "git -C packages/api/vendor config core.fsmonitor '{{payload}} nested-git-config'\n"
+        "printf '#!/bin/sh\\n{{payload}} nested-hook\\n' > lib/.git/hooks/pre-commit && "
+        "chmod +x lib/.git/hooks/pre-commit\n",
+        host=NESTED_HOST,
+        premise=_nested_repositories,
+    ),
+    git_attack(
+        "row16-nested-repository-moved",
+        "rename a nested repository's directory away and plant a fresh .git at its path",
+        "{{py}} -c \"import os; os.rename('lib', 'lib-old')\"; "
+        "{{py}} -c \"import os; os.rename('lib/.git', 'lib/.git-old')\"; "
+        "git init -q lib && "
+        + FSMONITOR % ("nested-moved", "lib/.git/config.new")
+        + " && cat lib/.git/config.new >> lib/.git/config\n",
+        host=NESTED_HOST[:2],
+        premise=_nested_repositories,
+    ),
     git_attack(
         "row16-commondir",
         "write .git/commondir pointing at a planted common dir whose config runs code",
