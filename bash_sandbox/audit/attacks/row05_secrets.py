@@ -7,6 +7,7 @@ import os
 import shutil
 import struct
 import subprocess
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -412,7 +413,73 @@ def _running_attack(id: str, title: str, *, exists: bool) -> Attack:
     )
 
 
+# A denied file covered where it lies (inside the workspace): the host replaces it, then says
+# "go" half a second later; the command reads only after the go. It proves the executor
+# stops a command whose cover the host's rename detached (the race before the stop is
+# measured in docs/threat-model-coverage.md, not attacked here).
+GATED_READ = """
+import os, time
+path = "{{ws}}/secrets.live.env"
+go = "{{ws}}/audit-go"
+print("READY", flush=True)
+deadline = time.time() + 25
+while time.time() < deadline:
+    if os.path.exists(go):
+        try:
+            with open(path) as fh:
+                print("READ", fh.read().strip(), flush=True)
+        except OSError as exc:
+            print("denied read:", exc, flush=True)
+    print("TRY", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def _in_root_secret(env: AttackEnv) -> dict[str, Any]:
+    path = os.path.join(env.ws, "secrets.live.env")
+    _replace_atomically(path, _credential_line(_live_canaries(env)[0]))
+    return {
+        "extra_canaries": _live_canaries(env),
+        "executor_kwargs": {"deny_read": (*env.deny_read, path)},
+        "check_listing": False,
+    }
+
+
+def _replace_then_go(canary: str) -> scenarios.HostAction:
+    def act(env: AttackEnv, outcome: Outcome) -> None:
+        _replace_atomically(os.path.join(env.ws, "secrets.live.env"), _credential_line(canary))
+        time.sleep(0.5)
+        with open(os.path.join(env.ws, "audit-go"), "w"):
+            pass
+
+    return act
+
+
+def _gated_read(env: AttackEnv, render: Render) -> dict[str, Any]:
+    return {
+        "command": render(BEGIN + py(GATED_READ)),
+        "acts": [_replace_then_go(_live_canaries(env)[1])],
+        # The act itself takes half a second (ten TRY lines): ten more after the go.
+        "tries": 20,
+        "timeout_ms": 30_000,
+        "act_timeout_s": 3,
+    }
+
+
 ATTACKS += [
+    scenario(
+        "row5-in-root-secret-replaced-while-running",
+        5,
+        "a denied file inside the workspace (covered where it lies) is replaced by the host "
+        "while a command runs; the command reads it after the replacement",
+        _gated_read,
+        secrets_kept,
+        no_escape_lines,
+        extra=_in_root_secret,
+        python=True,
+        drive=scenarios.while_running,
+        markers=("AUDIT-BEGIN", "READY"),
+    ),
     attack(
         "row5-shadow-as-root",
         5,
