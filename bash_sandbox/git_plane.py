@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from bash_sandbox.backends.mount_plan import GitOverlay, within
+from bash_sandbox.backends.mount_plan import GitOverlay, within, within_any
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 from policies import SandboxPolicy
 
@@ -172,12 +172,13 @@ def discover_gitdirs(
     (only git's own state is copied back)."""
     found: dict[str, None] = {}
     unsearched: list[str] = []
-    for root in policy.all_writable_roots():
+    roots = policy.all_writable_roots()
+    for root in roots:
         dotgits, complete = _find_dotgits(root, depth, budget)
         if not complete:
             unsearched.append(root)
         for dotgit in dotgits:
-            _add_gitdir(dotgit, found)
+            _add_gitdir(dotgit, found, roots)
     # A git dir inside another one (a worktree's gitdir below the common dir, a submodule's
     # below .git/modules) is covered by the outer overlay.
     kept: list[str] = []
@@ -219,7 +220,12 @@ def _find_dotgits(root: str, depth: int, budget: int) -> tuple[list[str], bool]:
     return found, True
 
 
-def _add_gitdir(dotgit: str, found: dict[str, None]) -> None:
+def _add_gitdir(dotgit: str, found: dict[str, None], roots: tuple[str, ...]) -> None:
+    """The git directories behind one `.git` entry. A `.git` file is the command's to write:
+    the directory it names is taken only inside a root, or when that directory points back
+    at this very `.git` file the way git itself links them (a linked worktree's `gitdir`, a
+    submodule's `core.worktree`); its common dir only when it contains it (git's layout).
+    Otherwise a command could name any host directory and have the copy-back write there."""
     if os.path.isdir(dotgit) and not os.path.islink(dotgit):
         found.setdefault(os.path.realpath(dotgit), None)
         return
@@ -228,12 +234,32 @@ def _add_gitdir(dotgit: str, found: dict[str, None]) -> None:
     target = read_gitfile(dotgit)
     if target is None or not os.path.isdir(target):
         return
+    if not within_any(target, roots) and not _points_back(target, dotgit):
+        return
     found.setdefault(target, None)
     common = _read_small(os.path.join(target, "commondir"))
     if common is not None:
         main = os.path.realpath(os.path.join(target, common.strip()))
-        if os.path.isdir(main):
+        if os.path.isdir(main) and (within_any(main, roots) or within(target, main)):
             found.setdefault(main, None)
+
+
+def _points_back(gitdir: str, dotgit: str) -> bool:
+    """Whether ``gitdir`` names ``dotgit``'s worktree as its own: a linked worktree's
+    `gitdir` file holds the path of the `.git` file; a submodule's config holds
+    `core.worktree`, relative to the git directory."""
+    own = os.path.realpath(dotgit)
+    back = _read_small(os.path.join(gitdir, "gitdir"))
+    if back is not None and back.strip():
+        path = back.strip()
+        if os.path.realpath(os.path.join(gitdir, path)) == own:
+            return True
+    config = _read_small(os.path.join(gitdir, "config")) or ""
+    for match in re.finditer(r"^\s*worktree\s*=\s*(.+?)\s*$", config, re.MULTILINE):
+        worktree = os.path.realpath(os.path.join(gitdir, match.group(1)))
+        if worktree == os.path.dirname(own):
+            return True
+    return False
 
 
 def _read_small(path: str) -> str | None:

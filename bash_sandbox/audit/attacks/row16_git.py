@@ -358,6 +358,34 @@ def _nested() -> Attack:
     )
 
 
+def _gitfile_elsewhere(env: AttackEnv) -> dict[str, Any]:
+    """A host directory outside every root, shaped like a git directory, that a `.git` file
+    in the workspace will name (the host area is guarded: nothing may appear in it)."""
+    if why := git_available():
+        return {"skip": why}
+    init_repo(env, env.ws)
+    victim = os.path.join(env.host, "gitdir-victim")
+    os.makedirs(os.path.join(victim, "refs", "heads"))
+    with open(os.path.join(victim, "HEAD"), "w") as fh:
+        fh.write("ref: refs/heads/main\n")
+    return {}
+
+
+def _gitfile_steps(env: AttackEnv, render: Render) -> dict[str, Any]:
+    plant = "cd {{ws}}\nmkdir -p sub && printf 'gitdir: {{host}}/gitdir-victim\\n' > sub/.git\n"
+    victim = "{{host}}/gitdir-victim"
+    write = (
+        f"cd {{{{ws}}}}/sub\necho planted > {victim}/HEAD; echo 0 > {victim}/refs/heads/x; "
+        f"mkdir -p {victim}/objects/aa && echo x > {victim}/objects/aa/b\n"
+    )
+    return {
+        "steps": [
+            scenarios.confined(render(BEGIN + plant)),
+            scenarios.confined(render(BEGIN + write)),
+        ]
+    }
+
+
 NESTED_HOST: Sequence[HostGit] = (
     ("ws/lib", ("status", "--porcelain")),
     ("ws/lib", ("commit", "-q", "--allow-empty", "-m", "host commit")),
@@ -365,6 +393,18 @@ NESTED_HOST: Sequence[HostGit] = (
 )
 
 ATTACKS: list[Attack] = [
+    scenario(
+        "row16-gitfile-elsewhere",
+        16,
+        "write a `.git` file naming a host directory outside the roots, then write git "
+        "state (HEAD, refs, objects) there from the next command",
+        _gitfile_steps,
+        guards_unchanged,
+        no_escape_lines,
+        git="none",
+        extra=_gitfile_elsewhere,
+        modes=WORKSPACE_WRITE,
+    ),
     git_attack(
         "row16-nested-repository-config",
         "write the config and hooks of repositories already nested in the workspace "
