@@ -245,6 +245,8 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._placeholders = Placeholders()
         self._shadows = ShadowCache()
         self._cover_watch: CoverWatch | None = None
+        # `.git` entries found by earlier spawns, looked at again by every later one.
+        self._known_dotgits: dict[str, None] = {}
 
     @property
     def sandbox_mode(self) -> SandboxMode:
@@ -366,11 +368,14 @@ class SandboxBashExecutor(LocalBashExecutor):
         private_tmp = True
         tops = tmp_tops((policy.workspace_root, *roots))
         # The user's roots: the sandbox's own cache home has no git dir or protected names.
-        discovery = discover_gitdirs(user_policy)
+        discovery = discover_gitdirs(user_policy, known=tuple(self._known_dotgits))
+        self._known_dotgits.update(dict.fromkeys(discovery.dotgits))
         gitdirs = discovery.gitdirs
-        notes = [
+        # A search cut short: a repository it did not reach has a writable control plane.
+        partial += [
             f"git: searched only the first {NESTED_BUDGET} directories of {root} for "
-            "repositories; one deeper in it has no overlay (its config and hooks are writable)"
+            "repositories; one it did not reach has no overlay (its config and hooks are "
+            "writable)"
             for root in discovery.unsearched
         ]
         protected = inspect_protected(user_policy, gitdirs)
@@ -444,7 +449,6 @@ class SandboxBashExecutor(LocalBashExecutor):
             deny_files=deny_files,
             hidden=hidden,
             partial=tuple(partial),
-            notes=tuple(notes),
             watched=tuple(dict.fromkeys(watched)),
         )
         return view, tuple(held)
@@ -613,7 +617,6 @@ class SandboxBashExecutor(LocalBashExecutor):
         if self._selector.degraded:
             record.warnings.append(self._selector.degraded)
         record.warnings += list(view.partial)
-        record.warnings += list(view.notes)
         if cache_warning is not None:
             record.warnings.append(cache_warning)
         fields = {f.name: getattr(confined, f.name) for f in dataclasses.fields(ConfinedPlan)}

@@ -25,8 +25,9 @@ first within a budget of listed directories, skipping dependency and cache direc
 What this cannot stop: a repository the command creates itself (a new `.git`, or a gitlink
 added to the index) carries whatever config the command wrote. `nested_repositories`
 reports those on the result; treat them as untrusted. A pre-existing repository deeper than
-the search, or inside a skipped directory, has no overlay (a search cut short by the budget
-says so in the result's warnings).
+the search, or inside a skipped directory, has no overlay; a search cut short by its budget
+makes the run's enforcement partial, and every `.git` an earlier search found is looked at
+again (`known`), so flooding a root with directories hides nothing found before.
 """
 
 from __future__ import annotations
@@ -159,33 +160,43 @@ class GitDiscovery:
 
     gitdirs: tuple[str, ...]
     unsearched: tuple[str, ...] = ()
+    dotgits: tuple[str, ...] = ()  # the `.git` entries they came from (for ``known``)
 
 
 def discover_gitdirs(
-    policy: SandboxPolicy, *, depth: int = NESTED_DEPTH, budget: int = NESTED_BUDGET
+    policy: SandboxPolicy,
+    *,
+    depth: int = NESTED_DEPTH,
+    budget: int = NESTED_BUDGET,
+    known: tuple[str, ...] = (),
 ) -> GitDiscovery:
     """Git directories whose control plane a command could reach through a writable root:
     each `.git` directory at a root or up to ``depth`` levels below it (a workspace that is
     a folder of repositories, a vendored checkout); for a `.git` file (a linked worktree, a
     submodule checkout), the directory it points at and that directory's common dir,
     wherever they are: committing there writes them, and the overlay is what makes that safe
-    (only git's own state is copied back)."""
+    (only git's own state is copied back). ``known``: `.git` entries an earlier search of
+    this executor found, looked at again whatever this search reaches (a command cannot
+    hide a repository from later commands by flooding the search's budget)."""
     found: dict[str, None] = {}
     unsearched: list[str] = []
     roots = policy.all_writable_roots()
+    entries: dict[str, None] = {}
     for root in roots:
         dotgits, complete = _find_dotgits(root, depth, budget)
         if not complete:
             unsearched.append(root)
-        for dotgit in dotgits:
-            _add_gitdir(dotgit, found, roots)
+        entries.update(dict.fromkeys(dotgits))
+    entries.update(dict.fromkeys(d for d in known if within_any(d, roots)))
+    for dotgit in entries:
+        _add_gitdir(dotgit, found, roots)
     # A git dir inside another one (a worktree's gitdir below the common dir, a submodule's
     # below .git/modules) is covered by the outer overlay.
     kept: list[str] = []
     for d in sorted(found, key=lambda p: (p.count("/"), p)):
         if not any(within(d, k) for k in kept):
             kept.append(d)
-    return GitDiscovery(tuple(kept), tuple(unsearched))
+    return GitDiscovery(tuple(kept), tuple(unsearched), tuple(entries))
 
 
 def _find_dotgits(root: str, depth: int, budget: int) -> tuple[list[str], bool]:

@@ -119,7 +119,6 @@ class HostView:
     deny_files: tuple[str, ...] = ()  # covered by the unreadable file
     hidden: tuple[str, ...] = ()  # executor-private paths (Landlock alone hides them by rules)
     partial: tuple[str, ...] = field(default=(), compare=False)  # why enforcement is partial
-    notes: tuple[str, ...] = field(default=(), compare=False)  # warnings for the result
     # Names covered where they lie (or missing there): a host change ends their cover.
     watched: tuple[str, ...] = field(default=(), compare=False)
 

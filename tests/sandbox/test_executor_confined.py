@@ -302,6 +302,37 @@ async def test_a_repository_nested_in_the_workspace_has_its_control_plane_protec
         assert result.sandbox.denials
 
 
+async def test_a_flood_of_directories_hides_no_repository_from_later_commands(
+    make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The search is bounded (here to 5 listings a root): a command can exhaust the bound
+    # with junk, but a repository found once stays overlaid for the executor's life, and
+    # a search cut short makes the run's enforcement partial.
+    import functools
+
+    from bash_sandbox import executor as executor_module
+    from bash_sandbox.git_plane import discover_gitdirs
+
+    monkeypatch.setattr(
+        executor_module, "discover_gitdirs", functools.partial(discover_gitdirs, budget=5)
+    )
+    repo = workspace / "zz-lib"
+    repo.mkdir()
+    _git("init", "-q", cwd=repo)
+    config = (repo / ".git" / "config").read_bytes()
+    ex = make_executor(mode="workspace-write")
+    first = await _run(ex, "true", workspace)
+    assert first.sandbox is not None and first.sandbox.enforcement == "full"
+    flood = await _run(ex, "mkdir -p aa0 aa1 aa2 aa3 aa4 aa5 aa6 aa7", workspace)
+    assert flood.exit_code == 0
+    attack = await _run(
+        ex, "printf '[core]\\n\\tfsmonitor = touch ../pwned\\n' >> zz-lib/.git/config", workspace
+    )
+    assert (repo / ".git" / "config").read_bytes() == config
+    assert attack.sandbox is not None and attack.sandbox.enforcement == "partial"
+    assert any("searched only" in w for w in attack.sandbox.warnings)
+
+
 async def test_a_commit_in_a_nested_repository_lands_on_the_host(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
