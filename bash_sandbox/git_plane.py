@@ -251,7 +251,12 @@ def _add_gitdir(dotgit: str, found: dict[str, None], roots: tuple[str, ...]) -> 
     common = _read_small(os.path.join(target, "commondir"))
     if common is not None:
         main = os.path.realpath(os.path.join(target, common.strip()))
-        if os.path.isdir(main) and (within_any(main, roots) or within(target, main)):
+        # Outside the roots, only git's own layout, read from a directory the command
+        # cannot write: the worktree's directory is `<common>/worktrees/<name>`.
+        layout = not within_any(target, roots) and os.path.dirname(target) == os.path.join(
+            main, "worktrees"
+        )
+        if os.path.isdir(main) and (within_any(main, roots) or layout):
             found.setdefault(main, None)
 
 

@@ -48,9 +48,12 @@ def test_a_git_file_naming_a_host_directory_gets_no_overlay(tmp_path: Path) -> N
     assert discover_gitdirs(_policy(ws)).gitdirs == ()
     inside = ws / "planted-gitdir"
     inside.mkdir()
-    (inside / "commondir").write_text(str(victim) + "\n")
     (ws / "sub" / ".git").write_text(f"gitdir: {inside}\n")
-    assert discover_gitdirs(_policy(ws)).gitdirs == (str(inside),)
+    # A git dir the command planted inside the root may name any common dir: only one
+    # inside the roots is taken, never `/`, the home or the victim above it.
+    for common in (str(victim), "/", str(tmp_path), "../.."):
+        (inside / "commondir").write_text(common + "\n")
+        assert discover_gitdirs(_policy(ws)).gitdirs == (str(inside),), common
 
 
 def test_linked_worktrees_and_submodules_point_back_and_are_overlaid(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from bash_sandbox.audit import drives, scenarios
-from bash_sandbox.audit.attacks.common import BEGIN, Render, judged_by, py, scenario
+from bash_sandbox.audit.attacks.common import BEGIN, Render, judged_by, py, read_or_empty, scenario
 from bash_sandbox.audit.checks import (
     Check,
     guards_unchanged,
@@ -371,19 +371,51 @@ def _gitfile_elsewhere(env: AttackEnv) -> dict[str, Any]:
     return {}
 
 
-def _gitfile_steps(env: AttackEnv, render: Render) -> dict[str, Any]:
-    plant = "cd {{ws}}\nmkdir -p sub && printf 'gitdir: {{host}}/gitdir-victim\\n' > sub/.git\n"
-    victim = "{{host}}/gitdir-victim"
-    write = (
-        f"cd {{{{ws}}}}/sub\necho planted > {victim}/HEAD; echo 0 > {victim}/refs/heads/x; "
-        f"mkdir -p {victim}/objects/aa && echo x > {victim}/objects/aa/b\n"
+# Where the planted `.git` file leads (the directory the copy-back would write), and how.
+GITFILE_PLANTS = {
+    # The `.git` file names a host directory outside the roots itself.
+    "elsewhere": (
+        "{{host}}/gitdir-victim",
+        "printf 'gitdir: {{host}}/gitdir-victim\\n' > sub/.git\n",
+    ),
+    # It names a git dir the command made inside the workspace, whose commondir names an
+    # ancestor of the workspace (the attack's own root: a worktree's dir lies inside it).
+    "commondir": (
+        "{{root}}",
+        "mkdir -p evil-gitdir && echo {{root}} > evil-gitdir/commondir && "
+        "printf 'gitdir: {{ws}}/evil-gitdir\\n' > sub/.git\n",
+    ),
+}
+GIT_STATE = ("HEAD", "refs/heads/x", "objects/aa/b")
+
+
+def _gitfile_steps(how: str) -> Callable[[AttackEnv, Render], dict[str, Any]]:
+    victim, plant = GITFILE_PLANTS[how]
+    write = "".join(
+        f"mkdir -p $(dirname {victim}/{name}) ; echo planted > {victim}/{name}\n"
+        for name in GIT_STATE
     )
-    return {
-        "steps": [
-            scenarios.confined(render(BEGIN + plant)),
-            scenarios.confined(render(BEGIN + write)),
-        ]
-    }
+
+    def build(env: AttackEnv, render: Render) -> dict[str, Any]:
+        return {
+            "victim": render(victim),
+            "steps": [
+                scenarios.confined(render(BEGIN + "cd {{ws}}\nmkdir -p sub\n" + plant)),
+                scenarios.confined(render(BEGIN + "cd {{ws}}/sub\n" + write)),
+            ],
+        }
+
+    return build
+
+
+def no_git_state_planted(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
+    victim: str = setup.data["victim"]
+    found = []
+    for name in GIT_STATE:
+        path = os.path.join(victim, name)
+        if "planted" in read_or_empty(path):
+            found.append(f"the command's {name} reached the host at {path}")
+    return found
 
 
 NESTED_HOST: Sequence[HostGit] = (
@@ -393,17 +425,22 @@ NESTED_HOST: Sequence[HostGit] = (
 )
 
 ATTACKS: list[Attack] = [
-    scenario(
-        "row16-gitfile-elsewhere",
-        16,
-        "write a `.git` file naming a host directory outside the roots, then write git "
-        "state (HEAD, refs, objects) there from the next command",
-        _gitfile_steps,
-        guards_unchanged,
-        no_escape_lines,
-        git="none",
-        extra=_gitfile_elsewhere,
-        modes=WORKSPACE_WRITE,
+    *(
+        scenario(
+            f"row16-gitfile-{how}",
+            16,
+            "write a `.git` file naming a host directory outside the roots"
+            + (" through a planted git dir's commondir" if how == "commondir" else "")
+            + ", then write git state (HEAD, refs, objects) there from the next command",
+            _gitfile_steps(how),
+            no_git_state_planted,
+            guards_unchanged,
+            no_escape_lines,
+            git="none",
+            extra=_gitfile_elsewhere,
+            modes=WORKSPACE_WRITE,
+        )
+        for how in GITFILE_PLANTS
     ),
     git_attack(
         "row16-nested-repository-config",
