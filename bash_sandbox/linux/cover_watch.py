@@ -33,6 +33,7 @@ IN_DELETE = 0x200
 IN_MOVED_FROM = 0x40
 IN_MOVED_TO = 0x80
 IN_Q_OVERFLOW = 0x4000
+IN_IGNORED = 0x8000
 IN_ONLYDIR = 0x01000000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
@@ -58,7 +59,9 @@ class WatchTicket:
 
 
 class CoverWatch:
-    """One inotify instance per executor; a watch per directory, shared and refcounted."""
+    """One inotify instance per executor; a watch per directory, shared by the commands
+    that need it and kept while the executor lives (the same few directories come back on
+    every spawn: adding and removing them each time costs more than keeping them)."""
 
     def __init__(self) -> None:
         fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
@@ -68,7 +71,6 @@ class CoverWatch:
         self.fd: int = fd
         self._wd_of: dict[str, int] = {}
         self._dir_of: dict[int, str] = {}
-        self._refs: dict[str, int] = {}
         self._tickets: list[WatchTicket] = []
 
     def watch(
@@ -76,27 +78,20 @@ class CoverWatch:
     ) -> WatchTicket:
         """Watch the directory of each name (the nearest existing one for a missing name)
         until `release`. Raises CoverWatchError when a directory cannot be watched."""
+        # What happened before this ticket is for the tickets already there (this command's
+        # covers are placed after it): delivered now, so it cannot stop this command.
+        self.read_events()
         wanted = frozenset(os.path.normpath(n) for n in names)
         ticket = WatchTicket(wanted, on_replaced)
-        added: list[str] = []
-        try:
-            for directory in sorted({_watch_point(n) for n in wanted}):
-                self._add(directory)
-                added.append(directory)
-        except BaseException:
-            for directory in added:
-                self._drop(directory)
-            raise
-        ticket.dirs = tuple(added)
+        ticket.dirs = tuple(sorted({_watch_point(n) for n in wanted}))
+        for directory in ticket.dirs:
+            self._add(directory)
         self._tickets.append(ticket)
         return ticket
 
     def release(self, ticket: WatchTicket) -> None:
-        if ticket not in self._tickets:
-            return
-        self._tickets.remove(ticket)
-        for directory in ticket.dirs:
-            self._drop(directory)
+        if ticket in self._tickets:
+            self._tickets.remove(ticket)
 
     def read_events(self) -> None:
         """Drain the queue; call each affected ticket's ``on_replaced`` once per name."""
@@ -121,6 +116,9 @@ class CoverWatch:
                 if mask & IN_Q_OVERFLOW:
                     overflow = True
                     continue
+                if mask & IN_IGNORED:  # the directory is gone: its watch with it
+                    self._forget(wd)
+                    continue
                 directory = self._dir_of.get(wd)
                 if directory is None or not mask & NAME_CHANGES:
                     continue
@@ -142,11 +140,9 @@ class CoverWatch:
         self._tickets.clear()
         self._wd_of.clear()
         self._dir_of.clear()
-        self._refs.clear()
 
     def _add(self, directory: str) -> None:
-        if directory in self._refs:
-            self._refs[directory] += 1
+        if directory in self._wd_of:
             return
         wd = _libc.inotify_add_watch(self.fd, os.fsencode(directory), NAME_CHANGES | IN_ONLYDIR)
         if wd < 0:
@@ -154,20 +150,11 @@ class CoverWatch:
             raise CoverWatchError(err, f"inotify_add_watch {directory}: {os.strerror(err)}")
         self._wd_of[directory] = wd
         self._dir_of[wd] = directory
-        self._refs[directory] = 1
 
-    def _drop(self, directory: str) -> None:
-        count = self._refs.get(directory, 0) - 1
-        if count > 0:
-            self._refs[directory] = count
-            return
-        self._refs.pop(directory, None)
-        wd = self._wd_of.pop(directory, None)
-        if wd is None:
-            return
-        self._dir_of.pop(wd, None)
-        if self.fd >= 0:
-            _libc.inotify_rm_watch(self.fd, wd)  # fails harmlessly for a vanished directory
+    def _forget(self, wd: int) -> None:
+        directory = self._dir_of.pop(wd, None)
+        if directory is not None:
+            self._wd_of.pop(directory, None)
 
 
 def _watch_point(name: str) -> str:

@@ -148,13 +148,13 @@ async def test_unrelated_host_changes_and_settled_commands_are_left_alone(
     assert proc.exit_code == 0 and proc.read_output().delta == "done\n"
     assert proc.sandbox is not None
     assert not any("stopped" in w for w in proc.sandbox.warnings)
-    # Once settled, its watch is gone: replacing the name now stops nothing and leaks no watch.
+    # Once settled, its ticket is gone: replacing the name now stops nothing.
     _replace(envrc, "y\n")
     quick = await ex.run(ex.resolve(BashExecRequest(command="cat .envrc", workdir=str(workspace))))
     assert quick.exit_code == 0 and quick.stdout.text == "y\n"
 
 
-def test_the_watch_reports_a_rename_over_a_name_and_releases_its_directory(
+def test_the_watch_reports_a_rename_over_a_name_until_released_and_forgets_a_removed_dir(
     tmp_path: Path,
 ) -> None:
     name = tmp_path / "f"
@@ -175,5 +175,15 @@ def test_the_watch_reports_a_rename_over_a_name_and_releases_its_directory(
         _replace(name, "d")
         watch.read_events()
         assert len(hits) == 2
+        # A watched directory that disappears takes its watch with it (IN_IGNORED).
+        gone = tmp_path / "gone"
+        gone.mkdir()
+        again = watch.watch([str(gone / "x")], hits.append)
+        assert str(gone) in watch._wd_of
+        gone.rmdir()
+        watch.read_events()
+        assert str(gone) not in watch._wd_of
+        assert hits[2:] == [str(gone / "x")]  # its directory removed: the path is not it
+        watch.release(again)
     finally:
         watch.close()
