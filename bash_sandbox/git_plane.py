@@ -235,8 +235,9 @@ def _add_gitdir(dotgit: str, found: dict[str, None], roots: tuple[str, ...]) -> 
     """The git directories behind one `.git` entry. A `.git` file is the command's to write:
     the directory it names is taken only inside a root, or when that directory points back
     at this very `.git` file the way git itself links them (a linked worktree's `gitdir`, a
-    submodule's `core.worktree`); its common dir only when it contains it (git's layout).
-    Otherwise a command could name any host directory and have the copy-back write there."""
+    submodule's `core.worktree`); a common dir outside the roots only in git's own layout,
+    read where the command cannot write. Otherwise a command could name any host directory
+    (`/`, the home) and have the copy-back write git state there."""
     if os.path.isdir(dotgit) and not os.path.islink(dotgit):
         found.setdefault(os.path.realpath(dotgit), None)
         return

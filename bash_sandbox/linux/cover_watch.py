@@ -13,7 +13,8 @@ So the executor watches, with inotify, the directory of each such name for as lo
 command that covers it runs, and stops that command (SIGKILL to its whole tree) as soon as
 the name is created, renamed onto, renamed away or deleted. The watch is set before the
 spawn, so a change between the survey and the mount is caught too (the command is stopped
-at once, before it runs anything). The result says why it was stopped.
+at once, before it runs anything). The result says why it was stopped. An overflowed event
+queue cannot say which name changed, so it stops every command the watch holds.
 
 What it cannot stop: the command runs for the moment between the host's rename and the
 executor reading the event (the event loop's latency, well under a millisecond when idle).
