@@ -29,6 +29,8 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from bash_sandbox.linux.child_setup import libc
+
 IN_CREATE = 0x100
 IN_DELETE = 0x200
 IN_MOVED_FROM = 0x40
@@ -41,8 +43,6 @@ IN_CLOEXEC = os.O_CLOEXEC
 # A name made, renamed onto, renamed away or removed: each one ends a cover on it.
 NAME_CHANGES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
 _EVENT = struct.Struct("iIII")
-
-_libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 
 class CoverWatchError(OSError):
@@ -65,7 +65,7 @@ class CoverWatch:
     every spawn: adding and removing them each time costs more than keeping them)."""
 
     def __init__(self) -> None:
-        fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        fd = libc().inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
             err = ctypes.get_errno()
             raise CoverWatchError(err, f"inotify_init1: {os.strerror(err)}")
@@ -145,7 +145,7 @@ class CoverWatch:
     def _add(self, directory: str) -> None:
         if directory in self._wd_of:
             return
-        wd = _libc.inotify_add_watch(self.fd, os.fsencode(directory), NAME_CHANGES | IN_ONLYDIR)
+        wd = libc().inotify_add_watch(self.fd, os.fsencode(directory), NAME_CHANGES | IN_ONLYDIR)
         if wd < 0:
             err = ctypes.get_errno()
             raise CoverWatchError(err, f"inotify_add_watch {directory}: {os.strerror(err)}")
