@@ -199,9 +199,17 @@ def discover_gitdirs(
     return GitDiscovery(tuple(kept), tuple(unsearched), tuple(entries))
 
 
-def _find_dotgits(root: str, depth: int, budget: int) -> tuple[list[str], bool]:
-    """Every `.git` entry (not a link) at ``root`` and up to ``depth`` levels below it,
-    breadth first; and whether the search was complete within ``budget`` listings."""
+def _find_dotgits(
+    root: str,
+    depth: int,
+    budget: int,
+    skip: frozenset[str] = NOT_SEARCHED,
+    *,
+    links: bool = False,
+) -> tuple[list[str], bool]:
+    """Every `.git` entry (a link too with ``links``) at ``root`` and up to ``depth``
+    levels below it, breadth first, never below a directory named in ``skip``; and whether
+    the search was complete within ``budget`` listings."""
     found: list[str] = []
     level = [root]
     for current in range(depth + 1):
@@ -217,11 +225,11 @@ def _find_dotgits(root: str, depth: int, budget: int) -> tuple[list[str], bool]:
             for entry in entries:
                 try:
                     if entry.name == ".git":
-                        if not entry.is_symlink():
+                        if links or not entry.is_symlink():
                             found.append(entry.path)
                     elif (
                         current < depth
-                        and entry.name not in NOT_SEARCHED
+                        and entry.name not in skip
                         and entry.is_dir(follow_symlinks=False)
                     ):
                         below.append(entry.path)
@@ -641,26 +649,19 @@ def new_repositories(
     budget: int = 4000,
 ) -> list[str]:
     """`.git` entries under ``roots`` created or written since ``started_ns`` (their ctime),
-    up to ``max_depth`` levels below each root, except the overlaid git directories (whose
-    writes never reached the host). Bounded: at most ``budget`` directories are listed."""
+    up to ``max_depth`` levels below each root (dependency directories included: a command
+    may plant a repository anywhere), except the overlaid git directories (whose writes never
+    reached the host). Bounded: at most ``budget`` directories are listed per root."""
     found: list[str] = []
-    stack = [(root, 0) for root in roots]
-    while stack and budget > 0:
-        directory, depth = stack.pop()
-        budget -= 1
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
+    for root in roots:
+        dotgits, _complete = _find_dotgits(
+            root, max_depth, budget, skip=frozenset({".git"}), links=True
+        )
+        for path in dotgits:
             try:
-                if entry.name == ".git":
-                    real = os.path.realpath(entry.path)
-                    fresh = entry.stat(follow_symlinks=False).st_ctime_ns >= started_ns
-                    if fresh and real not in overlaid:
-                        found.append(entry.path)
-                elif depth < max_depth and entry.is_dir(follow_symlinks=False):
-                    stack.append((entry.path, depth + 1))
+                fresh = os.lstat(path).st_ctime_ns >= started_ns
             except OSError:
                 continue
+            if fresh and os.path.realpath(path) not in overlaid:
+                found.append(path)
     return sorted(found)

@@ -351,6 +351,18 @@ async def test_a_commit_in_a_nested_repository_lands_on_the_host(
     assert result.sandbox is not None and result.sandbox.nested_repositories == ()
 
 
+async def test_a_repository_reached_through_a_git_symlink_the_command_made_is_reported(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex, "git init -q planted && mkdir -p a/b && ln -s ../../planted/.git a/b/.git", workspace
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert str(workspace / "a" / "b" / ".git") in result.sandbox.nested_repositories
+
+
 async def test_a_symlinked_hooks_dir_protects_its_target_in_the_workspace(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
