@@ -11,7 +11,8 @@ ended, the executor copies back what git needs to commit, branch, stash, rebase,
 fetch (objects, refs, packed-refs, logs, the index, HEAD and the `*_HEAD` files,
 `COMMIT_EDITMSG` and the other message files, rebase and sequencer state, new linked
 worktrees with git's own layout) and discards the rest, each discarded write reported as a
-denial. Regular files only: a symlink, a device or a fifo in the upper layer is never
+denial. A rebase or sequencer todo with `exec` lines, or a merge strategy that is not git's
+own, is discarded too: the host's `git rebase --continue` would run them. Regular files only: a symlink, a device or a fifo in the upper layer is never
 copied. A file the host changed during the run is not overwritten (a conflict, reported).
 
 The copy-back runs in the executor, outside every sandbox, and never follows a symlink on
@@ -399,6 +400,31 @@ def _is_whiteout(st: os.stat_result) -> bool:
 
 
 _CONTROL_NAMES = frozenset({"config", "config.worktree", "commondir", "gitdir", "hooks", "info"})
+# Rebase and sequencer state the host's `git rebase --continue` acts on: a todo list's
+# `exec` lines are run by the host's shell, and a merge strategy other than git's own is
+# run as `git-merge-<name>` from the host's PATH.
+_TODO_FILES = frozenset(
+    {"rebase-merge/git-rebase-todo", "rebase-merge/git-rebase-todo.backup", "sequencer/todo"}
+)
+_STRATEGY_FILES = frozenset({"rebase-merge/strategy", "sequencer/opts"})
+_BUILTIN_STRATEGIES = frozenset({"ort", "recursive", "resolve", "octopus", "ours", "subtree"})
+
+
+def _runs_code(rel: str, data: bytes) -> str | None:
+    """Why copying ``data`` to ``rel`` would have the host's git run the command's code."""
+    if rel in _TODO_FILES:
+        for line in data.decode(errors="replace").splitlines():
+            words = line.split()
+            if words and words[0] in ("exec", "x"):
+                return "a rebase todo with exec lines (the host's git would run them)"
+    if rel in _STRATEGY_FILES:
+        text = data.decode(errors="replace")
+        names = re.findall(r"^\s*strategy\s*=\s*(\S+)", text, re.MULTILINE)
+        if rel == "rebase-merge/strategy":
+            names = text.split()
+        if any(name not in _BUILTIN_STRATEGIES for name in names):
+            return "a merge strategy that is not git's own (the host's git would run it)"
+    return None
 
 
 def _classify(rel: str) -> str | None:
@@ -569,6 +595,9 @@ def _merge_entry(
         return
     with open(src, "rb") as fh:
         data = fh.read()
+    if (runs := _runs_code(rel, data)) is not None:
+        report.refuse(shown, runs)
+        return
     try:
         dir_fd = _open_dir_nofollow(base_fd, rel_dir, create=True)
     except OSError as exc:

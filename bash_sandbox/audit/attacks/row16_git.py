@@ -467,6 +467,16 @@ ATTACKS: list[Attack] = [
         premise=_nested_repositories,
     ),
     git_attack(
+        "row16-rebase-exec",
+        "stop an interactive rebase whose todo runs code (`exec`) and a custom merge strategy; "
+        "the host continues it",
+        "echo 2 > second && git add second && git commit -qm second\n"
+        "GIT_SEQUENCE_EDITOR=\"sed -i '1i break'\" "
+        "git rebase -q -i --exec '{{payload}} rebase-exec' HEAD~1\n"
+        "echo evil-strategy > .git/rebase-merge/strategy\n",
+        host=(("ws", ("rebase", "--continue")), STATUS),
+    ),
+    git_attack(
         "row16-commondir",
         "write .git/commondir pointing at a planted common dir whose config runs code",
         EVIL_COMMON + "echo {{ws}}/evil-common > .git/commondir\n",
