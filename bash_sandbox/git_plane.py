@@ -12,8 +12,9 @@ fetch (objects, refs, packed-refs, logs, the index, HEAD and the `*_HEAD` files,
 `COMMIT_EDITMSG` and the other message files, rebase and sequencer state, new linked
 worktrees with git's own layout) and discards the rest, each discarded write reported as a
 denial. A rebase or sequencer todo with `exec` lines, or a merge strategy that is not git's
-own, is discarded too: the host's `git rebase --continue` would run them. Regular files only: a symlink, a device or a fifo in the upper layer is never
-copied. A file the host changed during the run is not overwritten (a conflict, reported).
+own, is discarded too: the host's `git rebase --continue` would run them. Regular files
+only: a symlink, a device or a fifo in the upper layer is never copied. A file the host
+changed during the run is not overwritten (a conflict, reported).
 
 The copy-back runs in the executor, outside every sandbox, and never follows a symlink on
 the host side (each directory is opened with O_NOFOLLOW from the git directory down).
@@ -411,7 +412,12 @@ _BUILTIN_STRATEGIES = frozenset({"ort", "recursive", "resolve", "octopus", "ours
 
 
 def _runs_code(rel: str, data: bytes) -> str | None:
-    """Why copying ``data`` to ``rel`` would have the host's git run the command's code."""
+    """Why copying ``data`` to ``rel`` would have the host's git run the command's code
+    (also in a linked worktree's or a submodule's git directory below this one)."""
+    parts = rel.split("/")
+    while len(parts) > 2 and parts[0] in ("worktrees", "modules"):
+        parts = parts[2:]
+    rel = "/".join(parts)
     if rel in _TODO_FILES:
         for line in data.decode(errors="replace").splitlines():
             words = line.split()
