@@ -35,6 +35,8 @@ IN_CREATE = 0x100
 IN_DELETE = 0x200
 IN_MOVED_FROM = 0x40
 IN_MOVED_TO = 0x80
+IN_DELETE_SELF = 0x400
+IN_MOVE_SELF = 0x800
 IN_Q_OVERFLOW = 0x4000
 IN_IGNORED = 0x8000
 IN_ONLYDIR = 0x01000000
@@ -42,6 +44,8 @@ IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
 # A name made, renamed onto, renamed away or removed: each one ends a cover on it.
 NAME_CHANGES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
+# The watched directory itself renamed or removed: every name below it has moved on.
+SELF_CHANGES = IN_MOVE_SELF | IN_DELETE_SELF
 _EVENT = struct.Struct("iIII")
 
 
@@ -121,7 +125,16 @@ class CoverWatch:
                     self._forget(wd)
                     continue
                 directory = self._dir_of.get(wd)
-                if directory is None or not mask & NAME_CHANGES:
+                if directory is None:
+                    continue
+                if mask & SELF_CHANGES:
+                    # The path now leads elsewhere: what was watched there has changed, and
+                    # the next watch of this path must be on whatever is there now.
+                    changed.add(directory)
+                    self._forget(wd)
+                    libc().inotify_rm_watch(self.fd, wd)
+                    continue
+                if not mask & NAME_CHANGES:
                     continue
                 name = raw.split(b"\0", 1)[0].decode(errors="surrogateescape")
                 changed.add(os.path.join(directory, name))
@@ -145,7 +158,8 @@ class CoverWatch:
     def _add(self, directory: str) -> None:
         if directory in self._wd_of:
             return
-        wd = libc().inotify_add_watch(self.fd, os.fsencode(directory), NAME_CHANGES | IN_ONLYDIR)
+        mask = NAME_CHANGES | SELF_CHANGES | IN_ONLYDIR
+        wd = libc().inotify_add_watch(self.fd, os.fsencode(directory), mask)
         if wd < 0:
             err = ctypes.get_errno()
             raise CoverWatchError(err, f"inotify_add_watch {directory}: {os.strerror(err)}")

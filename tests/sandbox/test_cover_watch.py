@@ -185,5 +185,20 @@ def test_the_watch_reports_a_rename_over_a_name_until_released_and_forgets_a_rem
         assert str(gone) not in watch._wd_of
         assert hits[2:] == [str(gone / "x")]  # its directory removed: the path is not it
         watch.release(again)
+        # A watched directory renamed away: the names below it have moved on, and a later
+        # watch of the same path is on the directory that is there now.
+        moved = tmp_path / "moved"
+        (moved / "sub").mkdir(parents=True)
+        third = watch.watch([str(moved / "sub" / "name")], hits.append)
+        os.rename(moved / "sub", tmp_path / "elsewhere")
+        watch.read_events()
+        assert hits[-1] == str(moved / "sub" / "name")
+        watch.release(third)
+        (moved / "sub").mkdir()
+        fourth = watch.watch([str(moved / "sub" / "name")], hits.append)
+        (moved / "sub" / "name").write_text("new")
+        watch.read_events()
+        assert hits[-1] == str(moved / "sub" / "name") and len(hits) == 5
+        watch.release(fourth)
     finally:
         watch.close()
