@@ -62,6 +62,11 @@ async def background_wait(env: AttackEnv, setup: AttackSetup) -> Outcome:
 # -- lifetimes: the command plants daemons, the audit ends the run, then looks for them -----
 
 
+# How long the host looks for a command's daemons: the first spawn of a fresh executor
+# probes its backends live, which takes seconds on a loaded 2-core machine.
+DAEMONS_UP_S = 30.0
+
+
 async def _watch_daemons(tag: str, expected: int, timeout_s: float) -> list[TaggedProcess]:
     """Poll the host's /proc until ``expected`` tagged daemons are up (or the deadline)."""
     loop = asyncio.get_running_loop()
@@ -94,7 +99,7 @@ def lifetime(trigger: str) -> Drive:
                 proc = await ex.start(
                     ex.resolve(env.request(setup.command, timeout_ms=setup.timeout_ms))
                 )
-                _note_seen(outcome, await _watch_daemons(tag, expected, 8))
+                _note_seen(outcome, await _watch_daemons(tag, expected, DAEMONS_UP_S))
                 if trigger == "kill":
                     proc.kill()
                     await asyncio.wait_for(proc.wait(), 15)
@@ -114,7 +119,7 @@ def lifetime(trigger: str) -> Drive:
                     )
                 )
             )
-            _note_seen(outcome, await _watch_daemons(tag, expected, 8))
+            _note_seen(outcome, await _watch_daemons(tag, expected, DAEMONS_UP_S))
             if trigger == "abort":
                 controller.abort("audit")
             elif trigger == "cancel":

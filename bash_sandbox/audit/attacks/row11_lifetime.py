@@ -80,7 +80,8 @@ ATTACKS: list[Attack] = [
     lifetime_attack(
         "exit",
         "daemons planted by a foreground command that exits normally",
-        "sleep 1\n",
+        # Long enough for the host to see every daemon before the exit, under load too.
+        "sleep 3\n",
         30_000,
         drives.lifetime("exit"),
     ),
