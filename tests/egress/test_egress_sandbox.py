@@ -580,11 +580,14 @@ async def namespace_and_listener(
 
 def threads_started_since(before: set[threading.Thread]) -> list[str]:
     """Names of live threads not in ``before``, but the test loop's default executor's
-    workers (asyncio.to_thread)."""
+    workers (asyncio.to_thread) and the upstream test server's per-connection threads
+    (socketserver's, which finish on their own time)."""
     return [
         t.name
         for t in threading.enumerate()
-        if t not in before and not t.name.startswith("asyncio_")
+        if t not in before
+        and not t.name.startswith("asyncio_")
+        and "process_request_thread" not in t.name
     ]
 
 
