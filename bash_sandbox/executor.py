@@ -99,7 +99,6 @@ if TYPE_CHECKING:
     from bash_sandbox.egress import EgressProxy, ProxyGrant, Resolver
 
 MAX_DENIALS = 16
-# bwrap's own words when a mount point or source it was given no longer exists.
 # A path the view mounts vanished between inspecting the host and the child mounting it
 # (or bwrap's own wording, for a bwrap that mounts the view itself).
 _VANISHED = re.compile(
@@ -218,7 +217,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._limits = ExecutorLimits()
         self._proxies: list[EgressProxy] = []  # at most one, made by the first allowlist
         self._spawn_ids = itertools.count(1)
-        self._watches: list[CoverWatch] = []
+        self._watches: list[CoverWatch] = []  # at most one, made by the first watched cover
         # An executor dropped without aclose() still frees its namespaces, cgroups, proxy,
         # cover watch and state.
         self._finalizer = weakref.finalize(
@@ -244,7 +243,6 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._egress_resolver = egress_resolver
         self._placeholders = Placeholders()
         self._shadows = ShadowCache()
-        self._cover_watch: CoverWatch | None = None
         # `.git` entries found by earlier spawns, looked at again by every later one.
         self._known_dotgits: dict[str, None] = {}
 
@@ -417,9 +415,8 @@ class SandboxBashExecutor(LocalBashExecutor):
                 held.append(path)
                 covers.append(path)
         # The host's own secrets stay hidden whatever the policy's deny_read says.
-        shadows, deny_dirs, deny_files = self._shadows.inspect(
-            (*policy.deny_read, *host_secrets()), roots
-        )
+        denied = (*policy.deny_read, *host_secrets())
+        shadows, deny_dirs, deny_files = self._shadows.inspect(denied, roots)
         # The executor's private paths are its own directories: covered, never shadowed.
         for path in hidden:
             if os.path.isdir(path) and not os.path.islink(path):
@@ -431,8 +428,8 @@ class SandboxBashExecutor(LocalBashExecutor):
         # covered where it lies, and every denied name missing outside the shadows.
         watched = [p for p in (*deny_dirs, *deny_files) if p not in hidden]
         watched += [c for c in covers if not within_any(c, gitdirs)]
-        for denied in (*policy.deny_read, *host_secrets()):
-            name = os.path.normpath(denied)
+        for path in denied:
+            name = os.path.normpath(path)
             if (
                 not os.path.lexists(name)
                 and not any(within(name, s.directory) for s in shadows)
@@ -530,12 +527,11 @@ class SandboxBashExecutor(LocalBashExecutor):
         if not view.watched:
             return view
         try:
-            if self._cover_watch is None:
+            if not self._watches:
                 watch = CoverWatch()
-                self._watches.append(watch)
                 asyncio.get_running_loop().add_reader(watch.fd, watch.read_events)
-                self._cover_watch = watch
-            record.watch = self._cover_watch.watch(
+                self._watches.append(watch)
+            record.watch = self._watches[0].watch(
                 view.watched, lambda name: self._cover_replaced(record, name)
             )
         except (CoverWatchError, RuntimeError) as exc:
@@ -809,8 +805,8 @@ class SandboxBashExecutor(LocalBashExecutor):
         if record.released:
             return
         record.released = True
-        if record.watch is not None and self._cover_watch is not None:
-            self._cover_watch.release(record.watch)
+        if record.watch is not None and self._watches:
+            self._watches[0].release(record.watch)
         if record.limits is not None:
             self._limits.release(record.limits)
         if record.grant is not None:
@@ -930,11 +926,10 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     async def aclose(self) -> None:
         await super().aclose()
-        if self._cover_watch is not None:
+        for watch in self._watches:
             with contextlib.suppress(RuntimeError, ValueError):
-                asyncio.get_running_loop().remove_reader(self._cover_watch.fd)
-            self._cover_watch.close()
-            self._cover_watch = None
+                asyncio.get_running_loop().remove_reader(watch.fd)
+            watch.close()
         for proxy in self._proxies:
             # Joins the proxy's thread: off the loop.
             await asyncio.to_thread(proxy.close)

@@ -116,10 +116,8 @@ class MergeReport:
 
 def read_gitfile(path: str) -> str | None:
     """The directory a `.git` file (linked worktree, submodule) points at, absolute."""
-    try:
-        with open(path, "rb") as fh:
-            text = fh.read(4096).decode(errors="replace")
-    except OSError:
+    text = _read_small(path)
+    if text is None:
         return None
     match = re.match(r"gitdir:\s*(.+?)\s*$", text.splitlines()[0] if text else "")
     if match is None:
@@ -276,17 +274,15 @@ def _points_back(gitdir: str, dotgit: str) -> bool:
     `gitdir` file holds the path of the `.git` file; a submodule's config holds
     `core.worktree`, relative to the git directory."""
     own = os.path.realpath(dotgit)
-    back = _read_small(os.path.join(gitdir, "gitdir"))
-    if back is not None and back.strip():
-        path = back.strip()
-        if os.path.realpath(os.path.join(gitdir, path)) == own:
-            return True
+    back = (_read_small(os.path.join(gitdir, "gitdir")) or "").strip()
+    if back and os.path.realpath(os.path.join(gitdir, back)) == own:
+        return True
     config = _read_small(os.path.join(gitdir, "config")) or ""
-    for match in re.finditer(r"^\s*worktree\s*=\s*(.+?)\s*$", config, re.MULTILINE):
-        worktree = os.path.realpath(os.path.join(gitdir, match.group(1)))
-        if worktree == os.path.dirname(own):
-            return True
-    return False
+    return any(
+        key == "core.worktree"
+        and os.path.realpath(os.path.join(gitdir, value)) == os.path.dirname(own)
+        for key, value in _config_values(config)
+    )
 
 
 def _read_small(path: str) -> str | None:
