@@ -421,7 +421,10 @@ def _runs_code(rel: str, data: bytes) -> str | None:
                 return "a rebase todo with exec lines (the host's git would run them)"
     if rel in _STRATEGY_FILES:
         text = data.decode(errors="replace")
-        names = re.findall(r"^\s*strategy\s*=\s*(\S+)", text, re.MULTILINE)
+        # Git's keys are case-insensitive, and a key may follow its section header.
+        names = re.findall(
+            r"^\s*(?:\[[^\]]*\]\s*)?strategy\s*=\s*(\S+)", text, re.MULTILINE | re.IGNORECASE
+        )
         if rel == "rebase-merge/strategy":
             names = text.split()
         if any(name not in _BUILTIN_STRATEGIES for name in names):

@@ -85,6 +85,8 @@ def test_the_copy_back_keeps_rebase_state_but_never_code_the_host_would_run(
         "rebase-merge/strategy": "evil\n",
         "sequencer/opts": "[options]\n\tstrategy = ort\n",
         "modules/m/sequencer/todo": "x make\n",
+        "worktrees/a/sequencer/opts": "[options]\n\tStrategy = evil\n",
+        "worktrees/b/sequencer/opts": "[options] strategy = evil\n",
     }
     for rel, text in files.items():
         (upper / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -97,4 +99,6 @@ def test_the_copy_back_keeps_rebase_state_but_never_code_the_host_would_run(
         "worktrees/wt/rebase-merge/git-rebase-todo",
         "rebase-merge/strategy",
         "modules/m/sequencer/todo",
+        "worktrees/a/sequencer/opts",
+        "worktrees/b/sequencer/opts",
     }
