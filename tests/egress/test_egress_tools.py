@@ -149,7 +149,9 @@ def test_a_dev_server_on_the_namespace_loopback_bypasses_the_proxy(
     grant = ns_proxy.register(("pkg.test",))
     (tmp_path / "dev.txt").write_text("dev server\n")
     script = (
-        f"cd {tmp_path} && {sys.executable} -m http.server 8765 --bind 127.0.0.1 "
+        # `cd` first: `cd X && server &` would background a subshell, and killing it
+        # would leave the server running.
+        f"cd {tmp_path} || exit 1; {sys.executable} -m http.server 8765 --bind 127.0.0.1 "
         ">/dev/null 2>&1 & server=$!; "
         "for _ in $(seq 100); do curl -sS --max-time 2 http://localhost:8765/dev.txt 2>/dev/null"
         " && break; sleep 0.05; done; kill $server"
