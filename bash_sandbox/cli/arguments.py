@@ -259,9 +259,10 @@ LIST_FLAGS = ("writable_roots", "deny_read", "protected_paths", "allow_domains")
 
 
 def _audit_arguments(parser: argparse.ArgumentParser) -> None:
-    from bash_sandbox.audit.command import add_audit_arguments
+    # The audit is its own package, found through its entry point (`plugins`).
+    from bash_sandbox.cli.plugins import load_subcommand
 
-    add_audit_arguments(parser)
+    load_subcommand("audit").add_arguments(parser)
 
 
 def _mcp_arguments(parser: argparse.ArgumentParser) -> None:

@@ -55,6 +55,7 @@ from bash_sandbox.cli.config_file import (
     user_config_path,
     workspace_table_notice,
 )
+from bash_sandbox.cli.plugins import SubcommandMissingError
 from bash_sandbox.cli.stream import LiveOutput
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
@@ -112,10 +113,10 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    # Imported here: the attack catalog is only needed by this subcommand.
-    from bash_sandbox.audit.command import audit_main
+    # The audit is its own package, never imported by the runtime: its entry point.
+    from bash_sandbox.cli.plugins import load_subcommand
 
-    return audit_main(args)
+    return load_subcommand("audit").main(args)
 
 
 # -- shared steps --------------------------------------------------------------------------
@@ -536,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
         return HANDLERS[args.subcommand](args)
     except ConfigError as exc:
         _print_error(args, _config_error(exc))
+        return EXIT_USAGE
+    except SubcommandMissingError as exc:
+        _print_error(args, CliError(str(exc), EXIT_USAGE, exc.code))
         return EXIT_USAGE
     except CliError as exc:
         _print_error(args, exc)

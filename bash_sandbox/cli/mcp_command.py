@@ -7,6 +7,7 @@ never imports the MCP SDK; the server module is imported when `mcp` actually run
 from __future__ import annotations
 
 import argparse
+import sys
 
 from policies import NetworkMode, SandboxMode
 
@@ -80,8 +81,19 @@ def add_mcp_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+MCP_EXTRA_MISSING = (
+    "bash-sandbox mcp needs the MCP SDK, an optional extra: pip install 'bash-sandbox[mcp]'"
+)
+
+
 def mcp_main(args: argparse.Namespace) -> int:
-    # Imported here: the MCP SDK is only needed once the server really starts.
+    # Imported here: the MCP SDK is only needed once the server really starts, and it is an
+    # extra (a confinement library does not pull a server stack into every install).
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        sys.stderr.write(f"{MCP_EXTRA_MISSING}\n")
+        return 2
     from bash_sandbox.cli.mcp_server import serve_main
 
     return serve_main(args)

@@ -18,7 +18,7 @@ from tests.sandbox.conftest import require_backend
 # Prefixes no plain `run` may load: other subcommands, the egress proxy (only an allowlist
 # needs it), macOS's backend, config parsing without a config file.
 COLD = (
-    "bash_sandbox.audit",
+    "bash_sandbox_audit",
     "bash_sandbox.cli.doctor",
     "bash_sandbox.cli.mcp",
     "bash_sandbox.egress",

@@ -85,3 +85,20 @@ def test_a_json_flag_after_the_double_dash_belongs_to_the_command(
 ) -> None:
     assert main(["run", "--bogus", "--", "echo", "--json"]) == 2
     assert capsys.readouterr().out == ""
+
+
+def test_mcp_without_the_sdk_extra_says_how_to_install_it() -> None:
+    import subprocess
+    import sys
+
+    # `sys.modules["mcp"] = None` makes `import mcp` fail as on an install without the extra.
+    code = (
+        "import sys; sys.modules['mcp'] = None; "
+        "from bash_sandbox.cli.main import main; raise SystemExit(main(['mcp']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert "pip install 'bash-sandbox[mcp]'" in done.stderr
+    assert done.stdout == ""

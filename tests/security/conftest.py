@@ -14,8 +14,8 @@ import sys
 import pytest
 from security_cells import Cell
 
-from bash_sandbox.audit.attacks import by_id
-from bash_sandbox.audit.runner import AuditSession, CellResult
+from bash_sandbox_audit.attacks import by_id
+from bash_sandbox_audit.runner import AuditSession, CellResult
 from policies import SandboxMode
 from tests.sandbox.conftest import probe
 

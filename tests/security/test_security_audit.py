@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from bash_sandbox.audit import ATTACKS, audit_main
-from bash_sandbox.audit.attacks import by_id
-from bash_sandbox.audit.model import LINUX_BACKENDS, Finding, Verdict
-from bash_sandbox.audit.report import as_json_data, render_json, render_table
-from bash_sandbox.audit.runner import AuditReport, AuditSession, CellResult, ProbeResult
+from bash_sandbox_audit import ATTACKS, audit_main
+from bash_sandbox_audit.attacks import by_id
+from bash_sandbox_audit.model import LINUX_BACKENDS, Finding, Verdict
+from bash_sandbox_audit.report import as_json_data, render_json, render_table
+from bash_sandbox_audit.runner import AuditReport, AuditSession, CellResult, ProbeResult
 from policies import SandboxMode
 from tests.sandbox.conftest import probe
 
@@ -52,7 +52,7 @@ def test_catalog_is_in_row_order_and_every_module_row_matches_its_entries() -> N
     import importlib
     import pkgutil
 
-    import bash_sandbox.audit.attacks as catalog
+    import bash_sandbox_audit.attacks as catalog
 
     rows = [a.row for a in ATTACKS]
     assert rows == sorted(rows)
@@ -204,7 +204,7 @@ def test_interrupted_audit_kills_and_removes_everything_it_started(sig: int) -> 
         pytest.skip("no usable Linux backend here")
     before = _leftovers()
     script = (
-        "import argparse, sys; from bash_sandbox.audit import audit_main; "
+        "import argparse, sys; from bash_sandbox_audit import audit_main; "
         "sys.exit(audit_main(argparse.Namespace(backend='all', mode='all', json=False, "
         "attack=['row11-after-exit', 'row11-after-timeout', 'row6-*'])))"
     )

@@ -9,7 +9,7 @@ import sys
 _LIST_AUDIT_MODULES = (
     "import json, sys; import bash_sandbox.cli.main; "
     "from bash_sandbox.cli.arguments import build_parser; {action}; "
-    "print(json.dumps(sorted(n for n in sys.modules if n.startswith('bash_sandbox.audit'))))"
+    "print(json.dumps(sorted(n for n in sys.modules if n.startswith('bash_sandbox_audit'))))"
 )
 
 
@@ -32,18 +32,46 @@ def test_importing_the_cli_loads_no_audit_module_at_all() -> None:
 
 def test_parsing_audit_flags_loads_the_flags_but_no_attack_module_and_no_runner() -> None:
     loaded = _audit_modules_after("build_parser('0').parse_args(['audit', '--json'])")
-    assert "bash_sandbox.audit.command" in loaded  # the audit's flags come from here
+    assert "bash_sandbox_audit.command" in loaded  # the audit's flags come from here
     forbidden = [
         n
         for n in loaded
-        if n.startswith("bash_sandbox.audit.attacks")
-        or n in ("bash_sandbox.audit.runner", "bash_sandbox.audit.drives")
+        if n.startswith("bash_sandbox_audit.attacks")
+        or n in ("bash_sandbox_audit.runner", "bash_sandbox_audit.drives")
     ]
     assert not forbidden, forbidden
 
 
 def test_the_audit_package_still_exports_the_catalog_on_demand() -> None:
-    import bash_sandbox.audit as audit
+    import bash_sandbox_audit as audit
 
     assert len(audit.ATTACKS) > 100
     assert callable(audit.audit_main)
+
+
+def test_no_runtime_module_imports_the_audit_package() -> None:
+    # The audit is its own package: the runtime finds it only through its entry point.
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for package in ("policies", "bash_seam", "bash_local", "bash_sandbox"):
+        for path in (root / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                offenders += [f"{path}: {n}" for n in names if n.startswith("bash_sandbox_audit")]
+    assert offenders == []
+
+
+def test_the_audit_subcommand_is_found_through_its_entry_point() -> None:
+    from bash_sandbox.cli.plugins import load_subcommand
+
+    module = load_subcommand("audit")
+    assert module.__name__ == "bash_sandbox_audit.command"  # type: ignore[attr-defined]

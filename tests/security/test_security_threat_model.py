@@ -1,6 +1,6 @@
 """Every row of the threat model, attacked for real on each Linux backend and confined mode.
 
-The attacks are `bash_sandbox.audit.attacks.ATTACKS` (the same catalog `bash-sandbox audit`
+The attacks are `bash_sandbox_audit.attacks.ATTACKS` (the same catalog `bash-sandbox audit`
 runs); each verdict was reached by looking at the host from outside the sandbox: files
 compared before and after, victim processes and servers the audit started, processes found
 by the run's token. A positive control must still work, or the backend is broken, not safe.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from security_cells import Cell
 
-from bash_sandbox.audit.attacks import ATTACKS
-from bash_sandbox.audit.model import CONFINED_MODES, LINUX_BACKENDS, Verdict
-from bash_sandbox.audit.runner import CellResult
+from bash_sandbox_audit.attacks import ATTACKS
+from bash_sandbox_audit.model import CONFINED_MODES, LINUX_BACKENDS, Verdict
+from bash_sandbox_audit.runner import CellResult
 from tests.sandbox.conftest import require_backend
 
 
