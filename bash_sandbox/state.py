@@ -30,10 +30,7 @@ from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholde
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.linux.namespaces import ScratchPaths
 from policies import SandboxPolicy
-
-
-def within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
+from policies.paths import within
 
 
 def _safe_dir(path: str) -> bool:

@@ -18,13 +18,10 @@ import os
 from collections.abc import Iterable
 
 from policies.errors import PolicyError
+from policies.paths import within
 from policies.policy import SandboxPolicy
 
 SESSION_LOG_IN_WRITABLE_ROOT = "SESSION_LOG_IN_WRITABLE_ROOT"
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _names_of(path: str) -> tuple[str, ...]:
@@ -48,7 +45,7 @@ def check_session_log_location(
     roots += [("the writable root", os.path.realpath(r)) for r in extra_roots]
     for name in _names_of(os.fspath(path)):
         for what, root in roots:
-            if _inside(name, root):
+            if within(name, root):
                 raise PolicyError(
                     f"session log {name} lies inside {what} {root}, where a confined "
                     "command could rewrite the session's sandbox mode",

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from bash_sandbox.config import SandboxBashConfig
 from policies import default_deny_read
+from policies.paths import within
 
 PYPROJECT = "pyproject.toml"
 TOOL_TABLE = "bash-sandbox"
@@ -120,11 +121,6 @@ def find_config_source(explicit: str | None, workspace: str) -> ConfigSource | N
     return ConfigSource(candidate) if os.path.lexists(candidate) else None
 
 
-def is_within(path: str, root: str) -> bool:
-    """Whether ``path`` is ``root`` or lies below it (both canonical)."""
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _refuse_unsafe_file(source: ConfigSource, st: os.stat_result, real: str) -> None:
     """Raise `ConfigUntrustedError` unless only we (or root) can have written the file."""
     euid = os.geteuid()
@@ -160,8 +156,8 @@ def _refuse_inside_roots(source: ConfigSource, real: str, roots: Sequence[str]) 
     user_config = os.path.realpath(user_config_path())
     for root in roots:
         canonical = os.path.realpath(root)
-        if is_within(real, canonical):
-            example = f" (e.g. {user_config})" if not is_within(user_config, canonical) else ""
+        if within(real, canonical):
+            example = f" (e.g. {user_config})" if not within(user_config, canonical) else ""
             raise ConfigUntrustedError(
                 f"lies inside {canonical}, which confined commands can write; keep the config "
                 f"outside every writable root{example}",

@@ -50,7 +50,6 @@ from bash_sandbox.cli.config_file import (
     ConfigUntrustedError,
     build_config,
     config_roots,
-    is_within,
     load_config,
     user_config_path,
     workspace_table_notice,
@@ -75,6 +74,7 @@ from policies import (
     sandbox_denial_marker,
     set_sandbox_mode,
 )
+from policies.paths import within
 
 if TYPE_CHECKING:
     from policies import JsonlSessionLog
@@ -157,7 +157,7 @@ def _refuse_writable_session(path: str, config: SandboxBashConfig) -> None:
     itself before the next run obeys it (threat-model row 15)."""
     real = os.path.realpath(path)
     for root in config_roots(config):
-        if is_within(real, os.path.realpath(root)):
+        if within(real, os.path.realpath(root)):
             raise CliError(
                 f"session log {path} lies inside {os.path.realpath(root)}, which confined "
                 "commands can write; keep it outside every writable root",

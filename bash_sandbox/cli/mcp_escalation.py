@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict
 
 from policies import NetworkMode, SandboxMode, is_strictly_wider
+from policies.paths import within
 
 
 class EscalationError(Exception):
@@ -114,10 +115,6 @@ def judge_escalation(
     )
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
 def check_session_log_location(path: str, writable_roots: Iterable[str]) -> str:
     """The session log's canonical path; raises `EscalationError` when a command could write it.
 
@@ -131,7 +128,7 @@ def check_session_log_location(path: str, writable_roots: Iterable[str]) -> str:
         raise EscalationError(f"session log {path!r} is a directory", "SESSION_LOG_UNSAFE")
     for root in writable_roots:
         real_root = os.path.realpath(root)
-        if _inside(real, real_root):
+        if within(real, real_root):
             raise EscalationError(
                 f"session log {path!r} lies inside {real_root}, which confined commands may "
                 "write; a command could plant its own sandbox mode there. Put the log "
