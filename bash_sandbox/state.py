@@ -131,12 +131,13 @@ class ExecutorState:
         self.path = tempfile.mkdtemp(prefix="exec-", dir=parent)
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         # Held for the executor's lifetime (closed by the kernel when it dies): `sweep_stale`.
+        # Locked under another name, then renamed: a sweeper never sees an unlocked `lock`.
+        locking = os.path.join(self.path, _LOCK + ".new")
         self._lock = os.open(
-            os.path.join(self.path, _LOCK),
-            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
+            locking, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
         fcntl.flock(self._lock, fcntl.LOCK_EX)
+        os.rename(locking, os.path.join(self.path, _LOCK))
         st = os.fstat(self._fd)
         self._identity = (st.st_dev, st.st_ino)
         for name in ("tmp", "shm", "pts", "git", "stage", "landlock-tmp"):

@@ -74,7 +74,7 @@ from policies import (
     sandbox_denial_marker,
     set_sandbox_mode,
 )
-from policies.paths import within
+from policies.log_location import session_log_refusal
 
 if TYPE_CHECKING:
     from policies import JsonlSessionLog
@@ -155,15 +155,11 @@ def _open_session(path: str) -> JsonlSessionLog:
 def _refuse_writable_session(path: str, config: SandboxBashConfig) -> None:
     """A session log inside a writable root could be given a wider mode by the command
     itself before the next run obeys it (threat-model row 15)."""
-    real = os.path.realpath(path)
-    for root in config_roots(config):
-        if within(real, os.path.realpath(root)):
-            raise CliError(
-                f"session log {path} lies inside {os.path.realpath(root)}, which confined "
-                "commands can write; keep it outside every writable root",
-                EXIT_USAGE,
-                "SESSION_UNTRUSTED",
-            )
+    refusal = session_log_refusal(path, config_roots(config))
+    if refusal is not None:
+        raise CliError(
+            f"{refusal}; keep it outside every writable root", EXIT_USAGE, "SESSION_UNTRUSTED"
+        )
 
 
 def _config_error(exc: ConfigError | PolicyError, source: str | None = None) -> CliError:

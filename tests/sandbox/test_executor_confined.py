@@ -664,7 +664,9 @@ async def test_a_spawn_that_fails_midway_gives_back_everything_it_took(
     assert _git_uppers(ex) == []  # the overlay's private directories too
     assert ex._services.limits._live == {}  # type: ignore[attr-defined]
     if failure == "proxy":
-        assert proxy_starts == ["tried"] and ex._services.proxy is None  # a failed proxy is not kept
+        assert (
+            proxy_starts == ["tried"] and ex._services.proxy is None
+        )  # a failed proxy is not kept
     else:
         assert len(grants._by_token) == live  # the grant was closed
     monkeypatch.undo()
