@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from bash_local.argv_limits import check_exec_size
 from bash_local.config import LocalBashConfig
 from bash_local.environment import build_command_env, check_env_channels
 from bash_local.output import OutputCollector, OutputListener, SpillDirectory
@@ -146,6 +147,7 @@ class LocalBashExecutor(BashExecutor):
             env=build_command_env(os.environ, spec.env, spec.dsh_env),
             cwd=spec.workdir,
         )
+        check_exec_size(plan.argv, plan.env)  # E2BIG is a request error, found before confining
         return self._confine(spec, plan)
 
     def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:
