@@ -57,6 +57,7 @@ from bash_sandbox.cli.mcp_tools import (
     ProcessArguments,
     tool_definitions,
 )
+from bash_sandbox.cli.mcp_wire import AnsweringReadStream
 from bash_sandbox.cli.settings import package_version, shared_config, workspace_dir
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
@@ -416,7 +417,9 @@ async def serve(settings: ServerSettings, executor: SandboxBashExecutor) -> int:
                 tasks.start_soon(_watch_signals, tasks.cancel_scope, received)
                 # Returns at EOF on stdin (the client went away); in-flight calls are
                 # cancelled with the scope, which kills their process groups.
-                await server.run(read_stream, write_stream, server.create_initialization_options())
+                # Malformed lines are answered here; the SDK would drop them unanswered.
+                inbound = AnsweringReadStream(read_stream, write_stream)
+                await server.run(inbound, write_stream, server.create_initialization_options())
                 tasks.cancel_scope.cancel()
             # Before leaving the stdio context: on a signal, stdin's reader thread may still
             # be blocked in read() and leaving would wait for it.
