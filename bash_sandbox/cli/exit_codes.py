@@ -35,12 +35,14 @@ EXIT_STATUSES: tuple[ExitStatus, ...] = (
     ExitStatus(
         "128+n",
         "the command was killed by signal n; a timeout is 143 (SIGTERM) or 137 (SIGKILL after "
-        "the grace); `--json` tells which in `outcome`",
+        "the grace); `--json` tells them apart in `outcome`",
     ),
     ExitStatus(
         "130/143/129", "bash-sandbox got SIGINT/SIGTERM/SIGHUP; the command's group was killed"
     ),
-    ExitStatus("141", "the reader of stdout went away (`| head`); the command's group was killed"),
+    ExitStatus(
+        "141", "the reader of stdout went away (a pipe to `head`); the command's group was killed"
+    ),
 )
 
 
