@@ -30,9 +30,9 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from bash_local.argv_limits import check_exec_size
 from bash_local.config import LocalBashConfig
 from bash_local.environment import build_command_env, check_env_channels
+from bash_local.long_command import fit_exec_limits
 from bash_local.output import OutputCollector, OutputListener, SpillDirectory
 from bash_local.process import KillReason, LocalBashProcess, SpawnedCommand
 from bash_local.spawn import SpawnPlan
@@ -147,7 +147,9 @@ class LocalBashExecutor(BashExecutor):
             env=build_command_env(os.environ, spec.env, spec.dsh_env),
             cwd=spec.workdir,
         )
-        check_exec_size(plan.argv, plan.env)  # E2BIG is a request error, found before confining
+        # Before confining: a command over one exec argument goes through a memfd; what
+        # still cannot be exec'd is a request error (E2BIG), not a spawn failure.
+        plan = fit_exec_limits(plan)
         return self._confine(spec, plan)
 
     def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:

@@ -27,8 +27,8 @@ EXIT_STATUSES: tuple[ExitStatus, ...] = (
     ExitStatus(
         "2",
         "usage or configuration error: bad flag or value, bad or untrusted config, unknown "
-        "mode, unusable workspace or workdir, a limit below its minimum, a command too large "
-        "to exec (nothing ran)",
+        "mode, unusable workspace or workdir, a limit below its minimum, an environment too "
+        "large to exec (nothing ran)",
     ),
     ExitStatus("125", "the sandbox is unavailable: no backend can enforce the mode (nothing ran)"),
     ExitStatus("126", "the command could not be started, e.g. no bash on this host (nothing ran)"),

@@ -22,7 +22,7 @@ from bash_local.executor import LocalBashExecutor
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.executor import SandboxBashExecutor
 from bash_sandbox.linux.supervisor import receive_listener
-from bash_seam import BashExecRequest, CommandTooLargeError, InvalidRequestError
+from bash_seam import BashExecRequest, BashRunResult, CommandTooLargeError, InvalidRequestError
 from policies import ResourceLimits
 from policies.limits import MIN_MEMORY_BYTES, MIN_OPEN_FILES, MIN_PROCESSES
 
@@ -133,64 +133,103 @@ def test_a_child_that_died_before_handing_over_its_listener_never_blocks_the_cal
         ours.close()
 
 
-# -- a command too large for one exec ----------------------------------------------------------
+# -- a command too large for one exec argument -------------------------------------------
 
 
 @needs_sandbox
-def test_a_command_too_large_for_one_exec_is_a_request_error(
+def test_a_command_longer_than_one_exec_argument_runs_through_the_cli(
     cli: CliRunner, workspace: Path
 ) -> None:
     # Two words joined with a space: one word this long could not reach our own argv.
     filler = "x" * (MAX_ARG_STRLEN // 2 + 10)
-    message = _refused(cli, workspace, "--", f"{MARKER} #{filler}", filler)
-    assert str(MAX_ARG_STRLEN - 1) in message
-    assert "bash FILE" in message
+    done = cli.run(
+        "run",
+        "--mode",
+        "workspace-write",
+        "--workspace",
+        str(workspace),
+        "--",
+        f'{MARKER}; echo $# "$0" #{filler}',
+        filler,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (workspace / "ran-marker").exists()
+    assert done.stdout.decode().split()[0] == "0"  # no positional parameters, as `bash -c`
 
 
-@pytest.mark.parametrize("confined", [False, True], ids=["local", "sandbox"])
-@pytest.mark.parametrize(
-    "request_kw",
-    [
-        {"command": "true #" + "x" * 200_000},
-        {"command": "true", "env": {"BIG": "y" * (3 << 20)}},
-        {"command": "true", "env": {f"V{i}": "v" * 120_000 for i in range(24)}},
-    ],
-    ids=["200KB-command", "3MiB-env-value", "3MB-environment"],
-)
-def test_too_large_for_exec_is_command_too_large_never_sandbox_unavailable(
-    confined: bool, request_kw: dict[str, object], workspace: Path
-) -> None:
-    if confined and not (HAS_BWRAP or HAS_LANDLOCK):
-        pytest.skip("no sandbox backend")
-
-    async def attempt() -> None:
-        executor = SandboxBashExecutor() if confined else LocalBashExecutor()
+def _run(confined: bool, backend: str, request: BashExecRequest) -> BashRunResult:
+    async def attempt() -> BashRunResult:
+        executor = SandboxBashExecutor(backend=backend) if confined else LocalBashExecutor()
         async with executor:
-            spec = executor.resolve(BashExecRequest(workdir=str(workspace), **request_kw))  # type: ignore[arg-type]
-            await asyncio.wait_for(executor.run(spec), timeout=30)
+            return await asyncio.wait_for(executor.run(executor.resolve(request)), timeout=30)
 
+    return asyncio.run(attempt())
+
+
+EXECUTORS = [
+    pytest.param(False, "auto", id="local"),
+    pytest.param(
+        True, "bwrap", id="bwrap", marks=pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")
+    ),
+    pytest.param(
+        True,
+        "landlock",
+        id="landlock",
+        marks=pytest.mark.skipif(not HAS_LANDLOCK, reason="no Landlock"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("confined", "backend"), EXECUTORS)
+@pytest.mark.parametrize("size", [MAX_ARG_STRLEN - 1, 200_000, 3 << 20])
+def test_a_long_command_runs_as_bash_c_would_run_it(
+    confined: bool, backend: str, size: int, workspace: Path
+) -> None:
+    """Over MAX_ARG_STRLEN the command goes through a sealed memfd: the same `$0`, no
+    positional parameters, stdin untouched, no descriptor or variable left behind."""
+    head = (
+        'echo "$0|$#|${__bash_sandbox_command-none}|$(ls /proc/self/fd | wc -l)"; '
+        'read -r line; echo "stdin=$line"; exit 7 #'
+    )
+    command = head + "x" * (size - len(head))
+    result = _run(
+        confined, backend, BashExecRequest(command=command, workdir=str(workspace), stdin="hi\n")
+    )
+    short = _run(
+        confined,
+        backend,
+        BashExecRequest(command=head.removesuffix(" #"), workdir=str(workspace), stdin="hi\n"),
+    )
+    assert result.exit_code == 7, result.stderr.text
+    assert result.stdout.text == short.stdout.text
+    assert result.stdout.text.splitlines()[1] == "stdin=hi"
+    assert "|0|none|" in result.stdout.text
+
+
+@pytest.mark.parametrize(("confined", "backend"), EXECUTORS)
+@pytest.mark.parametrize(
+    "env",
+    [{"BIG": "y" * (3 << 20)}, {f"V{i}": "v" * 120_000 for i in range(24)}],
+    ids=["3MiB-env-value", "3MB-environment"],
+)
+def test_an_environment_too_large_for_exec_is_command_too_large_never_sandbox_unavailable(
+    confined: bool, backend: str, env: dict[str, str], workspace: Path
+) -> None:
     with pytest.raises(CommandTooLargeError) as caught:
-        asyncio.run(attempt())
+        _run(confined, backend, BashExecRequest(command="true", env=env, workdir=str(workspace)))
     assert isinstance(caught.value, InvalidRequestError)
     assert not isinstance(caught.value, SandboxUnavailableError)
     assert caught.value.code == "COMMAND_TOO_LARGE"
+    assert str(MAX_ARG_STRLEN - 1) in str(caught.value) or "ARG_MAX" in str(caught.value)
 
 
-@pytest.mark.parametrize("confined", [False, True], ids=["local", "sandbox"])
-def test_a_command_at_the_exec_limit_still_runs(confined: bool, workspace: Path) -> None:
-    if confined and not (HAS_BWRAP or HAS_LANDLOCK):
-        pytest.skip("no sandbox backend")
-    command = "echo ok #"
-    command += "x" * (MAX_ARG_STRLEN - 1 - len(command))
-
-    async def attempt() -> str:
-        executor = SandboxBashExecutor() if confined else LocalBashExecutor()
-        async with executor:
-            spec = executor.resolve(BashExecRequest(command=command, workdir=str(workspace)))
-            result = await asyncio.wait_for(executor.run(spec), timeout=30)
-            return result.stdout.text
-
-    assert asyncio.run(attempt()) == "ok\n"
+def test_the_memfd_is_closed_when_the_command_settles(workspace: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        _run(
+            False, "auto", BashExecRequest(command="true #" + "x" * 200_000, workdir=str(workspace))
+        )
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 # -- the workspace -----------------------------------------------------------------------------
