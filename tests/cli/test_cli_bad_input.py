@@ -10,12 +10,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
-from cli_probes import HAS_BWRAP, HAS_LANDLOCK, CliRunner, is_alive
+from cli_probes import (
+    HAS_BWRAP,
+    HAS_LANDLOCK,
+    CliRunner,
+    host_pids_with_argv,
+    is_alive,
+    wait_until,
+)
 
 from bash_local.argv_limits import MAX_ARG_STRLEN
 from bash_local.executor import LocalBashExecutor
@@ -292,3 +301,25 @@ def test_a_bad_config_value_names_the_real_key(
     assert main(["--config", str(config), "run", "--workspace", str(workspace), "--", "true"]) == 2
     assert expected in capsys.readouterr().err
     assert os.path.exists(config)
+
+
+# -- SIGTERM in every state ---------------------------------------------------------------------
+
+
+@needs_sandbox
+@pytest.mark.parametrize("delay", [0.05, 0.2, 0.4, 0.8, 1.5])
+def test_sigterm_at_any_point_of_setup_ends_the_cli_and_the_command(
+    cli: CliRunner, workspace: Path, delay: float
+) -> None:
+    """Wherever the CLI is (imports, config, probes, namespaces, spawn, running) a SIGTERM
+    ends it promptly, and nothing it started stays behind."""
+    seconds = f"30.{os.getpid()}{int(delay * 1000):04d}"
+    proc = cli.start(
+        "run", "--workspace", str(workspace), "--memory", "16M", "--", f"sleep {seconds}"
+    )
+    time.sleep(delay)  # a point in the CLI's life, not a wait for something
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    # 143 once its handler is installed; killed by the default action before that.
+    assert proc.returncode in (143, -signal.SIGTERM)
+    wait_until(lambda: not host_pids_with_argv(["sleep", seconds]), 15, "the command gone")
