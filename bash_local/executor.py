@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from bash_local.config import LocalBashConfig
 from bash_local.environment import build_command_env, check_env_channels
+from bash_local.long_command import fit_exec_limits
 from bash_local.output import OutputCollector, OutputListener, SpillDirectory
 from bash_local.process import KillReason, LocalBashProcess, SpawnedCommand
 from bash_local.spawn import SpawnOutcome, SpawnPlan, SpawnScope, UnconfinedSpawn
@@ -132,12 +133,16 @@ class LocalBashExecutor(BashExecutor):
         return self._bash
 
     def _base_plan(self, spec: BashExecSpec) -> SpawnPlan:
-        """(bash_abs, "-c", spec.command), the built env, spec.workdir."""
-        return SpawnPlan(
+        """(bash_abs, "-c", spec.command), the built env, spec.workdir. Its ``release`` (a
+        long command's memfd) is the caller's to give back: a scope owns it from here."""
+        plan = SpawnPlan(
             argv=(self._bash_path(), "-c", spec.command),
             env=build_command_env(os.environ, spec.env, spec.dsh_env),
             cwd=spec.workdir,
         )
+        # A command over one exec argument goes through a memfd; what still cannot be
+        # exec'd is a request error (E2BIG), not a spawn failure.
+        return fit_exec_limits(plan)
 
     async def _open_scope(self, spec: BashExecSpec) -> SpawnScope:
         """The scope that owns this spawn (may raise: nothing has spawned yet). A confining

@@ -119,6 +119,10 @@ class ConfinedSpawn(SpawnScope):
     ) -> ConfinedSpawn:
         scope = cls(services, spec, policy, backend, settings)
         try:
+            # The base plan's own release (a long command's memfd) is the stack's from here.
+            if base.release is not None:
+                scope._stack.callback(base.release)
+                base = dataclasses.replace(base, release=None)
             scope._acquire(base)
         except BaseException:
             scope.close()

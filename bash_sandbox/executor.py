@@ -158,9 +158,8 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     async def _open_scope(self, spec: BashExecSpec) -> SpawnScope:
         policy = self._policy_of(spec)
-        base = self._base_plan(spec)
         if not policy.confined:
-            return _DangerSpawn(base, policy.mode)
+            return _DangerSpawn(self._base_plan(spec), policy.mode)
         if policy.mode in self._prepared:
             backend = self._prepare(policy.mode)
         else:
@@ -176,7 +175,12 @@ class SandboxBashExecutor(LocalBashExecutor):
             collect_evidence=self._collect_evidence,
         )
         return ConfinedSpawn.open(
-            self._services, spec, base, policy=policy, backend=backend, settings=settings
+            self._services,
+            spec,
+            self._base_plan(spec),
+            policy=policy,
+            backend=backend,
+            settings=settings,
         )
 
     def _prepare(self, mode: SandboxMode) -> SandboxBackend:

@@ -4,6 +4,7 @@ from bash_seam.abort import AbortController, AbortSignal
 from bash_seam.errors import (
     AbortedBeforeStartError,
     BashExecError,
+    CommandTooLargeError,
     EnvChannelError,
     InvalidRequestError,
     ShellNotFoundError,
@@ -40,6 +41,7 @@ __all__ = [
     "BashProcessRead",
     "BashRunResult",
     "CollectedOutput",
+    "CommandTooLargeError",
     "DenialEvidence",
     "DenialKind",
     "EnvChannelError",
