@@ -587,9 +587,10 @@ class SandboxBashExecutor(LocalBashExecutor):
             sources=self._state.sources,
             view=view,
             namespaces=namespaces,
-            scratch=self._state.scratch if backend.mounts else None,
+            # The private /tmp and /dev/shm of this policy's trust domain (`trust_domain.py`).
+            scratch=self._state.scratch_for(policy, namespaces) if namespaces else None,
             stage=self._state.stage,
-            private_tmpdir=self._state.private_tmpdir,
+            private_tmpdir=self._state.tmpdir_for(policy),
             listener_fd=theirs.fileno(),
             limits=limits,
         )

@@ -12,6 +12,10 @@ write here could redirect the next spawn. The rule, by construction:
    writable root of *this call's* policy contains it (a per-call policy can add roots);
 3. every confined command has the whole per-user base hidden (`hidden_paths`), so no command
    reads another executor's state or any spill file of this uid.
+
+The private `/tmp` and `/dev/shm` are one tmpfs each per executor, but a command sees only
+its trust domain's directory in them (`scratch_for`, `trust_domain.py`): a call wider in any
+dimension than the calls that wrote there gets a fresh one, an equal call finds its files.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from dataclasses import dataclass
 from bash_local.userdir import registered_spill_parents, user_base_dir
 from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholder_sources
 from bash_sandbox.errors import SandboxUnavailableError
-from bash_sandbox.linux.namespaces import ScratchPaths
+from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
+from bash_sandbox.trust_domain import domain_key
 from policies import SandboxPolicy
 
 
@@ -79,6 +84,15 @@ def remove_tree(path: str) -> None:
     with contextlib.suppress(OSError):
         os.chmod(path, 0o700)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _make_scratch(key: str, root_fd: int) -> None:
+    """``key`` in the tmpfs held by ``root_fd``: sticky and open to all like a /tmp."""
+    try:
+        os.mkdir(key, 0o700, dir_fd=root_fd)
+    except FileExistsError:
+        return
+    os.chmod(key, 0o1777, dir_fd=root_fd)  # noqa: S103 - a private /tmp, as the tmpfs root
 
 
 @dataclass(frozen=True)
@@ -190,6 +204,27 @@ class ExecutorState:
                     f"({self.path}): a command could redirect the next spawn; "
                     "use a narrower writable root",
                 )
+
+    def scratch_for(self, policy: SandboxPolicy, ns: NamespaceFds) -> ScratchPaths:
+        """The private /tmp and /dev/shm of ``policy``'s trust domain: a directory of that
+        name in each tmpfs (made through the namespace's descriptors: the tmpfs is mounted
+        only in the executor's mount namespace), where the backends find it by path."""
+        key = domain_key(policy)
+        for fd in (ns.tmp, ns.shm):
+            _make_scratch(key, fd)
+        return ScratchPaths(
+            tmp=os.path.join(self.scratch.tmp, key),
+            shm=os.path.join(self.scratch.shm, key),
+            pts=self.scratch.pts,
+            domain=key,
+        )
+
+    def tmpdir_for(self, policy: SandboxPolicy) -> str:
+        """The private TMPDIR of ``policy``'s trust domain for backends without mounts."""
+        path = os.path.join(self.private_tmpdir, domain_key(policy))
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        return path
 
     def git_upper(self) -> GitUpper:
         """Fresh upper and work directories for one git overlay of one spawn."""
