@@ -489,7 +489,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         user_policy = policy
         if policy.mode is SandboxMode.WORKSPACE_WRITE and self.config.tool_caches:
             # The sandbox's own cache home is writable like a root, for this spawn only.
-            cache_home = tool_cache_home()
+            cache_home = tool_cache_home(policy)  # per trust domain (`tool_env.py`)
             if cache_home is None:
                 cache_warning = (
                     "no tool cache home under ~/.cache (not writable): package caches "
