@@ -70,7 +70,9 @@ async def test_a_new_executor_of_the_same_project_finds_the_cache(
     make_executor: ExecutorFactory, workspace: Path, cache_home: Path
 ) -> None:
     first = make_executor(mode="workspace-write")
-    made = await _run(first, 'mkdir -p "$PIP_CACHE_DIR" && echo hit > "$PIP_CACHE_DIR/w"', workspace)
+    made = await _run(
+        first, 'mkdir -p "$PIP_CACHE_DIR" && echo hit > "$PIP_CACHE_DIR/w"', workspace
+    )
     assert made.exit_code == 0, made.stderr.text
     await first.aclose()
     second = make_executor(mode="workspace-write")
