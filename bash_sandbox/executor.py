@@ -205,6 +205,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             writable_roots=cfg.writable_roots,
             protected_paths=cfg.protected_paths,
             deny_read=cfg.deny_read,
+            unprotected_paths=cfg.unprotected_paths,
         )
         configured = tuple(
             os.path.realpath(r) for r in (*cfg.writable_roots, cfg.workspace_root or "/nonexistent")

@@ -168,8 +168,8 @@ command-line flags win over the file. The workspace's pyproject.toml is never re
 _RUN_EPILOG = f"""\
 modes: {_MODES}
 mode precedence: --mode > the session's override (--session) > the configured default.
-list flags (--writable-root, --deny-read, --protected-path, --allow-domain) add to the
-config file's lists; sizes take K, M or G (powers of 1024).
+list flags (--writable-root, --deny-read, --protected-path, --unprotected-path,
+--allow-domain) add to the config file's lists; sizes take K, M or G (powers of 1024).
 
 examples:
   bash-sandbox run -- git status
@@ -228,6 +228,14 @@ def _add_policy_flags(run: argparse.ArgumentParser) -> None:
         help="a name kept read-only inside every writable root, e.g. .env",
     )
     lists.add_argument(
+        "--unprotected-path",
+        action="append",
+        default=[],
+        metavar="NAME",
+        dest="unprotected_paths",
+        help="a default protected name commands may write after all, e.g. .vscode",
+    )
+    lists.add_argument(
         "--allow-domain",
         action="append",
         default=[],
@@ -255,7 +263,13 @@ LIMIT_FLAGS = {
     "shm_size": "shm_bytes",
     "max_open_files": "open_files",
 }
-LIST_FLAGS = ("writable_roots", "deny_read", "protected_paths", "allow_domains")
+LIST_FLAGS = (
+    "writable_roots",
+    "deny_read",
+    "protected_paths",
+    "unprotected_paths",
+    "allow_domains",
+)
 
 
 def _audit_arguments(parser: argparse.ArgumentParser) -> None:
