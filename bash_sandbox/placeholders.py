@@ -3,14 +3,20 @@
 A protected name inside a writable root (say `deploy/secrets.env`) that is missing when a
 command starts must stay uncreatable for as long as the command lives, and a cover mount
 needs something to sit on. So the executor creates a placeholder of the right kind (an empty
-file, or an empty directory for names written with a trailing `/`), covers it read-only, and
-removes it again once no running command of any executor of this uid needs it, and only
-while it is still an untouched placeholder. The ledger (one JSON file under this uid's base,
-locked with flock) records who holds each placeholder: removing one that another executor's
-command still sits on would detach that command's cover.
+file, or an empty directory for names written with a trailing `/` and for auto-run names),
+covers it read-only, and removes it again once no running command of any executor of this
+uid needs it, and only while it is still an untouched placeholder. The ledger (one JSON
+file under this uid's base, replaced atomically under an flock on its own lock file) records
+who holds each placeholder: removing one that another executor's command still sits on
+would detach that command's cover.
 
-Holders are `pid:starttime` of the executor process, so a holder that died (SIGKILL, a
-crash) is recognised and dropped the next time the ledger is touched.
+Nothing of a dead executor stays: holders are `pid:starttime` of the executor process, so a
+holder that died (SIGKILL, a crash) is recognised, and every time the ledger is opened
+(each executor's start included) a placeholder nobody alive holds is removed. Only what an
+executor made is ever removed, and only as it made it: the intent is recorded *before* the
+placeholder is created (a kill in between leaves an entry, never an unrecorded file), then
+its device, inode and mtime; a file or directory at that path with another identity, any
+content, or a changed mtime (the user wrote it since) is left alone and forgotten.
 """
 
 from __future__ import annotations
@@ -20,11 +26,14 @@ import fcntl
 import json
 import os
 import stat
+import time
+import uuid
 from collections.abc import Iterator
 
 from bash_local.userdir import user_base_dir
 
 _LEDGER = "placeholders.json"
+_LOCK = "placeholders.lock"
 
 
 def _process_id(pid: int) -> str:
@@ -41,25 +50,56 @@ def _alive(holder: str) -> bool:
     return pid.isdigit() and _process_id(int(pid)) == holder
 
 
-@contextlib.contextmanager
-def _ledger() -> Iterator[dict[str, dict[str, object]]]:
-    path = os.path.join(user_base_dir(), _LEDGER)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def _read(path: str) -> dict[str, dict[str, object]]:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        raw = os.pread(fd, 1 << 20, 0)
-        try:
-            data = json.loads(raw) if raw else {}
-        except ValueError:
-            data = {}
-        if not isinstance(data, dict):
-            data = {}
-        yield data
-        encoded = json.dumps(data).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, encoded, 0)
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read(1 << 22) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, dict)}
+
+
+def _write(path: str, data: dict[str, dict[str, object]]) -> None:
+    # Replaced whole: a kill mid-write leaves the old ledger, never a truncated one.
+    tmp = f"{path}.{uuid.uuid4().hex}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(data).encode())
     finally:
         os.close(fd)
+    os.replace(tmp, path)
+
+
+class _Ledger:
+    """The ledger's entries while its lock is held; `flush` makes them durable now."""
+
+    def __init__(self, path: str, entries: dict[str, dict[str, object]]) -> None:
+        self.path = path
+        self.entries = entries
+
+    def flush(self) -> None:
+        _write(self.path, self.entries)
+
+
+@contextlib.contextmanager
+def _ledger(base: str | None = None) -> Iterator[_Ledger]:
+    base = base or user_base_dir()
+    lock = os.open(
+        os.path.join(base, _LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ledger = _Ledger(os.path.join(base, _LEDGER), {})
+        ledger.entries = _read(ledger.path)
+        before = json.dumps(ledger.entries, sort_keys=True)
+        _sweep_dead(ledger.entries)
+        yield ledger
+        if json.dumps(ledger.entries, sort_keys=True) != before:
+            ledger.flush()
+    finally:
+        os.close(lock)
 
 
 def _holders(entry: dict[str, object]) -> list[str]:
@@ -69,41 +109,97 @@ def _holders(entry: dict[str, object]) -> list[str]:
     return [h for h in listed if isinstance(h, str) and _alive(h)]
 
 
-def _is_placeholder(path: str, is_dir: bool) -> bool:
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_mtime_ns]
+
+
+def _untouched(path: str, entry: dict[str, object]) -> bool:
+    """Whether ``path`` is still exactly the placeholder ``entry`` records."""
+    is_dir = bool(entry.get("dir"))
     try:
         st = os.lstat(path)
+        if is_dir:
+            if not stat.S_ISDIR(st.st_mode) or os.listdir(path):
+                return False
+        elif not stat.S_ISREG(st.st_mode) or st.st_size != 0:
+            return False
     except OSError:
         return False
-    if is_dir:
-        return stat.S_ISDIR(st.st_mode) and not os.listdir(path)
-    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+    made = entry.get("made")
+    if isinstance(made, list):
+        return made == _identity(st)
+    # Recorded as intended but killed before its identity was: ours only if it was made
+    # after the intent and never changed since (a fresh placeholder's mtime is its ctime).
+    intent = entry.get("intent_ns")
+    return (
+        isinstance(intent, int)
+        and st.st_mtime_ns == st.st_ctime_ns
+        and st.st_ctime_ns >= intent - 1_000_000_000  # coarse filesystem clocks
+    )
+
+
+def _remove(path: str, entry: dict[str, object]) -> None:
+    if _untouched(path, entry):
+        with contextlib.suppress(OSError):
+            (os.rmdir if entry.get("dir") else os.unlink)(path)
+
+
+def _sweep_dead(entries: dict[str, dict[str, object]]) -> None:
+    """Remove the placeholders no live executor holds (their executors were killed)."""
+    for path, entry in list(entries.items()):
+        holders = _holders(entry)
+        if holders:
+            entry["holders"] = holders
+            continue
+        del entries[path]
+        _remove(path, entry)
+
+
+def sweep(base: str | None = None) -> None:
+    """Remove every placeholder whose holders are all dead (also run by each `Placeholders`)."""
+    with _ledger(base):
+        pass
 
 
 class Placeholders:
     """The placeholders one executor holds (released per spawn, all of them at close)."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: str | None = None) -> None:
         self._me = _process_id(os.getpid())
+        self._base = base
+        # Whatever a killed executor left: removed before this one makes any of its own.
+        with contextlib.suppress(OSError):
+            sweep(base)
 
     def acquire(self, path: str, is_dir: bool) -> bool:
         """Make ``path`` exist as an empty placeholder (or find it made) and hold it.
 
         False when something else appeared there meanwhile (then it is not ours to cover
         as a placeholder: it is an ordinary existing name)."""
-        with _ledger() as ledger:
-            entry = ledger.get(path)
+        with _ledger(self._base) as ledger:
+            entry = ledger.entries.get(path)
             if entry is None:
                 if os.path.lexists(path):
                     return False
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                if is_dir:
-                    os.mkdir(path, 0o755)
-                else:
-                    os.close(
-                        os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
-                    )
-                entry = {"dir": is_dir, "holders": []}
-                ledger[path] = entry
+                entry = {"dir": is_dir, "holders": [self._me], "intent_ns": time.time_ns()}
+                ledger.entries[path] = entry
+                ledger.flush()  # the intent first: a kill after this leaves a record
+                try:
+                    if is_dir:
+                        os.mkdir(path, 0o755)
+                    else:
+                        flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
+                        os.close(os.open(path, flags, 0o644))
+                    entry["made"] = _identity(os.lstat(path))
+                except OSError as exc:
+                    # Not made by us (created meanwhile, or refused): never ours to remove.
+                    del ledger.entries[path]
+                    ledger.flush()
+                    if isinstance(exc, FileExistsError):
+                        return False
+                    raise
+                return True
             holders = _holders(entry)
             holders.append(self._me)
             entry["holders"] = holders
@@ -111,8 +207,8 @@ class Placeholders:
 
     def release(self, path: str) -> None:
         """Stop holding ``path``; remove it when nobody does and it is still untouched."""
-        with _ledger() as ledger:
-            entry = ledger.get(path)
+        with _ledger(self._base) as ledger:
+            entry = ledger.entries.get(path)
             if entry is None:
                 return
             holders = _holders(entry)
@@ -121,8 +217,5 @@ class Placeholders:
             entry["holders"] = holders
             if holders:
                 return
-            del ledger[path]
-            is_dir = bool(entry.get("dir"))
-            if _is_placeholder(path, is_dir):
-                with contextlib.suppress(OSError):
-                    (os.rmdir if is_dir else os.unlink)(path)
+            del ledger.entries[path]
+            _remove(path, entry)

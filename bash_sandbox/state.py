@@ -27,6 +27,7 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bash_local.userdir import registered_spill_parents, user_base_dir
@@ -103,6 +104,21 @@ class GitUpper:
     work: str
 
 
+# Run with a dead executor's state dir before the sweep removes it, so a git import that the
+# kill interrupted can be finished or rolled back from its journal first (`recover(state_dir)`
+# of the git import registers here). A hook that raises keeps the dir for the next sweep.
+STALE_STATE_HOOKS: list[Callable[[str], None]] = []
+
+
+def _hooks_done(path: str) -> bool:
+    for hook in STALE_STATE_HOOKS:
+        try:
+            hook(path)
+        except Exception:  # any failure keeps the state for a later sweep
+            return False
+    return True
+
+
 # A state dir without its lock file this old is a leftover from before locks (or a crash
 # between mkdtemp and the lock, which takes microseconds).
 _UNLOCKED_GRACE_S = 600
@@ -125,7 +141,7 @@ def sweep_stale(parent: str) -> None:
             fd = os.open(os.path.join(path, _LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             with contextlib.suppress(OSError):
-                if time.time() - os.lstat(path).st_mtime > _UNLOCKED_GRACE_S:
+                if time.time() - os.lstat(path).st_mtime > _UNLOCKED_GRACE_S and _hooks_done(path):
                     remove_tree(path)
             continue
         except OSError:
@@ -133,10 +149,14 @@ def sweep_stale(parent: str) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            os.close(fd)
             continue  # held: a live executor
+        try:
+            # Still locked by us: no other sweeper runs the hooks on it at the same time.
+            if _hooks_done(path):
+                remove_tree(path)
         finally:
             os.close(fd)
-        remove_tree(path)
 
 
 class ExecutorState:
