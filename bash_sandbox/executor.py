@@ -402,10 +402,8 @@ class SandboxBashExecutor(LocalBashExecutor):
             overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
         # A missing protected name outside git: a placeholder of the right kind, covered,
         # removed once no command of this uid needs it (`placeholders.py`).
-        for path, is_dir in protected.missing:
-            if self._placeholders.acquire(path, is_dir):
-                held.append(path)
-            covers.append(path)
+        held += self._placeholders.acquire_all(protected.missing)  # one ledger transaction
+        covers += [path for path, _ in protected.missing]
         if protected.symlinked:
             partial.append("a protected name is a symlink inside a writable root")
         # Hooks paths and included configs inside a root run or configure the host's git.
@@ -813,8 +811,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             self._limits.release(record.limits)
         if record.grant is not None:
             record.grant.close()
-        for path in record.placeholders:
-            self._placeholders.release(path)
+        self._placeholders.release_all(record.placeholders)
         for overlay in record.overlays:
             remove_tree(os.path.dirname(overlay.upper))
 

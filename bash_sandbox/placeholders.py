@@ -28,7 +28,7 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from bash_local.userdir import user_base_dir
 
@@ -176,46 +176,70 @@ class Placeholders:
 
         False when something else appeared there meanwhile (then it is not ours to cover
         as a placeholder: it is an ordinary existing name)."""
+        return bool(self.acquire_all(((path, is_dir),)))
+
+    def acquire_all(self, wanted: Iterable[tuple[str, bool]]) -> list[str]:
+        """`acquire` for each (path, is_dir), in one ledger transaction; the paths held."""
+        held: list[str] = []
         with _ledger(self._base) as ledger:
-            entry = ledger.entries.get(path)
-            if entry is None:
-                if os.path.lexists(path):
-                    return False
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                entry = {"dir": is_dir, "holders": [self._me], "intent_ns": time.time_ns()}
-                ledger.entries[path] = entry
-                ledger.flush()  # the intent first: a kill after this leaves a record
+            new: list[tuple[str, bool, dict[str, object]]] = []
+            for path, is_dir in wanted:
+                entry = ledger.entries.get(path)
+                if entry is not None:
+                    holders = _holders(entry)
+                    holders.append(self._me)
+                    entry["holders"] = holders
+                    held.append(path)
+                elif not os.path.lexists(path):
+                    entry = {"dir": is_dir, "holders": [self._me], "intent_ns": time.time_ns()}
+                    ledger.entries[path] = entry
+                    new.append((path, is_dir, entry))
+            if not new:
+                return held
+            ledger.flush()  # the intents first: a kill after this leaves records
+            failure: OSError | None = None
+            for path, is_dir, entry in new:
                 try:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
                     if is_dir:
                         os.mkdir(path, 0o755)
                     else:
                         flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
                         os.close(os.open(path, flags, 0o644))
                     entry["made"] = _identity(os.lstat(path))
+                    held.append(path)
                 except OSError as exc:
                     # Not made by us (created meanwhile, or refused): never ours to remove.
                     del ledger.entries[path]
-                    ledger.flush()
-                    if isinstance(exc, FileExistsError):
-                        return False
-                    raise
-                return True
-            holders = _holders(entry)
-            holders.append(self._me)
-            entry["holders"] = holders
-            return True
+                    if not isinstance(exc, FileExistsError) and failure is None:
+                        failure = exc
+            if failure is not None:
+                # Give back what this call took before failing: the caller holds nothing.
+                for path in held:
+                    self._drop(ledger, path)
+                ledger.flush()
+                raise failure
+        return held
 
     def release(self, path: str) -> None:
         """Stop holding ``path``; remove it when nobody does and it is still untouched."""
+        self.release_all((path,))
+
+    def release_all(self, paths: Iterable[str]) -> None:
+        """`release` for each path, in one ledger transaction."""
         with _ledger(self._base) as ledger:
-            entry = ledger.entries.get(path)
-            if entry is None:
-                return
-            holders = _holders(entry)
-            if self._me in holders:
-                holders.remove(self._me)
-            entry["holders"] = holders
-            if holders:
-                return
-            del ledger.entries[path]
-            _remove(path, entry)
+            for path in paths:
+                self._drop(ledger, path)
+
+    def _drop(self, ledger: _Ledger, path: str) -> None:
+        entry = ledger.entries.get(path)
+        if entry is None:
+            return
+        holders = _holders(entry)
+        if self._me in holders:
+            holders.remove(self._me)
+        entry["holders"] = holders
+        if holders:
+            return
+        del ledger.entries[path]
+        _remove(path, entry)
