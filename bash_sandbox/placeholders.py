@@ -15,8 +15,9 @@ holder that died (SIGKILL, a crash) is recognised, and every time the ledger is 
 (each executor's start included) a placeholder nobody alive holds is removed. Only what an
 executor made is ever removed, and only as it made it: the intent is recorded *before* the
 placeholder is created (a kill in between leaves an entry, never an unrecorded file), then
-its device, inode and mtime; a file or directory at that path with another identity, any
-content, or a changed mtime (the user wrote it since) is left alone and forgotten.
+its device, inode and mtime; a file at that path with another identity, any content or a
+changed mtime (the user wrote it since), or a directory with another identity or any entry,
+is left alone and forgotten.
 """
 
 from __future__ import annotations
@@ -126,8 +127,10 @@ def _untouched(path: str, entry: dict[str, object]) -> bool:
     except OSError:
         return False
     made = entry.get("made")
-    if isinstance(made, list):
-        return made == _identity(st)
+    if isinstance(made, list) and len(made) == 3:
+        # A directory's mtime moves with placeholders made and removed inside it (another
+        # name's, `deploy/secrets.env` in `deploy/`): empty and the same inode is untouched.
+        return made == _identity(st) or (is_dir and made[:2] == _identity(st)[:2])
     # Recorded as intended but killed before its identity was: ours only if it was made
     # after the intent and never changed since (a fresh placeholder's mtime is its ctime).
     intent = entry.get("intent_ns")

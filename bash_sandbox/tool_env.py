@@ -86,9 +86,8 @@ _mutex = threading.Lock()
 
 
 def _owned_dir(path: str) -> bool:
-    with contextlib.suppress(FileExistsError):
-        os.makedirs(path, 0o700, exist_ok=True)
     try:
+        os.makedirs(path, 0o700, exist_ok=True)
         st = os.lstat(path)
     except OSError:
         return False
