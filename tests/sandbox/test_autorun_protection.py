@@ -144,3 +144,20 @@ async def test_ordinary_work_is_unaffected_and_leaves_no_placeholder(
     assert sorted(files) == ["main.py", "package.json"]
     leftovers = [n for n in os.listdir(workspace) if n in autorun.DEFAULT_AUTORUN_PATHS]
     assert leftovers == []
+
+
+def test_defaults_and_the_opt_out_key(tmp_path: Path) -> None:
+    from policies import DEFAULT_PROTECTED_PATHS, SandboxPolicy, SandboxPolicyService
+
+    assert {".vscode", ".envrc", ".mcp.json", ".claude", ".bashrc"} <= set(DEFAULT_PROTECTED_PATHS)
+    policy = SandboxPolicy(
+        mode="workspace-write",  # type: ignore[arg-type]
+        workspace_root=str(tmp_path),
+        unprotected_paths=(".vscode/",),
+    )
+    assert ".vscode" not in policy.protected_paths and ".git/hooks" in policy.protected_paths
+    # Stable through a dump and reload (what a per-call policy over MCP goes through).
+    assert SandboxPolicy.model_validate(policy.model_dump()) == policy
+    service = SandboxPolicyService("workspace-write", tmp_path, unprotected_paths=[".envrc"])
+    assert ".envrc" not in service.resolve().protected_paths
+    assert autorun.autorun_reason(".envrc") == "direnv runs it on entering the directory"
