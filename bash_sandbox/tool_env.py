@@ -167,8 +167,10 @@ def sweep_caches(
     except OSError:
         return []
     for name in names:
-        if name.startswith(_TRASH):
-            remove_tree(os.path.join(base, name))
+        if name.startswith(_TRASH):  # a deletion the process's exit cut short
+            threading.Thread(
+                target=remove_tree, args=(os.path.join(base, name),), daemon=True
+            ).start()
     used: list[tuple[float, str]] = []
     for name in names:
         if name.startswith(".") or not os.path.isdir(os.path.join(base, name)):
