@@ -119,7 +119,7 @@ def tool_cache_home(policy: SandboxPolicy) -> str | None:
             sweep_caches(base)
         path = os.path.join(base, key)
         try:
-            if key not in _held:
+            if path not in _held:
                 # Held before the directory is made: a sweeper never removes it under us.
                 fd = os.open(
                     os.path.join(base, _LOCKS, key),
@@ -127,7 +127,7 @@ def tool_cache_home(policy: SandboxPolicy) -> str | None:
                     0o600,
                 )
                 fcntl.flock(fd, fcntl.LOCK_SH)
-                _held[key] = fd
+                _held[path] = fd
             if not _owned_dir(path):
                 return None
             _stamp(base, key, policy)
@@ -138,10 +138,10 @@ def tool_cache_home(policy: SandboxPolicy) -> str | None:
 
 def _stamp(base: str, key: str, policy: SandboxPolicy) -> None:
     """Record that ``key`` was used now (its description file's mtime: the LRU order)."""
-    now = time.time()
-    if now - _stamped.get(key, 0.0) < _STAMP_EVERY_S:
-        return
     described = os.path.join(base, _LOCKS, key + ".json")
+    now = time.time()
+    if now - _stamped.get(described, 0.0) < _STAMP_EVERY_S:
+        return
     if not os.path.exists(described):
         # Which policy this domain is, for a human looking at ~/.cache/bash-sandbox/caches.
         tmp = f"{described}.{uuid.uuid4().hex}"
@@ -149,7 +149,7 @@ def _stamp(base: str, key: str, policy: SandboxPolicy) -> None:
             json.dump(domain_fields(policy), fh, indent=1)
         os.replace(tmp, described)
     os.utime(described)
-    _stamped[key] = now
+    _stamped[described] = now
 
 
 def sweep_caches(
@@ -185,7 +185,7 @@ def sweep_caches(
     victims = [k for i, (m, k) in enumerate(used) if i >= max_domains or now - m > max_age_s]
     removed = []
     for key in victims:
-        if key in _held:
+        if os.path.join(base, key) in _held:
             continue
         lock = os.path.join(base, _LOCKS, key)
         try:
