@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bash_sandbox import SandboxBashExecutor
-from bash_sandbox.tool_env import cache_base, sweep_caches
+from bash_sandbox.cache_domains import cache_base, sweep_caches
 from bash_seam import BashExecRequest, BashRunResult
 from tests.sandbox.conftest import ExecutorFactory
 
