@@ -15,9 +15,10 @@ holder that died (SIGKILL, a crash) is recognised, and every time the ledger is 
 (each executor's start included) a placeholder nobody alive holds is removed. Only what an
 executor made is ever removed, and only as it made it: the intent is recorded *before* the
 placeholder is created (a kill in between leaves an entry, never an unrecorded file), then
-its device, inode and mtime; a file at that path with another identity, any content or a
-changed mtime (the user wrote it since), or a directory with another identity or any entry,
-is left alone and forgotten.
+its device, inode and mtime (kept current when a placeholder inside a placeholder directory
+comes or goes); a file or directory at that path with another identity or mtime (the user
+wrote, touched or replaced it since: a new name may reuse the inode number), or with any
+content, is left alone and forgotten.
 """
 
 from __future__ import annotations
@@ -128,9 +129,8 @@ def _untouched(path: str, entry: dict[str, object]) -> bool:
         return False
     made = entry.get("made")
     if isinstance(made, list) and len(made) == 3:
-        # A directory's mtime moves with placeholders made and removed inside it (another
-        # name's, `deploy/secrets.env` in `deploy/`): empty and the same inode is untouched.
-        return made == _identity(st) or (is_dir and made[:2] == _identity(st)[:2])
+        # The mtime too: a name removed and made again may get the same inode number.
+        return made == _identity(st)
     # Recorded as intended but killed before its identity was: ours only if it was made
     # after the intent and never changed since (a fresh placeholder's mtime is its ctime).
     intent = entry.get("intent_ns")
@@ -141,10 +141,26 @@ def _untouched(path: str, entry: dict[str, object]) -> bool:
     )
 
 
-def _remove(path: str, entry: dict[str, object]) -> None:
+def _remove(path: str, entry: dict[str, object], entries: dict[str, dict[str, object]]) -> None:
     if _untouched(path, entry):
         with contextlib.suppress(OSError):
             (os.rmdir if entry.get("dir") else os.unlink)(path)
+            _moved_parent(path, entries)
+
+
+def _moved_parent(path: str, entries: dict[str, dict[str, object]]) -> None:
+    """A placeholder made or removed inside another placeholder directory (`deploy/secrets.env`
+    in `deploy/`) moved that directory's mtime: record the new one, it was our change."""
+    parent = entries.get(os.path.dirname(path))
+    made = parent.get("made") if parent is not None else None
+    if parent is None or not isinstance(made, list) or len(made) != 3:
+        return
+    try:
+        st = os.lstat(os.path.dirname(path))
+    except OSError:
+        return
+    if made[:2] == [st.st_dev, st.st_ino]:
+        parent["made"] = _identity(st)
 
 
 def _sweep_dead(entries: dict[str, dict[str, object]]) -> None:
@@ -155,7 +171,7 @@ def _sweep_dead(entries: dict[str, dict[str, object]]) -> None:
             entry["holders"] = holders
             continue
         del entries[path]
-        _remove(path, entry)
+        _remove(path, entry, entries)
 
 
 def sweep(base: str | None = None) -> None:
@@ -210,6 +226,7 @@ class Placeholders:
                         flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
                         os.close(os.open(path, flags, 0o644))
                     entry["made"] = _identity(os.lstat(path))
+                    _moved_parent(path, ledger.entries)
                     held.append(path)
                 except OSError as exc:
                     # Not made by us (created meanwhile, or refused): never ours to remove.
@@ -245,4 +262,4 @@ class Placeholders:
         if holders:
             return
         del ledger.entries[path]
-        _remove(path, entry)
+        _remove(path, entry, ledger.entries)
