@@ -145,3 +145,16 @@ def test_the_state_sweep_runs_the_recovery_hooks_first(tmp_path: Path) -> None:
     finally:
         STALE_STATE_HOOKS.remove(seen.append)
     assert not dead.exists() and seen == [str(dead), str(dead)]
+
+
+def test_a_ledger_write_cut_short_by_a_kill_still_reads(tmp_path: Path) -> None:
+    # A kill between the in-place write and the truncate: the new ledger, then old bytes.
+    from bash_sandbox.placeholders import _read
+
+    path = tmp_path / "placeholders.json"
+    path.write_bytes(b'{"/w/a": {"dir": true, "holders": []}}\n": [], "/w/old": {}}')
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _read(fd) == {"/w/a": {"dir": True, "holders": []}}
+    finally:
+        os.close(fd)
