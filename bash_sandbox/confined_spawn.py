@@ -175,7 +175,7 @@ class ConfinedSpawn(SpawnScope):
         policy = self.policy
         if policy.mode is not SandboxMode.WORKSPACE_WRITE or not self._settings.tool_caches:
             return
-        self.cache_home = tool_cache_home()
+        self.cache_home = tool_cache_home(policy)  # per trust domain (`cache_domains.py`)
         if self.cache_home is None:
             self.warnings.append(
                 "no tool cache home under ~/.cache (not writable): package caches "
@@ -252,13 +252,15 @@ class ConfinedSpawn(SpawnScope):
 
     def _wrap(self, plan: SpawnPlan, view: HostView, listener_fd: int) -> ConfinedPlan:
         services, backend, policy = self._services, self.backend, self.policy
+        namespaces = services.namespaces.ready if backend.mounts else None
         ctx = BackendContext(
             sources=services.state.sources,
             view=view,
-            namespaces=services.namespaces.ready if backend.mounts else None,
-            scratch=services.state.scratch if backend.mounts else None,
+            namespaces=namespaces,
+            # The private /tmp and /dev/shm of this policy's trust domain (`trust_domain.py`).
+            scratch=services.state.scratch_for(policy, namespaces) if namespaces else None,
             stage=services.state.stage,
-            private_tmpdir=services.state.private_tmpdir,
+            private_tmpdir=services.state.tmpdir_for(policy),
             listener_fd=listener_fd,
             limits=self.limits,
         )
@@ -319,7 +321,7 @@ class ConfinedSpawn(SpawnScope):
         if ns is not None and backend.mounts:
             devices = [os.fstat(fd).st_dev for fd in (ns.tmp, ns.shm)]
         else:
-            dirs.append(identity(services.state.private_tmpdir))
+            dirs.append(identity(services.state.tmpdir_for(policy)))
         sockets = [identity(p) for p in policy.allow_unix_sockets if not p.startswith("@")]
         names = [p[1:].encode() for p in policy.allow_unix_sockets if p.startswith("@")]
         # Loopback and abstract names are the command's own only in the executor's private
@@ -464,7 +466,7 @@ class ConfinedSpawn(SpawnScope):
         if backend.write_refusals is not None:
             context["write_refusals"] = backend.write_refusals
         if backend.scratch_is_private_tmpdir:
-            context["scratch_dirs"] = (self._services.state.private_tmpdir,)
+            context["scratch_dirs"] = (self._services.state.tmpdir_for(self.policy),)
         return context
 
 

@@ -83,6 +83,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             writable_roots=cfg.writable_roots,
             protected_paths=cfg.protected_paths,
             deny_read=cfg.deny_read,
+            unprotected_paths=cfg.unprotected_paths,
         )
         self._services = SandboxServices(cfg, egress_resolver=egress_resolver)
         # An executor dropped without aclose() still frees its namespaces, cgroups, proxy,

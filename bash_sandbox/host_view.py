@@ -42,8 +42,7 @@ class HostSurvey:
 
     def release(self, held: tuple[str, ...]) -> None:
         """Give back the host placeholders one survey acquired."""
-        for path in held:
-            self._placeholders.release(path)
+        self._placeholders.release_all(held)
 
     def take(
         self, policy: SandboxPolicy, mounts: bool, user_policy: SandboxPolicy
@@ -106,10 +105,8 @@ class HostSurvey:
             overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
         # A missing protected name outside git: a placeholder of the right kind, covered,
         # removed once no command of this uid needs it (`placeholders.py`).
-        for path, is_dir in protected.missing:
-            if self._placeholders.acquire(path, is_dir):
-                held.append(path)
-            covers.append(path)
+        held += self._placeholders.acquire_all(protected.missing)  # one ledger transaction
+        covers += [path for path, _ in protected.missing]
         if protected.symlinked:
             partial.append("a protected name is a symlink inside a writable root")
         # Hooks paths and included configs inside a root run or configure the host's git.

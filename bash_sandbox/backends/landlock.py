@@ -225,7 +225,11 @@ def scratch_rules(ctx: BackendContext) -> tuple[tuple[str, ...], str | None]:
     ns = ctx.namespaces
     if ns is None:
         return (), None
-    return (f"/proc/self/fd/{ns.tmp}", f"/proc/self/fd/{ns.shm}"), f"/proc/self/fd/{ns.pts}"
+    # The domain's directories, not the tmpfs roots: bound at /tmp, a directory is its own
+    # mount root, so Landlock never walks up to a rule on the tmpfs root.
+    sub = f"/{ctx.scratch.domain}" if ctx.scratch is not None and ctx.scratch.domain else ""
+    tmp, shm = f"/proc/self/fd/{ns.tmp}{sub}", f"/proc/self/fd/{ns.shm}{sub}"
+    return (tmp, shm), f"/proc/self/fd/{ns.pts}"
 
 
 def confined_plan(

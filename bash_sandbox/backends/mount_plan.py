@@ -55,6 +55,7 @@ from bash_sandbox.view import (
     ShadowEntry,
 )
 from policies import SandboxPolicy
+from policies.autorun import directory_placeholder, needs_placeholder
 from policies.paths import within, within_any
 
 __all__ = [
@@ -354,8 +355,10 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
             pins += _pins_between(owner, resolved if first is None else first)
             if first is None:
                 protect.append(resolved)
-            else:
-                missing.append((first, first != resolved or name.endswith("/")))
+            elif needs_placeholder(name, root):
+                # An auto-run name is held by a directory: git never shows an empty one.
+                is_dir = first != resolved or name.endswith("/") or directory_placeholder(name)
+                missing.append((first, is_dir))
     return ProtectedView(
         protect=tuple(dict.fromkeys(protect)),
         pins=tuple(dict.fromkeys(p for p in pins if not within_any(p, gitdirs))),

@@ -143,9 +143,10 @@ command-line flags win over the file. The workspace's pyproject.toml is never re
 _RUN_EPILOG = f"""\
 modes: {_MODES}
 mode precedence: --mode > the session's override (--session) > the configured default.
-list flags (--writable-root, --deny-read, --protected-path, --allow-domain) add to the
-config file's lists; sizes take K, M, G or T (powers of 1024: 512M, 2G), durations
-ms, s, m or h (500ms, 30s; a bare number is milliseconds), in flags and config alike.
+list flags (--writable-root, --deny-read, --protected-path, --unprotected-path,
+--allow-domain) add to the config file's lists; sizes take K, M, G or T (powers of 1024:
+512M, 2G), durations ms, s, m or h (500ms, 30s; a bare number is milliseconds), in flags
+and config alike.
 
 examples:
   bash-sandbox run -- git status

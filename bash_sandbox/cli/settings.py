@@ -181,6 +181,16 @@ SETTINGS: tuple[Setting, ...] = (
         group=LISTS,
     ),
     Setting(
+        "--unprotected-path",
+        "unprotected_paths",
+        ("unprotected_paths",),
+        "NAME",
+        "a default protected name commands may write after all, e.g. .vscode",
+        str,
+        repeat=True,
+        group=LISTS,
+    ),
+    Setting(
         "--allow-domain",
         "allow_domains",
         ("allow_domains",),

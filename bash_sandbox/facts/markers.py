@@ -21,6 +21,7 @@ import os
 from bash_sandbox.facts.inference import REASON_DENY_READ, REASON_OUTSIDE_ROOTS, REASON_READ_ONLY
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial, SandboxFacts
 from policies import NetworkMode, SandboxMode
+from policies.autorun import UNPROTECT_KEY
 
 
 def _shown(path: str) -> str:
@@ -39,6 +40,9 @@ def _file_step(denial: SandboxDenial) -> str:
     if denial.reason == REASON_DENY_READ:
         return "remove it from deny_read or ask for danger-full-access"
     if denial.reason.startswith("protected name"):
+        if UNPROTECT_KEY in denial.reason:
+            name = denial.reason.split()[2].rstrip(":,")
+            return f"add {name} to {UNPROTECT_KEY} if commands may change it, after review"
         return "protected names stay read-only; ask for danger-full-access if the change is meant"
     return "ask for a wider mode"
 
