@@ -9,7 +9,7 @@ from pydantic import Field, StrictStr, field_validator
 from bash_local.config import LocalBashConfig, PositiveInt
 from bash_seam import AbsolutePath
 from policies import DEFAULT_PROTECTED_PATHS, NetworkMode, ResourceLimits, SandboxMode
-from policies.egress import canonical_allowlist
+from policies.egress import canonical_allowlist, canonical_pins, canonical_private_domains
 
 BackendName = Literal["auto", "bwrap", "landlock", "seatbelt"]
 
@@ -30,6 +30,12 @@ class SandboxBashConfig(LocalBashConfig):
     deny_read: tuple[str, ...] | None = None  # None: the policy's default credential stores
     # Egress allowlist (served by the executor's proxy under `isolated`) and named host sockets.
     allow_domains: tuple[str, ...] = ()
+    # Names whose private-range DNS answers the proxy may use (never loopback or metadata).
+    allow_private_domains: tuple[str, ...] = ()
+    # The operator's own answers, used whatever their range: `pin`, then the hosts file
+    # (None: not read); DNS for every other name.
+    pin: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    hosts_file: AbsolutePath | None = "/etc/hosts"
     allow_unix_sockets: tuple[str, ...] = ()
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     # workspace-write: the tools' cache variables point at the sandbox's own cache home.
@@ -40,3 +46,16 @@ class SandboxBashConfig(LocalBashConfig):
     def _egress_rules(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         # As `SandboxPolicy` does: the list is stamped on every policy without revalidation.
         return canonical_allowlist(value)
+
+    @field_validator("allow_private_domains")
+    @classmethod
+    def _private_domains(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return canonical_private_domains(value)
+
+    @field_validator("pin", mode="before")
+    @classmethod
+    def _pins(cls, value: object) -> object:
+        # One address or a list of them per name; canonical (and checked) here.
+        if not isinstance(value, dict):
+            return value
+        return canonical_pins(value)

@@ -661,8 +661,17 @@ class SandboxBashExecutor(LocalBashExecutor):
             from bash_sandbox.egress import EgressProxy, EgressProxyError
 
             listener = socket.socket(fileno=os.dup(ns.listener))
+            from bash_sandbox.egress.resolver import PinnedResolver
+
+            cfg = self.config
+            resolver = PinnedResolver(
+                cfg.pin, hosts_file=cfg.hosts_file, fallback=self._egress_resolver
+            )
             proxy = EgressProxy(
-                listener, allow=tuple(self.config.allow_domains), resolver=self._egress_resolver
+                listener,
+                allow=tuple(cfg.allow_domains),
+                resolver=resolver,
+                allow_private=tuple(cfg.allow_private_domains),
             )
             try:
                 proxy.start()
@@ -861,6 +870,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         if record.grant is not None:
             denials += [d.to_sandbox_denial() for d in record.grant.denials()]
             total += record.grant.denials_total
+            record.warnings += record.grant.notes()  # pinned answers used, named
         inferred = (
             infer_file_denials(
                 stdout_text, stderr_text, **self._inference_context(plan, spec.workdir)

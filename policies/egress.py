@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -259,6 +259,63 @@ def canonical_allowlist(entries: Iterable[str]) -> tuple[str, ...]:
     return tuple(rule.text for rule in parse_allowlist(entries))
 
 
+def parse_private_domain(entry: str) -> EgressRule:
+    """One `allow_private_domains` entry: a name or ``*.suffix`` (no port, no address), whose
+    DNS answers may be private. Raises `EgressRuleError` naming the entry."""
+    rule = parse_egress_rule(entry)
+    if rule.kind == "address" or rule.port is not None:
+        raise EgressRuleError(
+            f"allow_private_domains entry {entry!r} is invalid: name a host or *.suffix "
+            "without a port (an address is reached by naming it in allow_domains)",
+            hint="e.g. allow_private_domains = ['pypi.corp.example', '*.internal.example']",
+        )
+    return rule
+
+
+def canonical_private_domains(entries: Iterable[str]) -> tuple[str, ...]:
+    """`allow_private_domains` in canonical text, in order, duplicates dropped."""
+    return tuple(rule.text for rule in parse_private_domains(entries))
+
+
+def parse_private_domains(entries: Iterable[str]) -> tuple[EgressRule, ...]:
+    """Every `allow_private_domains` entry parsed, duplicates dropped."""
+    return tuple(dict.fromkeys(parse_private_domain(e) for e in entries))
+
+
+def canonical_pins(pins: Mapping[str, str | Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    """The operator's ``pin = {name = address}`` table, canonical: lowercase names, each
+    with its addresses (one, or a list) in compressed text. Raises `EgressRuleError`."""
+
+    def bad(name: str, reason: str) -> EgressRuleError:
+        return EgressRuleError(
+            f"pin entry {name!r} is invalid: {reason}",
+            hint='write pin = {"registry.example" = "10.0.0.5"} (or a list of addresses)',
+        )
+
+    out: dict[str, tuple[str, ...]] = {}
+    for name, value in pins.items():
+        try:
+            destination = parse_destination(name)
+        except ValueError as exc:
+            raise bad(name, str(exc)) from None
+        if destination.address is not None:
+            raise bad(name, "pin a host name, not an address")
+        values = [value] if isinstance(value, str) else list(value)
+        if not values:
+            raise bad(name, "no address")
+        addresses: list[str] = []
+        for text in values:
+            try:
+                address = _unwrap_mapped(ipaddress.ip_address(text))
+            except ValueError:
+                raise bad(name, f"{text!r} is not an IP address") from None
+            if address.is_unspecified or address.is_multicast:
+                raise bad(name, f"{text} is an unspecified or multicast address")
+            addresses.append(str(address))
+        out[destination.name] = tuple(dict.fromkeys(addresses))
+    return out
+
+
 def match_egress_rule(
     rules: Sequence[EgressRule], host: Destination, port: int
 ) -> EgressRule | None:
@@ -312,6 +369,16 @@ def is_strictly_wider_network(
     return covers_current and adds
 
 
+def egress_step(reason: str) -> str:
+    """The next step for a proxy refusal whose short ``reason`` is given: the key that
+    would allow it."""
+    if "allow_private_domains" in reason:
+        return "add the name to allow_private_domains or pin its address (pin, /etc/hosts)"
+    if "only a pin" in reason:
+        return "only the operator's pin (pin, /etc/hosts) allows that address"
+    return "add it to allow_domains or ask for network=host"
+
+
 def egress_denial_marker(destination: str, reason: str) -> str:
     """The line a harness shows (and matches) when the proxy refused ``destination``.
 
@@ -319,5 +386,5 @@ def egress_denial_marker(destination: str, reason: str) -> str:
     """
     return (
         f"[sandbox: network connect to {destination} denied ({reason}) under isolated network; "
-        "add it to allow_domains or ask for network=host]"
+        f"{egress_step(reason)}]"
     )

@@ -55,6 +55,7 @@ from bash_sandbox.cli.config_file import (
     user_config_path,
     workspace_table_notice,
 )
+from bash_sandbox.cli.egress_flags import egress_settings
 from bash_sandbox.cli.plugins import SubcommandMissingError
 from bash_sandbox.cli.stream import LiveOutput
 from bash_sandbox.config import SandboxBashConfig
@@ -351,6 +352,9 @@ def run_config(args: argparse.Namespace, workspace: str) -> tuple[SandboxBashCon
         # The output is streamed as it comes: no spill file is needed to print it whole.
         overrides["max_spill_bytes"] = 1
     additions = {name: getattr(args, name) for name in LIST_FLAGS if getattr(args, name)}
+    egress_overrides, egress_additions = egress_settings(args)
+    overrides |= egress_overrides
+    additions |= egress_additions
     config = build_config(loaded, overrides, additions=additions)
     if args.timeout_ms is not None and args.timeout_ms > config.max_timeout_ms:
         # An explicit flag is the user's own decision: lift the cap instead of silently

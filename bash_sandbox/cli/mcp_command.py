@@ -79,6 +79,9 @@ def add_mcp_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON-lines session log: its mode override applies, and an approval 'for this "
         "session' is recorded there (must lie outside the workspace and every writable root)",
     )
+    from bash_sandbox.cli.egress_flags import add_egress_flags
+
+    add_egress_flags(parser, allow_domain=True)
 
 
 MCP_EXTRA_MISSING = (

@@ -31,6 +31,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from bash_sandbox.cli.config_file import build_config, load_config
+from bash_sandbox.cli.egress_flags import egress_settings
 from bash_sandbox.cli.main import EXIT_USAGE, CliError, _workspace_dir, package_version
 from bash_sandbox.cli.mcp_approval import Approval, ApprovalDesk, question_text
 from bash_sandbox.cli.mcp_escalation import (
@@ -110,10 +111,13 @@ def build_settings(args: argparse.Namespace) -> ServerSettings:
                 "USAGE",
             )
         overrides["timeout_ms"] = args.timeout_ms
-    config = build_config(loaded, overrides)
+    egress_overrides, additions = egress_settings(args)
+    overrides |= egress_overrides
+    config = build_config(loaded, overrides, additions=additions)
     if args.timeout_ms is not None and args.timeout_ms > config.max_timeout_ms:
         # An explicit flag is the user's own decision, as in `run`.
-        config = build_config(loaded, overrides | {"max_timeout_ms": args.timeout_ms})
+        overrides["max_timeout_ms"] = args.timeout_ms
+        config = build_config(loaded, overrides, additions=additions)
     root = config.workspace_root or workspace
     ceiling = EscalationCeiling(
         mode=SandboxMode(args.allow_escalation_to) if args.allow_escalation_to else None,

@@ -42,7 +42,7 @@ from bash_sandbox.egress.grants import GrantTable, ProxyGrant, token_from_proxy_
 from bash_sandbox.egress.limits import ProxyLimits
 from bash_sandbox.egress.resolver import IPAddress, ResolutionError, Resolver, SystemResolver
 from bash_sandbox.egress.tunnel import relay
-from policies.egress import EgressRule, split_host_port
+from policies.egress import EgressRule, parse_private_domains, split_host_port
 
 _log = logging.getLogger(__name__)
 
@@ -149,6 +149,8 @@ class EgressProxy:
     ``listen_socket`` must be bound and listening; the proxy owns it from here on and closes
     it in `close()`. ``allow`` is the executor's base list: it applies to requests that
     carry no valid grant token. ``resolver`` defaults to the host's (`SystemResolver`).
+    ``allow_private``: the names (`allow_private_domains`) whose private DNS answers are
+    used; the operator's pins (a `PinnedResolver`) need no entry.
     """
 
     def __init__(
@@ -158,6 +160,7 @@ class EgressProxy:
         allow: tuple[str, ...] = (),
         resolver: Resolver | None = None,
         limits: ProxyLimits | None = None,
+        allow_private: tuple[str, ...] = (),
     ) -> None:
         if (
             listen_socket.family not in (socket.AF_INET, socket.AF_INET6)
@@ -169,6 +172,7 @@ class EgressProxy:
             )
         self._limits = limits if limits is not None else ProxyLimits()
         self._grants = GrantTable(allow, max_denials=self._limits.max_denials_per_grant)
+        self._private = parse_private_domains(allow_private)
         self._listen = listen_socket
         self._host, self._port = listen_socket.getsockname()[:2]
         self._resolver: Resolver = resolver if resolver is not None else SystemResolver()
@@ -417,7 +421,15 @@ class EgressProxy:
         shown = printable(f"{host}:{port}")
         try:
             async with asyncio.timeout(budget):
-                admission = await admit(ex.rules, host, port, self._resolver)
+                admission = await admit(ex.rules, host, port, self._resolver, private=self._private)
+                if admission.pinned_by is not None:
+                    addresses = ", ".join(map(str, admission.addresses))
+                    text = (
+                        f"egress: {admission.destination.name} reached at {addresses}, "
+                        f"pinned by {admission.pinned_by} (DNS not asked)"
+                    )
+                    self._grants.note(ex.grant, text)
+                    _log.info("%s", text)
                 return await _connect_any(admission.addresses, port)
         except EgressRefused as refused:
             self._grants.record(ex.grant, refused.denial)
