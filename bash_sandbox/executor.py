@@ -71,6 +71,7 @@ from bash_sandbox.linux.supervisor import (
     identity,
     receive_listener,
 )
+from bash_sandbox.mirrors import mirror_hint, mirror_hosts, mirror_settings
 from bash_sandbox.placeholders import Placeholders
 from bash_sandbox.selection import BackendSelector, candidate_backends
 from bash_sandbox.state import ExecutorState, remove_tree
@@ -123,6 +124,7 @@ class _SpawnRecord:
     nested: tuple[str, ...] = ()
     warnings: list[str] = field(default_factory=list)
     watch: WatchTicket | None = None
+    mirror_hosts: list[str] = field(default_factory=list)
     settled: bool = False
     released: bool = False
 
@@ -566,14 +568,18 @@ class SandboxBashExecutor(LocalBashExecutor):
         environment, the limits and the backend's plan, each recorded as it is taken."""
         namespaces = self._namespaces.ready if backend.mounts else None
         grant = record.grant = self._egress_grant(policy, backend)
+        mirrors = mirror_settings(os.environ)  # the user's index settings, credentials cut
+        record.warnings += mirrors.warnings
+        inherited = sandbox_inherited_env(os.environ) | mirrors.env
         env = confined_environment(
-            build_command_env(sandbox_inherited_env(os.environ), spec.env, spec.dsh_env),
+            build_command_env(inherited, spec.env, spec.dsh_env),
             policy,
             private_tmp=backend.mounts,
             cache_home=cache_home,
             proxy_env=grant.environment() if grant is not None else None,
             request_env=spec.env,
         )
+        record.mirror_hosts = mirror_hosts(env)
         try:
             limits = record.limits = self._limits.prepare(
                 f"spawn-{next(self._spawn_ids)}",
@@ -885,6 +891,8 @@ class SandboxBashExecutor(LocalBashExecutor):
         denied, network_denied = derive_facts_flags(
             first, exit_code, signal, folds_signals=plan.folds_signals
         )
+        if network_denied and not policy.allow_domains and record.mirror_hosts:
+            record.warnings.append(mirror_hint(record.mirror_hosts))
         return SandboxFacts(
             mode=policy.mode,
             denied=denied,

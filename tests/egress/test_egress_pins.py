@@ -1,80 +1,25 @@
 """Operator-pinned answers are honoured, DNS is not trusted: end to end through the executor.
 
-A temp hosts file (never the host's /etc/hosts) pins `registry.test` to the host's
-127.0.0.1, where a real upstream listens; a stub resolver plays DNS (unpinned) for the other
-names. The sandboxed curl's fate is judged from outside: the upstream's request log and the
-result's facts.
+`make_pinned_executor` (conftest): a temp hosts file (never the host's /etc/hosts) pins
+`registry.test` to the host's 127.0.0.1, where a real upstream listens; a stub resolver
+plays DNS (unpinned) for the other names. The sandboxed curl's fate is judged from
+outside: the upstream's request log and the result's facts.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
-import pytest
-
-from bash_sandbox import SandboxBashExecutor
-from bash_sandbox.egress import StaticResolver
 from bash_seam import DenialEvidence, DenialKind
+from tests.egress.conftest import ExecutorFactory
 from tests.egress.servers import UpstreamServer
 from tests.egress.test_egress_sandbox import curl, facts_denials, sh, status_and_body
-from tests.sandbox.conftest import LINUX_BACKENDS, require_backend
-
-# DNS as a stub: answers unpinned, like a hostile or split-horizon server would.
-DNS = StaticResolver(
-    {
-        "registry.test": "8.8.8.8",  # the pin must win over this
-        "lan.test": "10.9.8.7",
-        "loop.test": "127.0.0.1",
-        "meta.test": "169.254.169.254",
-    },
-    pinned=False,
-)
-
-ExecutorFactory = Callable[..., SandboxBashExecutor]
-
-
-@pytest.fixture(params=LINUX_BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    require_backend(name)
-    return name
-
-
-@pytest.fixture
-def hosts_file(tmp_path: Path) -> Path:
-    path = tmp_path / "hosts"
-    path.write_text("127.0.0.1 localhost\n127.0.0.1 registry.test  # the operator's mirror\n")
-    return path
-
-
-@pytest.fixture
-async def make_executor(
-    backend: str, tmp_path: Path, hosts_file: Path
-) -> AsyncIterator[ExecutorFactory]:
-    made: list[SandboxBashExecutor] = []
-    workspace = tmp_path / "ws"
-    workspace.mkdir()
-
-    def factory(**kw: Any) -> SandboxBashExecutor:
-        kw.setdefault("backend", backend)
-        kw.setdefault("workspace_root", str(workspace))
-        kw.setdefault("grace_ms", 500)
-        kw.setdefault("hosts_file", str(hosts_file))
-        ex = SandboxBashExecutor(egress_resolver=DNS, **kw)
-        made.append(ex)
-        return ex
-
-    yield factory
-    for ex in made:
-        await ex.aclose()
 
 
 async def test_a_hosts_file_pin_to_loopback_is_honoured_and_named(
-    make_executor: ExecutorFactory, site: UpstreamServer, hosts_file: Path
+    make_pinned_executor: ExecutorFactory, site: UpstreamServer, hosts_file: Path
 ) -> None:
-    ex = make_executor(allow_domains=("registry.test",))
+    ex = make_pinned_executor(allow_domains=("registry.test",))
     result = await sh(ex, curl(site.url("registry.test", "/hello.txt")))
     assert status_and_body(result) == ("200", "hello through the proxy\n"), result.stderr.text
     assert [r.path for r in site.requests] == ["/hello.txt"]
@@ -86,9 +31,9 @@ async def test_a_hosts_file_pin_to_loopback_is_honoured_and_named(
 
 
 async def test_a_config_pin_is_honoured_without_a_hosts_file(
-    make_executor: ExecutorFactory, site: UpstreamServer
+    make_pinned_executor: ExecutorFactory, site: UpstreamServer
 ) -> None:
-    ex = make_executor(
+    ex = make_pinned_executor(
         allow_domains=("loop.test",), hosts_file=None, pin={"loop.test": "127.0.0.1"}
     )
     result = await sh(ex, curl(site.url("loop.test", "/hello.txt")))
@@ -98,9 +43,9 @@ async def test_a_config_pin_is_honoured_without_a_hosts_file(
 
 
 async def test_dns_answers_in_private_loopback_or_metadata_ranges_are_refused(
-    make_executor: ExecutorFactory, site: UpstreamServer
+    make_pinned_executor: ExecutorFactory, site: UpstreamServer
 ) -> None:
-    ex = make_executor(allow_domains=("lan.test", "loop.test", "meta.test"))
+    ex = make_pinned_executor(allow_domains=("lan.test", "loop.test", "meta.test"))
     lan = await sh(ex, curl(site.url("lan.test", "/hello.txt"), "--fail-with-body"))
     status, body = status_and_body(lan)
     assert status == "403"
@@ -123,11 +68,11 @@ async def test_dns_answers_in_private_loopback_or_metadata_ranges_are_refused(
 
 
 async def test_allow_private_domains_never_opens_loopback_from_dns(
-    make_executor: ExecutorFactory, site: UpstreamServer
+    make_pinned_executor: ExecutorFactory, site: UpstreamServer
 ) -> None:
     # (A private answer admitted by allow_private_domains is tested in admission: here the
     # proxy would really connect to it, and the tests send nothing off this host.)
-    ex = make_executor(allow_domains=("loop.test",), allow_private_domains=("loop.test",))
+    ex = make_pinned_executor(allow_domains=("loop.test",), allow_private_domains=("loop.test",))
     loop = await sh(ex, curl(site.url("loop.test", "/hello.txt"), "--fail-with-body"))
     assert status_and_body(loop)[0] == "403"
     assert site.requests == []
