@@ -37,6 +37,8 @@ class SandboxBashConfig(LocalBashConfig):
     pin: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     hosts_file: AbsolutePath | None = "/etc/hosts"
     allow_unix_sockets: tuple[str, ...] = ()
+    # Where `start(publish=...)` listens on the host: loopback unless the operator says so.
+    publish_host: StrictStr = "127.0.0.1"
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     # workspace-write: the tools' cache variables point at the sandbox's own cache home.
     tool_caches: bool = True
@@ -59,3 +61,13 @@ class SandboxBashConfig(LocalBashConfig):
         if not isinstance(value, dict):
             return value
         return canonical_pins(value)
+
+    @field_validator("publish_host")
+    @classmethod
+    def _publish_address(cls, value: str) -> str:
+        import ipaddress
+
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"publish_host must be an IP address, got {value!r}") from None

@@ -20,6 +20,7 @@ import re
 import socket
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -73,6 +74,7 @@ from bash_sandbox.linux.supervisor import (
 )
 from bash_sandbox.mirrors import mirror_hint, mirror_hosts, mirror_settings
 from bash_sandbox.placeholders import Placeholders
+from bash_sandbox.publish import Publication, Publications, PublishError, open_publication
 from bash_sandbox.selection import BackendSelector, candidate_backends
 from bash_sandbox.state import ExecutorState, remove_tree
 from bash_sandbox.tool_env import confined_environment, tool_cache_home
@@ -219,6 +221,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._limits = ExecutorLimits()
         self._proxies: list[EgressProxy] = []  # at most one, made by the first allowlist
         self._spawn_ids = itertools.count(1)
+        self._publications = Publications()
         self._watches: list[CoverWatch] = []  # at most one, made by the first watched cover
         # An executor dropped without aclose() still frees its namespaces, cgroups, proxy,
         # cover watch and state.
@@ -322,13 +325,44 @@ class SandboxBashExecutor(LocalBashExecutor):
             raise
 
     async def start(
-        self, spec: BashExecSpec, *, on_output: OutputListener | None = None
+        self,
+        spec: BashExecSpec,
+        *,
+        on_output: OutputListener | None = None,
+        publish: Sequence[int] = (),
     ) -> BashProcess:
+        """``publish``: sandbox ports reachable from the host while the task runs
+        (`bash_sandbox.publish`); their URLs are `published(process.id)`."""
+        publication = await self.publish(publish, spec) if publish else None
         try:
-            return await super().start(spec, on_output=on_output)
-        except SandboxUnavailableError:
-            self._selector.distrust_cached()
+            process = await super().start(spec, on_output=on_output)
+        except BaseException as exc:
+            if publication is not None:
+                publication.close()
+            if isinstance(exc, SandboxUnavailableError):
+                self._selector.distrust_cached()
             raise
+        if publication is not None:
+            self._publications.track(process.id, publication, asyncio.ensure_future(process.wait()))
+        return process
+
+    async def publish(self, ports: Sequence[int], spec: BashExecSpec) -> Publication:
+        """Publish ``ports`` of the network ``spec``'s command gets, until the caller closes
+        the publication (`start(publish=...)` ties it to the task). Raises `PublishError`."""
+        policy = self._policy_of(spec)
+        await self._prepare(spec)
+        own_network = policy.confined and policy.network is NetworkMode.ISOLATED
+        namespaces = self._namespaces.ready if own_network else None
+        if own_network and namespaces is None:
+            raise PublishError("publish: this backend gives commands no network namespace")
+        return await asyncio.to_thread(
+            open_publication, ports, namespaces, host=self.config.publish_host
+        )
+
+    def published(self, process_id: str) -> dict[int, str]:
+        """The host URL of each port published for the task ``process_id`` (empty once it
+        settled, or when none was)."""
+        return self._publications.urls(process_id)
 
     # -- prepare: probes and namespaces, off the event loop ------------------------------
 
@@ -944,6 +978,7 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     async def aclose(self) -> None:
         await super().aclose()
+        self._publications.close_all()
         for watch in self._watches:
             with contextlib.suppress(RuntimeError, ValueError):
                 asyncio.get_running_loop().remove_reader(watch.fd)

@@ -235,9 +235,10 @@ def _add_policy_flags(run: argparse.ArgumentParser) -> None:
         dest="allow_domains",
         help="a destination the isolated network may reach (domain, *.suffix)",
     )
-    from bash_sandbox.cli.egress_flags import add_egress_flags
+    from bash_sandbox.cli.egress_flags import add_egress_flags, add_publish_flag
 
     add_egress_flags(lists, allow_domain=False)
+    add_publish_flag(run)
     limits = run.add_argument_group("limits (per command, its whole process tree)")
     limits.add_argument("--memory", type=size_bytes, metavar="SIZE", help="memory, e.g. 2G")
     limits.add_argument("--max-processes", type=positive_int, metavar="N", help="processes")

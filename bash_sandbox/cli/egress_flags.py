@@ -1,5 +1,5 @@
-"""The egress flags shared by `run` and `mcp`: private-range names, pinned answers, the
-hosts file, and (for `mcp`, which had none) the allowlist itself.
+"""The network flags shared by `run` and `mcp`: private-range names, pinned answers, the
+hosts file, and (for `mcp`, which had none) the allowlist itself; `run --publish`.
 
 Kept in one module so the two commands spell them alike; `egress_settings()` turns the
 parsed flags into the config overrides (``pin``, ``hosts_file``) and list additions
@@ -9,9 +9,16 @@ parsed flags into the config overrides (``pin``, ``hosts_file``) and list additi
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from policies.egress import canonical_pins
+
+if TYPE_CHECKING:
+    from bash_local.output import OutputListener
+    from bash_sandbox.executor import SandboxBashExecutor
+    from bash_seam import BashExecSpec, BashRunResult
 
 
 def pin_arg(text: str) -> tuple[str, str]:
@@ -24,6 +31,44 @@ def pin_arg(text: str) -> tuple[str, str]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return canonical, value
+
+
+def port_arg(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {text!r}")
+    return int(text)
+
+
+def add_publish_flag(parser: argparse.ArgumentParser | Any) -> None:
+    parser.add_argument(
+        "--publish",
+        action="append",
+        default=[],
+        type=port_arg,
+        metavar="PORT",
+        help="make the sandbox's 127.0.0.1:PORT reachable from this host's 127.0.0.1 while "
+        "the command runs (that port when free, else a free one; the URL is printed on "
+        "stderr); repeatable",
+    )
+
+
+async def run_published(
+    executor: SandboxBashExecutor,
+    spec: BashExecSpec,
+    ports: Sequence[int],
+    listener: OutputListener | None,
+) -> BashRunResult:
+    """`executor.run(spec)` with ``ports`` published for as long as it runs."""
+    if not ports:
+        return await executor.run(spec, on_output=listener)
+    publication = await executor.publish(ports, spec)
+    try:
+        for port, url in publication.urls.items():
+            sys.stderr.write(f"bash-sandbox: sandbox port {port} published at {url}\n")
+        sys.stderr.flush()
+        return await executor.run(spec, on_output=listener)
+    finally:
+        publication.close()
 
 
 def add_egress_flags(parser: argparse.ArgumentParser | Any, *, allow_domain: bool) -> None:

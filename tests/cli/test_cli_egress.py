@@ -121,3 +121,34 @@ def test_run_reaches_a_name_pinned_in_the_hosts_file(
         assert result["stdout"]["text"] == "from the mirror\n"
         assert any("pinned by " + str(hosts) in w for w in result["sandbox"]["warnings"])
         assert [r.path for r in site.requests] == ["/simple.txt"]
+
+
+def test_run_publish_serves_the_sandboxed_server_to_the_host_while_it_runs(
+    cli: CliRunner, workspace: Path
+) -> None:
+    import re
+    import signal
+    import socket
+    import sys
+    import urllib.request
+
+    from cli_probes import read_until
+
+    (workspace / "index.html").write_text("published page\n")
+    server = shlex.join([sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "3000"])
+    proc = cli.start(
+        "run", "--workspace", str(workspace), "--publish", "3000", "--", f"exec {server}"
+    )
+    assert proc.stderr is not None and proc.stdout is not None
+    seen = bytearray()
+    read_until(proc.stderr.fileno(), b"\n", seen)
+    match = re.search(rb"sandbox port 3000 published at (http://127\.0\.0\.1:(\d+))", seen)
+    assert match is not None, bytes(seen)
+    url, host_port = match.group(1).decode(), int(match.group(2))
+    read_until(proc.stdout.fileno(), b"Serving HTTP", bytearray())
+    with urllib.request.urlopen(url + "/index.html", timeout=10) as response:
+        assert response.read() == b"published page\n"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", host_port), timeout=2).close()
