@@ -674,6 +674,17 @@ class SandboxBashExecutor(LocalBashExecutor):
         cannot enforce."""
         if policy.network is not NetworkMode.ISOLATED or not backend.mounts:
             return
+        hosts_file = self.config.hosts_file
+        if policy.allow_domains and hosts_file is not None:
+            from bash_sandbox.egress.resolver import hosts_file_writable_by_commands
+
+            root = hosts_file_writable_by_commands(hosts_file, policy.all_writable_roots())
+            if root is not None:
+                raise SandboxUnavailableError(
+                    policy.mode,
+                    f"hosts_file {hosts_file} lies in the writable root {root}: a command could "
+                    "pin any name to any address; keep it outside every writable root",
+                )
         # Every command in the namespace can reach the proxy, which serves requests without a
         # grant token under the executor's list: a per-call list without all of it (or none)
         # cannot be enforced, so it is refused rather than silently widened.

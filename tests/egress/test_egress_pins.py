@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bash_seam import DenialEvidence, DenialKind
 from tests.egress.conftest import ExecutorFactory
 from tests.egress.servers import UpstreamServer
@@ -76,3 +78,18 @@ async def test_allow_private_domains_never_opens_loopback_from_dns(
     loop = await sh(ex, curl(site.url("loop.test", "/hello.txt"), "--fail-with-body"))
     assert status_and_body(loop)[0] == "403"
     assert site.requests == []
+
+
+async def test_a_hosts_file_commands_could_write_is_refused(
+    make_pinned_executor: ExecutorFactory, tmp_path: Path
+) -> None:
+    from bash_sandbox import SandboxUnavailableError
+    from bash_seam import BashExecRequest
+
+    planted = tmp_path / "ws" / "hosts"
+    planted.write_text("127.0.0.1 registry.test\n")
+    ex = make_pinned_executor(
+        allow_domains=("registry.test",), hosts_file=str(planted), mode="workspace-write"
+    )
+    with pytest.raises(SandboxUnavailableError, match="lies in the writable root"):
+        await ex.run(ex.resolve(BashExecRequest(command="true")))
