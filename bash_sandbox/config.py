@@ -9,7 +9,12 @@ from pydantic import Field, StrictStr, field_validator
 from bash_local.config import LocalBashConfig, PositiveInt
 from bash_seam import AbsolutePath
 from policies import DEFAULT_PROTECTED_PATHS, NetworkMode, ResourceLimits, SandboxMode
-from policies.egress import canonical_allowlist, canonical_pins, canonical_private_domains
+from policies.egress import (
+    EgressCredential,
+    canonical_allowlist,
+    canonical_pins,
+    canonical_private_domains,
+)
 
 BackendName = Literal["auto", "bwrap", "landlock", "seatbelt"]
 
@@ -37,6 +42,9 @@ class SandboxBashConfig(LocalBashConfig):
     pin: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     hosts_file: AbsolutePath | None = "/etc/hosts"
     allow_unix_sockets: tuple[str, ...] = ()
+    # Secrets the egress proxy injects on requests to their domain (each domain must be in
+    # allow_domains); commands see placeholders only. See `bash_sandbox.egress.credentials`.
+    credentials: tuple[EgressCredential, ...] = ()
     # Where `start(publish=...)` listens on the host: loopback unless the operator says so.
     publish_host: StrictStr = "127.0.0.1"
     limits: ResourceLimits = Field(default_factory=ResourceLimits)

@@ -45,6 +45,7 @@ from bash_sandbox.backends.mount_plan import (
 )
 from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.config import SandboxBashConfig
+from bash_sandbox.egress.sources import credential_files, exposed_credential_files
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import (
@@ -297,6 +298,8 @@ class SandboxBashExecutor(LocalBashExecutor):
                 "limits": cfg.limits,
                 "allow_domains": tuple(cfg.allow_domains),
                 "allow_unix_sockets": tuple(cfg.allow_unix_sockets),
+                # A credential's source file is never readable by a command.
+                "deny_read": (*policy.deny_read, *credential_files(cfg.credentials)),
             }
         )
 
@@ -674,6 +677,13 @@ class SandboxBashExecutor(LocalBashExecutor):
         cannot enforce."""
         if policy.network is not NetworkMode.ISOLATED or not backend.mounts:
             return
+        exposed = exposed_credential_files(self.config.credentials, policy.deny_read)
+        if policy.allow_domains and exposed:
+            raise SandboxUnavailableError(
+                policy.mode,
+                f"the credential file(s) {exposed} are not in this call's deny_read: a "
+                "command could read the secret; keep them in deny_read",
+            )
         hosts_file = self.config.hosts_file
         if policy.allow_domains and hosts_file is not None:
             from bash_sandbox.egress.resolver import hosts_file_writable_by_commands
@@ -712,17 +722,24 @@ class SandboxBashExecutor(LocalBashExecutor):
             from bash_sandbox.egress import EgressProxy, EgressProxyError
 
             listener = socket.socket(fileno=os.dup(ns.listener))
+            from bash_sandbox.egress.credentials import credential_vault
             from bash_sandbox.egress.resolver import PinnedResolver
 
             cfg = self.config
             resolver = PinnedResolver(
                 cfg.pin, hosts_file=cfg.hosts_file, fallback=self._egress_resolver
             )
+            try:
+                vault = credential_vault(cfg.credentials, ns.tmp)
+            except ValueError as exc:  # CredentialError: a secret that cannot be read
+                listener.close()
+                raise SandboxUnavailableError(policy.mode, str(exc)) from exc
             proxy = EgressProxy(
                 listener,
                 allow=tuple(cfg.allow_domains),
                 resolver=resolver,
                 allow_private=tuple(cfg.allow_private_domains),
+                credentials=vault,
             )
             try:
                 proxy.start()

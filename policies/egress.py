@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from policies.errors import PolicyError
 from policies.modes import NetworkMode
@@ -314,6 +314,64 @@ def canonical_pins(pins: Mapping[str, str | Sequence[str]]) -> dict[str, tuple[s
             addresses.append(str(address))
         out[destination.name] = tuple(dict.fromkeys(addresses))
     return out
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class EgressCredential(BaseModel):
+    """One secret the egress proxy injects and the sandbox never holds (`credentials`).
+
+    The command sees a placeholder where it expects the secret: in the variable ``env``, and
+    (with ``username``) in the answer of a git credential helper for ``https://domain``. The
+    proxy terminates TLS for ``domain`` only and replaces the placeholder with the secret in
+    the request headers (``Authorization: Bearer ...``, or inside ``Basic`` credentials);
+    a placeholder sent anywhere else is refused. ``source`` is where the executor reads the
+    secret: ``env:NAME`` (its own environment) or ``file:/absolute/path``.
+    ``upstream_ca_file``: the CA bundle to verify ``domain``'s server with (default: the
+    system's roots).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    domain: str
+    source: str
+    env: str | None = None
+    username: str | None = None
+    upstream_ca_file: str | None = None
+
+    @field_validator("domain")
+    @classmethod
+    def _a_name(cls, value: str) -> str:
+        destination = parse_destination(value)
+        if destination.address is not None:
+            raise ValueError("a credential's domain is a host name, not an address")
+        return destination.name
+
+    @field_validator("source")
+    @classmethod
+    def _a_source(cls, value: str) -> str:
+        kind, _, rest = value.partition(":")
+        if kind == "env" and _ENV_NAME.match(rest):
+            return value
+        if kind == "file" and rest.startswith("/"):
+            return value
+        raise ValueError("source is env:NAME or file:/absolute/path")
+
+    @field_validator("env")
+    @classmethod
+    def _an_env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not an environment variable name")
+        return value
+
+    @field_validator("username")
+    @classmethod
+    def _a_username(cls, value: str | None) -> str | None:
+        # It is written into a git credential helper's shell line: a plain user name only.
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._@+-]{1,128}", value):
+            raise ValueError("username: letters, digits and . _ @ + - only")
+        return value
 
 
 def match_egress_rule(

@@ -54,6 +54,8 @@ class EgressDenialCode(enum.StrEnum):
     # An allowed name whose DNS answer is private: allow_private_domains allows it.
     PRIVATE_ADDRESS = "private-address"
     INVALID_HOST = "invalid-host"  # not a host name or address at all
+    # A credential's placeholder sent where that credential does not belong.
+    CREDENTIAL_ELSEWHERE = "credential-elsewhere"
 
 
 def printable(text: str, limit: int = 120) -> str:
@@ -97,6 +99,11 @@ class EgressDenial(BaseModel):
             return (
                 f"bash-sandbox: {where} {self.reason} (loopback/metadata rule: "
                 f"pin = {{{self.host} = address}} or an /etc/hosts line)"
+            )
+        if self.code is EgressDenialCode.CREDENTIAL_ELSEWHERE:
+            return (
+                f"bash-sandbox: the request to {where} {self.reason}; a credential is injected "
+                "only over https to its own domain (credentials)"
             )
         return f"bash-sandbox: {where} is refused: {self.reason}"
 

@@ -36,9 +36,17 @@ from urllib.parse import urlsplit
 
 import h11
 
-from bash_sandbox.egress.admission import EgressRefused, admit, printable
+from bash_sandbox.egress.admission import (
+    EgressDenial,
+    EgressDenialCode,
+    EgressRefused,
+    admit,
+    printable,
+)
+from bash_sandbox.egress.credentials import CredentialVault
 from bash_sandbox.egress.environment import proxy_environment
 from bash_sandbox.egress.grants import GrantTable, ProxyGrant, token_from_proxy_authorization
+from bash_sandbox.egress.intercept import InterceptedTunnel
 from bash_sandbox.egress.limits import ProxyLimits
 from bash_sandbox.egress.resolver import IPAddress, ResolutionError, Resolver, SystemResolver
 from bash_sandbox.egress.tunnel import relay
@@ -150,7 +158,8 @@ class EgressProxy:
     it in `close()`. ``allow`` is the executor's base list: it applies to requests that
     carry no valid grant token. ``resolver`` defaults to the host's (`SystemResolver`).
     ``allow_private``: the names (`allow_private_domains`) whose private DNS answers are
-    used; the operator's pins (a `PinnedResolver`) need no entry.
+    used; the operator's pins (a `PinnedResolver`) need no entry. ``credentials``: the
+    secrets to inject; their domains' CONNECTs are terminated here (`intercept.py`).
     """
 
     def __init__(
@@ -161,6 +170,7 @@ class EgressProxy:
         resolver: Resolver | None = None,
         limits: ProxyLimits | None = None,
         allow_private: tuple[str, ...] = (),
+        credentials: CredentialVault | None = None,
     ) -> None:
         if (
             listen_socket.family not in (socket.AF_INET, socket.AF_INET6)
@@ -173,6 +183,7 @@ class EgressProxy:
         self._limits = limits if limits is not None else ProxyLimits()
         self._grants = GrantTable(allow, max_denials=self._limits.max_denials_per_grant)
         self._private = parse_private_domains(allow_private)
+        self._vault = credentials
         self._listen = listen_socket
         self._host, self._port = listen_socket.getsockname()[:2]
         self._resolver: Resolver = resolver if resolver is not None else SystemResolver()
@@ -208,11 +219,13 @@ class EgressProxy:
         with self._state:
             if self._closed:
                 raise EgressProxyError("the egress proxy is closed; register before close()")
-        return self._grants.register(
-            allow,
-            environment=lambda token: proxy_environment(self._host, self._port, token),
-            on_close=self._grant_closed,
-        )
+        vault = self._vault
+
+        def environment(token: str) -> dict[str, str]:
+            env = proxy_environment(self._host, self._port, token)
+            return env | vault.sandbox_environment() if vault is not None else env
+
+        return self._grants.register(allow, environment=environment, on_close=self._grant_closed)
 
     def start(self) -> None:
         """Serve on a new thread; returns once the proxy accepts connections."""
@@ -457,12 +470,17 @@ class EgressProxy:
         if upstream is None:
             return
         loop = asyncio.get_running_loop()
+        domain = host.lower().rstrip(".")
         try:
             established = h11.Response(
                 status_code=200, headers=[], reason=b"Connection established"
             )
             await loop.sock_sendall(ex.sock, ex.conn.send(established))
             early, _ = ex.conn.trailing_data  # bytes the client sent right after its head
+            if self._vault is not None and domain in self._vault.domains:
+                if not early:  # a client that did not wait for the 200 is not served
+                    await self._intercept(ex, upstream, domain, port)
+                return
             if early:
                 await loop.sock_sendall(upstream, early)
             await relay(ex.sock, upstream, idle_timeout_s=self._limits.idle_timeout_s)
@@ -471,9 +489,53 @@ class EgressProxy:
         finally:
             upstream.close()
 
+    async def _intercept(
+        self, ex: _Exchange, upstream: socket.socket, domain: str, port: int
+    ) -> None:
+        """Serve a credential domain's tunnel with TLS terminated here, on a thread of its
+        own (blocking TLS); cancelling this (a grant closed, the proxy closing) aborts it."""
+        assert self._vault is not None
+        tunnel = InterceptedTunnel(
+            client=ex.sock,
+            upstream=upstream,
+            domain=domain,
+            port=port,
+            vault=self._vault,
+            limits=self._limits,
+            record=lambda denial: self._grants.record(ex.grant, denial),
+        )
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def serve() -> None:
+            try:
+                tunnel.run()
+            finally:
+                tunnel.close()
+                with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                    loop.call_soon_threadsafe(_settle, finished)
+
+        threading.Thread(target=serve, name="bash-sandbox-egress-tls", daemon=True).start()
+        try:
+            await finished
+        finally:
+            tunnel.abort()
+
     async def _forward(self, ex: _Exchange, request: h11.Request) -> bool:
         """Forward one absolute-URL request; True when the client connection may be reused."""
         target = request.target.decode("ascii", "replace")
+        if self._vault is not None:
+            owner = self._vault.foreign_placeholder(None, request.target, request.headers)
+            if owner is not None:
+                denial = EgressDenial(
+                    host=printable(urlsplit(target).hostname or "?", 80),
+                    port=urlsplit(target).port or 80,
+                    code=EgressDenialCode.CREDENTIAL_ELSEWHERE,
+                    reason=f"carries the placeholder of the credential for {owner} over http",
+                )
+                self._grants.record(ex.grant, denial)
+                await _answer(ex.conn, ex.sock, 403, denial.message())
+                return False
         if target.startswith("/") or target == "*":
             text = "bash-sandbox: this is a proxy; send an absolute http:// URL, or CONNECT"
             await _answer(ex.conn, ex.sock, 400, text)
@@ -586,6 +648,11 @@ class EgressProxy:
         if not started:
             await _answer(ex.conn, ex.sock, 504 if "stopped" in failure else 502, failure)
         return False
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _answer(conn: h11.Connection, sock: socket.socket, status: int, text: str) -> None:

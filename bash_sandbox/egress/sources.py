@@ -1,0 +1,39 @@
+"""Where the configured credentials' secrets live, so that no command can read them there.
+
+Kept apart from `credentials.py` (which loads the proxy's TLS stack): the executor consults
+this for every policy it stamps, with or without an allowlist.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from policies.egress import EgressCredential
+
+
+def credential_files(credentials: Sequence[EgressCredential]) -> tuple[str, ...]:
+    """The ``file:`` sources, for `deny_read` (both the name given and its real path)."""
+    out: dict[str, None] = {}
+    for credential in credentials:
+        kind, _, path = credential.source.partition(":")
+        if kind == "file":
+            out[os.path.normpath(path)] = None
+            out[os.path.realpath(path)] = None
+    return tuple(out)
+
+
+def exposed_credential_files(
+    credentials: Sequence[EgressCredential], deny_read: Sequence[str]
+) -> list[str]:
+    """The ``file:`` sources a policy with ``deny_read`` would let a command read."""
+    denied = [os.path.normpath(p) for p in deny_read]
+
+    def hidden(path: str) -> bool:
+        return any(path == d or path.startswith(d.rstrip("/") + "/") for d in denied)
+
+    return [
+        path
+        for path in credential_files(credentials)
+        if not hidden(path) and path == os.path.realpath(path)
+    ]
