@@ -143,13 +143,7 @@ class CredentialVault:
             if spec.env:
                 env[spec.env] = entry.placeholder
             if spec.username:
-                answer = f"username={spec.username}\\npassword={entry.placeholder}\\n"
-                helpers.append(
-                    (
-                        f"credential.https://{spec.domain}.helper",
-                        f"!f() {{ test \"$1\" = get && printf '{answer}'; }}; f",
-                    )
-                )
+                helpers.append(("credential.helper", _git_helper(spec, entry.placeholder)))
         if helpers:
             env["GIT_CONFIG_COUNT"] = str(len(helpers))
             for index, (key, value) in enumerate(helpers):
@@ -211,6 +205,20 @@ class CredentialVault:
                     new = _replace_in_basic(new, needle, secret)
             out.append((name, new))
         return out
+
+
+def _git_helper(spec: EgressCredential, placeholder: str) -> str:
+    """A git credential helper answering the placeholder for https://domain[:port] only
+    (git's URL-scoped helper keys would need the exact port)."""
+    answer = f"username={spec.username}\\npassword={placeholder}\\n"
+    host = spec.domain
+    return (
+        '!f() { test "$1" = get || exit 0; h=; p=; '
+        'while IFS= read -r l && [ -n "$l" ]; do case "$l" in '
+        'host=*) h="${l#host=}";; protocol=*) p="${l#protocol=}";; esac; done; '
+        f'[ "$p" = https ] || exit 0; case "$h" in {host}|{host}:*) '
+        f"printf '{answer}';; esac; }}; f"
+    )
 
 
 def _decoded_basic(headers: Sequence[tuple[bytes, bytes]]) -> list[bytes]:

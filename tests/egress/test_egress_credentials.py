@@ -10,7 +10,11 @@ command's environment and files held.
 from __future__ import annotations
 
 import base64
+import http.server
+import os
 import shlex
+import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +171,109 @@ async def test_a_credential_file_is_never_readable_by_a_command(
     result = await sh(ex, f"cat {shlex.quote(str(tmp_path / 'git-secret'))}")
     assert result.exit_code != 0
     assert GIT_SECRET not in result.stdout.text + result.stderr.text
+
+
+class _SmartGit(http.server.BaseHTTPRequestHandler):
+    """`git http-backend` behind Basic auth that only the real secret passes."""
+
+    root = ""
+    expected = ""
+    seen: list[str] = []
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _serve(self) -> None:
+        auth = self.headers.get("Authorization", "")
+        self.seen.append(auth)
+        if auth != self.expected:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="test"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path, _, query = self.path.partition("?")
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "GIT_PROJECT_ROOT": self.root,
+            "GIT_HTTP_EXPORT_ALL": "1",
+            "REMOTE_USER": "x-access-token",
+            "REQUEST_METHOD": self.command,
+            "PATH_INFO": path,
+            "QUERY_STRING": query,
+            "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+            "CONTENT_LENGTH": str(len(body)),
+            "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""),
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "HOME": self.root,
+        }
+        backend = ["git", "http-backend"]
+        run = subprocess.run(
+            backend, input=body, env=env, capture_output=True, timeout=60, check=True
+        )
+        out = run.stdout
+        head, _, payload = out.partition(b"\r\n\r\n")
+        status = 200
+        headers = []
+        for line in head.split(b"\r\n"):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "status":
+                status = int(value.split()[0])
+            elif name:
+                headers.append((name, value.strip()))
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = _serve
+    do_POST = _serve
+
+
+async def test_git_push_over_https_with_basic_auth_gets_the_secret_only_on_the_wire(
+    make_pinned_executor: ExecutorFactory,
+    executor_kw: dict[str, object],
+    ca: ThrowawayCA,
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "git-root"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", "--bare", str(root / "repo.git")], check=True)
+    token = base64.b64encode(f"x-access-token:{SECRET}".encode()).decode()
+    handler = type("Handler", (_SmartGit,), {"root": str(root), "expected": f"Basic {token}"})
+    handler.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.socket = ca.server_context(["registry.test"]).wrap_socket(
+        server.socket, server_side=True
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ex = make_pinned_executor(**executor_kw, mode="workspace-write")
+        url = f"https://registry.test:{server.server_address[1]}/repo.git"
+        script = (
+            "set -e; export GIT_TERMINAL_PROMPT=0 GIT_CONFIG_GLOBAL=/dev/null; "
+            "git init -q src && cd src && echo pushed > f && git add f && "
+            "git -c user.name=t -c user.email=t@t commit -qm pushed && "
+            f"git push -q {shlex.quote(url)} HEAD:refs/heads/main"
+        )
+        result = await sh(ex, script)
+        assert result.exit_code == 0, result.stderr.text
+    finally:
+        server.shutdown()
+        server.server_close()
+    log = subprocess.run(
+        ["git", "--git-dir", str(root / "repo.git"), "log", "--format=%s", "main"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert log.stdout == "pushed\n"
+    assert f"Basic {token}" in handler.seen
+    assert all(
+        PLACEHOLDER_PREFIX not in base64.b64decode(a[6:] or b"").decode() for a in handler.seen if a
+    )
