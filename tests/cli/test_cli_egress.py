@@ -152,3 +152,29 @@ def test_run_publish_serves_the_sandboxed_server_to_the_host_while_it_runs(
     proc.communicate(timeout=30)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", host_port), timeout=2).close()
+
+
+def test_credentials_come_from_the_config_file(workspace: Path, config_home: Path) -> None:
+    (config_home / "bash-sandbox").mkdir()
+    (config_home / "bash-sandbox" / "config.toml").write_text(
+        'allow_domains = ["api.example"]\n'
+        '[[credentials]]\ndomain = "API.example"\nsource = "env:API_SECRET"\nenv = "API_TOKEN"\n'
+    )
+    args = build_parser("test").parse_args(["run", "--", "true"])
+    config, _ = run_config(args, str(workspace))
+    (credential,) = config.credentials
+    assert (credential.domain, credential.source, credential.env) == (
+        "api.example",
+        "env:API_SECRET",
+        "API_TOKEN",
+    )
+
+
+def test_a_bad_credential_is_a_config_error_naming_it(workspace: Path, config_home: Path) -> None:
+    (config_home / "bash-sandbox").mkdir()
+    (config_home / "bash-sandbox" / "config.toml").write_text(
+        '[[credentials]]\ndomain = "api.example"\nsource = "somewhere"\n'
+    )
+    args = build_parser("test").parse_args(["run", "--", "true"])
+    with pytest.raises(ConfigError, match=r"credentials\[0\]\.source"):
+        run_config(args, str(workspace))
