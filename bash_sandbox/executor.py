@@ -45,7 +45,7 @@ from bash_sandbox.backends.mount_plan import (
 )
 from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.config import SandboxBashConfig
-from bash_sandbox.egress.sources import credential_files, exposed_credential_files
+from bash_sandbox.credential_files import credential_files, exposed_credential_files
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import (

@@ -1,7 +1,7 @@
 """Where the configured credentials' secrets live, so that no command can read them there.
 
-Kept apart from `credentials.py` (which loads the proxy's TLS stack): the executor consults
-this for every policy it stamps, with or without an allowlist.
+Kept outside `bash_sandbox.egress` (which loads the proxy and its TLS stack): the executor
+consults this for every policy it stamps, with or without an allowlist.
 """
 
 from __future__ import annotations
