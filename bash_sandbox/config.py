@@ -47,6 +47,9 @@ class SandboxBashConfig(LocalBashConfig):
     credentials: tuple[EgressCredential, ...] = ()
     # Where `start(publish=...)` listens on the host: loopback unless the operator says so.
     publish_host: StrictStr = "127.0.0.1"
+    # Publish on the port number asked for (when free) instead of a free one; see
+    # `bash_sandbox.publish` for why that is the operator's choice only.
+    publish_same_port: bool = False
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     # workspace-write: the tools' cache variables point at the sandbox's own cache home.
     tool_caches: bool = True

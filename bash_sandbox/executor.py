@@ -359,7 +359,11 @@ class SandboxBashExecutor(LocalBashExecutor):
         if own_network and namespaces is None:
             raise PublishError("publish: this backend gives commands no network namespace")
         return await asyncio.to_thread(
-            open_publication, ports, namespaces, host=self.config.publish_host
+            open_publication,
+            ports,
+            namespaces,
+            host=self.config.publish_host,
+            same_port=self.config.publish_same_port,
         )
 
     def published(self, process_id: str) -> dict[int, str]:

@@ -2,12 +2,16 @@
 
 Under ``network="isolated"`` a confined command's server listens in the executor's own
 network namespace, unreachable from the host (the user's browser, a harness's browser tool).
-On request, the executor opens a listening socket on the host's ``127.0.0.1:<port>`` (that
-port when free, else a free one; the URL says which) and a small relay process
+On request, the executor opens a listening socket on a free port of the host's ``127.0.0.1``
+(the URL says which) and a small relay process
 (`publish_relay.py`) that joins the executor's network namespace and carries each accepted
 connection to ``127.0.0.1:<port>`` inside. Nothing else changes: the sandbox still has no
 route out, and only what the host connects to the published port reaches the sandbox.
 
+- A free port, not the port number asked for: a host client expecting a service of its own
+  on that port (a database, a cache) must never reach the sandbox's server instead and hand
+  it a password. The operator may ask for the same number (`publish_same_port`), taken only
+  when free.
 - Loopback only, unless the executor's config names another `publish_host` (an operator's
   decision, never a call's).
 - Bounded: 64 connections per port at a time, 600 s idle, 16 ports per publication.
@@ -66,7 +70,8 @@ def _url(host: str, port: int) -> str:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    """A host socket listening on ``host:port``, or on a free port when that one is taken."""
+    """A host socket listening on ``host:port`` (0: a free port), or on a free port when
+    that one is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -113,7 +118,11 @@ class Publication:
 
 
 def open_publication(
-    ports: Sequence[int], namespaces: NamespaceFds | None, *, host: str = "127.0.0.1"
+    ports: Sequence[int],
+    namespaces: NamespaceFds | None,
+    *,
+    host: str = "127.0.0.1",
+    same_port: bool = False,
 ) -> Publication:
     """Publish ``ports`` of the namespace ``namespaces`` (None: the command shares the
     host's network, so the ports are reported, not relayed). Blocking: call it in a thread.
@@ -124,7 +133,7 @@ def open_publication(
     listeners: list[socket.socket] = []
     try:
         for port in wanted:
-            listeners.append(_listen(host, port))
+            listeners.append(_listen(host, port if same_port else 0))
     except OSError as exc:
         for sock in listeners:
             sock.close()

@@ -47,7 +47,7 @@ def add_publish_flag(parser: argparse.ArgumentParser | Any) -> None:
         type=port_arg,
         metavar="PORT",
         help="make the sandbox's 127.0.0.1:PORT reachable from this host's 127.0.0.1 while "
-        "the command runs (that port when free, else a free one; the URL is printed on "
+        "the command runs (on a free host port; the URL is printed on "
         "stderr); repeatable",
     )
 

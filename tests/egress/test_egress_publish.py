@@ -102,6 +102,8 @@ async def test_a_published_sandbox_port_is_fetched_from_the_host_then_closed_on_
     url = urls[SANDBOX_PORT]
     assert url.startswith("http://127.0.0.1:")  # loopback, never another address
     host_port = int(url.rsplit(":", 1)[1])
+    # Not the number asked for: a host client of its own port-3000 service never lands here.
+    assert host_port != SANDBOX_PORT
     pid = relay_pid(ex, process.id)
     body = await asyncio.to_thread(fetch, url + "/index.html")
     assert body == "served from inside the sandbox\n"
@@ -146,3 +148,22 @@ async def test_nothing_listening_inside_closes_the_host_connection(
 def test_bad_port_lists_are_refused(ports: list[int]) -> None:
     with pytest.raises(PublishError):
         check_ports(ports)
+
+
+async def test_the_operator_may_publish_on_the_same_port_number(backend: str, site: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ex = SandboxBashExecutor(
+        backend=backend, workspace_root=str(site), grace_ms=500, publish_same_port=True
+    )
+    try:
+        argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+        process = await ex.start(
+            ex.resolve(BashExecRequest(command="exec " + shlex.join(argv))), publish=[port]
+        )
+        url = ex.published(process.id)[port]
+        assert url == f"http://127.0.0.1:{port}"
+        assert "served" in await asyncio.to_thread(fetch, url + "/index.html")
+    finally:
+        await ex.aclose()
