@@ -17,7 +17,9 @@ hold tokens. So the executor passes the *index settings only*, as environment va
   lines, as ``npm_config_registry`` and ``npm_config_@scope:registry``.
 
 Credentials never pass: userinfo (``https://user:token@host``) is cut from every URL, and
-each setting that lost one is named in a warning (the command then reaches the mirror
+each setting that lost one is named in a warning; a setting whose URL seems to carry a token
+elsewhere (a long mixed letters-and-digits path segment, a ``?token=`` query) is dropped,
+also with a warning (the command then reaches the mirror
 without authenticating). Every other line of those files (``_authToken``, ``_auth``,
 ``password``, ``client-cert``, ...) is never read into the sandbox. The mirrors' hosts are
 read back from the command's environment (`mirror_hosts`), so a command refused the
@@ -71,6 +73,27 @@ def strip_userinfo(value: str) -> tuple[str, bool]:
     """``value`` with the userinfo of every URL in it cut; True when something was cut."""
     stripped, count = _USERINFO.subn(r"\g<scheme>", value)
     return stripped, count > 0
+
+
+# A path segment that looks like a token (Gemfury's https://pypi.fury.io/TOKEN/user/): long,
+# letters and digits mixed. A false alarm only costs the user a warning and the public index.
+_TOKEN_SEGMENT = re.compile(r"(?=[A-Za-z0-9_-]*[0-9])(?=[A-Za-z0-9_-]*[A-Za-z])[A-Za-z0-9_-]{24,}")
+_SECRET_QUERY = re.compile(r"(token|key|secret|auth|pass|sig)", re.IGNORECASE)
+
+
+def secret_in_url(value: str) -> bool:
+    """A URL in ``value`` carries what looks like a secret outside its userinfo: a token-like
+    path segment, or a query parameter named like one."""
+    for url in _URL.findall(value):
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            return True
+        if any(_TOKEN_SEGMENT.fullmatch(seg) for seg in parts.path.split("/")):
+            return True
+        if parts.query and _SECRET_QUERY.search(parts.query):
+            return True
+    return False
 
 
 def _hosts_of(value: str) -> list[str]:
@@ -187,6 +210,12 @@ def mirror_settings(environ: Mapping[str, str], home: str | None = None) -> Mirr
         ):
             continue  # the environment wins over a file, as in the tools themselves
         clean, cut = strip_userinfo(value)
+        if secret_in_url(clean):
+            out.warnings.append(
+                f"{variable} (from {where}) not passed to the sandbox: its URL seems to carry "
+                "a token in its path or query"
+            )
+            continue
         if cut:
             out.warnings.append(
                 f"{variable} (from {where}) passed to the sandbox without its credentials "

@@ -93,3 +93,15 @@ def test_npmrc_registry_lines_pass_and_tokens_are_named_not_passed(tmp_path: Pat
         f"{npmrc}: //npm.corp.example/:_authToken not passed to the sandbox (a credential)",
         f"{npmrc}: //npm.corp.example/:_auth not passed to the sandbox (a credential)",
     ]
+
+
+def test_a_token_in_the_path_or_query_drops_the_setting_with_a_warning(tmp_path: Path) -> None:
+    environ = {
+        "PIP_INDEX_URL": "https://pypi.fury.io/1a2B3c4D5e6F7g8H9i0JkLmN/acme/",
+        "UV_INDEX_URL": "https://mirror.example/simple/?access_token=abc",
+        "npm_config_registry": "https://npm.example/a-long-but-plain-registry-path/",
+    }
+    out = mirror_settings(environ, home=str(tmp_path))
+    assert out.env == {"npm_config_registry": environ["npm_config_registry"]}
+    assert [w.split(" ")[0] for w in out.warnings] == ["PIP_INDEX_URL", "UV_INDEX_URL"]
+    assert "1a2B3c4D" not in repr(out.warnings)
