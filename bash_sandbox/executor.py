@@ -45,7 +45,7 @@ from bash_sandbox.backends.mount_plan import (
 )
 from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.config import SandboxBashConfig
-from bash_sandbox.credential_files import credential_files, exposed_credential_files
+from bash_sandbox.egress_guards import credential_files, egress_setting_problem
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import (
@@ -681,24 +681,12 @@ class SandboxBashExecutor(LocalBashExecutor):
         cannot enforce."""
         if policy.network is not NetworkMode.ISOLATED or not backend.mounts:
             return
-        exposed = exposed_credential_files(self.config.credentials, policy.deny_read)
-        if policy.allow_domains and exposed:
-            raise SandboxUnavailableError(
-                policy.mode,
-                f"the credential file(s) {exposed} are not in this call's deny_read: a "
-                "command could read the secret; keep them in deny_read",
-            )
-        hosts_file = self.config.hosts_file
-        if policy.allow_domains and hosts_file is not None:
-            from bash_sandbox.egress.resolver import hosts_file_writable_by_commands
-
-            root = hosts_file_writable_by_commands(hosts_file, policy.all_writable_roots())
-            if root is not None:
-                raise SandboxUnavailableError(
-                    policy.mode,
-                    f"hosts_file {hosts_file} lies in the writable root {root}: a command could "
-                    "pin any name to any address; keep it outside every writable root",
-                )
+        cfg = self.config
+        problem = egress_setting_problem(
+            policy, credentials=cfg.credentials, hosts_file=cfg.hosts_file
+        )
+        if problem is not None:
+            raise SandboxUnavailableError(policy.mode, problem)
         # Every command in the namespace can reach the proxy, which serves requests without a
         # grant token under the executor's list: a per-call list without all of it (or none)
         # cannot be enforced, so it is refused rather than silently widened.
@@ -723,28 +711,15 @@ class SandboxBashExecutor(LocalBashExecutor):
                 policy.mode, "an allowlist needs the executor's network namespace (none here)"
             )
         if not self._proxies:
-            from bash_sandbox.egress import EgressProxy, EgressProxyError
+            from bash_sandbox.egress import EgressProxyError
+            from bash_sandbox.egress.factory import executor_proxy
 
             listener = socket.socket(fileno=os.dup(ns.listener))
-            from bash_sandbox.egress.credentials import credential_vault
-            from bash_sandbox.egress.resolver import PinnedResolver
-
-            cfg = self.config
-            resolver = PinnedResolver(
-                cfg.pin, hosts_file=cfg.hosts_file, fallback=self._egress_resolver
-            )
             try:
-                vault = credential_vault(cfg.credentials, ns.tmp)
+                proxy = executor_proxy(listener, self.config, ns.tmp, self._egress_resolver)
             except ValueError as exc:  # CredentialError: a secret that cannot be read
                 listener.close()
                 raise SandboxUnavailableError(policy.mode, str(exc)) from exc
-            proxy = EgressProxy(
-                listener,
-                allow=tuple(cfg.allow_domains),
-                resolver=resolver,
-                allow_private=tuple(cfg.allow_private_domains),
-                credentials=vault,
-            )
             try:
                 proxy.start()
             except EgressProxyError as exc:

@@ -162,17 +162,6 @@ class HostsFile:
             return {}
 
 
-def hosts_file_writable_by_commands(path: str, roots: Iterable[str]) -> str | None:
-    """The writable root ``path`` lies in (a command could pin any name, the host's
-    loopback included, by writing it), or None."""
-    real = os.path.realpath(path)
-    for root in roots:
-        top = os.path.realpath(root)
-        if real == top or real.startswith(top.rstrip("/") + "/"):
-            return top
-    return None
-
-
 class PinnedResolver:
     """The operator's answers first, DNS for the rest.
 
