@@ -7,8 +7,9 @@ so every socket it *creates* lives inside the sandbox's network, while the liste
 sockets it was handed stay on the host. Each accepted host connection is relayed to
 ``127.0.0.1:<port>`` (then ``[::1]``) inside; bounded connections and idle time.
 
-It prints ``ready`` once serving, dies with its parent (``PR_SET_PDEATHSIG``), and is ended
-by the executor with SIGKILL, which closes the host ports with it.
+It prints ``ready`` once serving, exits when its parent process ends (a pidfd of it:
+``PR_SET_PDEATHSIG`` would follow the executor's *thread* that started it, a pool thread),
+and is ended by the executor with SIGKILL, which closes the host ports.
 
 Arguments: ``PARENT_PID NET_FD USER_FD|- LISTEN_FD:PORT...``.
 """
@@ -19,13 +20,11 @@ import asyncio
 import contextlib
 import ctypes
 import os
-import signal
 import socket
 import sys
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
 MAX_CONNECTIONS = 64  # per published port
 IDLE_TIMEOUT_S = 600.0  # no byte either way for this long: the connection is closed
 CONNECT_TIMEOUT_S = 5.0
@@ -115,16 +114,24 @@ async def _accept(listener: socket.socket, port: int) -> None:
         task.add_done_callback(active.discard)
 
 
-async def _main(pairs: list[tuple[socket.socket, int]]) -> None:
+async def _main(pairs: list[tuple[socket.socket, int]], parent: int) -> None:
     tasks = [asyncio.create_task(_accept(sock, port)) for sock, port in pairs]
     sys.stdout.write("ready\n")
     sys.stdout.flush()
-    await asyncio.gather(*tasks)
+    gone = asyncio.Event()
+    try:
+        watch = os.pidfd_open(parent)  # readable once the executor's process has ended
+    except OSError:
+        return  # already gone (ESRCH)
+    asyncio.get_running_loop().add_reader(watch, gone.set)
+    if os.getppid() == parent:
+        await gone.wait()
+    for task in tasks:
+        task.cancel()
 
 
 def main(argv: list[str]) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     parent, net_fd, user_fd, *listens = argv
     if os.getppid() != int(parent):
         return 1  # the executor is already gone
@@ -137,7 +144,7 @@ def main(argv: list[str]) -> int:
     for item in listens:
         listen_fd, port = item.split(":")
         pairs.append((socket.socket(fileno=int(listen_fd)), int(port)))
-    asyncio.run(_main(pairs))
+    asyncio.run(_main(pairs, int(parent)))
     return 0
 
 

@@ -167,3 +167,42 @@ async def test_the_operator_may_publish_on_the_same_port_number(backend: str, si
         assert "served" in await asyncio.to_thread(fetch, url + "/index.html")
     finally:
         await ex.aclose()
+
+
+_EXECUTOR_THAT_DIES = """
+import asyncio, sys
+from bash_sandbox import SandboxBashExecutor
+from bash_seam import BashExecRequest
+
+async def main():
+    ex = SandboxBashExecutor(backend=sys.argv[1], workspace_root=sys.argv[2])
+    process = await ex.start(ex.resolve(BashExecRequest(command="sleep 15")), publish=[3000])
+    publication = ex._publications._by_task[process.id]
+    print(publication.relay_pid, publication.urls[3000], flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_the_relay_ends_with_the_executors_process(backend: str, site: Path) -> None:
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _EXECUTOR_THAT_DIES, backend, str(site)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        relay, url = proc.stdout.readline().split()
+        assert accepts(int(url.rsplit(":", 1)[1]))
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    deadline = time.monotonic() + 10
+    while pid_alive(int(relay)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pid_alive(int(relay))
+    assert not accepts(int(url.rsplit(":", 1)[1]))
