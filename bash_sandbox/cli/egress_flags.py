@@ -39,7 +39,7 @@ def port_arg(text: str) -> int:
     return int(text)
 
 
-def add_publish_flag(parser: argparse.ArgumentParser | Any) -> None:
+def add_publish_flag(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--publish",
         action="append",
@@ -71,7 +71,7 @@ async def run_published(
         publication.close()
 
 
-def add_egress_flags(parser: argparse.ArgumentParser | Any, *, allow_domain: bool) -> None:
+def add_egress_flags(parser: argparse._ActionsContainer, *, allow_domain: bool) -> None:
     """The egress flags; ``allow_domain``: add `--allow-domain` too (`run` has its own)."""
     if allow_domain:
         parser.add_argument(

@@ -178,3 +178,41 @@ def test_a_bad_credential_is_a_config_error_naming_it(workspace: Path, config_ho
     args = build_parser("test").parse_args(["run", "--", "true"])
     with pytest.raises(ConfigError, match=r"credentials\[0\]\.source"):
         run_config(args, str(workspace))
+
+
+def test_pip_downloads_through_the_cli_from_a_pinned_registry(
+    cli: CliRunner, workspace: Path, tmp_path: Path
+) -> None:
+    import sys
+
+    from tests.egress.servers import make_simple_index
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 registry.test\n")
+    root = tmp_path / "index"
+    wheel = make_simple_index(root)
+    with UpstreamServer(root) as index:
+        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-input", "-d", "dest"]
+        argv += ["--disable-pip-version-check", "--index-url"]
+        argv += [index.url("registry.test", "/simple/"), "--trusted-host", "registry.test"]
+        argv += ["egress-probe"]
+        done = cli.run(
+            "run",
+            "--json",
+            "--mode",
+            "workspace-write",
+            "--workspace",
+            str(workspace),
+            "--allow-domain",
+            "registry.test",
+            "--hosts-file",
+            str(hosts),
+            "--",
+            "PIP_CONFIG_FILE=/dev/null " + shlex.join(argv),
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "/simple/egress-probe/" in [r.path for r in index.requests]
+    assert (workspace / "dest" / wheel).is_file()
+    result = json.loads(done.stdout)
+    assert any("registry.test reached at 127.0.0.1" in w for w in result["sandbox"]["warnings"])
