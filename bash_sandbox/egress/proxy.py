@@ -524,18 +524,6 @@ class EgressProxy:
     async def _forward(self, ex: _Exchange, request: h11.Request) -> bool:
         """Forward one absolute-URL request; True when the client connection may be reused."""
         target = request.target.decode("ascii", "replace")
-        if self._vault is not None:
-            owner = self._vault.foreign_placeholder(None, request.target, request.headers)
-            if owner is not None:
-                denial = EgressDenial(
-                    host=printable(urlsplit(target).hostname or "?", 80),
-                    port=urlsplit(target).port or 80,
-                    code=EgressDenialCode.CREDENTIAL_ELSEWHERE,
-                    reason=f"carries the placeholder of the credential for {owner} over http",
-                )
-                self._grants.record(ex.grant, denial)
-                await _answer(ex.conn, ex.sock, 403, denial.message())
-                return False
         if target.startswith("/") or target == "*":
             text = "bash-sandbox: this is a proxy; send an absolute http:// URL, or CONNECT"
             await _answer(ex.conn, ex.sock, 400, text)
@@ -552,6 +540,19 @@ class EgressProxy:
         except ValueError:
             await _answer(ex.conn, ex.sock, 400, "bash-sandbox: bad host in the request URL")
             return False
+        if self._vault is not None:
+            # Plain HTTP: no credential is injected here, and no placeholder may leave.
+            owner = self._vault.foreign_placeholder(None, request.target, request.headers)
+            if owner is not None:
+                denial = EgressDenial(
+                    host=printable(host, 80),
+                    port=port or 80,
+                    code=EgressDenialCode.CREDENTIAL_ELSEWHERE,
+                    reason=f"carries the placeholder of the credential for {owner} over http",
+                )
+                self._grants.record(ex.grant, denial)
+                await _answer(ex.conn, ex.sock, 403, denial.message())
+                return False
         upstream = await self._open_upstream(ex, host, port or 80)
         if upstream is None:
             return False
