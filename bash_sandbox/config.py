@@ -38,7 +38,7 @@ class SandboxBashConfig(LocalBashConfig):
     # Names whose private-range DNS answers the proxy may use (never loopback or metadata).
     allow_private_domains: tuple[str, ...] = ()
     # The operator's own answers, used whatever their range: `pin`, then the hosts file
-    # (None: not read); DNS for every other name.
+    # (None or "": not read); DNS for every other name.
     pin: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     hosts_file: AbsolutePath | None = "/etc/hosts"
     allow_unix_sockets: tuple[str, ...] = ()
@@ -72,6 +72,12 @@ class SandboxBashConfig(LocalBashConfig):
         if not isinstance(value, dict):
             return value
         return canonical_pins(value)
+
+    @field_validator("hosts_file", mode="before")
+    @classmethod
+    def _no_hosts_file(cls, value: object) -> object:
+        # TOML has no null: `hosts_file = ""` (or `--hosts-file ''`) reads no hosts file.
+        return None if value == "" else value
 
     @field_validator("publish_host")
     @classmethod

@@ -9,6 +9,7 @@ parsed flags into the config overrides (``pin``, ``hosts_file``) and list additi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -105,7 +106,7 @@ def add_egress_flags(parser: argparse._ActionsContainer, *, allow_domain: bool) 
         "--hosts-file",
         metavar="PATH",
         default=None,
-        help="the hosts file whose entries pin answers (default: /etc/hosts)",
+        help="the hosts file whose entries pin answers (default: /etc/hosts; '' for none)",
     )
 
 
@@ -118,7 +119,7 @@ def egress_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str,
     if pins:
         overrides["pin"] = pins
     if getattr(args, "hosts_file", None) is not None:
-        overrides["hosts_file"] = args.hosts_file
+        overrides["hosts_file"] = os.path.abspath(args.hosts_file) if args.hosts_file else ""
     additions = {
         name: list(values)
         for name in ("allow_domains", "allow_private_domains")

@@ -216,3 +216,14 @@ def test_pip_downloads_through_the_cli_from_a_pinned_registry(
     assert (workspace / "dest" / wheel).is_file()
     result = json.loads(done.stdout)
     assert any("registry.test reached at 127.0.0.1" in w for w in result["sandbox"]["warnings"])
+
+
+def test_an_empty_hosts_file_reads_none_and_a_relative_one_is_made_absolute(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parse = build_parser("test").parse_args
+    config, _ = run_config(parse(["run", "--hosts-file", "", "--", "true"]), str(workspace))
+    assert config.hosts_file is None
+    monkeypatch.chdir(workspace.parent)
+    config, _ = run_config(parse(["run", "--hosts-file", "h", "--", "true"]), str(workspace))
+    assert config.hosts_file == str(workspace.parent / "h")
