@@ -352,6 +352,7 @@ class SandboxBashExecutor(LocalBashExecutor):
     async def publish(self, ports: Sequence[int], spec: BashExecSpec) -> Publication:
         """Publish ``ports`` of the network ``spec``'s command gets, until the caller closes
         the publication (`start(publish=...)` ties it to the task). Raises `PublishError`."""
+        self._publications.check_room()
         policy = self._policy_of(spec)
         await self._prepare(spec)
         own_network = policy.confined and policy.network is NetworkMode.ISOLATED

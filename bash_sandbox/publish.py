@@ -14,7 +14,8 @@ route out, and only what the host connects to the published port reaches the san
   when free.
 - Loopback only, unless the executor's config names another `publish_host` (an operator's
   decision, never a call's).
-- Bounded: 64 connections per port at a time, 600 s idle, 16 ports per publication.
+- Bounded: 64 connections per port at a time, 600 s idle, 16 ports per publication, 16
+  publications (relay processes) open per executor.
 - Lifetime: a publication made for a background task is closed when the task settles (its
   `wait()` returns: finished, killed or aborted), or when the executor closes; the relay
   dies with the executor's process too. Closing kills the relay by pid, which closes the
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from bash_sandbox.linux.namespaces import NamespaceFds
 
 MAX_PORTS = 16
+MAX_PUBLICATIONS = 16  # open at once per executor: each is a relay process
 READY_TIMEOUT_S = 10.0
 _RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "publish_relay.py")
 
@@ -176,6 +178,14 @@ class Publications:
         self._watchers: set[asyncio.Task[None]] = set()
         # An executor dropped without aclose() still ends its relays.
         self._finalizer = weakref.finalize(self, _close_all, self._by_task, self._lock)
+
+    def check_room(self) -> None:
+        """Raise `PublishError` when the executor already has `MAX_PUBLICATIONS` open."""
+        with self._lock:
+            if len(self._by_task) >= MAX_PUBLICATIONS:
+                raise PublishError(
+                    f"publish: {MAX_PUBLICATIONS} tasks already publish ports; end one first"
+                )
 
     def urls(self, process_id: str) -> dict[int, str]:
         with self._lock:
