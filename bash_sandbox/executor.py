@@ -73,7 +73,7 @@ from bash_sandbox.linux.supervisor import (
     identity,
     receive_listener,
 )
-from bash_sandbox.mirrors import mirror_hint, mirror_hosts, mirror_settings
+from bash_sandbox.mirrors import Mirrors, mirror_hint, mirror_hosts
 from bash_sandbox.placeholders import Placeholders
 from bash_sandbox.publish import Publication, Publications, PublishError, open_publication
 from bash_sandbox.selection import BackendSelector, candidate_backends
@@ -223,6 +223,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._proxies: list[EgressProxy] = []  # at most one, made by the first allowlist
         self._spawn_ids = itertools.count(1)
         self._publications = Publications()
+        self._mirrors = Mirrors()
         self._watches: list[CoverWatch] = []  # at most one, made by the first watched cover
         # An executor dropped without aclose() still frees its namespaces, cgroups, proxy,
         # cover watch and state.
@@ -610,7 +611,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         environment, the limits and the backend's plan, each recorded as it is taken."""
         namespaces = self._namespaces.ready if backend.mounts else None
         grant = record.grant = self._egress_grant(policy, backend)
-        mirrors = mirror_settings(os.environ)  # the user's index settings, credentials cut
+        mirrors = self._mirrors.settings(os.environ)  # the user's indexes, credentials cut
         record.warnings += mirrors.warnings
         inherited = sandbox_inherited_env(os.environ) | mirrors.env
         env = confined_environment(

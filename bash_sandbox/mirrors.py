@@ -241,3 +241,18 @@ def mirror_hint(hosts: list[str]) -> str:
         f"package mirror configured at {', '.join(hosts)}: that is what to ask for "
         f"(allow_domains = {hosts!r}), not the public registry"
     )
+
+
+class Mirrors:
+    """An executor's view of the user's mirrors: each spawn gets the settings, and each
+    warning once per executor (not on every command's result), again only when it changes."""
+
+    def __init__(self, home: str | None = None) -> None:
+        self._home = home
+        self._warned: set[str] = set()
+
+    def settings(self, environ: Mapping[str, str]) -> MirrorSettings:
+        out = mirror_settings(environ, self._home)
+        fresh = [w for w in out.warnings if w not in self._warned]
+        self._warned.update(fresh)
+        return MirrorSettings(out.env, fresh)

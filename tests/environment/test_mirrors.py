@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bash_sandbox.mirrors import mirror_hint, mirror_hosts, mirror_settings, strip_userinfo
+from bash_sandbox.mirrors import (
+    Mirrors,
+    mirror_hint,
+    mirror_hosts,
+    mirror_settings,
+    strip_userinfo,
+)
 
 
 def test_userinfo_is_cut_from_every_url() -> None:
@@ -105,3 +111,14 @@ def test_a_token_in_the_path_or_query_drops_the_setting_with_a_warning(tmp_path:
     assert out.env == {"npm_config_registry": environ["npm_config_registry"]}
     assert [w.split(" ")[0] for w in out.warnings] == ["PIP_INDEX_URL", "UV_INDEX_URL"]
     assert "1a2B3c4D" not in repr(out.warnings)
+
+
+def test_an_executor_is_warned_once_until_the_setting_changes(tmp_path: Path) -> None:
+    mirrors = Mirrors(home=str(tmp_path))
+    environ = {"PIP_INDEX_URL": "https://u:p@pypi.corp.example/simple/"}
+    assert len(mirrors.settings(environ).warnings) == 1
+    again = mirrors.settings(environ)
+    assert again.warnings == [] and again.env == {
+        "PIP_INDEX_URL": "https://pypi.corp.example/simple/"
+    }
+    assert len(mirrors.settings({"UV_INDEX_URL": "https://t@uv.example/"}).warnings) == 1
