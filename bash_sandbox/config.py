@@ -9,7 +9,12 @@ from pydantic import Field, StrictStr, field_validator
 from bash_local.config import LocalBashConfig, PositiveInt
 from bash_seam import AbsolutePath
 from policies import DEFAULT_PROTECTED_PATHS, NetworkMode, ResourceLimits, SandboxMode
-from policies.egress import canonical_allowlist
+from policies.egress import (
+    EgressCredential,
+    canonical_allowlist,
+    canonical_pins,
+    canonical_private_domains,
+)
 
 BackendName = Literal["auto", "bwrap", "landlock", "seatbelt"]
 
@@ -32,7 +37,21 @@ class SandboxBashConfig(LocalBashConfig):
     deny_read: tuple[str, ...] | None = None  # None: the policy's default credential stores
     # Egress allowlist (served by the executor's proxy under `isolated`) and named host sockets.
     allow_domains: tuple[str, ...] = ()
+    # Names whose private-range DNS answers the proxy may use (never loopback or metadata).
+    allow_private_domains: tuple[str, ...] = ()
+    # The operator's own answers, used whatever their range: `pin`, then the hosts file
+    # (None or "": not read); DNS for every other name.
+    pin: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    hosts_file: AbsolutePath | None = "/etc/hosts"
     allow_unix_sockets: tuple[str, ...] = ()
+    # Secrets the egress proxy injects on requests to their domain (each domain must be in
+    # allow_domains); commands see placeholders only. See `bash_sandbox.egress.credentials`.
+    credentials: tuple[EgressCredential, ...] = ()
+    # Where `start(publish=...)` listens on the host: loopback unless the operator says so.
+    publish_host: StrictStr = "127.0.0.1"
+    # Publish on the port number asked for (when free) instead of a free one; see
+    # `bash_sandbox.publish` for why that is the operator's choice only.
+    publish_same_port: bool = False
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     # workspace-write: the tools' cache variables point at the sandbox's own cache home.
     tool_caches: bool = True
@@ -42,3 +61,32 @@ class SandboxBashConfig(LocalBashConfig):
     def _egress_rules(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         # As `SandboxPolicy` does: the list is stamped on every policy without revalidation.
         return canonical_allowlist(value)
+
+    @field_validator("allow_private_domains")
+    @classmethod
+    def _private_domains(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return canonical_private_domains(value)
+
+    @field_validator("pin", mode="before")
+    @classmethod
+    def _pins(cls, value: object) -> object:
+        # One address or a list of them per name; canonical (and checked) here.
+        if not isinstance(value, dict):
+            return value
+        return canonical_pins(value)
+
+    @field_validator("hosts_file", mode="before")
+    @classmethod
+    def _no_hosts_file(cls, value: object) -> object:
+        # TOML has no null: `hosts_file = ""` (or `--hosts-file ''`) reads no hosts file.
+        return None if value == "" else value
+
+    @field_validator("publish_host")
+    @classmethod
+    def _publish_address(cls, value: str) -> str:
+        import ipaddress
+
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"publish_host must be an IP address, got {value!r}") from None

@@ -25,6 +25,7 @@ from bash_local.environment import build_command_env
 from bash_local.spawn import SpawnOutcome, SpawnPlan, SpawnScope
 from bash_sandbox.backends.base import BackendContext, ConfinedPlan, SandboxBackend
 from bash_sandbox.backends.child_failure import child_error, read_child_failure
+from bash_sandbox.egress_guards import egress_setting_problem
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import (
@@ -42,6 +43,7 @@ from bash_sandbox.linux.supervisor import (
     identity,
     receive_listener,
 )
+from bash_sandbox.mirrors import mirror_hint, mirror_hosts
 from bash_sandbox.services import SandboxServices
 from bash_sandbox.state import remove_tree
 from bash_sandbox.tool_env import confined_environment, tool_cache_home
@@ -58,6 +60,7 @@ from policies.paths import within, within_any
 
 if TYPE_CHECKING:
     from bash_sandbox.egress import ProxyGrant
+    from policies.egress import EgressCredential
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +70,8 @@ class SpawnSettings:
     allow_domains: tuple[str, ...] = ()
     tool_caches: bool = True
     degraded: str | None = None  # the selector's warning, when it fell back
+    credentials: tuple[EgressCredential, ...] = ()
+    hosts_file: str | None = None
     collect_evidence: bool = True  # False only for `scripts/bench-facts`
 
 
@@ -105,6 +110,7 @@ class ConfinedSpawn(SpawnScope):
         self._merges: list[MergeReport] = []
         self._nested: tuple[str, ...] = ()
         self._denials_seen: tuple[tuple[SandboxDenial, ...], int] = ((), 0)
+        self._mirror_hosts: list[str] = []
 
     @classmethod
     def open(
@@ -167,6 +173,12 @@ class ConfinedSpawn(SpawnScope):
                     "grant token under the executor's list: keep the executor's entries in a "
                     "per-call allowlist, or use an executor configured with the narrower list",
                 )
+        if policy.network is NetworkMode.ISOLATED and backend.mounts:
+            problem = egress_setting_problem(
+                policy, credentials=self._settings.credentials, hosts_file=self._settings.hosts_file
+            )
+            if problem is not None:
+                raise SandboxUnavailableError(policy.mode, problem)
         # Prepared off the loop before every spawn; a hand-driven spawn may come without.
         services.prepare(policy.mode, backend)
 
@@ -219,14 +231,19 @@ class ConfinedSpawn(SpawnScope):
 
     def _environment(self) -> dict[str, str]:
         spec, grant = self._spec, self.grant
-        return confined_environment(
-            build_command_env(sandbox_inherited_env(os.environ), spec.env, spec.dsh_env),
+        mirrors = self._services.mirrors.settings(os.environ)  # the user's indexes, no secrets
+        self.warnings += mirrors.warnings
+        inherited = sandbox_inherited_env(os.environ) | mirrors.env
+        env = confined_environment(
+            build_command_env(inherited, spec.env, spec.dsh_env),
             self.policy,
             private_tmp=self.backend.mounts,
             cache_home=self.cache_home,
             proxy_env=grant.environment() if grant is not None else None,
             request_env=spec.env,
         )
+        self._mirror_hosts = mirror_hosts(env)
+        return env
 
     def _prepare_limits(self) -> LimitsPlan:
         limits = self._services.limits
@@ -424,6 +441,7 @@ class ConfinedSpawn(SpawnScope):
         if self.grant is not None:
             denials += [d.to_sandbox_denial() for d in self.grant.denials()]
             total += self.grant.denials_total
+            self.warnings += self.grant.notes()  # pinned answers used, named
         inferred = (
             infer_file_denials(outcome.stdout, outcome.stderr, **self._inference_context())
             if self._settings.collect_evidence
@@ -436,6 +454,8 @@ class ConfinedSpawn(SpawnScope):
         denied, network_denied = derive_facts_flags(
             first, outcome.exit_code, outcome.signal, folds_signals=self.plan.folds_signals
         )
+        if network_denied and not policy.allow_domains and self._mirror_hosts:
+            self.warnings.append(mirror_hint(self._mirror_hosts))
         return self._base_facts(
             denied=denied,
             network_denied=network_denied,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from bash_local.config import LocalBashConfig
@@ -23,7 +24,9 @@ from bash_local.spawn import SpawnScope, UnconfinedSpawn
 from bash_sandbox.backends.base import SandboxBackend
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.confined_spawn import ConfinedSpawn, SpawnSettings
+from bash_sandbox.egress_guards import credential_files
 from bash_sandbox.errors import SandboxUnavailableError, ViewChangedError
+from bash_sandbox.publish import Publication, PublishError, open_publication
 from bash_sandbox.selection import BackendSelector, candidate_backends
 from bash_sandbox.services import SandboxServices
 from bash_seam import (
@@ -145,6 +148,8 @@ class SandboxBashExecutor(LocalBashExecutor):
                 "limits": cfg.limits,
                 "allow_domains": tuple(cfg.allow_domains),
                 "allow_unix_sockets": tuple(cfg.allow_unix_sockets),
+                # A credential's source file is never readable by a command.
+                "deny_read": (*policy.deny_read, *credential_files(cfg.credentials)),
             }
         )
 
@@ -173,6 +178,8 @@ class SandboxBashExecutor(LocalBashExecutor):
             allow_domains=tuple(cfg.allow_domains),
             tool_caches=cfg.tool_caches,
             degraded=self._selector.degraded,
+            credentials=cfg.credentials,
+            hosts_file=cfg.hosts_file,
             collect_evidence=self._collect_evidence,
         )
         return ConfinedSpawn.open(
@@ -204,13 +211,52 @@ class SandboxBashExecutor(LocalBashExecutor):
             raise
 
     async def start(
-        self, spec: BashExecSpec, *, on_output: OutputListener | None = None
+        self,
+        spec: BashExecSpec,
+        *,
+        on_output: OutputListener | None = None,
+        publish: Sequence[int] = (),
     ) -> BashProcess:
+        """``publish``: sandbox ports reachable from the host while the task runs
+        (`bash_sandbox.publish`); their URLs are `published(process.id)`."""
+        publication = await self.publish(publish, spec) if publish else None
         try:
-            return await super().start(spec, on_output=on_output)
-        except SandboxUnavailableError:
-            self._selector.distrust_cached()
+            process = await super().start(spec, on_output=on_output)
+        except BaseException as exc:
+            if publication is not None:
+                publication.close()
+            if isinstance(exc, SandboxUnavailableError):
+                self._selector.distrust_cached()
             raise
+        if publication is not None:
+            self._services.publications.track(
+                process.id, publication, asyncio.ensure_future(process.wait())
+            )
+        return process
+
+    async def publish(self, ports: Sequence[int], spec: BashExecSpec) -> Publication:
+        """Publish ``ports`` of the network ``spec``'s command gets, until the caller closes
+        the publication (`start(publish=...)` ties it to the task). Raises `PublishError`."""
+        self._services.publications.check_room()
+        policy = self._policy_of(spec)
+        own_network = policy.confined and policy.network is NetworkMode.ISOLATED
+        if own_network:
+            await asyncio.to_thread(self._prepare, policy.mode)
+        namespaces = self._services.namespaces.ready if own_network else None
+        if own_network and namespaces is None:
+            raise PublishError("publish: this backend gives commands no network namespace")
+        return await asyncio.to_thread(
+            open_publication,
+            ports,
+            namespaces,
+            host=self.config.publish_host,
+            same_port=self.config.publish_same_port,
+        )
+
+    def published(self, process_id: str) -> dict[int, str]:
+        """The host URL of each port published for the task ``process_id`` (empty once it
+        settled, or when none was)."""
+        return self._services.publications.urls(process_id)
 
     # -- lifetime ----------------------------------------------------------------------------
 

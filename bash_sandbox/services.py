@@ -23,6 +23,8 @@ from bash_sandbox.linux.cover_watch import CoverWatch
 from bash_sandbox.linux.limits import ExecutorLimits
 from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError, NamespaceFds
 from bash_sandbox.linux.supervisor import SeccompSupervisor
+from bash_sandbox.mirrors import Mirrors
+from bash_sandbox.publish import Publications
 from bash_sandbox.state import ExecutorState
 from policies import NetworkMode, SandboxMode, SandboxPolicy
 
@@ -65,6 +67,8 @@ class SandboxServices:
         self.survey = HostSurvey(self.state)
         self.nameservers = resolv_nameservers()
         self.spawn_ids = itertools.count(1)
+        self.publications = Publications()
+        self.mirrors = Mirrors()
         self._egress_resolver = egress_resolver
         self._supervisor: SeccompSupervisor | None = None
         self._proxy: EgressProxy | None = None
@@ -117,14 +121,15 @@ class SandboxServices:
                 policy.mode, "an allowlist needs the executor's network namespace (none here)"
             )
         if self._proxy is None:
-            from bash_sandbox.egress import EgressProxy, EgressProxyError
+            from bash_sandbox.egress import EgressProxyError
+            from bash_sandbox.egress.factory import executor_proxy
 
             listener = socket.socket(fileno=os.dup(ns.listener))
-            proxy = EgressProxy(
-                listener,
-                allow=tuple(self._config.allow_domains),
-                resolver=self._egress_resolver,
-            )
+            try:
+                proxy = executor_proxy(listener, self._config, ns.tmp, self._egress_resolver)
+            except ValueError as exc:  # CredentialError: a secret that cannot be read
+                listener.close()
+                raise SandboxUnavailableError(policy.mode, str(exc)) from exc
             try:
                 proxy.start()
             except EgressProxyError as exc:
@@ -148,6 +153,7 @@ class SandboxServices:
     async def aclose(self) -> None:
         """`close()`, with the loop-bound parts undone on the loop and the proxy's thread
         joined off it."""
+        self.publications.close_all()
         if self._watch is not None and self._watch_loop is asyncio.get_running_loop():
             with contextlib.suppress(RuntimeError, ValueError):
                 self._watch_loop.remove_reader(self._watch.fd)
@@ -160,6 +166,7 @@ class SandboxServices:
         if self._closed:
             return
         self._closed = True
+        self.publications.close_all()
         if self._watch is not None:
             self._watch.close()  # its reader was removed by aclose() where a loop still runs
         if self._proxy is not None:

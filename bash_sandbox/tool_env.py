@@ -16,7 +16,8 @@
   exist: moving it would hide the user's installed tools), `GRADLE_USER_HOME`,
   `XDG_CACHE_HOME`, `PRE_COMMIT_HOME`, `HF_HOME` is not moved (it holds tokens).
   The homes, their locks and their bounds: `cache_domains.py`.
-- Fail fast on the isolated network (no allowlist): no retries and short timeouts, so a
+- Fail fast on the isolated network (and under an allowlist, with 30 s timeouts there: a
+  refused destination is a 403 pip retried for 12 s): no retries and short timeouts, so a
   tool that needs the network tries once and fails within seconds (npm retried for over a
   minute). The tools still *try*, so the supervisor sees the attempt and the result says
   `network_denied` (an offline mode would fail without trying, and without evidence):
@@ -46,6 +47,14 @@ OFFLINE = {
     "CARGO_HTTP_TIMEOUT": "3",
     "YARN_HTTP_RETRY": "0",
     "GIT_HTTP_LOW_SPEED_TIME": "3",
+}
+# Under an allowlist: no retries still, but timeouts that a slow allowed mirror survives.
+ALLOWLIST_TIMEOUTS = {
+    "npm_config_fetch_timeout": "30000",
+    "PIP_TIMEOUT": "30",
+    "UV_HTTP_TIMEOUT": "30",
+    "CARGO_HTTP_TIMEOUT": "30",
+    "GIT_HTTP_LOW_SPEED_TIME": "30",
 }
 _CACHE_DIRS = {
     "npm_config_cache": "npm",
@@ -88,8 +97,10 @@ def confined_environment(
         extra |= cache_variables(cache_home)
     elif private_tmp:
         extra |= cache_variables("/tmp/.cache")
-    if policy.network is NetworkMode.ISOLATED and not policy.allow_domains:
-        extra |= OFFLINE
+    if policy.network is NetworkMode.ISOLATED:
+        # Under an allowlist too: a refusal is a 403 the tools would retry for seconds
+        # (pip: 12 s); the timeouts stay longer there, for slow but allowed mirrors.
+        extra |= OFFLINE if not policy.allow_domains else OFFLINE | ALLOWLIST_TIMEOUTS
     extra |= proxy_env or {}
     env |= extra
     env |= request_env or {}

@@ -26,10 +26,10 @@ from __future__ import annotations
 import enum
 import ipaddress
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from policies.errors import PolicyError
 from policies.modes import NetworkMode
@@ -259,6 +259,121 @@ def canonical_allowlist(entries: Iterable[str]) -> tuple[str, ...]:
     return tuple(rule.text for rule in parse_allowlist(entries))
 
 
+def parse_private_domain(entry: str) -> EgressRule:
+    """One `allow_private_domains` entry: a name or ``*.suffix`` (no port, no address), whose
+    DNS answers may be private. Raises `EgressRuleError` naming the entry."""
+    rule = parse_egress_rule(entry)
+    if rule.kind == "address" or rule.port is not None:
+        raise EgressRuleError(
+            f"allow_private_domains entry {entry!r} is invalid: name a host or *.suffix "
+            "without a port (an address is reached by naming it in allow_domains)",
+            hint="e.g. allow_private_domains = ['pypi.corp.example', '*.internal.example']",
+        )
+    return rule
+
+
+def canonical_private_domains(entries: Iterable[str]) -> tuple[str, ...]:
+    """`allow_private_domains` in canonical text, in order, duplicates dropped."""
+    return tuple(rule.text for rule in parse_private_domains(entries))
+
+
+def parse_private_domains(entries: Iterable[str]) -> tuple[EgressRule, ...]:
+    """Every `allow_private_domains` entry parsed, duplicates dropped."""
+    return tuple(dict.fromkeys(parse_private_domain(e) for e in entries))
+
+
+def canonical_pins(pins: Mapping[str, str | Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    """The operator's ``pin = {name = address}`` table, canonical: lowercase names, each
+    with its addresses (one, or a list) in compressed text. Raises `EgressRuleError`."""
+
+    def bad(name: str, reason: str) -> EgressRuleError:
+        return EgressRuleError(
+            f"pin entry {name!r} is invalid: {reason}",
+            hint='write pin = {"registry.example" = "10.0.0.5"} (or a list of addresses)',
+        )
+
+    out: dict[str, tuple[str, ...]] = {}
+    for name, value in pins.items():
+        try:
+            destination = parse_destination(name)
+        except ValueError as exc:
+            raise bad(name, str(exc)) from None
+        if destination.address is not None:
+            raise bad(name, "pin a host name, not an address")
+        values = [value] if isinstance(value, str) else list(value)
+        if not values:
+            raise bad(name, "no address")
+        addresses: list[str] = []
+        for text in values:
+            try:
+                address = _unwrap_mapped(ipaddress.ip_address(text))
+            except ValueError:
+                raise bad(name, f"{text!r} is not an IP address") from None
+            if address.is_unspecified or address.is_multicast:
+                raise bad(name, f"{text} is an unspecified or multicast address")
+            addresses.append(str(address))
+        out[destination.name] = tuple(dict.fromkeys(addresses))
+    return out
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class EgressCredential(BaseModel):
+    """One secret the egress proxy injects and the sandbox never holds (`credentials`).
+
+    The command sees a placeholder where it expects the secret: in the variable ``env``, and
+    (with ``username``) in the answer of a git credential helper for ``https://domain``. The
+    proxy terminates TLS for ``domain`` only and replaces the placeholder with the secret in
+    the request headers (``Authorization: Bearer ...``, or inside ``Basic`` credentials);
+    a placeholder sent anywhere else is refused. ``source`` is where the executor reads the
+    secret: ``env:NAME`` (its own environment) or ``file:/absolute/path``.
+    ``upstream_ca_file``: the CA bundle to verify ``domain``'s server with (default: the
+    system's roots).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    domain: str
+    source: str
+    env: str | None = None
+    username: str | None = None
+    upstream_ca_file: str | None = None
+
+    @field_validator("domain")
+    @classmethod
+    def _a_name(cls, value: str) -> str:
+        destination = parse_destination(value)
+        if destination.address is not None:
+            raise ValueError("a credential's domain is a host name, not an address")
+        return destination.name
+
+    @field_validator("source")
+    @classmethod
+    def _a_source(cls, value: str) -> str:
+        kind, _, rest = value.partition(":")
+        if kind == "env" and _ENV_NAME.match(rest):
+            return value
+        if kind == "file" and rest.startswith("/"):
+            return value
+        raise ValueError("source is env:NAME or file:/absolute/path")
+
+    @field_validator("env")
+    @classmethod
+    def _an_env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError(f"{value!r} is not an environment variable name")
+        return value
+
+    @field_validator("username")
+    @classmethod
+    def _a_username(cls, value: str | None) -> str | None:
+        # It is written into a git credential helper's shell line: a plain user name only.
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._@+-]{1,128}", value):
+            raise ValueError("username: letters, digits and . _ @ + - only")
+        return value
+
+
 def match_egress_rule(
     rules: Sequence[EgressRule], host: Destination, port: int
 ) -> EgressRule | None:
@@ -312,6 +427,16 @@ def is_strictly_wider_network(
     return covers_current and adds
 
 
+def egress_step(reason: str) -> str:
+    """The next step for a proxy refusal whose short ``reason`` is given: the key that
+    would allow it."""
+    if "allow_private_domains" in reason:
+        return "add the name to allow_private_domains or pin its address (pin, /etc/hosts)"
+    if "only a pin" in reason:
+        return "only the operator's pin (pin, /etc/hosts) allows that address"
+    return "add it to allow_domains or ask for network=host"
+
+
 def egress_denial_marker(destination: str, reason: str) -> str:
     """The line a harness shows (and matches) when the proxy refused ``destination``.
 
@@ -319,5 +444,5 @@ def egress_denial_marker(destination: str, reason: str) -> str:
     """
     return (
         f"[sandbox: network connect to {destination} denied ({reason}) under isolated network; "
-        "add it to allow_domains or ask for network=host]"
+        f"{egress_step(reason)}]"
     )

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from bash_sandbox.cli.egress_flags import add_publish_flag
 from bash_sandbox.cli.exit_codes import exit_status_help
 from bash_sandbox.cli.settings import MODES, add_shared_flags
 from policies import NetworkMode, SandboxMode
@@ -225,6 +226,7 @@ def build_parser(version: str | Callable[[], str]) -> CliArgumentParser:
         "stderr as they are written and exit with its status.",
     )
     add_shared_flags(run)
+    add_publish_flag(run)
     run.add_argument(
         "--json",
         action="store_true",

@@ -34,6 +34,7 @@ from bash_sandbox.cli.config_file import (
     user_config_path,
     workspace_table_notice,
 )
+from bash_sandbox.cli.egress_flags import run_published
 from bash_sandbox.cli.exit_codes import EXIT_CANNOT_START, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 from bash_sandbox.cli.plugins import SubcommandMissingError
 from bash_sandbox.cli.settings import package_version, shared_config, workspace_dir
@@ -42,6 +43,7 @@ from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.executor import SandboxBashExecutor
 from bash_sandbox.facts import result_markers
+from bash_sandbox.publish import PublishError
 from bash_seam import (
     BashExecError,
     BashExecRequest,
@@ -246,7 +248,10 @@ def _restore_handlers(loop: asyncio.AbstractEventLoop, installed: list[tuple[int
 
 
 async def run_until_interrupted(
-    executor: SandboxBashExecutor, request: BashExecRequest, live: LiveOutput | None = None
+    executor: SandboxBashExecutor,
+    request: BashExecRequest,
+    live: LiveOutput | None = None,
+    publish: Sequence[int] = (),
 ) -> BashRunResult | Interrupted:
     """Run ``request``, streaming into ``live`` when given. A SIGINT/SIGTERM/SIGHUP to us,
     or stdout's reader going away, cancels the run, which kills the command's process
@@ -269,7 +274,7 @@ async def run_until_interrupted(
         spec = executor.resolve(request)
         listener = live.listener if live is not None else None
         # A signal that lands before the task's first step cancels it before it spawns.
-        task = asyncio.ensure_future(executor.run(spec, on_output=listener))
+        task = asyncio.ensure_future(run_published(executor, spec, publish, listener))
         try:
             return await task
         except asyncio.CancelledError:
@@ -323,7 +328,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             command=command_text(args.command), workdir=workdir, sandbox_mode=mode
         )
         try:
-            outcome = asyncio.run(run_until_interrupted(executor, request, live))
+            outcome = asyncio.run(
+                run_until_interrupted(executor, request, live, getattr(args, "publish", ()))
+            )
         except SandboxUnavailableError as exc:
             # If a cached probe verdict led here, the next run probes for real.
             executor.selector.distrust_cached()
@@ -333,6 +340,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         except (WorkdirError, InvalidRequestError) as exc:
             raise CliError(str(exc), EXIT_USAGE, exc.code) from None
         except BashExecError as exc:  # no bash, or the spawn itself failed
+            raise CliError(str(exc), EXIT_CANNOT_START, exc.code) from None
+        except PublishError as exc:
             raise CliError(str(exc), EXIT_CANNOT_START, exc.code) from None
     finally:
         if session is not None:

@@ -128,12 +128,22 @@ def _process_status(process: BashProcess) -> str:
 
 
 def start_result(
-    process: BashProcess, *, mode: SandboxMode, network: NetworkMode
+    process: BashProcess,
+    *,
+    mode: SandboxMode,
+    network: NetworkMode,
+    published: dict[int, str] | None = None,
 ) -> types.CallToolResult:
     structured = process_facts(process) | {"sandbox_mode": mode.value, "network": network.value}
+    if published:
+        structured["published"] = {str(port): url for port, url in published.items()}
     text = _lines(
         f"started {process.id} (sandbox mode {mode.value}, network {network.value}); "
         "read its output with bash_read",
+        *(
+            f"sandbox port {port} is reachable from the host at {url} while it runs"
+            for port, url in (published or {}).items()
+        ),
         _process_status(process) if process.status != "running" else None,
     )
     return _tool_result(text, structured)

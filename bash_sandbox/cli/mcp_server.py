@@ -62,6 +62,7 @@ from bash_sandbox.cli.settings import package_version, shared_config, workspace_
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.executor import SandboxBashExecutor
+from bash_sandbox.publish import PublishError
 from bash_seam import BashExecError, BashExecRequest, BashExecSpec
 from policies import (
     JsonlSessionLog,
@@ -306,8 +307,16 @@ class BashToolServer:
         if isinstance(arguments, BashRunArguments):
             result = await self._executor.run(spec)
             return run_result(result, mode=escalation.mode, network=escalation.network)
-        process = await self._executor.start(spec)
-        return start_result(process, mode=escalation.mode, network=escalation.network)
+        try:
+            process = await self._executor.start(spec, publish=arguments.publish or ())
+        except PublishError as exc:
+            raise _CallRefused(exc.code, str(exc)) from None
+        return start_result(
+            process,
+            mode=escalation.mode,
+            network=escalation.network,
+            published=self._executor.published(process.id),
+        )
 
     def _check_approved(self, answer: Approval, escalation: Escalation) -> None:
         if not answer.approved:

@@ -60,9 +60,24 @@ class BashRunArguments(_ArgumentsModel):
     network: NetworkName | SkipJsonSchema[None] = None
 
 
+Port = Annotated[StrictInt, Field(ge=1, le=65535)]
+
+
 class BashStartArguments(_ArgumentsModel):
     command: Command
     workdir: Workdir | SkipJsonSchema[None] = None
+    publish: (
+        Annotated[
+            list[Port],
+            Field(
+                max_length=16,
+                description="Ports the command will listen on (127.0.0.1 inside the sandbox) "
+                "to make reachable from the host, e.g. a dev server; the result gives each "
+                "one's host URL, open until the command ends.",
+            ),
+        ]
+        | SkipJsonSchema[None]
+    ) = None
     sandbox_mode: ModeName | SkipJsonSchema[None] = None
     network: NetworkName | SkipJsonSchema[None] = None
 

@@ -22,6 +22,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, ValidationError
 
 from bash_sandbox.cli.config_file import LoadedConfig, build_config, load_config
+from bash_sandbox.cli.egress_flags import add_egress_flags, egress_settings
 from bash_sandbox.cli.exit_codes import EXIT_USAGE, CliError
 from bash_sandbox.config import BackendName, SandboxBashConfig
 from policies import NetworkMode, SandboxMode
@@ -306,7 +307,8 @@ def _help(setting: Setting) -> str:
 
 
 def add_shared_flags(parser: argparse.ArgumentParser) -> None:
-    """Add every `Setting` to ``parser`` (a `run` or `mcp` subparser)."""
+    """Add every `Setting` to ``parser`` (a `run` or `mcp` subparser), and the egress
+    flags whose values are tables (`egress_flags.py`)."""
     groups: dict[str, Any] = {}
     for setting in SETTINGS:
         target: Any = parser
@@ -331,6 +333,7 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                 dest=setting.dest,
                 help=_help(setting),
             )
+    add_egress_flags(groups[LISTS], allow_domain=False)
 
 
 # argparse dest -> `ResourceLimits` field (kept for callers of the old names).
@@ -393,6 +396,9 @@ def shared_config(
     """The config file with the shared flags (and ``extra`` overrides) on top."""
     loaded = load_config(args.config, workspace)
     overrides, additions = flag_overrides(args)
+    egress_overrides, egress_additions = egress_settings(args)
+    overrides |= egress_overrides
+    additions |= egress_additions
     overrides.update(extra or {})
     if args.workspace is not None or "workspace_root" not in loaded.values:
         overrides["workspace_root"] = workspace

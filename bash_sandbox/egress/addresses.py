@@ -69,6 +69,23 @@ def _category(address: IPAddress) -> str | None:
     return None
 
 
+# Where only an operator's pin may send a name (never a DNS answer, whatever
+# `allow_private_domains` says): the host itself, instance metadata and the link.
+_PIN_ONLY: Final = frozenset(
+    {"cloud metadata", "unspecified", "loopback", "link-local", "multicast", "broadcast"}
+)
+
+
+def needs_pin(address: IPAddress) -> bool:
+    """Only a pinned answer may lead to ``address`` (loopback, metadata, link-local, ...);
+    judged by the IPv4 address it carries too."""
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = _embedded_ipv4(address)
+        if inner is not None and _category(inner) in _PIN_ONLY:
+            return True
+    return _category(address) in _PIN_ONLY
+
+
 def forbidden_address_reason(address: IPAddress, *, loopback_named: bool = False) -> str | None:
     """Why the proxy must not connect to ``address`` ("loopback", "private", ...), or None.
 

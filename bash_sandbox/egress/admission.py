@@ -8,10 +8,12 @@ The order matters:
    IP literal matches only a rule naming that address.
 3. Names are resolved by the proxy's own resolver (``localhost`` is loopback by definition,
    never looked up). An address rule is its own answer.
-4. Every address must be public unicast (`forbidden_address_reason`) unless the matched rule
-   names that address, or names ``localhost`` (loopback only), or the operator pinned the
-   answer. One forbidden answer refuses the whole name: a mixed answer is how rebinding
-   attacks look.
+4. An answer the operator pinned (the `pin` table, the hosts file) is used whatever its
+   range. A DNS answer must be public unicast (`forbidden_address_reason`), except a private
+   one (RFC 1918, ULA, CGNAT, ...) for a name in `allow_private_domains`; loopback,
+   link-local and cloud-metadata answers only ever by a pin (`needs_pin`), or loopback by a
+   rule naming ``localhost``. One refused answer refuses the whole name: a mixed answer is
+   how rebinding attacks look.
 
 The proxy then connects to exactly these addresses and nothing else.
 """
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from bash_sandbox.egress.addresses import forbidden_address_reason
+from bash_sandbox.egress.addresses import forbidden_address_reason, needs_pin
 from bash_sandbox.egress.resolver import IPAddress, Resolver
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 from policies.egress import (
@@ -47,8 +49,13 @@ class EgressDenialCode(enum.StrEnum):
 
     NOT_ALLOWED = "not-allowed"  # a name no rule matches
     ADDRESS_NOT_ALLOWED = "address-not-allowed"  # an IP literal no rule names
-    FORBIDDEN_ADDRESS = "forbidden-address"  # an allowed name resolving to a non-public address
+    # An allowed name whose DNS answer is loopback, link-local or metadata: only a pin allows it.
+    FORBIDDEN_ADDRESS = "forbidden-address"
+    # An allowed name whose DNS answer is private: allow_private_domains allows it.
+    PRIVATE_ADDRESS = "private-address"
     INVALID_HOST = "invalid-host"  # not a host name or address at all
+    # A credential's placeholder sent where that credential does not belong.
+    CREDENTIAL_ELSEWHERE = "credential-elsewhere"
 
 
 def printable(text: str, limit: int = 120) -> str:
@@ -83,10 +90,20 @@ class EgressDenial(BaseModel):
                 f"bash-sandbox: {where} is an IP address not on the allowlist "
                 "(allow_domains must name the address itself)"
             )
+        if self.code is EgressDenialCode.PRIVATE_ADDRESS:
+            return (
+                f"bash-sandbox: {where} {self.reason} (private-address rule: add {self.host} "
+                "to allow_private_domains / --allow-private-domain, or pin its address)"
+            )
         if self.code is EgressDenialCode.FORBIDDEN_ADDRESS:
             return (
-                f"bash-sandbox: {where} {self.reason}; only an allow_domains entry naming "
-                "that address allows it"
+                f"bash-sandbox: {where} {self.reason} (loopback/metadata rule: "
+                f"pin = {{{self.host} = address}} or an /etc/hosts line)"
+            )
+        if self.code is EgressDenialCode.CREDENTIAL_ELSEWHERE:
+            return (
+                f"bash-sandbox: the request to {where} {self.reason}; a credential is injected "
+                "only over https to its own domain (credentials)"
             )
         return f"bash-sandbox: {where} is refused: {self.reason}"
 
@@ -121,10 +138,19 @@ class Admission:
     port: int
     rule: EgressRule
     addresses: tuple[IPAddress, ...]
+    pinned_by: str | None = None  # the operator's pin that gave the addresses ("pin", a path)
 
 
-async def admit(rules: Sequence[EgressRule], host: str, port: int, resolver: Resolver) -> Admission:
-    """The addresses to connect to for ``host:port``, or `EgressRefused`.
+async def admit(
+    rules: Sequence[EgressRule],
+    host: str,
+    port: int,
+    resolver: Resolver,
+    *,
+    private: Sequence[EgressRule] = (),
+) -> Admission:
+    """The addresses to connect to for ``host:port``, or `EgressRefused`. ``private``:
+    the parsed `allow_private_domains`.
 
     Resolution failures raise `ResolutionError` (not a policy refusal: the name is allowed).
     """
@@ -158,20 +184,29 @@ async def admit(rules: Sequence[EgressRule], host: str, port: int, resolver: Res
         # The rule names this very address: the operator asked for it, private or not.
         return Admission(destination, port, rule, (destination.address,))
     if destination.is_localhost:
-        addresses, pinned = _LOOPBACK, False
+        addresses, pinned, source = _LOOPBACK, False, None
     else:
         resolution = await resolver.resolve(destination.name)
-        addresses, pinned = resolution.addresses, resolution.pinned
-    if not pinned:
-        for address in addresses:
-            why = forbidden_address_reason(address, loopback_named=rule.names_localhost)
-            if why is not None:
-                raise EgressRefused(
-                    EgressDenial(
-                        host=destination.name,
-                        port=port,
-                        code=EgressDenialCode.FORBIDDEN_ADDRESS,
-                        reason=f"resolves to {address} ({why})",
-                    )
-                )
+        addresses, pinned, source = resolution.addresses, resolution.pinned, resolution.source
+    if pinned:
+        return Admission(destination, port, rule, addresses, pinned_by=source or "pin")
+    private_ok = match_egress_rule(private, destination, port) is not None
+    for address in addresses:
+        why = forbidden_address_reason(address, loopback_named=rule.names_localhost)
+        if why is None:
+            continue
+        if needs_pin(address):
+            code, reason = EgressDenialCode.FORBIDDEN_ADDRESS, "only a pin allows it"
+        elif private_ok:
+            continue
+        else:
+            code, reason = EgressDenialCode.PRIVATE_ADDRESS, "not in allow_private_domains"
+        raise EgressRefused(
+            EgressDenial(
+                host=destination.name,
+                port=port,
+                code=code,
+                reason=f"resolves to {address} ({why}) by DNS, {reason}",
+            )
+        )
     return Admission(destination, port, rule, addresses)

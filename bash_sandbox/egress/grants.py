@@ -64,6 +64,7 @@ class ProxyGrant:
         self._lock = threading.Lock()
         self._denials: list[EgressDenial] = []
         self._denials_total = 0
+        self._notes: dict[str, None] = {}
         self._closed = False
 
     @property
@@ -88,6 +89,16 @@ class ProxyGrant:
         """Every denial counted, also those past the kept ones."""
         with self._lock:
             return self._denials_total
+
+    def notes(self) -> list[str]:
+        """What the proxy did on the operator's say-so (a pinned answer used), in order."""
+        with self._lock:
+            return list(self._notes)
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            if len(self._notes) < self._max_denials:
+                self._notes.setdefault(text, None)
 
     def record(self, denial: EgressDenial) -> None:
         with self._lock:
@@ -159,6 +170,16 @@ class GrantTable:
             everyone = tuple(self._by_token.values())
         for each in everyone:
             each.record(denial)
+
+    def note(self, grant: ProxyGrant | None, text: str) -> None:
+        """Give ``text`` to ``grant``, or to every open grant when the asker is unknown."""
+        if grant is not None:
+            grant.note(text)
+            return
+        with self._lock:
+            everyone = tuple(self._by_token.values())
+        for each in everyone:
+            each.note(text)
 
     def close_all(self) -> None:
         with self._lock:

@@ -36,13 +36,21 @@ from urllib.parse import urlsplit
 
 import h11
 
-from bash_sandbox.egress.admission import EgressRefused, admit, printable
+from bash_sandbox.egress.admission import (
+    EgressDenial,
+    EgressDenialCode,
+    EgressRefused,
+    admit,
+    printable,
+)
+from bash_sandbox.egress.credentials import CredentialVault
 from bash_sandbox.egress.environment import proxy_environment
 from bash_sandbox.egress.grants import GrantTable, ProxyGrant, token_from_proxy_authorization
+from bash_sandbox.egress.intercept import InterceptedTunnel
 from bash_sandbox.egress.limits import ProxyLimits
 from bash_sandbox.egress.resolver import IPAddress, ResolutionError, Resolver, SystemResolver
 from bash_sandbox.egress.tunnel import relay
-from policies.egress import EgressRule, split_host_port
+from policies.egress import EgressRule, parse_private_domains, split_host_port
 
 _log = logging.getLogger(__name__)
 
@@ -149,6 +157,9 @@ class EgressProxy:
     ``listen_socket`` must be bound and listening; the proxy owns it from here on and closes
     it in `close()`. ``allow`` is the executor's base list: it applies to requests that
     carry no valid grant token. ``resolver`` defaults to the host's (`SystemResolver`).
+    ``allow_private``: the names (`allow_private_domains`) whose private DNS answers are
+    used; the operator's pins (a `PinnedResolver`) need no entry. ``credentials``: the
+    secrets to inject; their domains' CONNECTs are terminated here (`intercept.py`).
     """
 
     def __init__(
@@ -158,6 +169,8 @@ class EgressProxy:
         allow: tuple[str, ...] = (),
         resolver: Resolver | None = None,
         limits: ProxyLimits | None = None,
+        allow_private: tuple[str, ...] = (),
+        credentials: CredentialVault | None = None,
     ) -> None:
         if (
             listen_socket.family not in (socket.AF_INET, socket.AF_INET6)
@@ -169,6 +182,8 @@ class EgressProxy:
             )
         self._limits = limits if limits is not None else ProxyLimits()
         self._grants = GrantTable(allow, max_denials=self._limits.max_denials_per_grant)
+        self._private = parse_private_domains(allow_private)
+        self._vault = credentials
         self._listen = listen_socket
         self._host, self._port = listen_socket.getsockname()[:2]
         self._resolver: Resolver = resolver if resolver is not None else SystemResolver()
@@ -204,11 +219,13 @@ class EgressProxy:
         with self._state:
             if self._closed:
                 raise EgressProxyError("the egress proxy is closed; register before close()")
-        return self._grants.register(
-            allow,
-            environment=lambda token: proxy_environment(self._host, self._port, token),
-            on_close=self._grant_closed,
-        )
+        vault = self._vault
+
+        def environment(token: str) -> dict[str, str]:
+            env = proxy_environment(self._host, self._port, token)
+            return env | vault.sandbox_environment() if vault is not None else env
+
+        return self._grants.register(allow, environment=environment, on_close=self._grant_closed)
 
     def start(self) -> None:
         """Serve on a new thread; returns once the proxy accepts connections."""
@@ -417,7 +434,15 @@ class EgressProxy:
         shown = printable(f"{host}:{port}")
         try:
             async with asyncio.timeout(budget):
-                admission = await admit(ex.rules, host, port, self._resolver)
+                admission = await admit(ex.rules, host, port, self._resolver, private=self._private)
+                if admission.pinned_by is not None:
+                    addresses = ", ".join(map(str, admission.addresses))
+                    text = (
+                        f"egress: {admission.destination.name} reached at {addresses}, "
+                        f"pinned by {admission.pinned_by} (DNS not asked)"
+                    )
+                    self._grants.note(ex.grant, text)
+                    _log.info("%s", text)
                 return await _connect_any(admission.addresses, port)
         except EgressRefused as refused:
             self._grants.record(ex.grant, refused.denial)
@@ -445,12 +470,17 @@ class EgressProxy:
         if upstream is None:
             return
         loop = asyncio.get_running_loop()
+        domain = host.lower().rstrip(".")
         try:
             established = h11.Response(
                 status_code=200, headers=[], reason=b"Connection established"
             )
             await loop.sock_sendall(ex.sock, ex.conn.send(established))
             early, _ = ex.conn.trailing_data  # bytes the client sent right after its head
+            if self._vault is not None and domain in self._vault.domains:
+                if not early:  # a client that did not wait for the 200 is not served
+                    await self._intercept(ex, upstream, domain, port)
+                return
             if early:
                 await loop.sock_sendall(upstream, early)
             await relay(ex.sock, upstream, idle_timeout_s=self._limits.idle_timeout_s)
@@ -458,6 +488,38 @@ class EgressProxy:
             pass
         finally:
             upstream.close()
+
+    async def _intercept(
+        self, ex: _Exchange, upstream: socket.socket, domain: str, port: int
+    ) -> None:
+        """Serve a credential domain's tunnel with TLS terminated here, on a thread of its
+        own (blocking TLS); cancelling this (a grant closed, the proxy closing) aborts it."""
+        assert self._vault is not None
+        tunnel = InterceptedTunnel(
+            client=ex.sock,
+            upstream=upstream,
+            domain=domain,
+            port=port,
+            vault=self._vault,
+            limits=self._limits,
+            record=lambda denial: self._grants.record(ex.grant, denial),
+        )
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def serve() -> None:
+            try:
+                tunnel.run()
+            finally:
+                tunnel.close()
+                with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                    loop.call_soon_threadsafe(_settle, finished)
+
+        threading.Thread(target=serve, name="bash-sandbox-egress-tls", daemon=True).start()
+        try:
+            await finished
+        finally:
+            tunnel.abort()
 
     async def _forward(self, ex: _Exchange, request: h11.Request) -> bool:
         """Forward one absolute-URL request; True when the client connection may be reused."""
@@ -478,6 +540,19 @@ class EgressProxy:
         except ValueError:
             await _answer(ex.conn, ex.sock, 400, "bash-sandbox: bad host in the request URL")
             return False
+        if self._vault is not None:
+            # Plain HTTP: no credential is injected here, and no placeholder may leave.
+            owner = self._vault.foreign_placeholder(None, request.target, request.headers)
+            if owner is not None:
+                denial = EgressDenial(
+                    host=printable(host, 80),
+                    port=port or 80,
+                    code=EgressDenialCode.CREDENTIAL_ELSEWHERE,
+                    reason=f"carries the placeholder of the credential for {owner} over http",
+                )
+                self._grants.record(ex.grant, denial)
+                await _answer(ex.conn, ex.sock, 403, denial.message())
+                return False
         upstream = await self._open_upstream(ex, host, port or 80)
         if upstream is None:
             return False
@@ -574,6 +649,11 @@ class EgressProxy:
         if not started:
             await _answer(ex.conn, ex.sock, 504 if "stopped" in failure else 502, failure)
         return False
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _answer(conn: h11.Connection, sock: socket.socket, status: int, text: str) -> None:

@@ -22,6 +22,7 @@ from bash_sandbox.facts.inference import REASON_DENY_READ, REASON_OUTSIDE_ROOTS,
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial, SandboxFacts
 from policies import NetworkMode, SandboxMode
 from policies.autorun import UNPROTECT_KEY
+from policies.egress import egress_step
 
 
 def _shown(path: str) -> str:
@@ -60,7 +61,10 @@ def _socket_words(denial: SandboxDenial) -> tuple[str, str]:
 
 def _network_step(denial: SandboxDenial) -> str:
     if denial.evidence is DenialEvidence.PROXY:
-        return "add the domain to allow_domains or ask for network=host"
+        step = egress_step(denial.reason)
+        if "allow_domains" in step:
+            return "add the domain to allow_domains or ask for network=host"
+        return step
     return "ask for network=host or add the domain to allow_domains"
 
 

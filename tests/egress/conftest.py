@@ -9,17 +9,31 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bash_sandbox.egress import EgressProxy, ProxyLimits, Resolver
+from bash_sandbox import SandboxBashExecutor
+from bash_sandbox.egress import EgressProxy, ProxyLimits, Resolver, StaticResolver
 from tests.egress.servers import ThrowawayCA, UpstreamServer, free_port_socket, resolver_for
+from tests.sandbox.conftest import LINUX_BACKENDS, require_backend
 
 TEST_NAMES = ("pkg.test", "files.pkg.test", "other.test", "evil.test", "registry.test", "git.test")
 
 ProxyFactory = Callable[..., EgressProxy]
+# DNS as a stub for `make_pinned_executor`: answers unpinned, like a hostile or
+# split-horizon server would.
+DNS = StaticResolver(
+    {
+        "registry.test": "8.8.8.8",  # the hosts-file pin must win over this
+        "lan.test": "10.9.8.7",
+        "loop.test": "127.0.0.1",
+        "meta.test": "169.254.169.254",
+    },
+    pinned=False,
+)
 
 
 @pytest.fixture(scope="session")
@@ -155,3 +169,42 @@ def clean_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
         "LANG": "C.UTF-8",
         **extra,
     }
+
+
+ExecutorFactory = Callable[..., SandboxBashExecutor]
+
+
+@pytest.fixture(params=LINUX_BACKENDS)
+def egress_backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    require_backend(name)
+    return name
+
+
+@pytest.fixture
+def hosts_file(tmp_path: Path) -> Path:
+    path = tmp_path / "hosts"
+    path.write_text("127.0.0.1 localhost\n127.0.0.1 registry.test  # the operator's mirror\n")
+    return path
+
+
+@pytest.fixture
+async def make_pinned_executor(
+    egress_backend: str, tmp_path: Path, hosts_file: Path
+) -> AsyncIterator[ExecutorFactory]:
+    made: list[SandboxBashExecutor] = []
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+
+    def factory(**kw: Any) -> SandboxBashExecutor:
+        kw.setdefault("backend", egress_backend)
+        kw.setdefault("workspace_root", str(workspace))
+        kw.setdefault("grace_ms", 500)
+        kw.setdefault("hosts_file", str(hosts_file))
+        ex = SandboxBashExecutor(egress_resolver=DNS, **kw)
+        made.append(ex)
+        return ex
+
+    yield factory
+    for ex in made:
+        await ex.aclose()

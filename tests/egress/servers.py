@@ -254,9 +254,13 @@ def npm_packument(name: str, version: str, tarball_url: str) -> bytes:
 class BulkProcess:
     """``--bulk DIR`` in a child process (see the module docstring); `.port` once ready."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, tls: tuple[Path, Path] | None = None) -> None:
+        """``tls``: (certificate chain, key) PEM files: serve HTTPS with them."""
+        argv = [sys.executable, "-m", "tests.egress.servers", "--bulk", str(directory)]
+        if tls is not None:
+            argv += ["--tls", str(tls[0]), str(tls[1])]
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.egress.servers", "--bulk", str(directory)],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=Path(__file__).resolve().parents[2],
@@ -270,7 +274,7 @@ class BulkProcess:
         self._proc.wait(timeout=10)
 
 
-def _serve_bulk(directory: Path) -> None:
+def _serve_bulk(directory: Path, tls: tuple[str, str] | None = None) -> None:
     class Bulk(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -292,6 +296,10 @@ def _serve_bulk(directory: Path) -> None:
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bulk)
     server.daemon_threads = True
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print(server.server_address[1], flush=True)
     sys.stdin.read()  # the parent closes stdin to stop us
@@ -309,8 +317,9 @@ def free_port_socket() -> socket.socket:
 def _main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bulk", type=Path, required=True)
+    parser.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     args = parser.parse_args()
-    _serve_bulk(args.bulk)
+    _serve_bulk(args.bulk, tuple(args.tls) if args.tls else None)
 
 
 if __name__ == "__main__":

@@ -92,9 +92,9 @@ def test_schema_has_no_escalation_fields_without_a_ceiling() -> None:
         "bash_kill",
         "bash_list",
     ]
-    for name in ("bash_run", "bash_start"):
-        assert set(_properties(tools, name)) <= {"command", "workdir", "timeout_ms"}
     assert set(_properties(tools, "bash_run")) == {"command", "workdir", "timeout_ms"}
+    # `publish` widens nothing: it opens the host's loopback toward the sandbox, not out.
+    assert set(_properties(tools, "bash_start")) == {"command", "workdir", "publish"}
 
 
 def test_schema_offers_modes_up_to_the_ceiling_only() -> None:

@@ -39,7 +39,7 @@ async def test_tools_are_listed_without_escalation_fields_by_default(
         tools = {t.name: t for t in (await client.list_tools()).tools}
     assert set(tools) == {"bash_run", "bash_start", "bash_read", "bash_kill", "bash_list"}
     assert set(tools["bash_run"].input_schema["properties"]) == {"command", "workdir", "timeout_ms"}
-    assert set(tools["bash_start"].input_schema["properties"]) == {"command", "workdir"}
+    assert set(tools["bash_start"].input_schema["properties"]) == {"command", "workdir", "publish"}
 
 
 async def test_tools_advertise_the_mode_field_under_a_ceiling(launcher: ServerLauncher) -> None:
@@ -130,6 +130,44 @@ async def test_background_server_is_reachable_by_a_later_run_and_not_from_the_ho
     assert _facts(killed)["killed"] is True
     assert _facts(killed)["status"] == "killed"
     assert [(p["id"], p["status"]) for p in _facts(listed)["processes"]] == [(process_id, "killed")]
+
+
+async def test_a_published_background_server_is_fetched_from_the_host_until_killed(
+    launcher: ServerLauncher, backend: str
+) -> None:
+    import urllib.request
+
+    port = _free_loopback_port()
+    async with launcher.client("--backend", backend) as client:
+        started = await client.call_tool(
+            "bash_start",
+            {
+                "command": f"exec python3 -u -m http.server --bind 127.0.0.1 {port}",
+                "publish": [port],
+            },
+        )
+        assert not started.is_error, _text(started)
+        url = _facts(started)["published"][str(port)]
+        assert url.startswith("http://127.0.0.1:") and url in _text(started)
+        process_id = _facts(started)["id"]
+        with anyio.fail_after(30):
+            seen = ""
+            while "Serving HTTP" not in seen:
+                seen += _facts(await client.call_tool("bash_read", {"id": process_id}))["delta"]
+        # From the host, outside the sandbox.
+        status = await anyio.to_thread.run_sync(
+            lambda: urllib.request.urlopen(url + "/", timeout=10).status
+        )
+        assert status == 200
+        await client.call_tool("bash_kill", {"id": process_id})
+        host_port = int(url.rsplit(":", 1)[1])
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", host_port), timeout=2).close()
+                except ConnectionRefusedError:
+                    break
+                await anyio.sleep(0.1)
 
 
 async def test_bash_read_consumes_output_and_reports_the_end(launcher: ServerLauncher) -> None:

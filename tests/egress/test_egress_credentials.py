@@ -1,0 +1,279 @@
+"""Credentials that never enter the sandbox: the proxy injects them on their own domain only.
+
+A real TLS upstream on the host's 127.0.0.1 (a throwaway CA the *proxy* is told to trust)
+serves `registry.test` and `git.test`, pinned by a temp hosts file. The executor holds two
+secrets, read from its own environment; sandboxed curl and git see placeholders. Judged
+from outside: the headers the upstream received, the result's denials, and what the
+command's environment and files held.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import os
+import shlex
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox.egress.credentials import PLACEHOLDER_PREFIX
+from bash_seam import BashExecRequest, BashRunResult
+from policies.egress import EgressCredential
+from tests.egress.conftest import ExecutorFactory
+from tests.egress.servers import ThrowawayCA, UpstreamServer
+
+SECRET = "ghp_real-secret-1234567890"
+GIT_SECRET = "glpat-other-secret-0987"
+
+
+@pytest.fixture
+def upstream(site_root: Path, ca: ThrowawayCA) -> Iterator[UpstreamServer]:
+    with UpstreamServer(site_root, tls=ca.server_context(["registry.test", "git.test"])) as s:
+        yield s
+
+
+@pytest.fixture
+def executor_kw(
+    tmp_path: Path, ca: ThrowawayCA, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, object]:
+    monkeypatch.setenv("BSX_TEST_SECRET", SECRET)
+    hosts = tmp_path / "cred-hosts"
+    hosts.write_text("127.0.0.1 registry.test git.test other.test\n")
+    secret_file = tmp_path / "git-secret"
+    secret_file.write_text(GIT_SECRET + "\n")
+    return {
+        "hosts_file": str(hosts),
+        "allow_domains": ("registry.test", "git.test", "other.test"),
+        "credentials": (
+            EgressCredential(
+                domain="registry.test",
+                source="env:BSX_TEST_SECRET",
+                env="TOKEN",
+                username="x-access-token",
+                upstream_ca_file=str(ca.ca_file),
+            ),
+            EgressCredential(
+                domain="git.test",
+                source=f"file:{secret_file}",
+                env="GIT_TOKEN",
+                upstream_ca_file=str(ca.ca_file),
+            ),
+        ),
+    }
+
+
+async def sh(ex: object, command: str) -> BashRunResult:
+    from bash_sandbox import SandboxBashExecutor
+
+    assert isinstance(ex, SandboxBashExecutor)
+    return await ex.run(ex.resolve(BashExecRequest(command=command, timeout_ms=60_000)))
+
+
+def curl(url: str, *args: str) -> str:
+    return " ".join(
+        ["curl", "-sS", "--max-time", "20", "-w", r"'\n%{http_code}'", *args, shlex.quote(url)]
+    )
+
+
+async def test_a_bearer_token_is_injected_on_its_domain_and_never_seen_inside(
+    make_pinned_executor: ExecutorFactory,
+    upstream: UpstreamServer,
+    executor_kw: dict[str, object],
+) -> None:
+    ex = make_pinned_executor(**executor_kw)
+    url = upstream.url("registry.test", "/hello.txt")
+    result = await sh(ex, curl(url, "-H", '"Authorization: Bearer $TOKEN"'))
+    assert result.stdout.text == "hello through the proxy\n\n200", result.stderr.text
+    assert [r.headers.get("authorization") for r in upstream.requests] == [f"Bearer {SECRET}"]
+    # Inside: the placeholder, never the secret (environment, private /tmp, workspace).
+    probe = await sh(ex, 'printf "%s\\n" "$TOKEN"')
+    assert probe.stdout.text.startswith(PLACEHOLDER_PREFIX)
+    scan = await sh(
+        ex, f"env | grep -c {SECRET[:12]} ; grep -rl {SECRET[:12]} /tmp . 2>/dev/null; true"
+    )
+    assert scan.stdout.text.strip() == "0", scan.stdout.text
+
+
+async def test_an_upstream_the_proxy_cannot_verify_never_gets_the_secret(
+    make_pinned_executor: ExecutorFactory,
+    upstream: UpstreamServer,
+    executor_kw: dict[str, object],
+) -> None:
+    unverified = tuple(
+        c.model_copy(update={"upstream_ca_file": None})
+        for c in executor_kw["credentials"]  # type: ignore[attr-defined]
+    )
+    ex = make_pinned_executor(**(executor_kw | {"credentials": unverified}))
+    url = upstream.url("registry.test", "/hello.txt")
+    result = await sh(ex, curl(url, "-H", '"Authorization: Bearer $TOKEN"'))
+    assert result.exit_code != 0
+    assert upstream.requests == []  # the handshake failed: no request, no secret
+
+
+async def test_basic_auth_and_the_git_credential_helper_get_the_placeholder_only(
+    make_pinned_executor: ExecutorFactory,
+    upstream: UpstreamServer,
+    executor_kw: dict[str, object],
+) -> None:
+    ex = make_pinned_executor(**executor_kw)
+    url = upstream.url("registry.test", "/hello.txt")
+    result = await sh(ex, curl(url, "-u", '"x-access-token:$TOKEN"'))
+    assert result.stdout.text.endswith("\n200"), result.stderr.text
+    expected = base64.b64encode(f"x-access-token:{SECRET}".encode()).decode()
+    assert upstream.requests[-1].headers.get("authorization") == f"Basic {expected}"
+    helper = await sh(
+        ex, "printf 'protocol=https\\nhost=registry.test\\n\\n' | git credential fill"
+    )
+    assert "username=x-access-token" in helper.stdout.text, helper.stderr.text
+    assert f"password={PLACEHOLDER_PREFIX}" in helper.stdout.text
+    assert SECRET not in helper.stdout.text
+
+
+async def test_a_placeholder_sent_to_another_domain_is_refused_and_reported(
+    make_pinned_executor: ExecutorFactory,
+    upstream: UpstreamServer,
+    site: UpstreamServer,
+    executor_kw: dict[str, object],
+) -> None:
+    ex = make_pinned_executor(**executor_kw)
+    # Over TLS to the other credential's domain: terminated there, so seen and refused.
+    wrong = await sh(
+        ex, curl(upstream.url("git.test", "/hello.txt"), "-H", '"Authorization: Bearer $TOKEN"')
+    )
+    assert wrong.stdout.text.endswith("\n403"), wrong.stderr.text
+    assert "credential for registry.test" in wrong.stdout.text
+    assert upstream.requests == []
+    assert wrong.sandbox is not None
+    assert [d.target for d in wrong.sandbox.denials] == [f"git.test:{upstream.port}"]
+    # Over plain HTTP, to a domain without credential: refused before anything is sent.
+    plain = await sh(
+        ex, curl(site.url("other.test", "/hello.txt"), "-H", '"Authorization: Bearer $TOKEN"')
+    )
+    assert plain.stdout.text.endswith("\n403"), plain.stderr.text
+    assert site.requests == []
+    # git.test's own credential, from a file, is injected there.
+    right = await sh(
+        ex,
+        curl(upstream.url("git.test", "/hello.txt"), "-H", '"Authorization: token $GIT_TOKEN"'),
+    )
+    assert right.stdout.text.endswith("\n200"), right.stderr.text
+    assert upstream.requests[-1].headers.get("authorization") == f"token {GIT_SECRET}"
+
+
+async def test_a_credential_file_is_never_readable_by_a_command(
+    make_pinned_executor: ExecutorFactory, executor_kw: dict[str, object], tmp_path: Path
+) -> None:
+    ex = make_pinned_executor(**executor_kw)
+    result = await sh(ex, f"cat {shlex.quote(str(tmp_path / 'git-secret'))}")
+    assert result.exit_code != 0
+    assert GIT_SECRET not in result.stdout.text + result.stderr.text
+
+
+class _SmartGit(http.server.BaseHTTPRequestHandler):
+    """`git http-backend` behind Basic auth that only the real secret passes."""
+
+    root = ""
+    expected = ""
+    seen: list[str] = []
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _serve(self) -> None:
+        auth = self.headers.get("Authorization", "")
+        self.seen.append(auth)
+        if auth != self.expected:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="test"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path, _, query = self.path.partition("?")
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "GIT_PROJECT_ROOT": self.root,
+            "GIT_HTTP_EXPORT_ALL": "1",
+            "REMOTE_USER": "x-access-token",
+            "REQUEST_METHOD": self.command,
+            "PATH_INFO": path,
+            "QUERY_STRING": query,
+            "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+            "CONTENT_LENGTH": str(len(body)),
+            "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""),
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "HOME": self.root,
+        }
+        backend = ["git", "http-backend"]
+        run = subprocess.run(
+            backend, input=body, env=env, capture_output=True, timeout=60, check=True
+        )
+        out = run.stdout
+        head, _, payload = out.partition(b"\r\n\r\n")
+        status = 200
+        headers = []
+        for line in head.split(b"\r\n"):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "status":
+                status = int(value.split()[0])
+            elif name:
+                headers.append((name, value.strip()))
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = _serve
+    do_POST = _serve
+
+
+async def test_git_push_over_https_with_basic_auth_gets_the_secret_only_on_the_wire(
+    make_pinned_executor: ExecutorFactory,
+    executor_kw: dict[str, object],
+    ca: ThrowawayCA,
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "git-root"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", "--bare", str(root / "repo.git")], check=True)
+    token = base64.b64encode(f"x-access-token:{SECRET}".encode()).decode()
+    handler = type("Handler", (_SmartGit,), {"root": str(root), "expected": f"Basic {token}"})
+    handler.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.socket = ca.server_context(["registry.test"]).wrap_socket(
+        server.socket, server_side=True
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ex = make_pinned_executor(**executor_kw, mode="workspace-write")
+        url = f"https://registry.test:{server.server_address[1]}/repo.git"
+        script = (
+            "set -e; export GIT_TERMINAL_PROMPT=0 GIT_CONFIG_GLOBAL=/dev/null; "
+            "git init -q src && cd src && echo pushed > f && git add f && "
+            "git -c user.name=t -c user.email=t@t commit -qm pushed && "
+            f"git push -q {shlex.quote(url)} HEAD:refs/heads/main"
+        )
+        result = await sh(ex, script)
+        assert result.exit_code == 0, result.stderr.text
+    finally:
+        server.shutdown()
+        server.server_close()
+    log = subprocess.run(
+        ["git", "--git-dir", str(root / "repo.git"), "log", "--format=%s", "main"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert log.stdout == "pushed\n"
+    assert f"Basic {token}" in handler.seen
+    assert all(
+        PLACEHOLDER_PREFIX not in base64.b64decode(a[6:] or b"").decode() for a in handler.seen if a
+    )
