@@ -35,9 +35,7 @@ _STAMP_EVERY_S = 60
 _LOCKS = ".locks"
 _TRASH = ".trash-"
 
-# Process-wide: the domains this process uses, each held by a shared flock until it exits
-# (a sweeper elsewhere removes only what it can lock exclusively), and when each was stamped.
-_held: dict[str, int] = {}
+# When each domain was stamped, and which cache bases this process swept.
 _stamped: dict[str, float] = {}
 _swept: set[str] = set()
 _mutex = threading.Lock()
@@ -63,10 +61,24 @@ def cache_base() -> str:
     return os.path.realpath(os.path.join(base, "bash-sandbox", "caches"))
 
 
-def tool_cache_home(policy: SandboxPolicy) -> str | None:
-    """The sandbox's own cache home for ``policy``'s trust domain (created 0700, held for
-    this process's lifetime), or None when the home cannot hold one (read-only, not ours):
-    caches then stay in the call's private /tmp."""
+class CacheHolds:
+    """The cache domains one executor uses, each held by a shared flock until `close()` (a
+    sweeper elsewhere removes only what it can lock exclusively)."""
+
+    def __init__(self) -> None:
+        self.fds: dict[str, int] = {}
+
+    def close(self) -> None:
+        fds, self.fds = self.fds, {}
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def tool_cache_home(policy: SandboxPolicy, holds: CacheHolds) -> str | None:
+    """The sandbox's own cache home for ``policy``'s trust domain (created 0700, held in
+    ``holds``), or None when the home cannot hold one (read-only, not ours): caches then
+    stay in the call's private /tmp."""
     base = cache_base()
     key = domain_key(policy)
     with _mutex:
@@ -77,7 +89,7 @@ def tool_cache_home(policy: SandboxPolicy) -> str | None:
             sweep_caches(base)
         path = os.path.join(base, key)
         try:
-            if path not in _held:
+            if path not in holds.fds:
                 # Held before the directory is made: a sweeper never removes it under us.
                 fd = os.open(
                     os.path.join(base, _LOCKS, key),
@@ -85,7 +97,7 @@ def tool_cache_home(policy: SandboxPolicy) -> str | None:
                     0o600,
                 )
                 fcntl.flock(fd, fcntl.LOCK_SH)
-                _held[path] = fd
+                holds.fds[path] = fd
             if not _owned_dir(path):
                 return None
             _stamp(base, key, policy)
@@ -143,8 +155,7 @@ def sweep_caches(
     victims = [k for i, (m, k) in enumerate(used) if i >= max_domains or now - m > max_age_s]
     removed = []
     for key in victims:
-        if os.path.join(base, key) in _held:
-            continue
+        # One this process holds fails the exclusive lock below too (another description).
         lock = os.path.join(base, _LOCKS, key)
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

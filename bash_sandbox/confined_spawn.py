@@ -187,7 +187,8 @@ class ConfinedSpawn(SpawnScope):
         policy = self.policy
         if policy.mode is not SandboxMode.WORKSPACE_WRITE or not self._settings.tool_caches:
             return
-        self.cache_home = tool_cache_home(policy)  # per trust domain (`cache_domains.py`)
+        # Per trust domain, held until the executor closes (`cache_domains.py`).
+        self.cache_home = tool_cache_home(policy, self._services.cache_holds)
         if self.cache_home is None:
             self.warnings.append(
                 "no tool cache home under ~/.cache (not writable): package caches "

@@ -84,11 +84,10 @@ class _Ledger:
 
 
 @contextlib.contextmanager
-def _ledger(base: str | None = None) -> Iterator[_Ledger]:
+def _ledger(base: str | None = None, *, create: bool = True) -> Iterator[_Ledger]:
     base = base or user_base_dir()
-    fd = os.open(
-        os.path.join(base, _LEDGER), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-    )
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    fd = os.open(os.path.join(base, _LEDGER), flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         ledger = _Ledger(fd, _read(fd))
@@ -173,8 +172,12 @@ def _sweep_dead(entries: dict[str, dict[str, object]]) -> None:
 
 def sweep(base: str | None = None) -> None:
     """Remove every placeholder whose holders are all dead (also run by each `Placeholders`)."""
-    with _ledger(base):
-        pass
+    try:
+        # No ledger yet: no executor of this uid ever made a placeholder, nothing to sweep.
+        with _ledger(base, create=False):
+            pass
+    except FileNotFoundError:
+        return
 
 
 class Placeholders:

@@ -17,6 +17,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from bash_sandbox.backends.base import SandboxBackend
+from bash_sandbox.cache_domains import CacheHolds
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.host_view import HostSurvey
 from bash_sandbox.linux.cover_watch import CoverWatch
@@ -69,6 +70,7 @@ class SandboxServices:
         self.spawn_ids = itertools.count(1)
         self.publications = Publications()
         self.mirrors = Mirrors()
+        self.cache_holds = CacheHolds()
         self._egress_resolver = egress_resolver
         self._supervisor: SeccompSupervisor | None = None
         self._proxy: EgressProxy | None = None
@@ -177,5 +179,6 @@ class SandboxServices:
         if self._supervisor is not None:
             self._supervisor.close()
         self.limits.close()
+        self.cache_holds.close()
         self.namespaces.close()
         self.state.remove()

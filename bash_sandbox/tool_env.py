@@ -32,10 +32,16 @@ from __future__ import annotations
 
 import os
 
-from bash_sandbox.cache_domains import tool_cache_home
+from bash_sandbox.cache_domains import CacheHolds, tool_cache_home
 from policies import NetworkMode, SandboxMode, SandboxPolicy
 
-__all__ = ["OFFLINE", "cache_variables", "confined_environment", "tool_cache_home"]
+__all__ = [
+    "OFFLINE",
+    "CacheHolds",
+    "cache_variables",
+    "confined_environment",
+    "tool_cache_home",
+]
 
 OFFLINE = {
     "npm_config_fetch_retries": "0",
