@@ -46,12 +46,7 @@ from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
-from bash_sandbox.facts import (
-    DENIALS_LIMIT,
-    bounded_denials,
-    derive_facts_flags,
-    infer_file_denials,
-)
+from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
 from bash_sandbox.git_plane import (
     NESTED_BUDGET,
     MergeReport,
@@ -861,19 +856,23 @@ class SandboxBashExecutor(LocalBashExecutor):
         if record.grant is not None:
             denials += [d.to_sandbox_denial() for d in record.grant.denials()]
             total += record.grant.denials_total
-        inferred = (
-            infer_file_denials(
-                stdout_text, stderr_text, **self._inference_context(plan, spec.workdir)
+        # The output only points (hints); denials above are evidence. Bounded and grouped.
+        hints = (
+            collect_hints(
+                stdout_text,
+                stderr_text,
+                denials=denials,
+                # The command's loopback is its own only in a network namespace of its own.
+                private_loopback=policy.network is NetworkMode.ISOLATED
+                and backend.network_namespace != "none",
+                **self._inference_context(plan, spec.workdir),
             )
             if self._collect_evidence
             else []
         )
-        denials += inferred
-        total += len(inferred)
-        # Evidence wins over an inference about the same target; the list stays bounded.
-        first, _ = bounded_denials(denials, DENIALS_LIMIT)
+        lists = summarize(denials, total, hints)
         denied, network_denied = derive_facts_flags(
-            first, exit_code, signal, folds_signals=plan.folds_signals
+            lists.denials, exit_code, signal, folds_signals=plan.folds_signals
         )
         return SandboxFacts(
             mode=policy.mode,
@@ -882,8 +881,10 @@ class SandboxBashExecutor(LocalBashExecutor):
             backend=backend.name,
             network=policy.network,
             network_denied=network_denied,
-            denials=tuple(first),
-            denials_total=max(total, len(first)),
+            denials=lists.denials,
+            denials_total=lists.total,
+            denial_groups=lists.groups,
+            hints=lists.hints,
             nested_repositories=record.nested,
             limit_exceeded=record.limit_exceeded,
             limits_enforcement=record.limits.summary if record.limits is not None else None,

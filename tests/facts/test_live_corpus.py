@@ -1,9 +1,10 @@
-"""Denial facts of real commands on both Linux backends, against the labelled live corpus.
+"""Denial facts and hints of real commands on both Linux backends, against the live corpus.
 
 Every case of `live_cases.py` runs through the real `SandboxBashExecutor` (real bwrap, real
 Landlock, the real seccomp supervisor, git overlays, and output inference); the result's
-denials are compared with the label as ``(kind, target)`` sets, the evidence is checked
-where only one source can see the refusal, and the flags keep their contract meaning.
+denials and hints are compared with the label as ``(kind, target)`` sets, the evidence is
+checked where only one source can see the refusal, no denial rests on the output alone,
+and the flags keep their contract meaning.
 The host is checked from outside too: refused files are absent, host git state unchanged,
 the test's own servers saw nothing, no secret reached the output. Precision and recall
 over the corpus must both be 100% on each backend; they are printed.
@@ -124,6 +125,8 @@ class CaseOutcome:
     case: LiveCase
     predicted: set[Denial]
     expected: set[Denial]
+    hints: set[Denial] = field(default_factory=set)
+    hinted: set[Denial] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
 
 
@@ -160,14 +163,21 @@ def _judge(
     assert facts is not None
     labels: dict[Denial, Expected] = {}
     for e in case.expected:
-        filled = _nameservers() if e.target == "{nameserver}" else [layout.fill(e.target)]
-        labels |= {(e.kind, target): e for target in filled}
+        if e.fact == "denial":
+            filled = _nameservers() if e.target == "{nameserver}" else [layout.fill(e.target)]
+            labels |= {(e.kind, target): e for target in filled}
     expected = set(labels)
     predicted = {(d.kind.value, d.target) for d in facts.denials}
-    outcome = CaseOutcome(case, predicted, expected)
+    hinted = {(e.kind, layout.fill(e.target)) for e in case.expected if e.fact == "hint"}
+    hints = {(h.kind.value, h.target) for h in facts.hints}
+    outcome = CaseOutcome(case, predicted, expected, hints, hinted)
     problems = outcome.problems
     if predicted != expected:
         problems.append(f"denials {sorted(predicted)} != label {sorted(expected)}")
+    if hints != hinted:
+        problems.append(f"hints {sorted(hints)} != label {sorted(hinted)}")
+    # Every denial is witnessed: the output alone never makes one.
+    problems += [f"{d.target}: inferred denial" for d in facts.denials if d.evidence == "inferred"]
     for d in facts.denials:
         label = labels.get((d.kind.value, d.target))
         if label is not None and label.evidence is not None and d.evidence.value != label.evidence:
@@ -248,19 +258,33 @@ async def test_live_corpus_precision_and_recall_are_100_percent(backend: str) ->
         finally:
             _cleanup(root)
             shutil.rmtree(root, ignore_errors=True)
-    true_positive = sum(len(o.predicted & o.expected) for o in outcomes)
-    false_positive = sum(len(o.predicted - o.expected) for o in outcomes)
-    false_negative = sum(len(o.expected - o.predicted) for o in outcomes)
-    precision = true_positive / ((true_positive + false_positive) or 1)
-    recall = true_positive / ((true_positive + false_negative) or 1)
+    scores = {
+        "denials": _score([(o.predicted, o.expected) for o in outcomes]),
+        "hints": _score([(o.hints, o.hinted) for o in outcomes]),
+    }
     with_denials = sum(1 for o in outcomes if o.expected)
+    with_hints = sum(1 for o in outcomes if o.hinted)
+    look_alikes = sum(1 for o in outcomes if not o.expected and not o.hinted)
     print(
         f"\nlive corpus on {backend}: {len(outcomes)} cases ({with_denials} with denials, "
-        f"{len(outcomes) - with_denials} look-alikes), {true_positive + false_negative} labelled "
-        f"denials; precision {precision:.1%}, recall {recall:.1%}"
+        f"{with_hints} with hints, {look_alikes} look-alikes); "
+        + "; ".join(
+            f"{name}: {n} labelled, precision {p:.1%}, recall {r:.1%}"
+            for name, (n, p, r) in scores.items()
+        )
         + (f"; skipped: {', '.join(skipped)}" if skipped else "")
     )
     failures = [f"{o.case.name}: " + "; ".join(o.problems) for o in outcomes if o.problems]
     assert not failures, "\n".join(failures)
-    assert with_denials >= 15 and len(outcomes) - with_denials >= 6
-    assert (precision, recall) == (1.0, 1.0)
+    assert with_denials >= 8 and with_hints >= 15 and look_alikes >= 5
+    assert all((p, r) == (1.0, 1.0) for _, p, r in scores.values())
+
+
+def _score(pairs: list[tuple[set[Denial], set[Denial]]]) -> tuple[int, float, float]:
+    """(labelled, precision, recall) over (predicted, expected) pairs."""
+    true_positive = sum(len(p & e) for p, e in pairs)
+    false_positive = sum(len(p - e) for p, e in pairs)
+    false_negative = sum(len(e - p) for p, e in pairs)
+    precision = true_positive / ((true_positive + false_positive) or 1)
+    recall = true_positive / ((true_positive + false_negative) or 1)
+    return true_positive + false_negative, precision, recall
