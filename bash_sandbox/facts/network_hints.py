@@ -49,7 +49,7 @@ _NAME = rf"(?P<name>{_LABEL}(?:\.{_LABEL})+)"
 _LOOKUPS = (
     re.compile(rf"Could not resolve host: {_NAME}"),  # curl, git
     re.compile(rf"getaddrinfo (?:EAI_AGAIN|ENOTFOUND) {_NAME}"),  # node, npm
-    re.compile(rf"(?:lookup|resolve) {_NAME}(?::\d+)?: "),  # Go "dial tcp: lookup x on ..."
+    re.compile(rf"\blookup {_NAME}(?::\d+)?(?: on |: )"),  # Go "dial tcp: lookup x on ..."
     re.compile(rf"host='{_NAME}'.*(?:NameResolutionError|Temporary failure in name resolution)"),
     re.compile(rf"unable to resolve host address ['\u2018]{_NAME}['\u2019]"),  # wget
     re.compile(rf"Failed to resolve ['\"]{_NAME}['\"]"),  # pip/urllib3
