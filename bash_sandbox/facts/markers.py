@@ -10,7 +10,7 @@ Shapes::
     [sandbox: connect to 93.184.216.34:443 denied under isolated network; ask for
      network=host or add the domain to allow_domains]
     [sandbox: 14 writes in /ws/.git/modules/m/hooks denied (git control plane (hooks))
-     under workspace-write mode: a, b, c and 11 more; protected names stay read-only; ...]
+     under workspace-write mode: a, b, c and 11 more; git config, hooks and info stay ...]
 
 A group of one is the single line. Hints say they are not denials, and start differently
 so a harness matching ``[sandbox:`` never takes one for a denial::
