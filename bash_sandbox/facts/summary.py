@@ -74,14 +74,15 @@ def group_denials(denials: Iterable[SandboxDenial]) -> tuple[DenialGroup, ...]:
 
 
 def _covered(hint: SandboxHint, denials: Iterable[SandboxDenial]) -> bool:
-    """A hint a witnessed denial already says (the same target, or a relative path that
-    ends a denied one)."""
+    """A hint a witnessed denial already says: the same target, or a relative path whose
+    named components end a denied one (``../out/build`` and ``/ws/out/build``)."""
+    tail = "/".join(p for p in hint.target.split("/") if p not in ("", ".", ".."))
     for d in denials:
         if d.kind is not hint.kind:
             continue
         if d.target == hint.target:
             return True
-        if hint.relative and d.target.endswith("/" + hint.target.removeprefix("./")):
+        if hint.relative and tail and d.target.endswith("/" + tail):
             return True
     return False
 

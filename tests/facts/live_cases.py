@@ -41,10 +41,15 @@ class Expected:
     target: str
     evidence: str | None = None  # None: whichever source saw it (denials only)
     fact: Fact = "denial"
+    # A hint's denials (shell patterns) once the supervisor witnesses write intent
+    # (`tests.facts.evidence.WRITE_INTENT_WITNESSED`); the hint then goes, unless it `stays`
+    # (the witnessed path is another one than the tool printed).
+    witnessed: tuple[str, ...] = ()
+    stays: bool = False
 
 
-def _hint(kind: str, target: str) -> Expected:
-    return Expected(kind, target, fact="hint")
+def _hint(kind: str, target: str, *witnessed: str, stays: bool = False) -> Expected:
+    return Expected(kind, target, fact="hint", witnessed=witnessed, stays=stays)
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ro-bash-write-outside",
         "read-only",
         "echo x > {outside}/ro.txt",
-        (_hint(_WRITE, "{outside}/ro.txt"),),
+        (_hint(_WRITE, "{outside}/ro.txt", "{outside}/ro.txt"),),
         shows=(("stderr", "Read-only file system"),),
         absent=("{outside}/ro.txt",),
     ),
@@ -134,21 +139,21 @@ DENIALS: tuple[LiveCase, ...] = (
         "ro-bash-write-workspace",
         "read-only",
         "echo x > note.txt",
-        (_hint(_WRITE, "note.txt"),),
+        (_hint(_WRITE, "note.txt", "{ws}/note.txt"),),
         absent=("{ws}/note.txt",),
     ),
     LiveCase(
         "ww-bash-write-outside",
         "workspace-write",
         "echo x > {outside}/ww.txt",
-        (_hint(_WRITE, "{outside}/ww.txt"),),
+        (_hint(_WRITE, "{outside}/ww.txt", "{outside}/ww.txt"),),
         absent=("{outside}/ww.txt",),
     ),
     LiveCase(
         "ww-mkdir-relative-outside",
         "workspace-write",
         "mkdir ../outside/build",
-        (_hint(_WRITE, "../outside/build"),),
+        (_hint(_WRITE, "../outside/build", "{outside}/build"),),
         shows=(("stderr", "cannot create directory"),),
         absent=("{outside}/build",),
     ),
@@ -156,7 +161,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-python-write-outside",
         "workspace-write",
         "{py} -c \"open('{outside}/py.txt', 'w')\"",
-        (_hint(_WRITE, "{outside}/py.txt"),),
+        (_hint(_WRITE, "{outside}/py.txt", "{outside}/py.txt"),),
         shows=(("stderr", "[Errno 30] Read-only file system"),),
         absent=("{outside}/py.txt",),
         tool="python3",
@@ -165,7 +170,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-node-erofs-outside",
         "workspace-write",
         "node -e \"require('fs').writeFileSync('{outside}/n.txt', 'x')\"",
-        (_hint(_WRITE, "{outside}/n.txt"),),
+        (_hint(_WRITE, "{outside}/n.txt", "{outside}/n.txt"),),
         shows=(("stderr", "EROFS: read-only file system, open '{outside}/n.txt'"),),
         absent=("{outside}/n.txt",),
         tool="node",
@@ -182,7 +187,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-node-eacces-mkdir-deny-read",
         "workspace-write",
         "node -e \"require('fs').mkdirSync('{outside}/secrets/d')\"",
-        (_hint(_WRITE, "{outside}/secrets/d"),),
+        (_hint(_WRITE, "{outside}/secrets/d", "{outside}/secrets/d"),),
         shows=(("stderr", "EACCES: permission denied, mkdir '{outside}/secrets/d'"),),
         absent=("{outside}/secrets/d",),
         tool="node",
@@ -198,7 +203,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-pytest-write-outside-on-stdout",
         "workspace-write",
         "{venv_py} -m pytest -q -p no:cacheprovider test_report.py",
-        (_hint(_WRITE, "{outside}/report.txt"),),
+        (_hint(_WRITE, "{outside}/report.txt", "{outside}/report.txt"),),
         shows=(("stdout", "[Errno 30] Read-only file system: '{outside}/report.txt'"),),
         files=(("ws/test_report.py", PYTEST_OUTSIDE),),
         absent=("{outside}/report.txt",),
@@ -208,7 +213,10 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-cargo-test-write-outside-on-stdout",
         "workspace-write",
         "cargo test -q --offline",
-        (_hint(_WRITE, "{outside}/report-rs.txt"),),
+        (
+            # cargo also locks its own package cache in the read-only home.
+            _hint(_WRITE, "{outside}/report-rs.txt", "{outside}/report-rs.txt", "*/.cargo/.*"),
+        ),
         shows=(("stdout", "Read-only file system (os error 30)"),),
         files=(("ws/Cargo.toml", CARGO_TOML), ("ws/src/lib.rs", CARGO_TEST)),
         absent=("{outside}/report-rs.txt",),
@@ -219,7 +227,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-go-test-write-outside-on-stdout",
         "workspace-write",
         "go test ./...",
-        (_hint(_WRITE, "{outside}/report-go.txt"),),
+        (_hint(_WRITE, "{outside}/report-go.txt", "{outside}/report-go.txt"),),
         shows=(("stdout", "read-only file system"),),
         files=(("ws/go.mod", GO_MOD), ("ws/report_test.go", GO_TEST)),
         absent=("{outside}/report-go.txt",),
@@ -242,7 +250,15 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-git-push-outside",
         "workspace-write",
         "git push origin HEAD:main",
-        (_hint(_WRITE, "{outside}/remote.git"),),
+        (
+            # receive-pack's refused temporary directory has a random name.
+            _hint(
+                _WRITE,
+                "{outside}/remote.git",
+                "{outside}/remote.git/objects/tmp_objdir-incoming-*",
+                stays=True,
+            ),
+        ),
         shows=(("stderr", "remote unpack failed"),),
         setup=GIT_REPO,
         unchanged=("{outside}/remote.git",),
@@ -344,7 +360,7 @@ HINTS_AND_GROUPS: tuple[LiveCase, ...] = (
         "ro-cd-then-relative-write",
         "read-only",
         "cd sub && echo x > rel.txt",
-        (_hint(_WRITE, "rel.txt"),),
+        (_hint(_WRITE, "rel.txt", "{ws}/sub/rel.txt"),),
         shows=(("stderr", "rel.txt: Read-only file system"),),
         setup="mkdir sub",
         absent=("{ws}/sub/rel.txt", "{ws}/rel.txt"),

@@ -144,6 +144,12 @@ def test_a_hint_the_witnessed_denial_already_says_is_dropped() -> None:
     other = SandboxHint(kind=DenialKind.FILE_WRITE, target="/etc/x", reason="outside")
     lists = summarize([denial], 1, [same, relative, other, other])
     assert lists.hints == (other,)
+    up = SandboxHint(
+        kind=DenialKind.FILE_WRITE, target="../sub/rel.txt", relative=True, reason="outside"
+    )
+    assert summarize([denial], 1, [up]).hints == ()
+    unrelated = SandboxHint(kind=DenialKind.FILE_WRITE, target="x.txt", relative=True, reason="")
+    assert summarize([denial], 1, [unrelated]).hints == (unrelated,)
     assert summarize([], 0, [relative]).hints == (relative,)
 
 
