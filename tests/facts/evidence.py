@@ -27,8 +27,14 @@ def _names(shown: str, relative: bool, target: str | None) -> bool:
     return shown == target or (relative and target.endswith("/" + shown.removeprefix("./")))
 
 
-def file_refusal_reported(facts: SandboxFacts | None, target: str | None = None) -> bool:
-    """Whether ``facts`` report a refused file access (of ``target``, when given)."""
+def file_refusal_reported(
+    facts: SandboxFacts | None, target: str | None = None, *, witnessable: bool = True
+) -> bool:
+    """Whether ``facts`` report a refused file access (of ``target``, when given).
+
+    ``witnessable=False``: a refusal the write watch does not judge (it records writes to
+    read-only mounts; a rename of a mount point answers EBUSY, Landlock alone EACCES), which
+    only the output names, in either build."""
     if facts is None:
         return False
     witnessed = any(
@@ -37,7 +43,7 @@ def file_refusal_reported(facts: SandboxFacts | None, target: str | None = None)
         and _names(d.target, False, target)
         for d in facts.denials
     )
-    if WRITE_INTENT_WITNESSED:
+    if WRITE_INTENT_WITNESSED and witnessable:
         return witnessed
     hinted = any(
         h.kind in _FILE_KINDS and _names(h.target, h.relative, target) for h in facts.hints

@@ -115,6 +115,7 @@ async def test_landlock_alone_confines_and_reports_partial(tmp_path: Path) -> No
     assert "CONNECTED" not in result.stdout.text
     assert result.sandbox is not None
     assert (result.sandbox.backend, result.sandbox.enforcement) == ("landlock", "partial")
-    # The write and the read of the secret are refused; the output names both.
-    assert file_refusal_reported(result.sandbox, str(outside))
-    assert file_refusal_reported(result.sandbox, str(secrets / "key"))
+    # The write and the read of the secret are refused (Landlock's EACCES, no read-only
+    # mount for the write watch to judge); the output names both.
+    assert file_refusal_reported(result.sandbox, str(outside), witnessable=False)
+    assert file_refusal_reported(result.sandbox, str(secrets / "key"), witnessable=False)
