@@ -56,7 +56,8 @@ def _file_step(denial: SandboxDenial | SandboxHint | DenialGroup) -> str:
         return "add it to writable_roots or ask for danger-full-access"
     if denial.reason == REASON_DENY_READ:
         return "remove it from deny_read or ask for danger-full-access"
-    if denial.reason.startswith("protected name"):
+    # The write watch's word for a protected name (or a placeholder) inside a root.
+    if denial.reason.startswith(("protected name", "held read-only")):
         return "protected names stay read-only; ask for danger-full-access if the change is meant"
     if denial.reason.startswith("git control plane"):
         # The overlay discarded it: git's own files are the host's to change.

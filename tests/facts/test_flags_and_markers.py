@@ -126,6 +126,8 @@ def test_markers_name_what_why_and_the_next_step(monkeypatch: pytest.MonkeyPatch
     )
     protected = _denial(DenialKind.FILE_WRITE, "/srv/ws/.git/hooks/x", "protected name .git/hooks")
     assert "protected names stay read-only" in denial_marker(protected, "workspace-write", None)
+    held = _denial(DenialKind.FILE_WRITE, "/srv/ws/.env", "held read-only inside a writable root")
+    assert "protected names stay read-only" in denial_marker(held, "workspace-write", None)
 
 
 def test_the_generic_marker_keeps_its_exact_text() -> None:
