@@ -5,7 +5,13 @@ from bash_local.environment import build_command_env
 from bash_local.executor import ExecutorClosedError, LocalBashExecutor
 from bash_local.output import OutputCollector, OutputListener, SpillDirectory
 from bash_local.process import LocalBashProcess, SpawnedCommand
-from bash_local.spawn import SpawnPlan, folded_signal
+from bash_local.spawn import (
+    SpawnOutcome,
+    SpawnPlan,
+    SpawnScope,
+    UnconfinedSpawn,
+    folded_signal,
+)
 
 __all__ = [
     "ExecutorClosedError",
@@ -14,9 +20,12 @@ __all__ = [
     "LocalBashProcess",
     "OutputCollector",
     "OutputListener",
+    "SpawnOutcome",
     "SpawnPlan",
+    "SpawnScope",
     "SpawnedCommand",
     "SpillDirectory",
+    "UnconfinedSpawn",
     "build_command_env",
     "folded_signal",
 ]

@@ -1,17 +1,10 @@
 """`LocalBashExecutor`: runs each command unconfined as a fresh `bash -c` in its own session.
 
 It owns the request -> spec -> plan pipeline and the registry of background processes.
-A confining subclass overrides hooks only:
-
-- `config_type`: the config class built when no config is passed;
-- `_prepare(spec)`: awaited before each spawn (slow one-time work, off the loop);
-- `_confine(spec, plan)`: rewrites the `SpawnPlan` before anything spawns (may raise);
-- `_after_spawn(spec, plan)` / `_after_settle(spec, plan)`: right after the spawn, and
-  once the process has settled (before its facts);
-- `_outcome_facts(spec, plan, ...)`: classifies a settled command (foreground: may raise);
-- `_spawn_error(spec, plan, exc)`: the error `run()` raises when the spawn itself failed,
-  called while the plan's fds are still open (it is released right after);
-- `_kill_group(pid, sig)`: how a command's process group is signalled.
+A confining subclass overrides one hook, `_open_scope(spec)`, returning the `SpawnScope`
+that owns the spawn (spawn.py): its plan, what happens once it spawned or failed to, the
+facts once it settled, and one `close()`. `config_type` names the config class built when
+no config is passed; `_kill_group(pid, sig)` is how a group is signalled.
 
 Spawning and watching (process.py), output bounds (output.py) and the environment
 (environment.py) are shared as they are.
@@ -32,9 +25,10 @@ from pydantic import ValidationError
 
 from bash_local.config import LocalBashConfig
 from bash_local.environment import build_command_env, check_env_channels
+from bash_local.long_command import fit_exec_limits
 from bash_local.output import OutputCollector, OutputListener, SpillDirectory
 from bash_local.process import KillReason, LocalBashProcess, SpawnedCommand
-from bash_local.spawn import SpawnPlan
+from bash_local.spawn import SpawnOutcome, SpawnPlan, SpawnScope, UnconfinedSpawn
 from bash_seam import (
     AbortedBeforeStartError,
     BashExecError,
@@ -127,7 +121,7 @@ class LocalBashExecutor(BashExecutor):
         except ValidationError as exc:
             raise InvalidRequestError(f"invalid request: {exc}") from exc
 
-    # -- hooks for confining subclasses ----------------------------------------------------
+    # -- the one hook for confining subclasses --------------------------------------------
 
     def _bash_path(self) -> str:
         """Absolute path of bash, looked up once; nothing is searched on PATH at spawn."""
@@ -138,58 +132,23 @@ class LocalBashExecutor(BashExecutor):
             self._bash = os.path.abspath(found)
         return self._bash
 
-    def _build_spawn_plan(self, spec: BashExecSpec) -> SpawnPlan:
-        """Base plan: (bash_abs, "-c", spec.command), the built env, spec.workdir; then returns
-        self._confine(spec, plan)."""
+    def _base_plan(self, spec: BashExecSpec) -> SpawnPlan:
+        """(bash_abs, "-c", spec.command), the built env, spec.workdir. Its ``release`` (a
+        long command's memfd) is the caller's to give back: a scope owns it from here."""
         plan = SpawnPlan(
             argv=(self._bash_path(), "-c", spec.command),
             env=build_command_env(os.environ, spec.env, spec.dsh_env),
             cwd=spec.workdir,
         )
-        return self._confine(spec, plan)
+        # A command over one exec argument goes through a memfd; what still cannot be
+        # exec'd is a request error (E2BIG), not a spawn failure.
+        return fit_exec_limits(plan)
 
-    def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:
-        """Rewrite the plan to confine it; may raise (nothing has spawned yet)."""
-        return plan
-
-    def _after_spawn(self, spec: BashExecSpec, plan: SpawnPlan) -> None:
-        """Right after a successful spawn, on the loop thread (may raise: the command is
-        killed and the error propagates)."""
-
-    def _after_settle(
-        self,
-        spec: BashExecSpec,
-        plan: SpawnPlan,
-        *,
-        exit_code: int | None,
-        signal: str | None,
-        stderr_text: str,
-    ) -> None:
-        """Once per spawn, when the process has settled, before its facts are read; runs
-        even when the task awaiting `run()` was cancelled."""
-
-    def _outcome_facts(
-        self,
-        spec: BashExecSpec,
-        plan: SpawnPlan,
-        *,
-        exit_code: int | None,
-        signal: str | None,
-        stderr_text: str,
-        background: bool,
-        stdout_text: str = "",
-    ) -> SandboxFacts | None:
-        """What confinement did for a settled command; None from an unconfined executor.
-        ``stdout_text``/``stderr_text`` are the bounded tails the result carries."""
-        return None
-
-    def _spawn_error(self, spec: BashExecSpec, plan: SpawnPlan, exc: BaseException) -> Exception:
-        """The error `run()` raises when the spawn itself failed (nothing is running)."""
-        if isinstance(exc, OSError) and exc.filename == plan.cwd:
-            return WorkdirError(f"workdir {plan.cwd!r} is unusable: {exc.strerror}")
-        if isinstance(exc, FileNotFoundError) and exc.filename == plan.argv[0]:
-            return ShellNotFoundError(f"{plan.argv[0]} could not be executed: {exc.strerror}")
-        return BashExecError(f"could not spawn {plan.argv[0]}: {exc}")
+    async def _open_scope(self, spec: BashExecSpec) -> SpawnScope:
+        """The scope that owns this spawn (may raise: nothing has spawned yet). A confining
+        subclass does its slow one-time work off the loop here and wraps the plan; the
+        spawn itself follows on the loop thread without another await."""
+        return UnconfinedSpawn(self._base_plan(spec))
 
     def _kill_group(self, pid: int, sig: int) -> None:
         """Signal the process group of a spawned command (start_new_session: pgid == pid)."""
@@ -202,46 +161,33 @@ class LocalBashExecutor(BashExecutor):
 
     # -- foreground ------------------------------------------------------------------------
 
-    async def _prepare(self, spec: BashExecSpec) -> None:
-        """Slow one-time work before a spawn (probes, namespaces), run off the event loop by
-        confining subclasses; the spawn itself stays on the loop thread (see `spawn()`)."""
-
     async def run(
         self, spec: BashExecSpec, *, on_output: OutputListener | None = None
     ) -> BashRunResult:
         """Run ``spec`` to completion. ``on_output`` sees every chunk as it is written (a
         CLI streams with it); the result still carries the bounded output."""
         timeout_ms = min(spec.timeout_ms, self.config.max_timeout_ms)
-        await self._prepare(spec)
-        spawned, _ = self._launch(spec, background=False, on_output=on_output)
+        spawned, _ = await self._launch(spec, background=False, on_output=on_output)
         spawned.arm_timeout(timeout_ms / 1000)
         try:
             await spawned.settled.wait()
         except BaseException:
             # Cancelled (or torn down) while the command runs: the group dies before the
-            # error propagates; the watcher still reaps and releases in the background.
+            # error propagates; the watcher still settles and closes the scope meanwhile.
             spawned.kill_now()
             raise
-        stdout, stderr = spawned.stdout.collected(), spawned.stderr.collected()
-        # May raise (e.g. SandboxUnavailableError): the run has fully settled by now.
-        facts = self._outcome_facts(
-            spec,
-            spawned.plan,
-            exit_code=spawned.exit_code,
-            signal=spawned.signal,
-            stderr_text=stderr.text,
-            background=False,
-            stdout_text=stdout.text,
-        )
+        if spawned.facts_error is not None:
+            # E.g. SandboxUnavailableError: the run has fully settled by now.
+            raise spawned.facts_error
         return BashRunResult(
             exit_code=spawned.exit_code,
             signal=spawned.signal,
             timed_out=spawned.kill_reason == "timeout",
             aborted=spawned.kill_reason == "abort",
             timeout_ms=timeout_ms,
-            stdout=stdout,
-            stderr=stderr,
-            sandbox=facts,
+            stdout=spawned.stdout.collected(),
+            stderr=spawned.stderr.collected(),
+            sandbox=spawned.facts,
         )
 
     # -- background ------------------------------------------------------------------------
@@ -249,22 +195,17 @@ class LocalBashExecutor(BashExecutor):
     async def start(
         self, spec: BashExecSpec, *, on_output: OutputListener | None = None
     ) -> BashProcess:
-        await self._prepare(spec)
         try:
-            _, process = self._launch(spec, background=True, on_output=on_output)
+            _, process = await self._launch(spec, background=True, on_output=on_output)
         except _SpawnFailed as failed:
             # Reported like a process that never got to run: killed, the reason on stderr.
-            message = f"bash-local: {failed.error}\n"
             stdout, stderr = self._collectors(spec)
-            stderr.feed(message.encode())
+            stderr.feed(failed.message.encode())
             stdout.close()
             stderr.close()
             process = LocalBashProcess(failed.process_id, spec.command, spec.owner, stdout, stderr)
             self._processes[process.id] = process
-            facts = self._background_facts(
-                spec, failed.plan, exit_code=None, signal=None, stderr_text=message
-            )
-            process.settle("killed", exit_code=None, signal=None, sandbox=facts)
+            process.settle("killed", exit_code=None, signal=None, sandbox=failed.facts)
             # Like every other process, it is reported after start() has returned it.
             asyncio.get_running_loop().call_soon(self._fire_task_done, process)
             return process
@@ -323,21 +264,43 @@ class LocalBashExecutor(BashExecutor):
 
         return collector("stdout"), collector("stderr")
 
-    def _launch(
+    async def _launch(
         self,
         spec: BashExecSpec,
         *,
         background: bool,
         on_output: OutputListener | None = None,
     ) -> tuple[SpawnedCommand, LocalBashProcess | None]:
-        """Validate, plan and spawn. Raises before spawning for every infrastructure error;
-        a background spawn that fails raises `_SpawnFailed` (it still gets an id)."""
+        """Validate, open the scope and spawn. Raises before spawning for every infrastructure
+        error; a background spawn that fails raises `_SpawnFailed` (it still gets an id)."""
+        self._check_launchable(spec)
+        scope = await self._open_scope(spec)
+        try:
+            # No await from here to the spawn: the scope's view of the host stays current.
+            self._check_launchable(spec)
+        except BaseException:
+            scope.close()
+            raise
+        return self._spawn(spec, scope, background=background, on_output=on_output)
+
+    def _check_launchable(self, spec: BashExecSpec) -> None:
         if self._closing:
             raise ExecutorClosedError("the executor is closed; create a new one")
         if spec.signal is not None and spec.signal.aborted:
             raise AbortedBeforeStartError("the request was aborted before it started")
         check_workdir(spec.workdir)
-        plan = self._build_spawn_plan(spec)
+
+    def _spawn(
+        self,
+        spec: BashExecSpec,
+        scope: SpawnScope,
+        *,
+        background: bool,
+        on_output: OutputListener | None,
+    ) -> tuple[SpawnedCommand, LocalBashProcess | None]:
+        """Spawn the scope's plan. From here the scope is closed exactly once: below when
+        the spawn fails, else by the settle callback."""
+        plan = scope.plan
         stdin = spec.stdin.encode() if isinstance(spec.stdin, str) else spec.stdin
         stdout, stderr = self._collectors(spec, on_output)
         process: LocalBashProcess | None = None
@@ -352,25 +315,38 @@ class LocalBashExecutor(BashExecutor):
             stderr=stderr,
             grace_s=self.config.grace_ms / 1000,
             kill_group=self._kill_group,
-            on_settled=lambda done: self._on_settled(done, spec, process),
+            on_settled=lambda done: self._on_settled(done, scope, process),
         )
         try:
             spawned.spawn()
         except BaseException as exc:
+            facts: SandboxFacts | None = None
             try:
                 if not isinstance(exc, OSError | subprocess.SubprocessError):
                     raise
-                # Before the release: the plan's fds may still explain the failure.
-                error = self._spawn_error(spec, plan, exc)
+                # Before the close: the plan's fds may still explain the failure.
+                error = scope.failed(exc)
+                if process is not None:
+                    facts = self._settle_quietly(
+                        scope,
+                        SpawnOutcome(
+                            None,
+                            None,
+                            stderr=f"bash-local: {error}\n",
+                            background=True,
+                            started=False,
+                        ),
+                    )
             finally:
-                spawned.abandon()
+                scope.close()
             if process is not None:
-                raise _SpawnFailed(process.id, plan, error) from exc
+                raise _SpawnFailed(process.id, f"bash-local: {error}\n", facts) from exc
             raise error from exc
         try:
-            self._after_spawn(spec, plan)
+            scope.spawned(spawned.pid, spawned.kill_now)
         except BaseException:
-            # The command runs but cannot be watched as the subclass needs: it dies now.
+            # The command runs but cannot be watched as the scope needs: it dies now (and
+            # the settle callback still closes the scope).
             spawned.kill_now()
             raise
         # Held until settled, so aclose() can find it even if the awaiting task is gone.
@@ -383,61 +359,43 @@ class LocalBashExecutor(BashExecutor):
         return spawned, process
 
     def _on_settled(
-        self, spawned: SpawnedCommand, spec: BashExecSpec, process: LocalBashProcess | None
+        self, spawned: SpawnedCommand, scope: SpawnScope, process: LocalBashProcess | None
     ) -> None:
         self._live.discard(spawned)
+        outcome = spawned.outcome(background=process is not None)
         try:
-            self._after_settle(
-                spec,
-                spawned.plan,
-                exit_code=spawned.exit_code,
-                signal=spawned.signal,
-                stderr_text=spawned.stderr.collected().text,
-            )
-        except Exception:
-            logger.exception("finishing the settled spawn %d failed", spawned.pid)
+            spawned.facts = scope.settled(outcome)
+        except Exception as exc:
+            if process is not None:
+                logger.exception("classifying the outcome of a background command failed")
+            spawned.facts_error = exc
+        finally:
+            self._close_quietly(scope)
         if process is None:
             return
         reason: KillReason | None = spawned.kill_reason
-        facts = self._background_facts(
-            spec,
-            spawned.plan,
-            exit_code=spawned.exit_code,
-            signal=spawned.signal,
-            stderr_text=spawned.stderr.collected().text,
-            stdout_text=spawned.stdout.collected().text,
-        )
         process.settle(
             "completed" if reason is None else "killed",
             exit_code=spawned.exit_code,
             signal=spawned.signal,
-            sandbox=facts,
+            sandbox=spawned.facts,
         )
         self._fire_task_done(process)
 
-    def _background_facts(
-        self,
-        spec: BashExecSpec,
-        plan: SpawnPlan,
-        *,
-        exit_code: int | None,
-        signal: str | None,
-        stderr_text: str,
-        stdout_text: str = "",
-    ) -> SandboxFacts | None:
+    @staticmethod
+    def _settle_quietly(scope: SpawnScope, outcome: SpawnOutcome) -> SandboxFacts | None:
         try:
-            return self._outcome_facts(
-                spec,
-                plan,
-                exit_code=exit_code,
-                signal=signal,
-                stderr_text=stderr_text,
-                background=True,
-                stdout_text=stdout_text,
-            )
+            return scope.settled(outcome)
         except Exception:
             logger.exception("classifying the outcome of a background command failed")
             return None
+
+    @staticmethod
+    def _close_quietly(scope: SpawnScope) -> None:
+        try:
+            scope.close()
+        except Exception:
+            logger.exception("closing a settled spawn's scope failed")
 
     def _fire_task_done(self, process: LocalBashProcess) -> None:
         if self._closing:
@@ -452,8 +410,8 @@ class LocalBashExecutor(BashExecutor):
 class _SpawnFailed(Exception):
     """Internal: a background spawn failed; `start()` turns it into a killed process."""
 
-    def __init__(self, process_id: str, plan: SpawnPlan, error: BaseException) -> None:
-        super().__init__(str(error))
+    def __init__(self, process_id: str, message: str, facts: SandboxFacts | None) -> None:
+        super().__init__(message)
         self.process_id = process_id
-        self.plan = plan
-        self.error = error
+        self.message = message
+        self.facts = facts

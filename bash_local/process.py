@@ -10,7 +10,7 @@ It holds that group until the run has *settled*:
    (a `sleep 30 &` holding the pipes must not hold the run);
 3. the whole group gets SIGKILL (leftovers such as `sleep 100 &` never outlive a run), the
    pipes are drained of what is already buffered and closed, and only then the leader is
-   reaped and the plan released.
+   reaped and ``on_settled`` runs (the executor settles and closes the spawn's scope there).
 
 Timeouts, aborts and `kill()` send SIGTERM to the group and SIGKILL after ``grace``.
 """
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from bash_local.output import OutputCollector, decode
-from bash_local.spawn import SpawnPlan, folded_signal
+from bash_local.spawn import SpawnOutcome, SpawnPlan, folded_signal
 from bash_seam import AbortSignal, BashProcess, BashProcessRead, ProcessStatus, SandboxFacts
 
 logger = logging.getLogger("bash_local")
@@ -128,6 +128,9 @@ class SpawnedCommand:
         self.kill_reason: KillReason | None = None
         self.exit_code: int | None = None
         self.signal: str | None = None
+        # Set by the executor's settle callback, before `settled` fires.
+        self.facts: SandboxFacts | None = None
+        self.facts_error: Exception | None = None
         self.settled = asyncio.Event()
 
     # -- spawning --------------------------------------------------------------------------
@@ -140,9 +143,8 @@ class SpawnedCommand:
         worker thread would kill the command as soon as that thread ends.
 
         On failure every descriptor opened here is closed and the exception (OSError,
-        SubprocessError) propagates: nothing is running. The plan is not released yet, so
-        the caller can still read the plan's own fds to explain the failure; it then calls
-        `abandon()`.
+        SubprocessError) propagates: nothing is running. The plan's own fds stay open (its
+        scope owns them), so the caller can still read them to explain the failure.
         """
         plan = self.plan
         opened: list[int] = []
@@ -189,10 +191,6 @@ class SpawnedCommand:
             self._feeder = _StdinFeeder(self._loop, in_w, self._stdin or b"")
             self._feeder.start()
         self._watch_leader_exit()
-
-    def abandon(self) -> None:
-        """After a failed `spawn()`: release the plan (its one release; nothing ran)."""
-        self._release()
 
     def _watch_leader_exit(self) -> None:
         try:
@@ -330,7 +328,6 @@ class SpawnedCommand:
             self.exit_code = returncode
         self.stdout.close()
         self.stderr.close()
-        self._release()
         try:
             if self._on_settled is not None:
                 self._on_settled(self)
@@ -350,14 +347,17 @@ class SpawnedCommand:
                 return
             self._pipes[fd].feed(data)
 
-    def _release(self) -> None:
-        release = self.plan.release
-        if release is None:
-            return
-        try:
-            release()
-        except Exception:
-            logger.exception("releasing the spawn plan failed")
+    def outcome(self, *, background: bool) -> SpawnOutcome:
+        """This settled command's outcome, with the bounded output tails."""
+        return SpawnOutcome(
+            exit_code=self.exit_code,
+            signal=self.signal,
+            timed_out=self.kill_reason == "timeout",
+            aborted=self.kill_reason == "abort",
+            stdout=self.stdout.collected().text,
+            stderr=self.stderr.collected().text,
+            background=background,
+        )
 
 
 class LocalBashProcess(BashProcess):

@@ -1,14 +1,19 @@
-"""`SpawnPlan`: exactly what is handed to the kernel for one command, and the confinement hook.
+"""`SpawnPlan`: exactly what is handed to the kernel for one command; `SpawnScope`: its owner.
 
-The local executor builds a plan (`bash -c`, scrubbed env, cwd); a confining subclass may
-rewrite it (wrap argv, add a pre-exec step and the fds it needs) before anything spawns.
+The local executor builds a plan (`bash -c`, scrubbed env, cwd) and asks for a scope around
+it: `UnconfinedSpawn` runs the plan as it is; a confining executor returns a scope that
+wrapped the plan (argv, a pre-exec step, the fds it needs) and holds what it acquired for
+it until `close()`.
 """
 
 from __future__ import annotations
 
+import abc
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from bash_seam import BashExecError, SandboxFacts, ShellNotFoundError, WorkdirError
 
 
 def folded_signal(returncode: int | None) -> int | None:
@@ -33,8 +38,70 @@ class SpawnPlan:
     # (no imports, no allocation-heavy Python), because other threads may hold locks.
     preexec_fn: Callable[[], None] | None = None
     pass_fds: tuple[int, ...] = ()
-    # Called exactly once after the process settled or the spawn failed (closes pass_fds...).
+    # Given back by the plan's scope when it closes (closes pass_fds...).
     release: Callable[[], None] | None = None
     # The program runs the command as a child and reports "killed by signal n" as exit
     # 128+n (bwrap does): when the executor killed the group, such an exit is read as n.
     folds_signals: bool = False
+
+
+@dataclass(frozen=True)
+class SpawnOutcome:
+    """How one spawn ended, as `SpawnScope.settled` sees it (bounded output tails)."""
+
+    exit_code: int | None
+    signal: str | None
+    timed_out: bool = False
+    aborted: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    background: bool = False
+    # False: the spawn itself failed and nothing ran (a background spawn still needs facts).
+    started: bool = True
+
+
+class SpawnScope(abc.ABC):
+    """Everything one spawn holds, from its plan to its release: the executor's one hook.
+
+    The executor calls, in order: `spawned()` once the process exists (or `failed()` if it
+    never did), `settled()` once it has settled (also for a never-started background spawn),
+    and `close()` exactly once, in a ``finally``, whatever happened before.
+    """
+
+    plan: SpawnPlan
+
+    def spawned(self, pid: int, kill: Callable[[], None]) -> None:  # noqa: B027
+        """Right after the spawn, on the loop thread; ``kill`` SIGKILLs the command's group.
+        May raise: the command is killed and the error propagates."""
+
+    @abc.abstractmethod
+    def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
+        """The facts of a settled command; runs even when nobody awaits the run. A
+        foreground run raises what this raises."""
+
+    def failed(self, exc: BaseException) -> Exception:
+        """The error to raise when the spawn itself failed (the plan's fds still open)."""
+        plan = self.plan
+        if isinstance(exc, OSError) and exc.filename == plan.cwd:
+            return WorkdirError(f"workdir {plan.cwd!r} is unusable: {exc.strerror}")
+        if isinstance(exc, FileNotFoundError) and exc.filename == plan.argv[0]:
+            return ShellNotFoundError(f"{plan.argv[0]} could not be executed: {exc.strerror}")
+        return BashExecError(f"could not spawn {plan.argv[0]}: {exc}")
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Give back everything the spawn held. Called exactly once."""
+
+
+class UnconfinedSpawn(SpawnScope):
+    """The local executor's scope: the plan as built, no facts, the plan's own release."""
+
+    def __init__(self, plan: SpawnPlan) -> None:
+        self.plan = plan
+
+    def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
+        return None
+
+    def close(self) -> None:
+        if self.plan.release is not None:
+            self.plan.release()

@@ -44,9 +44,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from bash_sandbox.backends.mount_plan import GitOverlay, within, within_any
+from bash_sandbox.view import GitOverlay
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 from policies import SandboxPolicy
+from policies.paths import within, within_any
 
 _TOP_FILES = frozenset(
     {

@@ -3,14 +3,22 @@
 A protected name inside a writable root (say `deploy/secrets.env`) that is missing when a
 command starts must stay uncreatable for as long as the command lives, and a cover mount
 needs something to sit on. So the executor creates a placeholder of the right kind (an empty
-file, or an empty directory for names written with a trailing `/`), covers it read-only, and
-removes it again once no running command of any executor of this uid needs it, and only
-while it is still an untouched placeholder. The ledger (one JSON file under this uid's base,
-locked with flock) records who holds each placeholder: removing one that another executor's
-command still sits on would detach that command's cover.
+file, or an empty directory for names written with a trailing `/` and for auto-run names),
+covers it read-only, and removes it again once no running command of any executor of this
+uid needs it, and only while it is still an untouched placeholder. The ledger (one JSON
+file under this uid's base, locked with flock, rewritten in place so that a kill never
+leaves it truncated) records who holds each placeholder: removing one that another
+executor's command still sits on would detach that command's cover.
 
-Holders are `pid:starttime` of the executor process, so a holder that died (SIGKILL, a
-crash) is recognised and dropped the next time the ledger is touched.
+Nothing of a dead executor stays: holders are `pid:starttime` of the executor process, so a
+holder that died (SIGKILL, a crash) is recognised, and every time the ledger is opened
+(each executor's start included) a placeholder nobody alive holds is removed. Only what an
+executor made is ever removed, and only as it made it: the intent is recorded *before* the
+placeholder is created (a kill in between leaves an entry, never an unrecorded file), then
+its device, inode and mtime (kept current when a placeholder inside a placeholder directory
+comes or goes); a file or directory at that path with another identity or mtime (the user
+wrote, touched or replaced it since: a new name may reuse the inode number), or with any
+content, is left alone and forgotten.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ import fcntl
 import json
 import os
 import stat
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 
 from bash_local.userdir import user_base_dir
 
@@ -41,23 +50,53 @@ def _alive(holder: str) -> bool:
     return pid.isdigit() and _process_id(int(pid)) == holder
 
 
+def _read(fd: int) -> dict[str, dict[str, object]]:
+    raw = os.pread(fd, 1 << 22, 0).decode(errors="replace").strip("\x00 \n")
+    try:
+        # The first JSON value only: a kill between writing and truncating leaves the old
+        # ledger's tail after the new one (`_write`).
+        data, _ = json.JSONDecoder().raw_decode(raw) if raw else ({}, 0)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, dict)}
+
+
+def _write(fd: int, data: dict[str, dict[str, object]]) -> None:
+    # In place, one write then a truncate: a kill between them leaves the new ledger followed
+    # by old bytes, which `_read` ignores; never a truncated one. (A new file and a rename
+    # per write cost two journalled metadata operations each, three times per spawn.)
+    encoded = json.dumps(data).encode() + b"\n"
+    os.pwrite(fd, encoded, 0)
+    os.ftruncate(fd, len(encoded))
+
+
+class _Ledger:
+    """The ledger's entries while its lock is held; `flush` makes them durable now."""
+
+    def __init__(self, fd: int, entries: dict[str, dict[str, object]]) -> None:
+        self.fd = fd
+        self.entries = entries
+
+    def flush(self) -> None:
+        _write(self.fd, self.entries)
+
+
 @contextlib.contextmanager
-def _ledger() -> Iterator[dict[str, dict[str, object]]]:
-    path = os.path.join(user_base_dir(), _LEDGER)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def _ledger(base: str | None = None) -> Iterator[_Ledger]:
+    base = base or user_base_dir()
+    fd = os.open(
+        os.path.join(base, _LEDGER), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        raw = os.pread(fd, 1 << 20, 0)
-        try:
-            data = json.loads(raw) if raw else {}
-        except ValueError:
-            data = {}
-        if not isinstance(data, dict):
-            data = {}
-        yield data
-        encoded = json.dumps(data).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, encoded, 0)
+        ledger = _Ledger(fd, _read(fd))
+        before = json.dumps(ledger.entries, sort_keys=True)
+        _sweep_dead(ledger.entries)
+        yield ledger
+        if json.dumps(ledger.entries, sort_keys=True) != before:
+            ledger.flush()
     finally:
         os.close(fd)
 
@@ -69,60 +108,155 @@ def _holders(entry: dict[str, object]) -> list[str]:
     return [h for h in listed if isinstance(h, str) and _alive(h)]
 
 
-def _is_placeholder(path: str, is_dir: bool) -> bool:
+def _identity(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_mtime_ns]
+
+
+def _untouched(path: str, entry: dict[str, object]) -> bool:
+    """Whether ``path`` is still exactly the placeholder ``entry`` records."""
+    is_dir = bool(entry.get("dir"))
     try:
         st = os.lstat(path)
+        if is_dir:
+            if not stat.S_ISDIR(st.st_mode) or os.listdir(path):
+                return False
+        elif not stat.S_ISREG(st.st_mode) or st.st_size != 0:
+            return False
     except OSError:
         return False
-    if is_dir:
-        return stat.S_ISDIR(st.st_mode) and not os.listdir(path)
-    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+    made = entry.get("made")
+    if isinstance(made, list) and len(made) == 3:
+        # The mtime too: a name removed and made again may get the same inode number.
+        return made == _identity(st)
+    # Recorded as intended but killed before its identity was: ours only if it was made
+    # after the intent and never changed since (a fresh placeholder's mtime is its ctime).
+    intent = entry.get("intent_ns")
+    return (
+        isinstance(intent, int)
+        and st.st_mtime_ns == st.st_ctime_ns
+        and st.st_ctime_ns >= intent - 1_000_000_000  # coarse filesystem clocks
+    )
+
+
+def _remove(path: str, entry: dict[str, object], entries: dict[str, dict[str, object]]) -> None:
+    if _untouched(path, entry):
+        with contextlib.suppress(OSError):
+            (os.rmdir if entry.get("dir") else os.unlink)(path)
+            _moved_parent(path, entries)
+
+
+def _moved_parent(path: str, entries: dict[str, dict[str, object]]) -> None:
+    """A placeholder made or removed inside another placeholder directory (`deploy/secrets.env`
+    in `deploy/`) moved that directory's mtime: record the new one, it was our change."""
+    parent = entries.get(os.path.dirname(path))
+    made = parent.get("made") if parent is not None else None
+    if parent is None or not isinstance(made, list) or len(made) != 3:
+        return
+    try:
+        st = os.lstat(os.path.dirname(path))
+    except OSError:
+        return
+    if made[:2] == [st.st_dev, st.st_ino]:
+        parent["made"] = _identity(st)
+
+
+def _sweep_dead(entries: dict[str, dict[str, object]]) -> None:
+    """Remove the placeholders no live executor holds (their executors were killed)."""
+    for path, entry in list(entries.items()):
+        holders = _holders(entry)
+        if holders:
+            entry["holders"] = holders
+            continue
+        del entries[path]
+        _remove(path, entry, entries)
+
+
+def sweep(base: str | None = None) -> None:
+    """Remove every placeholder whose holders are all dead (also run by each `Placeholders`)."""
+    with _ledger(base):
+        pass
 
 
 class Placeholders:
     """The placeholders one executor holds (released per spawn, all of them at close)."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: str | None = None) -> None:
         self._me = _process_id(os.getpid())
+        self._base = base
+        # Whatever a killed executor left: removed before this one makes any of its own.
+        with contextlib.suppress(OSError):
+            sweep(base)
 
     def acquire(self, path: str, is_dir: bool) -> bool:
         """Make ``path`` exist as an empty placeholder (or find it made) and hold it.
 
         False when something else appeared there meanwhile (then it is not ours to cover
         as a placeholder: it is an ordinary existing name)."""
-        with _ledger() as ledger:
-            entry = ledger.get(path)
-            if entry is None:
-                if os.path.lexists(path):
-                    return False
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                if is_dir:
-                    os.mkdir(path, 0o755)
-                else:
-                    os.close(
-                        os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644)
-                    )
-                entry = {"dir": is_dir, "holders": []}
-                ledger[path] = entry
-            holders = _holders(entry)
-            holders.append(self._me)
-            entry["holders"] = holders
-            return True
+        return bool(self.acquire_all(((path, is_dir),)))
+
+    def acquire_all(self, wanted: Iterable[tuple[str, bool]]) -> list[str]:
+        """`acquire` for each (path, is_dir), in one ledger transaction; the paths held."""
+        held: list[str] = []
+        with _ledger(self._base) as ledger:
+            new: list[tuple[str, bool, dict[str, object]]] = []
+            for path, is_dir in wanted:
+                entry = ledger.entries.get(path)
+                if entry is not None:
+                    holders = _holders(entry)
+                    holders.append(self._me)
+                    entry["holders"] = holders
+                    held.append(path)
+                elif not os.path.lexists(path):
+                    entry = {"dir": is_dir, "holders": [self._me], "intent_ns": time.time_ns()}
+                    ledger.entries[path] = entry
+                    new.append((path, is_dir, entry))
+            if not new:
+                return held
+            ledger.flush()  # the intents first: a kill after this leaves records
+            failure: OSError | None = None
+            for path, is_dir, entry in new:
+                try:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    if is_dir:
+                        os.mkdir(path, 0o755)
+                    else:
+                        flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
+                        os.close(os.open(path, flags, 0o644))
+                    entry["made"] = _identity(os.lstat(path))
+                    _moved_parent(path, ledger.entries)
+                    held.append(path)
+                except OSError as exc:
+                    # Not made by us (created meanwhile, or refused): never ours to remove.
+                    del ledger.entries[path]
+                    if not isinstance(exc, FileExistsError) and failure is None:
+                        failure = exc
+            if failure is not None:
+                # Give back what this call took before failing: the caller holds nothing.
+                for path in held:
+                    self._drop(ledger, path)
+                ledger.flush()
+                raise failure
+        return held
 
     def release(self, path: str) -> None:
         """Stop holding ``path``; remove it when nobody does and it is still untouched."""
-        with _ledger() as ledger:
-            entry = ledger.get(path)
-            if entry is None:
-                return
-            holders = _holders(entry)
-            if self._me in holders:
-                holders.remove(self._me)
-            entry["holders"] = holders
-            if holders:
-                return
-            del ledger[path]
-            is_dir = bool(entry.get("dir"))
-            if _is_placeholder(path, is_dir):
-                with contextlib.suppress(OSError):
-                    (os.rmdir if is_dir else os.unlink)(path)
+        self.release_all((path,))
+
+    def release_all(self, paths: Iterable[str]) -> None:
+        """`release` for each path, in one ledger transaction."""
+        with _ledger(self._base) as ledger:
+            for path in paths:
+                self._drop(ledger, path)
+
+    def _drop(self, ledger: _Ledger, path: str) -> None:
+        entry = ledger.entries.get(path)
+        if entry is None:
+            return
+        holders = _holders(entry)
+        if self._me in holders:
+            holders.remove(self._me)
+        entry["holders"] = holders
+        if holders:
+            return
+        del ledger.entries[path]
+        _remove(path, entry, ledger.entries)

@@ -12,6 +12,10 @@ write here could redirect the next spawn. The rule, by construction:
    writable root of *this call's* policy contains it (a per-call policy can add roots);
 3. every confined command has the whole per-user base hidden (`hidden_paths`), so no command
    reads another executor's state or any spill file of this uid.
+
+The private `/tmp` and `/dev/shm` are one tmpfs each per executor, but a command sees only
+its trust domain's directory in them (`scratch_for`, `trust_domain.py`): a call wider in any
+dimension than the calls that wrote there gets a fresh one, an equal call finds its files.
 """
 
 from __future__ import annotations
@@ -23,17 +27,16 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bash_local.userdir import registered_spill_parents, user_base_dir
 from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholder_sources
 from bash_sandbox.errors import SandboxUnavailableError
-from bash_sandbox.linux.namespaces import ScratchPaths
+from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
+from bash_sandbox.trust_domain import domain_key
 from policies import SandboxPolicy
-
-
-def within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
+from policies.paths import within
 
 
 def _safe_dir(path: str) -> bool:
@@ -81,12 +84,36 @@ def remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _make_scratch(key: str, root_fd: int) -> None:
+    """``key`` in the tmpfs held by ``root_fd``: sticky and open to all like a /tmp."""
+    try:
+        os.mkdir(key, 0o700, dir_fd=root_fd)
+    except FileExistsError:
+        return
+    os.chmod(key, 0o1777, dir_fd=root_fd)  # noqa: S103 - a private /tmp, as the tmpfs root
+
+
 @dataclass(frozen=True)
 class GitUpper:
     """One git overlay's private directories for one spawn."""
 
     upper: str
     work: str
+
+
+# Run with a dead executor's state dir before the sweep removes it, so a git import that the
+# kill interrupted can be finished or rolled back from its journal first (`recover(state_dir)`
+# of the git import registers here). A hook that raises keeps the dir for the next sweep.
+STALE_STATE_HOOKS: list[Callable[[str], None]] = []
+
+
+def _hooks_done(path: str) -> bool:
+    for hook in STALE_STATE_HOOKS:
+        try:
+            hook(path)
+        except Exception:  # any failure keeps the state for a later sweep
+            return False
+    return True
 
 
 # A state dir without its lock file this old is a leftover from before locks (or a crash
@@ -111,7 +138,7 @@ def sweep_stale(parent: str) -> None:
             fd = os.open(os.path.join(path, _LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             with contextlib.suppress(OSError):
-                if time.time() - os.lstat(path).st_mtime > _UNLOCKED_GRACE_S:
+                if time.time() - os.lstat(path).st_mtime > _UNLOCKED_GRACE_S and _hooks_done(path):
                     remove_tree(path)
             continue
         except OSError:
@@ -119,10 +146,14 @@ def sweep_stale(parent: str) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            os.close(fd)
             continue  # held: a live executor
+        try:
+            # Still locked by us: no other sweeper runs the hooks on it at the same time.
+            if _hooks_done(path):
+                remove_tree(path)
         finally:
             os.close(fd)
-        remove_tree(path)
 
 
 class ExecutorState:
@@ -134,12 +165,13 @@ class ExecutorState:
         self.path = tempfile.mkdtemp(prefix="exec-", dir=parent)
         self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         # Held for the executor's lifetime (closed by the kernel when it dies): `sweep_stale`.
+        # Locked under another name, then renamed: a sweeper never sees an unlocked `lock`.
+        locking = os.path.join(self.path, _LOCK + ".new")
         self._lock = os.open(
-            os.path.join(self.path, _LOCK),
-            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
+            locking, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
         fcntl.flock(self._lock, fcntl.LOCK_EX)
+        os.rename(locking, os.path.join(self.path, _LOCK))
         st = os.fstat(self._fd)
         self._identity = (st.st_dev, st.st_ino)
         for name in ("tmp", "shm", "pts", "git", "stage", "landlock-tmp"):
@@ -190,6 +222,27 @@ class ExecutorState:
                     f"({self.path}): a command could redirect the next spawn; "
                     "use a narrower writable root",
                 )
+
+    def scratch_for(self, policy: SandboxPolicy, ns: NamespaceFds) -> ScratchPaths:
+        """The private /tmp and /dev/shm of ``policy``'s trust domain: a directory of that
+        name in each tmpfs (made through the namespace's descriptors: the tmpfs is mounted
+        only in the executor's mount namespace), where the backends find it by path."""
+        key = domain_key(policy)
+        for fd in (ns.tmp, ns.shm):
+            _make_scratch(key, fd)
+        return ScratchPaths(
+            tmp=os.path.join(self.scratch.tmp, key),
+            shm=os.path.join(self.scratch.shm, key),
+            pts=self.scratch.pts,
+            domain=key,
+        )
+
+    def tmpdir_for(self, policy: SandboxPolicy) -> str:
+        """The private TMPDIR of ``policy``'s trust domain for backends without mounts."""
+        path = os.path.join(self.private_tmpdir, domain_key(policy))
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+        return path
 
     def git_upper(self) -> GitUpper:
         """Fresh upper and work directories for one git overlay of one spawn."""

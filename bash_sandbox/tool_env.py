@@ -3,13 +3,19 @@
 - `TMPDIR=/tmp`: under bwrap and the Landlock backend `/tmp` is the executor's private,
   size-capped tmpfs in every confined mode.
 - Caches: in workspace-write, the tools' cache variables point into the sandbox's own cache
-  home (`~/.cache/bash-sandbox/tools`, per user, shared by executors, made writable for the
-  command like a writable root), never the host's own tool state (`~/.npm`, `~/.cache/pip`,
-  `~/go`, `~/.gradle`). In read-only, they point into the private /tmp (thrown away).
+  home for this command's *trust domain* (`trust_domain.py`): `~/.cache/bash-sandbox/
+  caches/<key>`, where the key is a hash of the writable roots, mode, network, allowlist
+  and the rest of the policy's width. Commands of one project with one policy share a warm
+  cache; another project (or the same one under a wider policy) never runs what this one
+  left there (a corepack "pnpm", a poisoned wheel): its tools look in its own directory,
+  and only that one is writable for it. Never the host's own tool state (`~/.npm`,
+  `~/.cache/pip`, `~/go`, `~/.gradle`). In read-only, they point into the private /tmp,
+  itself per trust domain (thrown away with the executor).
   The list: `npm_config_cache`, `YARN_CACHE_FOLDER`, `PIP_CACHE_DIR`, `UV_CACHE_DIR`,
   `POETRY_CACHE_DIR`, `GOCACHE`, `GOMODCACHE`, `CARGO_HOME` (only when `~/.cargo` does not
   exist: moving it would hide the user's installed tools), `GRADLE_USER_HOME`,
   `XDG_CACHE_HOME`, `PRE_COMMIT_HOME`, `HF_HOME` is not moved (it holds tokens).
+  The homes, their locks and their bounds: `cache_domains.py`.
 - Fail fast on the isolated network (no allowlist): no retries and short timeouts, so a
   tool that needs the network tries once and fails within seconds (npm retried for over a
   minute). The tools still *try*, so the supervisor sees the attempt and the result says
@@ -25,7 +31,10 @@ from __future__ import annotations
 
 import os
 
+from bash_sandbox.cache_domains import tool_cache_home
 from policies import NetworkMode, SandboxMode, SandboxPolicy
+
+__all__ = ["OFFLINE", "cache_variables", "confined_environment", "tool_cache_home"]
 
 OFFLINE = {
     "npm_config_fetch_retries": "0",
@@ -50,22 +59,6 @@ _CACHE_DIRS = {
     "XDG_CACHE_HOME": "xdg",
     "PRE_COMMIT_HOME": "pre-commit",
 }
-
-
-def tool_cache_home() -> str | None:
-    """The sandbox's own cache home for this user (created 0700 on first use), or None
-    when the home cannot hold one (read-only, not ours): caches then stay in the call's
-    private /tmp."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.realpath(os.path.join(base, "bash-sandbox", "tools"))
-    try:
-        os.makedirs(path, 0o700, exist_ok=True)
-        st = os.stat(path)
-    except OSError:
-        return None
-    if st.st_uid != os.geteuid() or not os.access(path, os.W_OK | os.X_OK):
-        return None
-    return path
 
 
 def cache_variables(home: str) -> dict[str, str]:

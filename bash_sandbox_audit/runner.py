@@ -151,6 +151,9 @@ class AuditSession:
         self.base = ""
         self.state_root = ""
         self.token = os.urandom(6).hex()
+        # A caller's label in every directory and token name of this run, so it can tell its
+        # run's leftovers from a concurrent audit's (the tests do).
+        self.tag = _run_tag()
         self.python = _python_for_commands()
         self.canaries: dict[str, str] = {}
         self._saved_env: dict[str, str | None] = {}
@@ -163,10 +166,11 @@ class AuditSession:
 
     async def __aenter__(self) -> AuditSession:
         real_tmp = tempfile.gettempdir()
-        self.state_root = tempfile.mkdtemp(prefix="bash-sandbox-audit-", dir=real_tmp)
+        prefix = f"bash-sandbox-audit-{self.tag}-" if self.tag else "bash-sandbox-audit-"
+        self.state_root = tempfile.mkdtemp(prefix=prefix, dir=real_tmp)
         # Victims live outside /tmp, where bwrap's private /tmp cannot hide them.
         victims_parent = "/var/tmp" if os.access("/var/tmp", os.W_OK) else self.state_root
-        self.base = tempfile.mkdtemp(prefix="bash-sandbox-audit-", dir=victims_parent)
+        self.base = tempfile.mkdtemp(prefix=prefix, dir=victims_parent)
         os.makedirs(os.path.join(self.base, "s"))
         # Executors make their state and spill dirs with tempfile: inside our own dir.
         self._saved_tempdir = tempfile.tempdir
@@ -229,7 +233,7 @@ class AuditSession:
         tmp_area = os.path.join(self.state_root, "tmp-victims", name)
         os.makedirs(root)
         os.makedirs(tmp_area)
-        token = "bsa" + os.urandom(8).hex()
+        token = "bsa" + self.tag + os.urandom(8).hex()
         self._tokens.add(token)
         return AttackEnv(
             attack_id=attack.id,
@@ -386,3 +390,12 @@ async def run_audit(
 
 
 __all__ = ["AuditReport", "AuditSession", "CellResult", "ProbeResult", "run_audit", "select"]
+
+
+def _run_tag() -> str:
+    """``BASH_SANDBOX_AUDIT_TAG`` when it is a short lowercase word (it goes into names and
+    shell commands), else empty."""
+    tag = os.environ.get("BASH_SANDBOX_AUDIT_TAG", "")
+    if len(tag) <= 16 and tag.isascii() and tag.isalnum() and tag.islower():
+        return tag
+    return ""

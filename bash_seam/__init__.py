@@ -4,6 +4,7 @@ from bash_seam.abort import AbortController, AbortSignal
 from bash_seam.errors import (
     AbortedBeforeStartError,
     BashExecError,
+    CommandTooLargeError,
     EnvChannelError,
     InvalidRequestError,
     ShellNotFoundError,
@@ -43,6 +44,7 @@ __all__ = [
     "BashProcessRead",
     "BashRunResult",
     "CollectedOutput",
+    "CommandTooLargeError",
     "DenialEvidence",
     "DenialGroup",
     "DenialKind",

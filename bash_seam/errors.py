@@ -37,3 +37,10 @@ class EnvChannelError(BashExecError, ValueError):
     """`env` carried a `DSH_*` name, or `dsh_env` carried a name outside `DSH_*`."""
 
     code = "ENV_CHANNEL_MISUSE"
+
+
+class CommandTooLargeError(InvalidRequestError):
+    """The command or one environment value is larger than one `execve` can carry on this
+    host (E2BIG); nothing was spawned. The message names the limit and what to do instead."""
+
+    code = "COMMAND_TOO_LARGE"

@@ -11,12 +11,27 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, field_validator
+
+from policies.units import format_size, size_or_text
 
 _MiB = 1024 * 1024
 _GiB = 1024 * _MiB
 
 PositiveLimit = Annotated[StrictInt, Field(gt=0)]
+# A size field also takes the units grammar (`"2G"`, `policies.units`).
+SizeLimit = Annotated[StrictInt, Field(gt=0), BeforeValidator(size_or_text)]
+
+# The least that lets bash start inside every backend, measured (see docs/cli.md): a limit
+# below it kills the sandbox's own setup before the command runs, which would look like
+# an unusable sandbox. Refused when the limits are made, with the minimum in the message.
+# bwrap + bash ran `echo; ls` in 3 MiB (Landlock: 2 MiB): 16 MiB leaves room for the rest.
+MIN_MEMORY_BYTES = 16 * _MiB
+# bwrap, its pid 1 and bash are three tasks before the command forks anything.
+MIN_PROCESSES = 8
+# The child's descriptors (the backend's namespaces and the seccomp listener) come first:
+# 28 failed and 32 worked on the reference host.
+MIN_OPEN_FILES = 64
 
 
 class LimitExceeded(enum.StrEnum):
@@ -57,11 +72,41 @@ class ResourceLimits(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    memory_bytes: PositiveLimit | None = 8 * _GiB
+    memory_bytes: SizeLimit | None = 8 * _GiB
     processes: PositiveLimit | None = 4096
     # A cgroup CPU quota below 1 ms per 100 ms period is refused by the kernel.
     cpu_cores: Annotated[float, Field(ge=0.01, allow_inf_nan=False)] | None = None
     cpu_seconds: PositiveLimit | None = None
-    tmp_bytes: PositiveLimit = 4 * _GiB
-    shm_bytes: PositiveLimit = 1 * _GiB
+    tmp_bytes: SizeLimit = 4 * _GiB
+    shm_bytes: SizeLimit = 1 * _GiB
     open_files: PositiveLimit | None = 65536
+
+    @field_validator("memory_bytes")
+    @classmethod
+    def _memory_floor(cls, value: int | None) -> int | None:
+        if value is not None and value < MIN_MEMORY_BYTES:
+            raise ValueError(
+                f"{format_size(value)} is below the minimum of {format_size(MIN_MEMORY_BYTES)}: "
+                "bash and the sandbox need that much to start"
+            )
+        return value
+
+    @field_validator("processes")
+    @classmethod
+    def _processes_floor(cls, value: int | None) -> int | None:
+        if value is not None and value < MIN_PROCESSES:
+            raise ValueError(
+                f"{value} is below the minimum of {MIN_PROCESSES}: the sandbox and bash "
+                "take three before the command forks"
+            )
+        return value
+
+    @field_validator("open_files")
+    @classmethod
+    def _open_files_floor(cls, value: int | None) -> int | None:
+        if value is not None and value < MIN_OPEN_FILES:
+            raise ValueError(
+                f"{value} is below the minimum of {MIN_OPEN_FILES}: the sandbox's own "
+                "descriptors come first"
+            )
+        return value

@@ -18,13 +18,10 @@ import os
 from collections.abc import Iterable
 
 from policies.errors import PolicyError
+from policies.paths import within
 from policies.policy import SandboxPolicy
 
 SESSION_LOG_IN_WRITABLE_ROOT = "SESSION_LOG_IN_WRITABLE_ROOT"
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _names_of(path: str) -> tuple[str, ...]:
@@ -36,6 +33,32 @@ def _names_of(path: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys((opened, os.path.realpath(absolute))))
 
 
+def session_log_refusal(
+    path: str | os.PathLike[str], roots: Iterable[str], *, workspace: str | None = None
+) -> str | None:
+    """Why ``path`` must not hold a session log, or None. The one check every caller uses
+    (the policy service, `run --session`, `mcp --session`).
+
+    ``roots`` are every root a confined command may write (the workspace included), in
+    any spelling: each is resolved here. Both the name the host opens (its directory
+    resolved) and where a symlink at that name leads are checked; a directory is refused.
+    """
+    absolute = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    if os.path.isdir(absolute):
+        return f"session log {absolute} is a directory"
+    real_roots = [(root, os.path.realpath(root)) for root in roots]
+    for name in _names_of(absolute):
+        for root, real_root in real_roots:
+            for candidate in dict.fromkeys((root, real_root)):
+                if within(name, candidate):
+                    what = "the workspace root" if root == workspace else "the writable root"
+                    return (
+                        f"session log {name} lies inside {what} {candidate}, where a "
+                        "confined command could rewrite the session's sandbox mode"
+                    )
+    return None
+
+
 def check_session_log_location(
     path: str | os.PathLike[str], policy: SandboxPolicy, *, extra_roots: Iterable[str] = ()
 ) -> None:
@@ -43,16 +66,12 @@ def check_session_log_location(
     confined command under ``policy`` in any mode: inside its workspace root, one of its
     ``writable_roots``, or one of ``extra_roots`` (e.g. a configured root the call did not use).
     """
-    roots: list[tuple[str, str]] = [("the workspace root", policy.workspace_root)]
-    roots += [("the writable root", r) for r in policy.writable_roots]
-    roots += [("the writable root", os.path.realpath(r)) for r in extra_roots]
-    for name in _names_of(os.fspath(path)):
-        for what, root in roots:
-            if _inside(name, root):
-                raise PolicyError(
-                    f"session log {name} lies inside {what} {root}, where a confined "
-                    "command could rewrite the session's sandbox mode",
-                    hint="keep session logs outside the workspace and every writable root, "
-                    "e.g. under ~/.local/state/bash-sandbox/",
-                    code=SESSION_LOG_IN_WRITABLE_ROOT,
-                )
+    roots = (policy.workspace_root, *policy.writable_roots, *extra_roots)
+    refusal = session_log_refusal(path, roots, workspace=policy.workspace_root)
+    if refusal is not None:
+        raise PolicyError(
+            refusal,
+            hint="keep session logs outside the workspace and every writable root, "
+            "e.g. under ~/.local/state/bash-sandbox/",
+            code=SESSION_LOG_IN_WRITABLE_ROOT,
+        )

@@ -8,14 +8,16 @@ from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.autorun import DEFAULT_AUTORUN_PATHS
 from policies.egress import canonical_allowlist
 from policies.limits import ResourceLimits
 from policies.modes import NetworkMode, SandboxMode
 from policies.types import CanonicalPath, NormalPath, UserCanonicalPath
 
 # Kept read-only inside every writable root, so `git commit` works while hooks and config
-# (both run code on the user's next git command) cannot be planted.
-DEFAULT_PROTECTED_PATHS: tuple[str, ...] = (".git/hooks", ".git/config")
+# (both run code on the user's next git command) cannot be planted; and the files editors,
+# direnv, agent tools and shells run on their own (`autorun.py`).
+DEFAULT_PROTECTED_PATHS: tuple[str, ...] = (".git/hooks", ".git/config", *DEFAULT_AUTORUN_PATHS)
 
 # Credential stores under the user's home that no confined command may read: the one list.
 # An entry with `*` is a glob, expanded each time a default is built; the names it usually
@@ -157,6 +159,9 @@ class SandboxPolicy(BaseModel):
     # `~/...` is the user's home; symlinks are resolved, so a root is confined by its real name.
     writable_roots: tuple[UserCanonicalPath, ...] = ()
     protected_paths: tuple[str, ...] = DEFAULT_PROTECTED_PATHS
+    # Names taken out of `protected_paths` (e.g. ".vscode" to let commands edit its settings):
+    # the opt-out of a default without restating the whole list.
+    unprotected_paths: tuple[str, ...] = ()
     # Not resolved: the backends hide a denied symlink under both its names.
     deny_read: tuple[NormalPath, ...] = Field(default_factory=default_deny_read)
     # Destinations the egress proxy may reach under `isolated` (domains, `*.suffix`, `:port`).
@@ -171,7 +176,7 @@ class SandboxPolicy(BaseModel):
         # Canonical text (lowercase, bracketed IPv6, no duplicates); a bad entry is named.
         return canonical_allowlist(value)
 
-    @field_validator("protected_paths")
+    @field_validator("protected_paths", "unprotected_paths")
     @classmethod
     def _relative_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for v in value:
@@ -179,6 +184,14 @@ class SandboxPolicy(BaseModel):
             if "\x00" in v or p.is_absolute() or ".." in p.parts or not p.parts:
                 raise ValueError(f"entries are names relative to a writable root, got {v!r}")
         return tuple(str(PurePosixPath(v)) for v in value)
+
+    @model_validator(mode="after")
+    def _unprotected_names(self) -> SandboxPolicy:
+        if self.unprotected_paths:
+            lifted = set(self.unprotected_paths)
+            kept = tuple(p for p in self.protected_paths if p not in lifted)
+            object.__setattr__(self, "protected_paths", kept)
+        return self
 
     @model_validator(mode="after")
     def _network_follows_mode(self) -> SandboxPolicy:

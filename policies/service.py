@@ -114,6 +114,7 @@ class SandboxPolicyService:
         writable_roots: Iterable[str] = (),
         protected_paths: Iterable[str] = DEFAULT_PROTECTED_PATHS,
         deny_read: Iterable[str] | None = None,
+        unprotected_paths: Iterable[str] = (),
     ) -> None:
         self._default_mode = SandboxMode(default_mode)
         self._network = NetworkMode(network)
@@ -131,6 +132,7 @@ class SandboxPolicyService:
                 ) from None
         self._writable_roots = _path_tuple(writable_roots, "writable_roots")
         self._protected_paths = _path_tuple(protected_paths, "protected_paths")
+        self._unprotected_paths = _path_tuple(unprotected_paths, "unprotected_paths")
         self._deny_read = None if deny_read is None else _path_tuple(deny_read, "deny_read")
         # Validate the path lists now (against a stand-in root) so a bad config fails at
         # startup, not on the first command.
@@ -220,6 +222,7 @@ class SandboxPolicyService:
             "network": self._network,
             "writable_roots": self._writable_roots,
             "protected_paths": self._protected_paths,
+            "unprotected_paths": self._unprotected_paths,
         }
         if self._deny_read is not None:
             fields["deny_read"] = self._deny_read

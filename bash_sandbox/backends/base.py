@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bash_local.spawn import SpawnPlan
+from bash_sandbox.backends.child_failure import read_child_failure
 from bash_sandbox.backends.mount_plan import HostView, PlaceholderSources
 from bash_sandbox.linux.limits import LimitsPlan
 from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
@@ -88,6 +89,19 @@ class SandboxBackend(abc.ABC):
     network_namespace: NetworkNamespaceUse = "required"
     # Without namespaces nothing private can be mounted: no /tmp, /dev/shm or git overlay.
     mounts: bool = True
+    # The command runs in a user namespace of its own (its cgroups are delegated to it).
+    own_user_namespace: bool = True
+    # The errnos a refused write gets here, for reading the command's own messages (None:
+    # a read-only mount's EROFS).
+    write_refusals: frozenset[str] | None = None
+    # Nothing private is mounted: the executor's private TMPDIR is the only scratch space.
+    scratch_is_private_tmpdir: bool = False
+
+    @property
+    def binary(self) -> str | None:
+        """The program the spawn executes before the command (bwrap), when there is one: it
+        must not lie where a command could replace it."""
+        return None
 
     @abc.abstractmethod
     def probe(self, timeout_ms: int) -> BackendProbe:
@@ -110,13 +124,9 @@ class SandboxBackend(abc.ABC):
         return None
 
     def explain_failure(self, plan: ConfinedPlan, exc: BaseException) -> str:
-        """Why the spawn failed: the child's failing step when it named one."""
-        if plan.report_fd is not None:
-            with contextlib.suppress(OSError):
-                reported = os.read(plan.report_fd, 4096).decode(errors="replace")
-                if reported:
-                    return f"child setup failed at {reported}"
-        return str(exc)
+        """Why the spawn failed, in words: the child's failing step when it named one."""
+        failure = read_child_failure(plan.report_fd)
+        return str(failure) if failure is not None else str(exc)
 
 
 def run_probe_command(

@@ -219,6 +219,10 @@ class BwrapBackend(SandboxBackend):
     def path(self) -> str | None:
         return self._runner_prefix[0] if self._runner_prefix else self._path
 
+    @property
+    def binary(self) -> str | None:
+        return self.path
+
     def _argv_prefix(self) -> str:
         path = self.path
         if path is None:

@@ -61,6 +61,7 @@ from bash_sandbox.linux.child_setup import (
 )
 from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
+from policies.paths import within
 
 # Access-right bits of linux/landlock.h (mirrored so the renderer stays pure and testable).
 EXECUTE = 1 << 0
@@ -153,10 +154,6 @@ def render_landlock_ruleset(
     )
 
 
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def landlock_abi() -> int:
     """The running kernel's Landlock ABI, 0 when unavailable."""
     try:
@@ -212,7 +209,7 @@ def landlock_child_setup(
     roots = policy.all_writable_roots()
     handled = handled_fs_for_abi(abi)
     for overlay in ctx.view.overlays:
-        if not any(_under(overlay.gitdir, r) for r in roots):
+        if not any(within(overlay.gitdir, r) for r in roots):
             setup.landlock_allow(ruleset_fd, overlay.gitdir, (READ_RIGHTS | WRITE_RIGHTS) & handled)
     setup.drop_all_capabilities()
     setup.no_new_privs()
@@ -228,7 +225,11 @@ def scratch_rules(ctx: BackendContext) -> tuple[tuple[str, ...], str | None]:
     ns = ctx.namespaces
     if ns is None:
         return (), None
-    return (f"/proc/self/fd/{ns.tmp}", f"/proc/self/fd/{ns.shm}"), f"/proc/self/fd/{ns.pts}"
+    # The domain's directories, not the tmpfs roots: bound at /tmp, a directory is its own
+    # mount root, so Landlock never walks up to a rule on the tmpfs root.
+    sub = f"/{ctx.scratch.domain}" if ctx.scratch is not None and ctx.scratch.domain else ""
+    tmp, shm = f"/proc/self/fd/{ns.tmp}{sub}", f"/proc/self/fd/{ns.shm}{sub}"
+    return (tmp, shm), f"/proc/self/fd/{ns.pts}"
 
 
 def confined_plan(
@@ -284,6 +285,8 @@ class LandlockBackend(SandboxBackend):
 
     name = "landlock"
     folds_signals = True
+    # Its namespaces are entered from the executor's, not made per command.
+    own_user_namespace = False
     network_namespace: NetworkNamespaceUse = "required"
 
     def __init__(self) -> None:

@@ -37,13 +37,10 @@ from bash_sandbox.backends.linux_child import join_executor, supervise
 from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxPolicy
+from policies.paths import within
 
 NET_BIND_TCP = 1 << 0
 NET_CONNECT_TCP = 1 << 1
-
-
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def render_read_grants(
@@ -70,10 +67,10 @@ def render_read_grants(
                 continue
             target = links.get(path)
             if target is not None:
-                if not any(_within(d, target) or _within(target, d) for d in denied):
+                if not any(within(d, target) or within(target, d) for d in denied):
                     grants.append(path)
                 continue  # a link onto the way to a secret is left unreadable
-            if any(_within(d, path) for d in denied):
+            if any(within(d, path) for d in denied):
                 walk(path)  # an ancestor of a denied path: descend, grant its other entries
             else:
                 grants.append(path)
@@ -129,6 +126,9 @@ class LandlockOnlyBackend(LandlockBackend):
     folds_signals = False
     network_namespace = "none"
     mounts = False
+    # Landlock alone refuses with EACCES; its only scratch dir is the private TMPDIR.
+    write_refusals = frozenset({"EROFS", "EACCES"})
+    scratch_is_private_tmpdir = True
 
     def wrap(self, policy: SandboxPolicy, plan: SpawnPlan, ctx: BackendContext) -> ConfinedPlan:
         denied = frozenset(

@@ -42,93 +42,41 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
+from bash_sandbox.view import (
+    EntryKind,
+    GitOverlay,
+    HostView,
+    MountOp,
+    MountOpKind,
+    PlaceholderSources,
+    Shadow,
+    ShadowEntry,
+)
 from policies import SandboxPolicy
+from policies.autorun import directory_placeholder, needs_placeholder
+from policies.paths import within, within_any
 
-MountOpKind = Literal["bind", "tmpfs", "symlink", "mkdir", "mkfile", "readonly", "overlay"]
-EntryKind = Literal["dir", "file", "symlink", "denied-dir", "denied-file"]
+__all__ = [
+    "EntryKind",
+    "GitOverlay",
+    "HostView",
+    "MountOp",
+    "MountOpKind",
+    "PlaceholderSources",
+    "Shadow",
+    "ShadowEntry",
+    "within",
+    "within_any",
+]
+
 # Directories with this many entries are covered entry by entry instead of shadowed.
 MAX_SHADOW_ENTRIES = 512
 # System directories are never shadowed: their credentials are covered where they lie.
 UNSHADOWED = frozenset({"/", "/etc", "/usr", "/var", "/proc", "/sys", "/dev", "/run", "/tmp"})
 # Names inside a git directory that are directories when they exist (placeholders follow).
 GIT_DIRECTORY_NAMES = frozenset({"hooks", "info", "modules", "worktrees", "objects", "refs"})
-
-
-@dataclass(frozen=True)
-class MountOp:
-    """One step of the view. ``source`` is a host path (binds), a link text (symlinks) or
-    the lower directory (overlays); ``upper``/``work`` only for overlays."""
-
-    kind: MountOpKind
-    target: str
-    source: str | None = None
-    writable: bool = False
-    upper: str | None = None
-    work: str | None = None
-    # A shadow's entry may vanish between listing and mounting: then it is simply absent.
-    optional: bool = False
-
-
-@dataclass(frozen=True)
-class PlaceholderSources:
-    """Per-executor private sources: an empty dir (0555) and unreadable dir/file (0000)."""
-
-    empty_dir: str
-    deny_dir: str
-    deny_file: str
-
-
-@dataclass(frozen=True)
-class ShadowEntry:
-    name: str
-    kind: EntryKind
-    link: str | None = None  # the symlink's text
-
-
-@dataclass(frozen=True)
-class Shadow:
-    """A directory replaced by a tmpfs with these entries."""
-
-    directory: str
-    entries: tuple[ShadowEntry, ...]
-
-
-@dataclass(frozen=True)
-class GitOverlay:
-    """A git directory mounted as an overlay; ``placeholders`` were made in ``upper``."""
-
-    gitdir: str
-    upper: str
-    work: str
-    placeholders: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class HostView:
-    """What the host looks like for one spawn: everything the pure renderer needs."""
-
-    shadows: tuple[Shadow, ...] = ()
-    tmp_tops: tuple[str, ...] = ()
-    overlays: tuple[GitOverlay, ...] = ()
-    pins: tuple[str, ...] = ()
-    protect: tuple[str, ...] = ()  # existing paths (or placeholders) to bind read-only
-    deny_dirs: tuple[str, ...] = ()  # covered by the unreadable dir
-    deny_files: tuple[str, ...] = ()  # covered by the unreadable file
-    hidden: tuple[str, ...] = ()  # executor-private paths (Landlock alone hides them by rules)
-    partial: tuple[str, ...] = field(default=(), compare=False)  # why enforcement is partial
-    # Names covered where they lie (or missing there): a host change ends their cover.
-    watched: tuple[str, ...] = field(default=(), compare=False)
-
-
-def within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def within_any(path: str, roots: Iterable[str]) -> bool:
-    return any(within(path, r) for r in roots)
 
 
 def render_mount_plan(
@@ -407,8 +355,10 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
             pins += _pins_between(owner, resolved if first is None else first)
             if first is None:
                 protect.append(resolved)
-            else:
-                missing.append((first, first != resolved or name.endswith("/")))
+            elif needs_placeholder(name, root):
+                # An auto-run name is held by a directory: git never shows an empty one.
+                is_dir = first != resolved or name.endswith("/") or directory_placeholder(name)
+                missing.append((first, is_dir))
     return ProtectedView(
         protect=tuple(dict.fromkeys(protect)),
         pins=tuple(dict.fromkeys(p for p in pins if not within_any(p, gitdirs))),

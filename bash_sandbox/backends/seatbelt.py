@@ -382,6 +382,7 @@ class SeatbeltBackend(SandboxBackend):
     name = "seatbelt"
     network_namespace: NetworkNamespaceUse = "none"  # Seatbelt filters the network itself
     mounts = False
+    write_refusals = frozenset({"EPERM"})
 
     def __init__(self, *, allow_loopback: bool = False, platform: str = sys.platform) -> None:
         self._allow_loopback = allow_loopback

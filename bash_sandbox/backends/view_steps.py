@@ -48,6 +48,7 @@ from bash_sandbox.linux.child_setup import (
     MS_STRICTATIME,
     ChildSetup,
 )
+from policies.paths import within
 
 FRESH_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 FRESH_DEV_LINKS = (
@@ -104,7 +105,7 @@ def mount_of(path: str, table: MountTable) -> int:
     """Per-mount flags of the deepest mount holding ``path``."""
     best, flags = "", 0
     for point, point_flags in table:
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        inside = within(path, point)
         if inside and len(point) >= len(best):
             best, flags = point, point_flags
     return flags

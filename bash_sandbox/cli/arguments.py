@@ -12,12 +12,14 @@ up only when `--version` asks for it.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from bash_sandbox.cli.exit_codes import exit_status_help
+from bash_sandbox.cli.settings import MODES, add_shared_flags
 from policies import NetworkMode, SandboxMode
+from policies.units import parse_size
 
 PROG = "bash-sandbox"
 
@@ -114,44 +116,17 @@ def _network_arg(value: str) -> NetworkMode:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return number
-
-
-def positive_number(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}") from None
-    if not number > 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
-    return number
-
-
-_SIZE = re.compile(r"(?P<number>[0-9]+)(?P<unit>[KMGT]?)(?:i?B)?", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
 def size_bytes(value: str) -> int:
-    """``"512M"`` -> 536870912: bytes, or K/M/G/T (powers of 1024, `KiB`/`MB` accepted)."""
-    match = _SIZE.fullmatch(value.strip())
-    number = int(match["number"]) * _UNITS[match["unit"].upper()] if match else 0
-    if number <= 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a size such as 512M or 2G (bytes, K, M, G), got {value!r}"
-        )
-    return number
+    """``"512M"`` -> 536870912, in the one units grammar (`policies.units`)."""
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # -- help texts --------------------------------------------------------------------------------
 
-_MODES = ", ".join(m.value for m in SandboxMode)
+_MODES = MODES
 
 _MAIN_EPILOG = """\
 examples:
@@ -168,8 +143,10 @@ command-line flags win over the file. The workspace's pyproject.toml is never re
 _RUN_EPILOG = f"""\
 modes: {_MODES}
 mode precedence: --mode > the session's override (--session) > the configured default.
-list flags (--writable-root, --deny-read, --protected-path, --allow-domain) add to the
-config file's lists; sizes take K, M or G (powers of 1024).
+list flags (--writable-root, --deny-read, --protected-path, --unprotected-path,
+--allow-domain) add to the config file's lists; sizes take K, M, G or T (powers of 1024:
+512M, 2G), durations ms, s, m or h (500ms, 30s; a bare number is milliseconds), in flags
+and config alike.
 
 examples:
   bash-sandbox run -- git status
@@ -178,8 +155,6 @@ examples:
   bash-sandbox run --memory 2G --max-processes 256 -- pytest -q
   bash-sandbox run --json -- 'echo hi'
 
-exit status: the command's (128+n when killed by signal n); 130 on Ctrl-C;
-2 usage or config error; 125 sandbox unavailable; 126 command could not start.
 """
 
 _MODE_EPILOG = f"""\
@@ -198,64 +173,6 @@ examples:
 
 exit status: 0 when at least one backend is usable here, 1 otherwise.
 """
-
-
-def _add_policy_flags(run: argparse.ArgumentParser) -> None:
-    """The repeatable path/domain flags and the resource limits of `run`."""
-    lists = run.add_argument_group("policy lists (repeatable, added to the config file's)")
-    lists.add_argument(
-        "--writable-root",
-        action="append",
-        default=[],
-        metavar="DIR",
-        dest="writable_roots",
-        help="another existing directory writable under workspace-write (~/ allowed)",
-    )
-    lists.add_argument(
-        "--deny-read",
-        action="append",
-        default=[],
-        metavar="PATH",
-        dest="deny_read",
-        help="a path no confined command may read (added to the default credential stores)",
-    )
-    lists.add_argument(
-        "--protected-path",
-        action="append",
-        default=[],
-        metavar="NAME",
-        dest="protected_paths",
-        help="a name kept read-only inside every writable root, e.g. .env",
-    )
-    lists.add_argument(
-        "--allow-domain",
-        action="append",
-        default=[],
-        metavar="D",
-        dest="allow_domains",
-        help="a destination the isolated network may reach (domain, *.suffix)",
-    )
-    limits = run.add_argument_group("limits (per command, its whole process tree)")
-    limits.add_argument("--memory", type=size_bytes, metavar="SIZE", help="memory, e.g. 2G")
-    limits.add_argument("--max-processes", type=positive_int, metavar="N", help="processes")
-    limits.add_argument("--cpus", type=positive_number, metavar="N", help="CPU cores, e.g. 1.5")
-    limits.add_argument("--tmp-size", type=size_bytes, metavar="SIZE", help="private /tmp size")
-    limits.add_argument("--shm-size", type=size_bytes, metavar="SIZE", help="private /dev/shm size")
-    limits.add_argument(
-        "--max-open-files", type=positive_int, metavar="N", help="open files per process"
-    )
-
-
-# argparse dest -> `ResourceLimits` field.
-LIMIT_FLAGS = {
-    "memory": "memory_bytes",
-    "max_processes": "processes",
-    "cpus": "cpu_cores",
-    "tmp_size": "tmp_bytes",
-    "shm_size": "shm_bytes",
-    "max_open_files": "open_files",
-}
-LIST_FLAGS = ("writable_roots", "deny_read", "protected_paths", "allow_domains")
 
 
 def _audit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -302,47 +219,17 @@ def build_parser(version: str | Callable[[], str]) -> CliArgumentParser:
         "run",
         parents=[common],
         formatter_class=formatter,
-        epilog=_RUN_EPILOG,
+        epilog=_RUN_EPILOG + exit_status_help(),
         help="run one command confined",
         description="Run COMMAND with `bash -c` inside the sandbox; stream its stdout and "
         "stderr as they are written and exit with its status.",
     )
-    run.add_argument(
-        "--mode", type=_mode_arg, metavar="MODE", help=f"sandbox mode for this command ({_MODES})"
-    )
-    run.add_argument(
-        "--workspace",
-        metavar="DIR",
-        help="workspace root and working directory (default: the current directory)",
-    )
-    run.add_argument(
-        "--network",
-        type=_network_arg,
-        metavar="NET",
-        help="isolated (own loopback only, the default) or host",
-    )
-    run.add_argument(
-        "--backend",
-        choices=("auto", "bwrap", "landlock", "seatbelt"),
-        help="sandbox backend (default: auto)",
-    )
-    run.add_argument(
-        "--timeout-ms",
-        type=positive_int,
-        metavar="N",
-        help="kill the command after N milliseconds (default: the config's timeout_ms, 120000)",
-    )
-    run.add_argument(
-        "--session",
-        metavar="FILE",
-        help="JSON-lines session log whose mode override applies (refused inside a writable root)",
-    )
+    add_shared_flags(run)
     run.add_argument(
         "--json",
         action="store_true",
         help="print the whole result as JSON on stdout instead of streaming the output",
     )
-    _add_policy_flags(run)
     run.add_argument(
         "command",
         nargs="*",

@@ -31,10 +31,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from bash_sandbox.config import SandboxBashConfig
 from policies import default_deny_read
+from policies.paths import within
+from policies.units import parse_duration_ms, parse_size
 
 PYPROJECT = "pyproject.toml"
 TOOL_TABLE = "bash-sandbox"
@@ -120,11 +122,6 @@ def find_config_source(explicit: str | None, workspace: str) -> ConfigSource | N
     return ConfigSource(candidate) if os.path.lexists(candidate) else None
 
 
-def is_within(path: str, root: str) -> bool:
-    """Whether ``path`` is ``root`` or lies below it (both canonical)."""
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _refuse_unsafe_file(source: ConfigSource, st: os.stat_result, real: str) -> None:
     """Raise `ConfigUntrustedError` unless only we (or root) can have written the file."""
     euid = os.geteuid()
@@ -160,8 +157,8 @@ def _refuse_inside_roots(source: ConfigSource, real: str, roots: Sequence[str]) 
     user_config = os.path.realpath(user_config_path())
     for root in roots:
         canonical = os.path.realpath(root)
-        if is_within(real, canonical):
-            example = f" (e.g. {user_config})" if not is_within(user_config, canonical) else ""
+        if within(real, canonical):
+            example = f" (e.g. {user_config})" if not within(user_config, canonical) else ""
             raise ConfigUntrustedError(
                 f"lies inside {canonical}, which confined commands can write; keep the config "
                 f"outside every writable root{example}",
@@ -230,7 +227,7 @@ def load_config(explicit: str | None, workspace: str) -> LoadedConfig:
             raise ConfigError(f"{key}: given twice (as {spelled[name]!r} and {key!r})", source)
         values[name] = value
         spelled[name] = key
-    return LoadedConfig(values, spelled, source, real)
+    return LoadedConfig(apply_units(values, source), spelled, source, real)
 
 
 def workspace_table_notice(workspace: str) -> str | None:
@@ -259,23 +256,79 @@ def workspace_table_notice(workspace: str) -> str | None:
     )
 
 
-def describe_validation_error(exc: ValidationError, loaded: LoadedConfig) -> str:
-    """A pydantic error as one line: ``key: reason; key[0]: reason``, keys as written."""
+def _nested_model(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    """The model a field of ``model`` holds (`limits` -> `ResourceLimits`), if any."""
+    info = model.model_fields.get(name)
+    annotation = info.annotation if info is not None else None
+    return (
+        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    )
+
+
+def _leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every key a config file may set, nested ones dotted: ``limits.memory_bytes``."""
+    keys: list[str] = []
+    for name in sorted(model.model_fields):
+        inner = _nested_model(model, name)
+        keys += _leaf_keys(inner, f"{prefix}{name}.") if inner else [f"{prefix}{name}"]
+    return keys
+
+
+def suggest_key(loc: Sequence[str | int]) -> str:
+    """The hint for an unknown key at ``loc``: the nearest real key, compared leaf to leaf,
+    so `limits.memory` suggests `limits.memory_bytes` and a top-level `memory_bytes` its
+    place in `[limits]`."""
     import difflib  # error path only
 
-    fields = sorted(SandboxBashConfig.model_fields)
+    model: type[BaseModel] | None = SandboxBashConfig
+    for part in loc[:-1]:
+        model = _nested_model(model, str(part)) if model else None
+    prefix = "".join(f"{p}." for p in loc[:-1])
+    siblings = [f"{prefix}{k}" for k in _leaf_keys(model)] if model else []
+    # Near the top level, any leaf of the whole config may be what was meant.
+    candidates = siblings + [k for k in _leaf_keys(SandboxBashConfig) if k not in siblings]
+    leaves: dict[str, str] = {}
+    for key in candidates:
+        leaves.setdefault(key.rsplit(".", 1)[-1], key)
+    wanted = str(loc[-1]).replace("-", "_")
+    close = difflib.get_close_matches(wanted, list(leaves), n=1)
+    if close:
+        return f"did you mean {leaves[close[0]]}?"
+    known = sorted(model.model_fields) if model else []
+    return f"known keys: {', '.join(known)}"
+
+
+def describe_validation_error(exc: ValidationError, loaded: LoadedConfig) -> str:
+    """A pydantic error as one line: ``key: reason; key[0]: reason``, keys as written."""
     parts: list[str] = []
     for err in exc.errors():
         loc = err["loc"]
         key = loaded.key_name(str(loc[0])) if loc else "config"
         key += "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
         if err["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(loc[0]), fields, n=1)
-            hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(fields)}"
-            parts.append(f"{key}: unknown key ({hint})")
+            parts.append(f"{key}: unknown key ({suggest_key(loc)})")
         else:
-            parts.append(f"{key}: {err['msg']}")
+            parts.append(f"{key}: {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
+
+
+def apply_units(
+    values: Mapping[str, Any], source: ConfigSource | None, where: str = ""
+) -> dict[str, Any]:
+    """Text values of ``*_bytes`` and ``*_ms`` keys read in the units grammar
+    (`policies.units`): ``memory_bytes = "2G"``, ``timeout_ms = "30s"``; nested tables too."""
+    out = dict(values)
+    for key, value in values.items():
+        name = f"{where}{key}"
+        if isinstance(value, Mapping):
+            out[key] = apply_units(value, source, f"{name}.")
+        elif isinstance(value, str) and key.endswith(("_bytes", "-bytes", "_ms", "-ms")):
+            parse = parse_size if key.endswith("bytes") else parse_duration_ms
+            try:
+                out[key] = parse(value)
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}", source) from None
+    return out
 
 
 def _expand_home(values: dict[str, Any]) -> dict[str, Any]:

@@ -6,21 +6,8 @@ host enforces), `audit`, and `mcp` (a confined bash tool server over MCP stdio).
 are in `arguments`, the config file in `config_file`, live output in `stream`; this module
 runs the subcommands and maps failures to exit codes.
 
-Exit codes:
-
-=========  ====================================================================
-N          `run`: the command's own exit status
-128+n      `run`: the command was killed by signal n (timeouts included)
-130        `run`: bash-sandbox got SIGINT (Ctrl-C); the command's group was killed
-143 / 129  `run`: the same for SIGTERM / SIGHUP
-141        `run`: the reader of stdout went away (`| head`); the command's group was killed
-0 / 1      `doctor`: at least one backend is usable / none is
-2          usage or configuration error: bad flag, bad or untrusted config, unknown mode,
-           missing workspace or writable root, bad workdir, unusable session log
-           (nothing ran)
-125        the sandbox is unavailable: no backend can enforce the mode (nothing ran)
-126        the command could not be started, e.g. no bash on this host (nothing ran)
-=========  ====================================================================
+Exit codes: `exit_codes.EXIT_STATUSES` (shown by `run --help`, docs/cli.md and the README);
+`doctor` exits 0 when at least one backend is usable here, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -37,25 +24,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from bash_sandbox.cli.arguments import (
-    LIMIT_FLAGS,
-    LIST_FLAGS,
-    PROG,
-    UsageError,
-    build_parser,
-    wants_json,
-)
+from bash_sandbox.cli.arguments import PROG, UsageError, build_parser, wants_json
 from bash_sandbox.cli.config_file import (
     ConfigError,
     ConfigUntrustedError,
     build_config,
     config_roots,
-    is_within,
     load_config,
     user_config_path,
     workspace_table_notice,
 )
+from bash_sandbox.cli.exit_codes import EXIT_CANNOT_START, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 from bash_sandbox.cli.plugins import SubcommandMissingError
+from bash_sandbox.cli.settings import package_version, shared_config, workspace_dir
 from bash_sandbox.cli.stream import LiveOutput
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
@@ -75,34 +56,14 @@ from policies import (
     sandbox_denial_marker,
     set_sandbox_mode,
 )
+from policies.log_location import session_log_refusal
 
 if TYPE_CHECKING:
     from policies import JsonlSessionLog
 
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 125
-EXIT_CANNOT_START = 126
 # Signals that end bash-sandbox itself: each kills the command's group first. The command
 # runs in its own session, so a terminal's Ctrl-C never reaches it directly.
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class CliError(Exception):
-    """A failure reported as one `bash-sandbox: ...` line (and, with --json, an error object)."""
-
-    def __init__(self, message: str, exit_code: int, code: str) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.code = code
-
-
-def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("bash-sandbox")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
@@ -122,23 +83,6 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 # -- shared steps --------------------------------------------------------------------------
 
 
-def _workspace_dir(raw: str | None) -> str:
-    """The workspace as a canonical existing directory; the current directory by default."""
-    try:
-        path = os.path.realpath(os.path.expanduser(raw) if raw else os.getcwd())
-    except FileNotFoundError:
-        raise CliError(
-            "the current directory no longer exists; pass --workspace",
-            EXIT_USAGE,
-            "WORKSPACE_INVALID",
-        ) from None
-    if not os.path.isdir(path):
-        raise CliError(
-            f"workspace {raw!r} is not an existing directory", EXIT_USAGE, "WORKSPACE_INVALID"
-        )
-    return path
-
-
 def _open_session(path: str) -> JsonlSessionLog:
     from policies import JsonlSessionLog  # only with --session
 
@@ -155,15 +99,11 @@ def _open_session(path: str) -> JsonlSessionLog:
 def _refuse_writable_session(path: str, config: SandboxBashConfig) -> None:
     """A session log inside a writable root could be given a wider mode by the command
     itself before the next run obeys it (threat-model row 15)."""
-    real = os.path.realpath(path)
-    for root in config_roots(config):
-        if is_within(real, os.path.realpath(root)):
-            raise CliError(
-                f"session log {path} lies inside {os.path.realpath(root)}, which confined "
-                "commands can write; keep it outside every writable root",
-                EXIT_USAGE,
-                "SESSION_UNTRUSTED",
-            )
+    refusal = session_log_refusal(path, config_roots(config))
+    if refusal is not None:
+        raise CliError(
+            f"{refusal}; keep it outside every writable root", EXIT_USAGE, "SESSION_UNTRUSTED"
+        )
 
 
 def _config_error(exc: ConfigError | PolicyError, source: str | None = None) -> CliError:
@@ -218,6 +158,17 @@ def exit_status(result: BashRunResult) -> int:
     return 1  # neither an exit code nor a known signal: report a plain failure
 
 
+def run_outcome(result: BashRunResult) -> str:
+    """Why the command ended, for `--json` (the exit status alone cannot tell a timeout's
+    SIGTERM from one sent by someone else): ``exited``, ``timed-out``, ``aborted``, or
+    ``signal`` (killed by a signal the executor did not send)."""
+    if result.timed_out:
+        return "timed-out"
+    if result.aborted:
+        return "aborted"
+    return "exited" if result.exit_code is not None else "signal"
+
+
 def result_notes(result: BashRunResult, *, streamed: bool) -> list[str]:
     """The CLI's lines after the output: truncation, timeout, denial markers."""
     notes: list[str] = []
@@ -255,7 +206,8 @@ def report_result(
     (the tail, when truncated) is printed now.
     """
     if as_json:
-        stdout.write(json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
+        payload = result.model_dump(mode="json") | {"outcome": run_outcome(result)}
+        stdout.write(json.dumps(payload, indent=2) + "\n")
         stdout.flush()
         return exit_status(result)
     streamed = live is not None
@@ -333,30 +285,9 @@ async def run_until_interrupted(
 
 def run_config(args: argparse.Namespace, workspace: str) -> tuple[SandboxBashConfig, str | None]:
     """The validated config for `run`, and where its file values came from."""
-    loaded = load_config(args.config, workspace)
-    overrides: dict[str, Any] = {}
-    if args.workspace is not None or "workspace_root" not in loaded.values:
-        overrides["workspace_root"] = workspace
-    for name in ("network", "backend", "timeout_ms"):
-        if getattr(args, name) is not None:
-            overrides[name] = getattr(args, name)
-    limits = {
-        field: getattr(args, dest)
-        for dest, field in LIMIT_FLAGS.items()
-        if getattr(args, dest) is not None
-    }
-    if limits:
-        overrides["limits"] = limits
-    if not args.json:
-        # The output is streamed as it comes: no spill file is needed to print it whole.
-        overrides["max_spill_bytes"] = 1
-    additions = {name: getattr(args, name) for name in LIST_FLAGS if getattr(args, name)}
-    config = build_config(loaded, overrides, additions=additions)
-    if args.timeout_ms is not None and args.timeout_ms > config.max_timeout_ms:
-        # An explicit flag is the user's own decision: lift the cap instead of silently
-        # shortening the timeout they asked for.
-        overrides["max_timeout_ms"] = args.timeout_ms
-        config = build_config(loaded, overrides, additions=additions)
+    # The output is streamed as it comes: no spill file is needed to print it whole.
+    extra = {} if args.json else {"max_spill_bytes": 1}
+    config, loaded = shared_config(args, workspace, extra)
     return config, loaded.source.describe() if loaded.source else None
 
 
@@ -367,7 +298,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             EXIT_USAGE,
             "USAGE",
         )
-    workspace = _workspace_dir(args.workspace)
+    workspace = workspace_dir(args.workspace)
     config, source = run_config(args, workspace)
     root = config.workspace_root or workspace
     _print_notice(root)
@@ -383,6 +314,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             executor = SandboxBashExecutor(config)
         except PolicyError as exc:  # e.g. a protected path that leaves its root
             raise _config_error(exc, source) from None
+        except SandboxUnavailableError as exc:
+            # Nothing is probed at construction: only the roots can leave the executor no
+            # place for its state (every candidate lies inside a writable root).
+            raise CliError(f"config error: {exc.detail}", EXIT_USAGE, "CONFIG_INVALID") from None
         mode = executor.policy_service.resolve_mode(session, args.mode)
         request = BashExecRequest(
             command=command_text(args.command), workdir=workdir, sandbox_mode=mode
@@ -411,7 +346,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             live.finish()
         name = signal.Signals(outcome.signum).name
         error = CliError(f"{name}: the command's process group was killed", status, "INTERRUPTED")
-        _print_error(args, error, live)
+        _print_error(args, error, live, {"signal": name})
         return status
     return report_result(
         outcome, as_json=args.json, stdout=sys.stdout, stderr=sys.stderr, live=live
@@ -427,7 +362,7 @@ def _cmd_mode(args: argparse.Namespace) -> int:
             new_mode = set_sandbox_mode(session, args.mode)
         print(new_mode.value)
         return 0
-    workspace = _workspace_dir(args.workspace)
+    workspace = workspace_dir(args.workspace)
     config = build_config(load_config(args.config, workspace), {"workspace_root": workspace})
     _print_notice(workspace)
     override = None
@@ -445,7 +380,7 @@ def _cmd_mode(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from bash_sandbox.cli.doctor import collect_report, render_text
 
-    loaded = load_config(args.config, _workspace_dir(None))
+    loaded = load_config(args.config, workspace_dir(None))
     config = build_config(loaded, {})
     source = (
         f"config: {loaded.source.describe()}"
@@ -482,15 +417,23 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
-def _write_json_error(code: str, message: str, exit_code: int) -> None:
+def _write_json_error(
+    code: str, message: str, exit_code: int, extra: dict[str, str] | None = None
+) -> None:
     # A JSON consumer reads stdout only: tell it why there is no result.
-    payload = {"error": {"code": code, "message": message, "exit_code": exit_code}}
+    error = {"code": code, "message": message, "exit_code": exit_code} | (extra or {})
+    payload = {"error": error, "outcome": "interrupted" if code == "INTERRUPTED" else "error"}
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         sys.stdout.flush()
 
 
-def _print_error(args: argparse.Namespace, error: CliError, live: LiveOutput | None = None) -> None:
+def _print_error(
+    args: argparse.Namespace,
+    error: CliError,
+    live: LiveOutput | None = None,
+    extra: dict[str, str] | None = None,
+) -> None:
     line = f"{PROG}: {error}"
     if live is not None:
         live.write_notes([line])  # on a line of its own after the streamed output
@@ -498,7 +441,7 @@ def _print_error(args: argparse.Namespace, error: CliError, live: LiveOutput | N
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
     if getattr(args, "json", False):
-        _write_json_error(error.code, str(error), error.exit_code)
+        _write_json_error(error.code, str(error), error.exit_code, extra)
 
 
 def _silence_stdout() -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from policies import NetworkMode, SandboxMode
+from bash_sandbox.cli.settings import add_shared_flags
+from policies import SandboxMode
 
 _MODES = [m.value for m in SandboxMode]
 
@@ -34,34 +35,8 @@ client configuration (e.g. claude_desktop_config.json / .mcp.json):
 
 
 def add_mcp_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--workspace",
-        metavar="DIR",
-        help="workspace root; relative workdirs start here (default: the current directory)",
-    )
-    parser.add_argument(
-        "--mode",
-        choices=_MODES,
-        metavar="MODE",
-        help=f"default sandbox mode of every call ({', '.join(_MODES)}; default: the config's)",
-    )
-    parser.add_argument(
-        "--network",
-        choices=[n.value for n in NetworkMode],
-        metavar="NET",
-        help="isolated (own loopback only, the default) or host",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=("auto", "bwrap", "landlock", "seatbelt"),
-        help="sandbox backend (default: auto)",
-    )
-    parser.add_argument(
-        "--timeout-ms",
-        type=int,
-        metavar="N",
-        help="default timeout of bash_run (default: the config's timeout_ms, 120000)",
-    )
+    # The flags `run` has too, declared once (`settings`), then the server's own.
+    add_shared_flags(parser)
     parser.add_argument(
         "--allow-escalation-to",
         choices=_MODES,
@@ -72,12 +47,6 @@ def add_mcp_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-network-escalation",
         action="store_true",
         help="let a call ask for network=host, after the user approves",
-    )
-    parser.add_argument(
-        "--session",
-        metavar="FILE",
-        help="JSON-lines session log: its mode override applies, and an approval 'for this "
-        "session' is recorded there (must lie outside the workspace and every writable root)",
     )
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict
 
 from policies import NetworkMode, SandboxMode, is_strictly_wider
+from policies.log_location import session_log_refusal
 
 
 class EscalationError(Exception):
@@ -114,28 +115,15 @@ def judge_escalation(
     )
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
 def check_session_log_location(path: str, writable_roots: Iterable[str]) -> str:
-    """The session log's canonical path; raises `EscalationError` when a command could write it.
-
-    ``writable_roots`` are every root a confined command may write (the workspace included).
-    The log need not exist yet: its directory is resolved, so a symlinked directory pointing
-    into the workspace is caught too.
-    """
-    absolute = os.path.abspath(os.path.expanduser(path))
-    real = os.path.realpath(absolute)
-    if os.path.isdir(real):
-        raise EscalationError(f"session log {path!r} is a directory", "SESSION_LOG_UNSAFE")
-    for root in writable_roots:
-        real_root = os.path.realpath(root)
-        if _inside(real, real_root):
-            raise EscalationError(
-                f"session log {path!r} lies inside {real_root}, which confined commands may "
-                "write; a command could plant its own sandbox mode there. Put the log "
-                "outside the workspace and every writable root (e.g. under ~/.local/state)",
-                "SESSION_LOG_UNSAFE",
-            )
-    return real
+    """The session log's canonical path; raises `EscalationError` when a command could write
+    it (`policies.session_log_refusal`, the one check). ``writable_roots`` are every root a
+    confined command may write (the workspace included)."""
+    refusal = session_log_refusal(path, writable_roots)
+    if refusal is not None:
+        raise EscalationError(
+            f"{refusal}. Put the log outside the workspace and every writable root (e.g. under "
+            "~/.local/state)",
+            "SESSION_LOG_UNSAFE",
+        )
+    return os.path.realpath(os.path.abspath(os.path.expanduser(path)))

@@ -30,8 +30,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from bash_sandbox.cli.config_file import build_config, load_config
-from bash_sandbox.cli.main import EXIT_USAGE, CliError, _workspace_dir, package_version
+from bash_sandbox.cli.exit_codes import EXIT_USAGE, CliError
 from bash_sandbox.cli.mcp_approval import Approval, ApprovalDesk, question_text
 from bash_sandbox.cli.mcp_escalation import (
     Escalation,
@@ -58,6 +57,8 @@ from bash_sandbox.cli.mcp_tools import (
     ProcessArguments,
     tool_definitions,
 )
+from bash_sandbox.cli.mcp_wire import AnsweringReadStream
+from bash_sandbox.cli.settings import package_version, shared_config, workspace_dir
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.executor import SandboxBashExecutor
@@ -94,26 +95,9 @@ class ServerSettings:
 
 def build_settings(args: argparse.Namespace) -> ServerSettings:
     """The validated settings for ``args``; raises `CliError` / `ConfigError` (nothing runs)."""
-    workspace = _workspace_dir(args.workspace)
-    loaded = load_config(args.config, workspace)
-    overrides: dict[str, Any] = {}
-    if args.workspace is not None or "workspace_root" not in loaded.values:
-        overrides["workspace_root"] = workspace
-    for flag in ("mode", "network", "backend"):
-        if getattr(args, flag) is not None:
-            overrides[flag] = getattr(args, flag)
-    if args.timeout_ms is not None:
-        if args.timeout_ms <= 0:
-            raise CliError(
-                f"--timeout-ms must be a positive integer, got {args.timeout_ms}",
-                EXIT_USAGE,
-                "USAGE",
-            )
-        overrides["timeout_ms"] = args.timeout_ms
-    config = build_config(loaded, overrides)
-    if args.timeout_ms is not None and args.timeout_ms > config.max_timeout_ms:
-        # An explicit flag is the user's own decision, as in `run`.
-        config = build_config(loaded, overrides | {"max_timeout_ms": args.timeout_ms})
+    workspace = workspace_dir(args.workspace)
+    # `--mode` is the default of every call here (in `run` it is the one command's).
+    config, _ = shared_config(args, workspace, {"mode": args.mode} if args.mode else None)
     root = config.workspace_root or workspace
     ceiling = EscalationCeiling(
         mode=SandboxMode(args.allow_escalation_to) if args.allow_escalation_to else None,
@@ -433,7 +417,9 @@ async def serve(settings: ServerSettings, executor: SandboxBashExecutor) -> int:
                 tasks.start_soon(_watch_signals, tasks.cancel_scope, received)
                 # Returns at EOF on stdin (the client went away); in-flight calls are
                 # cancelled with the scope, which kills their process groups.
-                await server.run(read_stream, write_stream, server.create_initialization_options())
+                # Malformed lines are answered here; the SDK would drop them unanswered.
+                inbound = AnsweringReadStream(read_stream, write_stream)
+                await server.run(inbound, write_stream, server.create_initialization_options())
                 tasks.cancel_scope.cancel()
             # Before leaving the stdio context: on a signal, stdin's reader thread may still
             # be blocked in read() and leaving would wait for it.

@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import mcp_types as types
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, SkipJsonSchema
 from pydantic_core import core_schema
 
 from bash_sandbox.cli.mcp_escalation import EscalationCeiling
 from policies import NetworkMode, SandboxMode
+from policies.units import duration_or_text
 
 BASH_RUN = "bash_run"
 BASH_START = "bash_start"
@@ -50,6 +51,8 @@ class BashRunArguments(_ArgumentsModel):
         Annotated[
             StrictInt,
             Field(gt=0, description="Kill the command after this many milliseconds."),
+            # The CLI's units grammar too (`30s`), for a model that writes it so.
+            BeforeValidator(duration_or_text),
         ]
         | SkipJsonSchema[None]
     ) = None

@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from bash_sandbox.facts.dialects import UNSTATED, RefusalMessage, find_refusal_messages
 from bash_seam import DenialKind, HintSource, SandboxHint
 from policies import SandboxMode, SandboxPolicy
+from policies.autorun import UNPROTECT_KEY, autorun_reason
+from policies.paths import within
 
 REASON_READ_ONLY = "read-only mode"
 REASON_OUTSIDE_ROOTS = "outside the writable roots"
@@ -53,10 +55,6 @@ _ALWAYS_WRITABLE = (
 _REFUSALS = frozenset({"EROFS", "EACCES", "EPERM"})
 
 
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _resolve(path: str, workdir: str) -> str:
     # Lexical on purpose: the host may not look like the sandbox did, and the answer must
     # not depend on what exists now.
@@ -67,17 +65,17 @@ def _resolve(path: str, workdir: str) -> str:
 
 def _in_scratch(target: str, policy: SandboxPolicy, scratch_dirs: Sequence[str] | None) -> bool:
     if scratch_dirs is not None:
-        return any(_within(target, s) for s in scratch_dirs)
+        return any(within(target, s) for s in scratch_dirs)
     # The Linux backends' shared view: the executor's private /tmp and /dev/shm in both
     # confined modes, except that the host's /tmp/<entry> holding a root is bound back
     # read-only so the root stays visible.
-    if _within(target, "/dev/shm"):
+    if within(target, "/dev/shm"):
         return True
-    if not _within(target, "/tmp"):
+    if not within(target, "/tmp"):
         return False
     parts = target.split("/")
     roots = (policy.workspace_root, *policy.writable_roots)
-    return len(parts) < 3 or not any(_within(root, f"/tmp/{parts[2]}") for root in roots)
+    return len(parts) < 3 or not any(within(root, f"/tmp/{parts[2]}") for root in roots)
 
 
 def _is_refused_write(message: RefusalMessage, write_refusals: frozenset[str]) -> bool:
@@ -107,19 +105,28 @@ def _protected_reason(
         message.errno in ("ENOENT", "EBUSY") and message.access == "write"
     )
     for root in policy.all_writable_roots():
-        if not _within(target, root):
+        if not within(target, root):
             continue
         for name in policy.protected_paths:
-            if _within(target, os.path.join(root, name)):
-                return f"protected name {name}" if refused or placeholder else None
+            if within(target, os.path.join(root, name)):
+                return _protected_label(name) if refused or placeholder else None
             # A missing protected name is held by a read-only directory at its first missing
             # component (`.git`), so writes below that component are refused with EROFS.
             parent = os.path.dirname(name)
             while parent:
-                if message.errno == "EROFS" and _within(target, os.path.join(root, parent)):
+                if message.errno == "EROFS" and within(target, os.path.join(root, parent)):
                     return f"protected name {name}, whose missing parent {parent} is held read-only"
                 parent = os.path.dirname(parent)
     return None
+
+
+def _protected_label(name: str) -> str:
+    """The reason of a refused write to protected ``name``: an auto-run name says what runs
+    it and which key lifts it."""
+    why = autorun_reason(name)
+    if why is None:
+        return f"protected name {name}"
+    return f"protected name {name}: {why}; {UNPROTECT_KEY} lifts it"
 
 
 def _judge(
@@ -140,19 +147,19 @@ def _judge(
             source=HintSource.OUTPUT,
         )
 
-    if any(_within(target, p) for p in policy.deny_read) and message.errno in _REFUSALS:
+    if any(within(target, p) for p in policy.deny_read) and message.errno in _REFUSALS:
         kind = DenialKind.FILE_WRITE if message.access == "write" else DenialKind.FILE_READ
         return hint(kind, REASON_DENY_READ)
-    if any(_within(target, p) for p in _ALWAYS_WRITABLE):
+    if any(within(target, p) for p in _ALWAYS_WRITABLE):
         return None
     roots = policy.all_writable_roots()
-    if any(_within(target, r) for r in roots):
+    if any(within(target, r) for r in roots):
         reason = _protected_reason(target, message, policy, write_refusals)
         return hint(DenialKind.FILE_WRITE, reason) if reason else None
     if not _is_refused_write(message, write_refusals) or _in_scratch(target, policy, scratch_dirs):
         return None
     if policy.mode is SandboxMode.READ_ONLY and any(
-        _within(target, r) for r in (policy.workspace_root, *policy.writable_roots)
+        within(target, r) for r in (policy.workspace_root, *policy.writable_roots)
     ):
         # workspace-write would allow it: say so, the marker offers that step.
         return hint(DenialKind.FILE_WRITE, REASON_READ_ONLY)

@@ -39,6 +39,7 @@ from bash_seam import (
     SandboxHint,
 )
 from policies import NetworkMode, SandboxMode
+from policies.autorun import UNPROTECT_KEY
 
 
 def _shown(path: str) -> str:
@@ -58,6 +59,9 @@ def _file_step(denial: SandboxDenial | SandboxHint | DenialGroup) -> str:
         return "remove it from deny_read or ask for danger-full-access"
     # The write watch's word for a protected name (or a placeholder) inside a root.
     if denial.reason.startswith(("protected name", "held read-only")):
+        if UNPROTECT_KEY in denial.reason:
+            name = denial.reason.split()[2].rstrip(":,")
+            return f"add {name} to {UNPROTECT_KEY} if commands may change it, after review"
         return "protected names stay read-only; ask for danger-full-access if the change is meant"
     if denial.reason.startswith("git control plane"):
         # The overlay discarded it: git's own files are the host's to change.

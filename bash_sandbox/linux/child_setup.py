@@ -224,7 +224,8 @@ class ChildSetup:
         self._report_fd = -1
 
     def report_failures_to(self, fd: int) -> None:
-        """The child writes the failing step's name here (subprocess only says "preexec")."""
+        """The child writes the failing step here as (errno, name): subprocess only says
+        "preexec", and text would have to be parsed back."""
         self._report_fd = fd
 
     def step_names(self) -> tuple[str, ...]:
@@ -505,7 +506,8 @@ class ChildSetup:
                 err = ctypes.get_errno()
                 if err not in step.ok_errnos:
                     if self._report_fd >= 0:
-                        msg = step.what + b": " + os.strerror(err).encode()
+                        # (errno, step): read back by `backends/child_failure.py`.
+                        msg = err.to_bytes(4, "little") + step.what
                         self._lib.write(self._report_fd, msg, len(msg))
                     raise OSError(err, "sandbox child setup failed")
 

@@ -75,6 +75,8 @@ class ScratchPaths:
     tmp: str
     shm: str
     pts: str
+    # The trust domain's directory inside both tmpfs (`state.scratch_for`), "" for the roots.
+    domain: str = ""
 
 
 class _Holder:

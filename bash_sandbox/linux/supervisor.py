@@ -507,7 +507,10 @@ class SeccompSupervisor:
 
 def receive_listener(sock: socket.socket) -> int:
     """The listener fd a child sent over ``sock`` before exec (already there by then)."""
-    _, fds, _, _ = socket.recv_fds(sock, 1, 1, socket.MSG_DONTWAIT)
+    # Never blocks: Python 3.11's recv_fds drops its flags argument (MSG_DONTWAIT), and a
+    # child killed before it sent (e.g. by a tiny memory limit) would hang the caller.
+    sock.setblocking(False)
+    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
     if not fds:
         raise OSError(errno.EPROTO, "the sandbox child sent no seccomp listener")
     return fds[0]

@@ -204,6 +204,10 @@ attempt("fsetxattr on a read-only descriptor", lambda: os.setxattr(fd, "user.aud
             "moved": [env.ws + "-moved", env.root + "-moved"],
             "guards": {"ws-root": env.ws},
         },
+        # The root's own mtime and ctime are the evidence here, and the placeholders of
+        # missing auto-run names (made and removed by the executor in the root) move them:
+        # only the git names, which need no host placeholder.
+        kwargs={"protected_paths": (".git/hooks", ".git/config")},
         workspace_guard=False,
     ),
 ]

@@ -179,10 +179,10 @@ def test_limit_flags_replace_single_limits_of_the_file(workspace: Path, config_h
     (config_home / "bash-sandbox" / "config.toml").write_text(
         "[limits]\nprocesses = 100\nopen_files = 1000\n"
     )
-    args = build_parser("test").parse_args(["run", "--max-open-files", "50", "--", "true"])
+    args = build_parser("test").parse_args(["run", "--max-open-files", "500", "--", "true"])
     config, _ = run_config(args, str(workspace))
     assert config.limits.processes == 100
-    assert config.limits.open_files == 50
+    assert config.limits.open_files == 500
 
 
 @pytest.mark.parametrize(

@@ -224,9 +224,13 @@ def test_close_leaves_no_fd_no_thread_and_no_listener(site: UpstreamServer, tmp_
     tunnel.close()
     dribbling.close()
     # The upstream test server's own per-connection threads (socketserver's) finish on
-    # their own time; every other thread must be gone.
+    # their own time, holding the upstream side's socket until then: waited for (bounded),
+    # so their fd is not counted; every other thread must be gone already.
     left = {t for t in threading.enumerate() if "process_request_thread" not in t.name}
     assert left == {t for t in threads_before if "process_request_thread" not in t.name}
+    for thread in threading.enumerate():
+        if "process_request_thread" in thread.name and thread not in threads_before:
+            thread.join(timeout=10)
     assert _fds() == fds_before
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()

@@ -1,4 +1,5 @@
-"""The subclass hooks a confining executor relies on: plan, confine, outcome facts, release."""
+"""The one hook a confining executor relies on: a `SpawnScope` owning the plan, the spawn,
+the facts and one close."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from local_probes import GRACE_MS, pids_in, wait_dead, wait_for
 
-from bash_local import LocalBashExecutor, SpawnPlan
+from bash_local import LocalBashExecutor, SpawnOutcome, SpawnPlan, SpawnScope, UnconfinedSpawn
 from bash_seam import (
     BashExecError,
     BashExecRequest,
@@ -35,59 +36,62 @@ class TaggedPlan(SpawnPlan):
     tag: str = "confined"
 
 
+class RecordingScope(SpawnScope):
+    """Wraps the plan like a confining backend would, and records each call."""
+
+    def __init__(self, ex: RecordingExecutor, plan: SpawnPlan) -> None:
+        self.ex = ex
+        wrapped = replace(plan, argv=(*ex.wrapper, *plan.argv))
+        self.plan = TaggedPlan(**{f.name: getattr(wrapped, f.name) for f in fields(SpawnPlan)})
+
+    def spawned(self, pid: int, kill: Callable[[], None]) -> None:
+        self.ex.spawned_pids.append(pid)
+
+    def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
+        self.ex.facts_calls.append(
+            {
+                "tag": getattr(self.plan, "tag", None),
+                "exit_code": outcome.exit_code,
+                "signal": outcome.signal,
+                "stderr_text": outcome.stderr,
+                "background": outcome.background,
+                "started": outcome.started,
+                "closes_before": self.ex.closes,
+            }
+        )
+        if self.ex.facts_error is not None:
+            raise self.ex.facts_error
+        return FACTS
+
+    def failed(self, exc: BaseException) -> Exception:
+        self.ex.spawn_errors.append((type(exc).__name__, self.ex.closes))
+        return super().failed(exc)
+
+    def close(self) -> None:
+        self.ex.closes += 1
+
+
 class RecordingExecutor(LocalBashExecutor):
-    """Wraps every plan like a confining backend would, and records each hook call."""
+    """Opens a `RecordingScope` for every spawn and records each call."""
 
     def __init__(self, tmp_path: Path, **overrides: Any) -> None:
         super().__init__(cwd=str(tmp_path), grace_ms=GRACE_MS, **overrides)
         self.base_plans: list[SpawnPlan] = []
-        self.releases = 0
+        self.closes = 0
         self.facts_calls: list[dict[str, object]] = []
         self.group_signals: list[tuple[int, int]] = []
         self.spawn_errors: list[tuple[str, int]] = []
+        self.spawned_pids: list[int] = []
         self.confine_error: Exception | None = None
         self.facts_error: Exception | None = None
         self.wrapper: tuple[str, ...] = ("/usr/bin/env", "CONFINED=yes")
 
-    def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:
+    async def _open_scope(self, spec: BashExecSpec) -> SpawnScope:
+        plan = self._base_plan(spec)
         self.base_plans.append(plan)
         if self.confine_error is not None:
             raise self.confine_error
-
-        def release() -> None:
-            self.releases += 1
-
-        wrapped = replace(plan, argv=(*self.wrapper, *plan.argv), release=release)
-        return TaggedPlan(**{f.name: getattr(wrapped, f.name) for f in fields(SpawnPlan)})
-
-    def _outcome_facts(
-        self,
-        spec: BashExecSpec,
-        plan: SpawnPlan,
-        *,
-        exit_code: int | None,
-        signal: str | None,
-        stderr_text: str,
-        background: bool,
-        stdout_text: str = "",
-    ) -> SandboxFacts | None:
-        self.facts_calls.append(
-            {
-                "tag": getattr(plan, "tag", None),
-                "exit_code": exit_code,
-                "signal": signal,
-                "stderr_text": stderr_text,
-                "background": background,
-                "releases_before": self.releases,
-            }
-        )
-        if self.facts_error is not None:
-            raise self.facts_error
-        return FACTS
-
-    def _spawn_error(self, spec: BashExecSpec, plan: SpawnPlan, exc: BaseException) -> Exception:
-        self.spawn_errors.append((type(exc).__name__, self.releases))
-        return super()._spawn_error(spec, plan, exc)
+        return RecordingScope(self, plan)
 
     def _kill_group(self, pid: int, sig: int) -> None:
         self.group_signals.append((pid, sig))
@@ -115,8 +119,9 @@ async def test_base_plan_is_bash_c_with_built_env_and_workdir(
     assert plan.cwd == str(tmp_path)
     assert plan.env["X"] == "1" and "SOME_TOKEN" not in plan.env
     assert plan.preexec_fn is None and plan.pass_fds == () and plan.release is None
-    # The confined plan is what ran.
+    # The confined plan is what ran, and the scope saw its pid.
     assert result.stdout.text == "yes\n"
+    assert len(recording.spawned_pids) == 1
 
 
 async def test_outcome_facts_see_the_settled_run_and_land_in_the_result(
@@ -131,9 +136,10 @@ async def test_outcome_facts_see_the_settled_run_and_land_in_the_result(
         "signal": None,
         "stderr_text": "nope\n",
         "background": False,
-        "releases_before": 1,  # the plan was released before the outcome is classified
+        "started": True,
+        "closes_before": 0,  # the scope still holds everything while the facts are read
     }
-    assert recording.releases == 1
+    assert recording.closes == 1
 
 
 async def test_the_settled_group_gets_sigkill_before_the_leader_is_reaped(
@@ -157,7 +163,7 @@ async def test_confine_error_propagates_before_anything_spawns(
     await recording.run(recording.spec("true"))
     assert not marker.exists()
     assert recording.list() == []
-    assert recording.releases == 1
+    assert recording.closes == 1
 
 
 async def test_foreground_facts_error_propagates_after_cleanup(
@@ -169,7 +175,7 @@ async def test_foreground_facts_error_propagates_after_cleanup(
     (leftover,) = pids_in(str(recording.facts_calls[0]["stderr_text"]))
     spawned_pids.append(leftover)
     wait_dead(leftover)
-    assert recording.releases == 1
+    assert recording.closes == 1
 
 
 async def test_background_facts_are_stamped_before_wait_returns(
@@ -180,7 +186,7 @@ async def test_background_facts_are_stamped_before_wait_returns(
     assert process.sandbox == FACTS
     (call,) = recording.facts_calls
     assert call["background"] is True and call["exit_code"] == 5 and call["stderr_text"] == "e\n"
-    assert recording.releases == 1
+    assert recording.closes == 1
 
 
 async def test_background_facts_error_is_logged_and_contained(
@@ -207,9 +213,11 @@ async def test_background_spawn_failure_settles_killed_with_the_error_on_stderr(
     read = process.read_output()
     assert read.delta.startswith("[stderr]\n")
     assert "/nonexistent/runner" in read.delta
-    assert recording.releases == 1
+    assert recording.closes == 1
     assert recording.spawn_errors == [("FileNotFoundError", 0)]  # mapped for stderr too
     assert process.sandbox == FACTS
+    (call,) = recording.facts_calls  # the never-started spawn still gets its facts
+    assert call["started"] is False and call["background"] is True
     await wait_for(lambda: done == [process])
 
 
@@ -222,7 +230,7 @@ async def test_foreground_spawn_failure_raises_and_releases(
     recording.wrapper = ("/dev/null",)  # exists but cannot be executed
     with pytest.raises(BashExecError, match="/dev/null"):
         await recording.run(recording.spec("true"))
-    assert recording.releases == 2
+    assert recording.closes == 2
     # The error was mapped while the plan (and its fds) still stood.
     assert recording.spawn_errors == [("FileNotFoundError", 0), ("PermissionError", 1)]
 
@@ -234,13 +242,16 @@ async def test_pass_fds_and_preexec_fn_of_a_plan_reach_the_child(tmp_path: Path)
         os.umask(0o077)
 
     class PassingExecutor(LocalBashExecutor):
-        def _confine(self, spec: BashExecSpec, plan: SpawnPlan) -> SpawnPlan:
-            return replace(
-                plan,
-                argv=(*plan.argv[:2], f"echo through >&{write_end}; umask"),
-                preexec_fn=set_umask,
-                pass_fds=(write_end,),
-                release=lambda: os.close(write_end),
+        async def _open_scope(self, spec: BashExecSpec) -> SpawnScope:
+            plan = self._base_plan(spec)
+            return UnconfinedSpawn(
+                replace(
+                    plan,
+                    argv=(*plan.argv[:2], f"echo through >&{write_end}; umask"),
+                    preexec_fn=set_umask,
+                    pass_fds=(write_end,),
+                    release=lambda: os.close(write_end),
+                )
             )
 
     async with PassingExecutor(cwd=str(tmp_path)) as ex:
@@ -261,5 +272,8 @@ async def test_cancelled_run_still_releases_once_settled(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await wait_for(lambda: recording.releases == 1)
-    assert recording.facts_calls == []  # nobody asked for the outcome
+    await wait_for(lambda: recording.closes == 1)
+    # Nobody awaits the outcome, but the scope still settled (a git import must not wait
+    # for a reader) before it closed.
+    (call,) = recording.facts_calls
+    assert call["closes_before"] == 0

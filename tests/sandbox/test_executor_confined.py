@@ -315,7 +315,7 @@ async def test_a_flood_of_directories_hides_no_repository_from_later_commands(
     # a search cut short makes the run's enforcement partial.
     import functools
 
-    from bash_sandbox import executor as executor_module
+    from bash_sandbox import host_view as executor_module
     from bash_sandbox.git_plane import discover_gitdirs
 
     monkeypatch.setattr(
@@ -525,7 +525,7 @@ async def test_a_secret_the_host_makes_between_two_calls_is_hidden_from_the_seco
     for _ in range(2):
         first = await _run(ex, f"ls -a {home}", workspace)
         assert "notes" in first.stdout.text and ".token" not in first.stdout.text
-    assert ex._shadows.hits >= 1  # the second call did reuse the survey
+    assert ex._services.survey._shadows.hits >= 1  # the second call did reuse the survey
     token.write_text("TOPSECRET-token\n")
     second = await _run(ex, f"cat {token}; ls -a {home}", workspace)
     assert "TOPSECRET" not in second.stdout.text + second.stderr.text
@@ -614,7 +614,7 @@ async def test_a_home_without_room_for_caches_keeps_them_in_the_private_tmp(
 
 
 def _git_uppers(ex: SandboxBashExecutor) -> list[str]:
-    return os.listdir(os.path.join(ex._state.path, "git"))
+    return os.listdir(os.path.join(ex._services.state.path, "git"))
 
 
 @pytest.mark.parametrize("failure", ["limits", "spawn", "proxy"])
@@ -636,7 +636,8 @@ async def test_a_spawn_that_fails_midway_gives_back_everything_it_took(
         allow_domains=("pkg.test",),
     )
     await _run(ex, "true", workspace)  # the executor's namespaces and proxy exist now
-    grants = ex._proxies[0]._grants  # type: ignore[attr-defined]
+    assert ex._services.proxy is not None
+    grants = ex._services.proxy._grants  # type: ignore[attr-defined]
     live = len(grants._by_token)
     proxy_starts: list[str] = []
     if failure == "limits":
@@ -644,7 +645,7 @@ async def test_a_spawn_that_fails_midway_gives_back_everything_it_took(
         def refuse(*_: object, **__: object) -> None:
             raise LimitsSetupError(28, "no space for a cgroup")
 
-        monkeypatch.setattr(ex._limits, "prepare", refuse)
+        monkeypatch.setattr(ex._services.limits, "prepare", refuse)
     elif failure == "spawn":
         real_wrap = ex._selector.choose(ex.config.mode).wrap
 
@@ -654,9 +655,7 @@ async def test_a_spawn_that_fails_midway_gives_back_everything_it_took(
 
         monkeypatch.setattr(ex._selector.choose(ex.config.mode), "wrap", broken)
     else:
-        for proxy in ex._proxies:
-            proxy.close()
-        ex._proxies.clear()
+        ex._services.drop_proxy()
 
         def fails(self: EgressProxy) -> None:
             proxy_starts.append("tried")
@@ -668,9 +667,11 @@ async def test_a_spawn_that_fails_midway_gives_back_everything_it_took(
     assert not (workspace / "marker").exists()
     assert sorted(os.listdir(workspace)) == before  # the host placeholder (deploy/) is gone
     assert _git_uppers(ex) == []  # the overlay's private directories too
-    assert ex._limits._live == {}  # type: ignore[attr-defined]
+    assert ex._services.limits._live == {}  # type: ignore[attr-defined]
     if failure == "proxy":
-        assert proxy_starts == ["tried"] and ex._proxies == []  # a failed proxy is not kept
+        assert (
+            proxy_starts == ["tried"] and ex._services.proxy is None
+        )  # a failed proxy is not kept
     else:
         assert len(grants._by_token) == live  # the grant was closed
     monkeypatch.undo()
@@ -741,7 +742,7 @@ async def test_a_covered_directory_that_vanishes_before_the_mount_is_looked_at_a
     doomed = workspace / "doomed"
     doomed.mkdir()
     ex = make_executor(mode="workspace-write", deny_read=(str(doomed),))
-    real_prepare = ex._limits.prepare
+    real_prepare = ex._services.limits.prepare
     calls: list[str] = []
 
     def prepare_then_remove(*args: object, **kw: object) -> object:
@@ -750,7 +751,7 @@ async def test_a_covered_directory_that_vanishes_before_the_mount_is_looked_at_a
             doomed.rmdir()  # after the view named it, before the child mounts over it
         return real_prepare(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ex._limits, "prepare", prepare_then_remove)
+    monkeypatch.setattr(ex._services.limits, "prepare", prepare_then_remove)
     result = await _run(ex, "echo ran > marker", workspace)
     assert result.exit_code == 0, result.stderr.text
     assert (workspace / "marker").read_text() == "ran\n"

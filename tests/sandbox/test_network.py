@@ -271,7 +271,7 @@ async def test_aclose_leaves_no_namespace_mount_or_process(backend: str, workspa
         ex, "for i in $(seq 100); do [ -s pid ] && exit 0; sleep 0.05; done", workspace
     )
     assert result.exit_code == 0
-    namespaces = ex._namespaces.ready
+    namespaces = ex._services.namespaces.ready
     assert namespaces is not None
     inode = os.readlink(f"/proc/self/fd/{namespaces.net}")
     assert _netns_holders(inode)

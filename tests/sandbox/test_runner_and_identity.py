@@ -151,7 +151,9 @@ async def test_danger_full_access_is_byte_for_byte_the_local_executor(tmp_path: 
         outs = []
         for ex in (local, sandboxed):
             spec = ex.resolve(BashExecRequest(command=IDENTITY_PROBE, stdin="in"))
-            plan = ex._build_spawn_plan(spec)
+            scope = await ex._open_scope(spec)
+            plan = scope.plan
+            scope.close()
             outs.append(
                 (
                     plan.argv,

@@ -58,7 +58,7 @@ def test_a_killed_executors_state_is_swept_by_the_next_executor() -> None:
             ws = tempfile.mkdtemp()
             ex = SandboxBashExecutor(workspace_root=ws)
             await ex.run(ex.resolve(BashExecRequest(command="true")))
-            print(ex._state.path, flush=True)
+            print(ex._services.state.path, flush=True)
             await asyncio.sleep(60)
         asyncio.run(main())
         """

@@ -29,7 +29,7 @@ from policies import SandboxMode
 from tests.sandbox.conftest import probe
 
 # Row 17 (resource limits) is audited by the limits work, not by this catalog.
-THREAT_MODEL_ROWS = {*range(1, 17), 18}
+THREAT_MODEL_ROWS = {*range(1, 17), 18, 20}
 COVERAGE_DOC = Path(__file__).resolve().parents[2] / "docs" / "threat-model-coverage.md"
 
 
@@ -155,29 +155,43 @@ def test_ci_has_every_linux_backend_usable() -> None:
         assert result.usable, f"{backend} must be usable in CI: {result.detail}"
 
 
-def _leftovers() -> tuple[set[str], set[int]]:
-    """Audit directories, and processes carrying an audit token or a victim's marker."""
+@pytest.fixture
+def audit_tag(monkeypatch: pytest.MonkeyPatch) -> str:
+    """This test's label in its audit's directory and token names: only what this test
+    started is judged, whatever other audit runs on the machine meanwhile."""
+    tag = "t" + os.urandom(5).hex()
+    monkeypatch.setenv("BASH_SANDBOX_AUDIT_TAG", tag)
+    return tag
+
+
+def _leftovers(tag: str) -> tuple[set[str], set[int]]:
+    """This run's audit directories, and processes carrying its token or its paths."""
+    name = f"bash-sandbox-audit-{tag}-"
     dirs = set(
-        glob.glob("/var/tmp/bash-sandbox-audit-*")
-        + glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), "bash-sandbox-audit-*"))
+        glob.glob(f"/var/tmp/{name}*")
+        + glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"{name}*"))
     )
+    token = f"BASH_SANDBOX_AUDIT_RUN=bsa{tag}".encode()
     pids = set()
-    for path in glob.glob("/proc/[0-9]*/environ"):
+    for proc in glob.glob("/proc/[0-9]*"):
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
+            with open(f"{proc}/environ", "rb") as fh:
+                environ = fh.read()
+            with open(f"{proc}/cmdline", "rb") as fh:
+                cmdline = fh.read()
         except OSError:
             continue
-        if b"BASH_SANDBOX_AUDIT_RUN=" in data or b"VICTIM_MEMORY=" in data:
-            pids.add(int(path.split("/")[2]))
+        # Victims carry the run's paths in their argv; attacked commands carry its token.
+        if token in environ or name.encode() in cmdline:
+            pids.add(int(proc.split("/")[2]))
     return dirs, pids
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux backends only")
-def test_audit_command_reports_json_and_cleans_up() -> None:
+def test_audit_command_reports_json_and_cleans_up(audit_tag: str) -> None:
     if not any(probe(b).usable for b in LINUX_BACKENDS):
         pytest.skip("no usable Linux backend here")
-    before = _leftovers()
+    before = _leftovers(audit_tag)
     out = io.StringIO()
     args = argparse.Namespace(
         backend="all", mode="all", json=True, attack=["control-exec", "row6-kill-term-victim"]
@@ -188,7 +202,7 @@ def test_audit_command_reports_json_and_cleans_up() -> None:
     assert {a["id"] for a in data["attacks"]} == {"control-exec", "row6-kill-term-victim"}
     assert len(data["results"]) == 2 * len(data["columns"])
     assert code == data["exit_code"]
-    assert _leftovers() == before
+    assert _leftovers(audit_tag) == before
 
 
 def test_audit_command_rejects_an_unknown_attack_glob(capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,10 +213,12 @@ def test_audit_command_rejects_an_unknown_attack_glob(capsys: pytest.CaptureFixt
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux backends only")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_audit_kills_and_removes_everything_it_started(sig: int) -> None:
+def test_interrupted_audit_kills_and_removes_everything_it_started(
+    sig: int, audit_tag: str
+) -> None:
     if not any(probe(b).usable for b in LINUX_BACKENDS):
         pytest.skip("no usable Linux backend here")
-    before = _leftovers()
+    before = _leftovers(audit_tag)
     script = (
         "import argparse, sys; from bash_sandbox_audit import audit_main; "
         "sys.exit(audit_main(argparse.Namespace(backend='all', mode='all', json=False, "
@@ -218,9 +234,9 @@ def test_interrupted_audit_kills_and_removes_everything_it_started(sig: int) -> 
     try:
         deadline = time.monotonic() + 20
         # Interrupt while attacks are live: their daemons and victims exist.
-        while time.monotonic() < deadline and not (_leftovers()[1] - before[1]):
+        while time.monotonic() < deadline and not (_leftovers(audit_tag)[1] - before[1]):
             time.sleep(0.05)
-        assert _leftovers()[1] - before[1], "the audit never got going"
+        assert _leftovers(audit_tag)[1] - before[1], "the audit never got going"
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -230,9 +246,9 @@ def test_interrupted_audit_kills_and_removes_everything_it_started(sig: int) -> 
     assert proc.returncode == 128 + sig, err.decode()
     assert b"interrupted" in err
     deadline = time.monotonic() + 5
-    while _leftovers() != before and time.monotonic() < deadline:
+    while _leftovers(audit_tag) != before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _leftovers() == before
+    assert _leftovers(audit_tag) == before
 
 
 # One attack per kind of outside check: snapshot, canary, victim log, terminal, server count,

@@ -1,0 +1,176 @@
+"""The sandbox's own tool cache homes, one per trust domain, and their bounds.
+
+`tool_cache_home(policy)` is `~/.cache/bash-sandbox/caches/<key>` (`trust_domain.py`): the
+one cache directory a workspace-write command may write, shared only with commands of the
+same domain (the same project under the same policy), so a second `pip install` finds its
+cache warm while another project never consumes what this one left there.
+
+Bounded: a domain unused for `CACHE_MAX_AGE_S` (30 days) is removed, and beyond
+`CACHE_MAX_DOMAINS` (32) the least recently used go first; never one that a live process
+holds (a shared flock on `.locks/<key>`, taken before the directory is made and held for the
+process's lifetime; a sweeper removes only what it can lock exclusively). `.locks/<key>.json`
+says which policy a domain is, and its mtime is the LRU stamp. The old shared home
+(`~/.cache/bash-sandbox/tools`, one for every project) is removed on first use: it may hold
+code planted by any project.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+import time
+import uuid
+
+from bash_sandbox.state import remove_tree
+from bash_sandbox.trust_domain import domain_fields, domain_key
+from policies import SandboxPolicy
+
+CACHE_MAX_DOMAINS = 32
+CACHE_MAX_AGE_S = 30 * 24 * 3600
+# A stamp is refreshed at most this often (one utime per spawn would be wasted work).
+_STAMP_EVERY_S = 60
+_LOCKS = ".locks"
+_TRASH = ".trash-"
+
+# Process-wide: the domains this process uses, each held by a shared flock until it exits
+# (a sweeper elsewhere removes only what it can lock exclusively), and when each was stamped.
+_held: dict[str, int] = {}
+_stamped: dict[str, float] = {}
+_swept: set[str] = set()
+_mutex = threading.Lock()
+
+
+def _owned_dir(path: str) -> bool:
+    try:
+        os.makedirs(path, 0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        os.path.isdir(path)
+        and not os.path.islink(path)
+        and st.st_uid == os.geteuid()
+        and os.access(path, os.W_OK | os.X_OK)
+    )
+
+
+def cache_base() -> str:
+    """Where the per-domain cache homes of this user live."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.realpath(os.path.join(base, "bash-sandbox", "caches"))
+
+
+def tool_cache_home(policy: SandboxPolicy) -> str | None:
+    """The sandbox's own cache home for ``policy``'s trust domain (created 0700, held for
+    this process's lifetime), or None when the home cannot hold one (read-only, not ours):
+    caches then stay in the call's private /tmp."""
+    base = cache_base()
+    key = domain_key(policy)
+    with _mutex:
+        if not _owned_dir(base) or not _owned_dir(os.path.join(base, _LOCKS)):
+            return None
+        if base not in _swept:
+            _swept.add(base)
+            sweep_caches(base)
+        path = os.path.join(base, key)
+        try:
+            if path not in _held:
+                # Held before the directory is made: a sweeper never removes it under us.
+                fd = os.open(
+                    os.path.join(base, _LOCKS, key),
+                    os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                )
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                _held[path] = fd
+            if not _owned_dir(path):
+                return None
+            _stamp(base, key, policy)
+        except OSError:
+            return None
+        return path
+
+
+def _stamp(base: str, key: str, policy: SandboxPolicy) -> None:
+    """Record that ``key`` was used now (its description file's mtime: the LRU order)."""
+    described = os.path.join(base, _LOCKS, key + ".json")
+    now = time.time()
+    if now - _stamped.get(described, 0.0) < _STAMP_EVERY_S:
+        return
+    if not os.path.exists(described):
+        # Which policy this domain is, for a human looking at ~/.cache/bash-sandbox/caches.
+        tmp = f"{described}.{uuid.uuid4().hex}"
+        with open(tmp, "w") as fh:
+            json.dump(domain_fields(policy), fh, indent=1)
+        os.replace(tmp, described)
+    os.utime(described)
+    _stamped[described] = now
+
+
+def sweep_caches(
+    base: str, *, max_domains: int = CACHE_MAX_DOMAINS, max_age_s: float = CACHE_MAX_AGE_S
+) -> list[str]:
+    """Remove the domains unused for ``max_age_s``, then the least recently used beyond
+    ``max_domains``, skipping any a live process holds; returns the keys removed. Also the
+    old shared home and the trash of an interrupted sweep."""
+    parent = os.path.dirname(base)
+    legacy = os.path.join(parent, "tools")
+    if os.path.isdir(legacy) and not os.path.islink(legacy):
+        _discard(legacy, base)
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith(_TRASH):  # a deletion the process's exit cut short
+            threading.Thread(
+                target=remove_tree, args=(os.path.join(base, name),), daemon=True
+            ).start()
+    used: list[tuple[float, str]] = []
+    for name in names:
+        if name.startswith(".") or not os.path.isdir(os.path.join(base, name)):
+            continue
+        try:
+            mtime = os.stat(os.path.join(base, _LOCKS, name + ".json")).st_mtime
+        except OSError:
+            mtime = 0.0
+        used.append((mtime, name))
+    used.sort(reverse=True)  # most recent first
+    now = time.time()
+    victims = [k for i, (m, k) in enumerate(used) if i >= max_domains or now - m > max_age_s]
+    removed = []
+    for key in victims:
+        if os.path.join(base, key) in _held:
+            continue
+        lock = os.path.join(base, _LOCKS, key)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a live executor uses it
+        try:
+            _discard(os.path.join(base, key), base)
+            with contextlib.suppress(OSError):
+                os.unlink(lock + ".json")
+            removed.append(key)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _discard(path: str, base: str) -> None:
+    """Move ``path`` out of reach at once (a rename), then delete it in the background:
+    a big cache takes seconds to delete, a spawn should not wait for it."""
+    trash = os.path.join(base, f"{_TRASH}{uuid.uuid4().hex}")
+    try:
+        os.rename(path, trash)
+    except OSError:
+        return
+    threading.Thread(target=remove_tree, args=(trash,), daemon=True).start()

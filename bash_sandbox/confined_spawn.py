@@ -1,0 +1,481 @@
+"""`ConfinedSpawn`: one confined command's scope, from its checks to its last release.
+
+`open()` acquires the stages in order, each registering its own release on one
+`ExitStack` at the line that acquires it, so a failure at any stage gives back exactly what
+the stages before it took (and `close()` gives back everything, once):
+
+    check -> cache home -> survey (placeholders, overlays) -> cover watch -> egress grant
+    -> environment -> limits -> supervisor channel -> the backend's wrap
+
+`settled()` reads, in this order and in one place: the limits (their counters live in the
+command's cgroup), the supervisor, the git copy-back, and the facts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from bash_local.environment import build_command_env
+from bash_local.spawn import SpawnOutcome, SpawnPlan, SpawnScope
+from bash_sandbox.backends.base import BackendContext, ConfinedPlan, SandboxBackend
+from bash_sandbox.backends.child_failure import child_error, read_child_failure
+from bash_sandbox.environment import sandbox_inherited_env
+from bash_sandbox.errors import SandboxUnavailableError
+from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
+from bash_sandbox.git_plane import MergeReport, merge_back, new_repositories
+from bash_sandbox.linux.cover_watch import CoverWatchError
+from bash_sandbox.linux.limits import LimitsPlan, LimitsSetupError
+from bash_sandbox.linux.supervisor import (
+    ConnectPolicy,
+    SupervisedCommand,
+    identity,
+    receive_listener,
+)
+from bash_sandbox.services import SandboxServices
+from bash_sandbox.state import remove_tree
+from bash_sandbox.tool_env import confined_environment, tool_cache_home
+from bash_sandbox.view import GitOverlay, HostView
+from bash_seam import BashExecSpec, SandboxDenial, SandboxFacts
+from policies import (
+    LimitExceeded,
+    NetworkMode,
+    SandboxEnforcement,
+    SandboxMode,
+    SandboxPolicy,
+)
+from policies.paths import within, within_any
+
+if TYPE_CHECKING:
+    from bash_sandbox.egress import ProxyGrant
+
+
+@dataclasses.dataclass(frozen=True)
+class SpawnSettings:
+    """What the executor decided for every spawn: from its config and its selector."""
+
+    allow_domains: tuple[str, ...] = ()
+    tool_caches: bool = True
+    degraded: str | None = None  # the selector's warning, when it fell back
+    collect_evidence: bool = True  # False only for `scripts/bench-facts`
+
+
+class ConfinedSpawn(SpawnScope):
+    """A confined spawn's scope. Build it with `open()`; the executor drives the rest."""
+
+    plan: ConfinedPlan
+
+    def __init__(
+        self,
+        services: SandboxServices,
+        spec: BashExecSpec,
+        policy: SandboxPolicy,
+        backend: SandboxBackend,
+        settings: SpawnSettings,
+    ) -> None:
+        self._services = services
+        self._spec = spec
+        self._user_policy = policy  # before the executor adds its own cache home
+        self.policy = policy
+        self.backend = backend
+        self._settings = settings
+        self._stack = contextlib.ExitStack()
+        self.started_ns = 0
+        self.enforcement = SandboxEnforcement.FULL
+        self.overlays: tuple[GitOverlay, ...] = ()
+        self.cache_home: str | None = None
+        self.grant: ProxyGrant | None = None
+        self.limits: LimitsPlan | None = None
+        self.warnings: list[str] = []
+        self._listener: socket.socket | None = None
+        self._supervised: SupervisedCommand | None = None
+        self._kill: Callable[[], None] | None = None
+        self._cover_lost = False
+        self._limit_exceeded: LimitExceeded | None = None
+        self._merges: list[MergeReport] = []
+        self._nested: tuple[str, ...] = ()
+        self._denials_seen: tuple[tuple[SandboxDenial, ...], int] = ((), 0)
+
+    @classmethod
+    def open(
+        cls,
+        services: SandboxServices,
+        spec: BashExecSpec,
+        base: SpawnPlan,
+        *,
+        policy: SandboxPolicy,
+        backend: SandboxBackend,
+        settings: SpawnSettings,
+    ) -> ConfinedSpawn:
+        scope = cls(services, spec, policy, backend, settings)
+        try:
+            # The base plan's own release (a long command's memfd) is the stack's from here.
+            if base.release is not None:
+                scope._stack.callback(base.release)
+                base = dataclasses.replace(base, release=None)
+            scope._acquire(base)
+        except BaseException:
+            scope.close()
+            raise
+        return scope
+
+    def _acquire(self, base: SpawnPlan) -> None:
+        """Every stage, in order; each registers its own release where it acquires."""
+        self._check()
+        self._add_cache_home()
+        view = self._survey()
+        view = self._watch_covers(view)
+        self.grant = self._egress_grant()
+        env = self._environment()
+        self.limits = self._prepare_limits()
+        listener_fd = self._supervisor_channel()
+        self.plan = self._wrap(dataclasses.replace(base, env=env), view, listener_fd)
+
+    # -- the stages ------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        """Refuse, before anything is acquired, what this spawn cannot confine."""
+        policy, backend, services = self.policy, self.backend, self._services
+        services.state.check(policy)
+        binary = backend.binary
+        if binary is not None and within_any(os.path.realpath(binary), policy.all_writable_roots()):
+            raise SandboxUnavailableError(
+                policy.mode,
+                f"the {backend.name} binary {binary} lies inside a writable root: "
+                "a command could replace it",
+            )
+        if policy.network is NetworkMode.ISOLATED and backend.mounts:
+            # Every command in the namespace can reach the proxy, which serves requests
+            # without a grant token under the executor's list: a per-call list without all
+            # of it cannot be enforced, so it is refused rather than silently widened.
+            missing = [e for e in self._settings.allow_domains if e not in policy.allow_domains]
+            if missing:
+                raise SandboxUnavailableError(
+                    policy.mode,
+                    f"this call's allow_domains {list(policy.allow_domains)} lacks the "
+                    f"executor's {missing}, and the executor's proxy serves requests without a "
+                    "grant token under the executor's list: keep the executor's entries in a "
+                    "per-call allowlist, or use an executor configured with the narrower list",
+                )
+        # Prepared off the loop before every spawn; a hand-driven spawn may come without.
+        services.prepare(policy.mode, backend)
+
+    def _add_cache_home(self) -> None:
+        """The sandbox's own cache home, writable like a root for this spawn only."""
+        policy = self.policy
+        if policy.mode is not SandboxMode.WORKSPACE_WRITE or not self._settings.tool_caches:
+            return
+        self.cache_home = tool_cache_home(policy)  # per trust domain (`cache_domains.py`)
+        if self.cache_home is None:
+            self.warnings.append(
+                "no tool cache home under ~/.cache (not writable): package caches "
+                "live in this call's private /tmp"
+            )
+            return
+        self.policy = policy.model_copy(
+            update={"writable_roots": (*policy.writable_roots, self.cache_home)}
+        )
+
+    def _survey(self) -> HostView:
+        """The host as it is now: overlays, placeholders, shadows, covers (`host_view.py`)."""
+        survey = self._services.survey
+        self.started_ns = time.time_ns()
+        view, held = survey.take(self.policy, self.backend.mounts, self._user_policy)
+        self._stack.callback(survey.release, held)
+        for overlay in view.overlays:
+            self._stack.callback(remove_tree, os.path.dirname(overlay.upper))
+        self.overlays = view.overlays
+        return view
+
+    def _watch_covers(self, view: HostView) -> HostView:
+        """The names this spawn covers where they lie are watched (`linux/cover_watch.py`):
+        the command is stopped if the host replaces one while it runs."""
+        if not view.watched:
+            return view
+        try:
+            watch = self._services.cover_watch()
+            ticket = watch.watch(view.watched, self._cover_replaced)
+        except (CoverWatchError, RuntimeError) as exc:
+            why = f"covers are not watched ({exc}): a host change of a covered name uncovers it"
+            return dataclasses.replace(view, partial=(*view.partial, why))
+        self._stack.callback(watch.release, ticket)
+        return view
+
+    def _egress_grant(self) -> ProxyGrant | None:
+        grant = self._services.egress_grant(self.policy, self.backend)
+        if grant is not None:
+            self._stack.callback(grant.close)
+        return grant
+
+    def _environment(self) -> dict[str, str]:
+        spec, grant = self._spec, self.grant
+        return confined_environment(
+            build_command_env(sandbox_inherited_env(os.environ), spec.env, spec.dsh_env),
+            self.policy,
+            private_tmp=self.backend.mounts,
+            cache_home=self.cache_home,
+            proxy_env=grant.environment() if grant is not None else None,
+            request_env=spec.env,
+        )
+
+    def _prepare_limits(self) -> LimitsPlan:
+        limits = self._services.limits
+        try:
+            plan = limits.prepare(
+                f"spawn-{next(self._services.spawn_ids)}",
+                self.policy.limits,
+                own_user_namespace=self.backend.own_user_namespace,
+            )
+        except LimitsSetupError as exc:
+            raise SandboxUnavailableError(self.policy.mode, str(exc)) from exc
+        self._stack.callback(limits.release, plan)
+        self.warnings += limits.warnings
+        return plan
+
+    def _supervisor_channel(self) -> int:
+        """The socket the child sends its seccomp listener over; the child's end is its fd."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self._stack.callback(ours.close)
+        self._stack.callback(theirs.close)
+        self._listener = ours
+        return theirs.fileno()
+
+    def _wrap(self, plan: SpawnPlan, view: HostView, listener_fd: int) -> ConfinedPlan:
+        services, backend, policy = self._services, self.backend, self.policy
+        namespaces = services.namespaces.ready if backend.mounts else None
+        ctx = BackendContext(
+            sources=services.state.sources,
+            view=view,
+            namespaces=namespaces,
+            # The private /tmp and /dev/shm of this policy's trust domain (`trust_domain.py`).
+            scratch=services.state.scratch_for(policy, namespaces) if namespaces else None,
+            stage=services.state.stage,
+            private_tmpdir=services.state.tmpdir_for(policy),
+            listener_fd=listener_fd,
+            limits=self.limits,
+        )
+        confined = backend.wrap(policy, plan, ctx)
+        if confined.release is not None:
+            self._stack.callback(confined.release)
+        self.enforcement = backend.enforcement(policy)
+        if view.partial:
+            self.enforcement = SandboxEnforcement.PARTIAL
+        if self._settings.degraded:
+            self.warnings.append(self._settings.degraded)
+        self.warnings += list(view.partial)
+        # The stack owns the release; the plan that spawns carries none.
+        return dataclasses.replace(confined, release=None)
+
+    # -- spawned, or not -------------------------------------------------------------------
+
+    def spawned(self, pid: int, kill: Callable[[], None]) -> None:
+        self._kill = kill
+        if self._cover_lost:
+            kill()
+        sock = self._listener
+        if sock is None:
+            return
+        try:
+            listener = receive_listener(sock)
+        except OSError as exc:
+            raise SandboxUnavailableError(
+                self.policy.mode,
+                f"the sandboxed command did not hand over its seccomp listener: {exc}",
+            ) from exc
+        finally:
+            sock.close()
+        supervisor = self._services.supervisor()
+        self._supervised = supervisor.register(listener, self._connect_policy())
+        self._stack.callback(self._unregister)
+
+    def failed(self, exc: BaseException) -> Exception:
+        failure = read_child_failure(self.plan.report_fd)
+        return child_error(self.policy.mode, self.backend.name, failure, exc)
+
+    def _cover_replaced(self, name: str) -> None:
+        """The host changed a name this running command covers: it is stopped now."""
+        self.warnings.append(
+            f"stopped: the host replaced or removed {name}, which this command had covered, "
+            "while it ran (a replaced name is no longer covered); run it again"
+        )
+        if self._kill is not None:
+            self._kill()
+        else:
+            self._cover_lost = True  # not spawned yet: killed as soon as it is
+
+    def _connect_policy(self) -> ConnectPolicy:
+        policy, backend, services = self.policy, self.backend, self._services
+        dirs = [identity(root) for root in policy.all_writable_roots()]
+        devices: list[int] = []
+        ns = services.namespaces.ready
+        if ns is not None and backend.mounts:
+            devices = [os.fstat(fd).st_dev for fd in (ns.tmp, ns.shm)]
+        else:
+            dirs.append(identity(services.state.tmpdir_for(policy)))
+        sockets = [identity(p) for p in policy.allow_unix_sockets if not p.startswith("@")]
+        names = [p[1:].encode() for p in policy.allow_unix_sockets if p.startswith("@")]
+        # Loopback and abstract names are the command's own only in the executor's private
+        # network namespace; under the host network they are the host's.
+        private = policy.network is NetworkMode.ISOLATED and backend.network_namespace != "none"
+        return ConnectPolicy(
+            isolated=policy.network is NetworkMode.ISOLATED,
+            private_loopback=private,
+            socket_dirs=frozenset(d for d in dirs if d is not None),
+            socket_devices=frozenset(devices),
+            sockets=frozenset(s for s in sockets if s is not None),
+            abstract_names=frozenset(names),
+            nameservers=services.nameservers,
+        )
+
+    # -- settled ---------------------------------------------------------------------------
+
+    def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
+        if not outcome.started:
+            return self._base_facts()
+        self._read_limits(outcome)
+        self._unregister()
+        self._copy_back()
+        return self._facts(outcome)
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def _read_limits(self, outcome: SpawnOutcome) -> None:
+        if self.limits is None:
+            return
+        ns = self._services.namespaces.ready
+        self._limit_exceeded = self._services.limits.outcome(
+            self.limits,
+            exit_code=outcome.exit_code,
+            signal=outcome.signal,
+            stderr_text=outcome.stderr,
+            tmp_root=ns.tmp if ns is not None else None,
+            shm_root=ns.shm if ns is not None else None,
+        )
+
+    def _unregister(self) -> None:
+        supervised, self._supervised = self._supervised, None
+        if supervised is not None:
+            self._services.supervisor().unregister(supervised)
+            self._denials_seen = supervised.snapshot()
+
+    def _copy_back(self) -> None:
+        """Git's state back to the host (`git_plane.py`), and the repositories the command
+        created or changed reported."""
+        policy = self.policy
+        if policy.mode is not SandboxMode.WORKSPACE_WRITE or not self.backend.mounts:
+            return
+        gitdirs = tuple(o.gitdir for o in self.overlays)
+        # The sandbox's own cache home holds tools' git checkouts (cargo): not the user's.
+        roots = tuple(r for r in policy.all_writable_roots() if r != self.cache_home)
+        nested = (
+            new_repositories(roots, self.started_ns, overlaid=gitdirs)
+            if self._settings.collect_evidence
+            else []
+        )
+        for overlay in self.overlays:
+            report = merge_back(overlay, self.started_ns)
+            self._merges.append(report)
+            nested += [
+                os.path.join(os.path.dirname(overlay.gitdir), p) for p in report.new_gitlinks
+            ]
+            self.warnings += [f"git: not copied back: {c}" for c in report.conflicts]
+        self._nested = tuple(dict.fromkeys(nested))
+        if self._nested:
+            self.warnings.append(
+                "the command created or changed git repositories (their config and hooks are "
+                "the command's; do not run git there before reviewing them): "
+                + ", ".join(self._nested)
+            )
+
+    def _base_facts(self, **fields: Any) -> SandboxFacts:
+        policy = self.policy
+        return SandboxFacts(
+            mode=policy.mode,
+            denied=fields.pop("denied", False),
+            enforcement=self.enforcement,
+            backend=self.backend.name,
+            network=policy.network,
+            **fields,
+        )
+
+    def _facts(self, outcome: SpawnOutcome) -> SandboxFacts:
+        policy, backend = self.policy, self.backend
+        failure = backend.runner_failure(outcome.exit_code, outcome.stderr)
+        if failure is not None:
+            if not outcome.background:
+                raise SandboxUnavailableError(policy.mode, failure)
+            return self._base_facts(runner_failed=True)
+        seen, total = self._denials_seen
+        denials: list[SandboxDenial] = list(seen)
+        for report in self._merges:
+            denials += report.denials
+            total += report.refused_total
+        if self.grant is not None:
+            denials += [d.to_sandbox_denial() for d in self.grant.denials()]
+            total += self.grant.denials_total
+        # The output only points (hints); denials above are evidence. Bounded and grouped.
+        hints = (
+            collect_hints(
+                outcome.stdout,
+                outcome.stderr,
+                denials=denials,
+                # The command's loopback is its own only in a network namespace of its own.
+                private_loopback=policy.network is NetworkMode.ISOLATED
+                and backend.network_namespace != "none",
+                **self._inference_context(),
+            )
+            if self._settings.collect_evidence
+            else []
+        )
+        lists = summarize(denials, total, hints)
+        denied, network_denied = derive_facts_flags(
+            lists.denials, outcome.exit_code, outcome.signal, folds_signals=self.plan.folds_signals
+        )
+        return self._base_facts(
+            denied=denied,
+            network_denied=network_denied,
+            denials=lists.denials,
+            denials_total=lists.total,
+            denial_groups=lists.groups,
+            hints=lists.hints,
+            nested_repositories=self._nested,
+            limit_exceeded=self._limit_exceeded,
+            limits_enforcement=self.limits.summary if self.limits is not None else None,
+            warnings=tuple(dict.fromkeys(self.warnings)),
+        )
+
+    def _inference_context(self) -> dict[str, Any]:
+        """How to read this backend's refusal messages (which errno means "the sandbox")."""
+        policy, backend = self.policy, self.backend
+        if self.overlays:
+            # A git directory is a mount here: renaming or removing it is refused too, and so
+            # is renaming a directory leading to a nested one (pinned).
+            names = [*policy.protected_paths, ".git"]
+            for root in policy.all_writable_roots():
+                for overlay in self.overlays:
+                    if overlay.gitdir != os.path.join(root, ".git") and within(
+                        overlay.gitdir, root
+                    ):
+                        nested = os.path.relpath(overlay.gitdir, root)
+                        names += [nested, *_leading_dirs(os.path.dirname(nested))]
+            policy = policy.model_copy(update={"protected_paths": tuple(dict.fromkeys(names))})
+        context: dict[str, Any] = {"policy": policy, "workdir": self._spec.workdir}
+        if backend.write_refusals is not None:
+            context["write_refusals"] = backend.write_refusals
+        if backend.scratch_is_private_tmpdir:
+            context["scratch_dirs"] = (self._services.state.tmpdir_for(self.policy),)
+        return context
+
+
+def _leading_dirs(relative: str) -> list[str]:
+    """``a``, ``a/b``, ``a/b/c`` for ``a/b/c`` (nothing for ``.`` or empty)."""
+    if relative in ("", "."):
+        return []
+    parts = relative.split("/")
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]

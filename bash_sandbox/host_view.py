@@ -1,0 +1,172 @@
+"""`HostSurvey`: what the host looks like for one confined spawn, taken just before it.
+
+The survey finds the git directories in the writable roots (each becomes an overlay with
+the protected names inside it as placeholders in its private upper layer), the protected
+names elsewhere (covered where they lie, or a refcounted host placeholder when missing),
+the `core.hooksPath` and included configs inside a root, the shadows and covers for denied
+paths, and which of those names the cover watch must follow while the command runs. Any
+doubt it cannot settle (a search cut short, a protected name behind a symlink) becomes a
+`partial` line, and the run's enforcement says so. The result is a `HostView` (`view.py`):
+data the backends render and the mount plan applies.
+"""
+
+from __future__ import annotations
+
+import os
+
+from bash_sandbox.backends.mount_plan import inspect_protected, tmp_tops, visible
+from bash_sandbox.backends.shadow_cache import ShadowCache
+from bash_sandbox.git_plane import (
+    NESTED_BUDGET,
+    config_path_targets,
+    discover_gitdirs,
+    prepare_placeholders,
+)
+from bash_sandbox.placeholders import Placeholders
+from bash_sandbox.state import ExecutorState
+from bash_sandbox.view import GitOverlay, HostView
+from policies import SandboxPolicy, host_secrets
+from policies.paths import within, within_any
+
+
+class HostSurvey:
+    """One executor's surveys: its placeholders, its shadow cache, the `.git` entries
+    earlier spawns found (looked at again by every later one, so flooding a root with
+    directories hides nothing found before)."""
+
+    def __init__(self, state: ExecutorState) -> None:
+        self._state = state
+        self._placeholders = Placeholders()
+        self._shadows = ShadowCache()
+        self._known_dotgits: dict[str, None] = {}
+
+    def release(self, held: tuple[str, ...]) -> None:
+        """Give back the host placeholders one survey acquired."""
+        self._placeholders.release_all(held)
+
+    def take(
+        self, policy: SandboxPolicy, mounts: bool, user_policy: SandboxPolicy
+    ) -> tuple[HostView, tuple[str, ...]]:
+        """See `_take`; placeholders acquired before a failure are given back."""
+        held: list[str] = []
+        try:
+            return self._take(policy, mounts, user_policy, held), tuple(held)
+        except BaseException:
+            self.release(tuple(held))
+            raise
+
+    def _take(
+        self, policy: SandboxPolicy, mounts: bool, user_policy: SandboxPolicy, held: list[str]
+    ) -> HostView:
+        """Inspect the host for one spawn: overlays, protected names, shadows, covers; and
+        the host placeholders this spawn now holds (give them back with `release`).
+        ``user_policy`` is the policy before the executor added its own roots (the tool
+        cache home has no git directory or protected names)."""
+        partial: list[str] = []
+        roots = policy.all_writable_roots()
+        hidden = self._state.hidden_paths()
+        if not mounts:
+            return HostView(hidden=hidden)
+        private_tmp = True
+        tops = tmp_tops((policy.workspace_root, *roots))
+        # The user's roots: the sandbox's own cache home has no git dir or protected names.
+        discovery = discover_gitdirs(user_policy, known=tuple(self._known_dotgits))
+        self._known_dotgits.update(dict.fromkeys(discovery.dotgits))
+        gitdirs = discovery.gitdirs
+        # A search cut short: a repository it did not reach has a writable control plane.
+        partial += [
+            f"git: searched only the first {NESTED_BUDGET} directories of {root} for "
+            "repositories; one it did not reach has no overlay (its config and hooks are "
+            "writable)"
+            for root in discovery.unsearched
+        ]
+        protected = inspect_protected(user_policy, gitdirs)
+        overlays: list[GitOverlay] = []
+        covers = list(protected.protect)
+        for gitdir in gitdirs:
+            upper = self._state.git_upper()
+            names: list[tuple[str, bool]] = []
+            for g, name, is_dir in protected.in_git:
+                if g != gitdir:
+                    continue
+                path = os.path.join(gitdir, name)
+                if not os.path.islink(path):
+                    names.append((name, is_dir))
+                    covers.append(path)
+                    continue
+                # A link out of the git dir: host git follows it, so its target is covered.
+                target = os.path.realpath(path)
+                if within_any(target, roots):
+                    if os.path.exists(target):
+                        covers.append(target)
+                    else:
+                        partial.append(f"{path} links to {target}, which does not exist yet")
+            made = prepare_placeholders(gitdir, upper.upper, tuple(names))
+            overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
+        # A missing protected name outside git: a placeholder of the right kind, covered,
+        # removed once no command of this uid needs it (`placeholders.py`).
+        held += self._placeholders.acquire_all(protected.missing)  # one ledger transaction
+        covers += [path for path, _ in protected.missing]
+        if protected.symlinked:
+            partial.append("a protected name is a symlink inside a writable root")
+        # Hooks paths and included configs inside a root run or configure the host's git.
+        for path, is_dir in self._git_config_targets(gitdirs, roots):
+            if os.path.lexists(path):
+                covers.append(os.path.realpath(path))
+            elif self._placeholders.acquire(path, is_dir):
+                held.append(path)
+                covers.append(path)
+        # The host's own secrets stay hidden whatever the policy's deny_read says.
+        denied = (*policy.deny_read, *host_secrets())
+        shadows, deny_dirs, deny_files = self._shadows.inspect(denied, roots)
+        # The executor's private paths are its own directories: covered, never shadowed.
+        for path in hidden:
+            if os.path.isdir(path) and not os.path.islink(path):
+                deny_dirs = (*deny_dirs, path)
+        deny_dirs = tuple(p for p in deny_dirs if visible(p, tops, private_tmp))
+        deny_files = tuple(p for p in deny_files if visible(p, tops, private_tmp))
+        shadows = tuple(s for s in shadows if visible(s.directory, tops, private_tmp))
+        # What a host rename or delete would uncover while the command runs: every name
+        # covered where it lies, and every denied name missing outside the shadows.
+        watched = [p for p in (*deny_dirs, *deny_files) if p not in hidden]
+        watched += [c for c in covers if not within_any(c, gitdirs)]
+        for path in denied:
+            name = os.path.normpath(path)
+            if (
+                not os.path.lexists(name)
+                and not any(within(name, s.directory) for s in shadows)
+                and visible(name, tops, private_tmp)
+            ):
+                watched.append(name)
+        view = HostView(
+            shadows=shadows,
+            tmp_tops=tops,
+            overlays=tuple(overlays),
+            pins=protected.pins,
+            protect=tuple(dict.fromkeys(covers)),
+            deny_dirs=deny_dirs,
+            deny_files=deny_files,
+            hidden=hidden,
+            partial=tuple(partial),
+            watched=tuple(dict.fromkeys(watched)),
+        )
+        return view
+
+    @staticmethod
+    def _git_config_targets(
+        gitdirs: tuple[str, ...], roots: tuple[str, ...]
+    ) -> list[tuple[str, bool]]:
+        """`core.hooksPath` and `include`/`includeIf` targets inside a writable root, with
+        whether each is a directory (hooks) or a file (a config)."""
+        home = os.path.expanduser("~")
+        found: dict[str, bool] = {}
+        for gitdir in gitdirs:
+            worktree = os.path.dirname(gitdir)
+            hooks, includes = config_path_targets(gitdir, worktree, home)
+            for path in hooks:
+                if within_any(os.path.realpath(path), roots):
+                    found.setdefault(path, True)
+            for path in includes:
+                if within_any(os.path.realpath(path), roots):
+                    found.setdefault(path, False)
+        return list(found.items())

@@ -1,0 +1,174 @@
+"""`SandboxServices`: what every confined spawn of one executor shares, and its one `close()`.
+
+The executor's namespaces, its private state, its cgroup parents, the seccomp supervisor,
+the egress proxy and the cover watch live as long as the executor; each is made when a spawn
+first needs it (the getters) and given back together by `close()`, which `weakref.finalize`
+calls when an executor is dropped without `aclose()`. Nothing here refers back to the
+executor, so the finalizer can run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import socket
+from typing import TYPE_CHECKING
+
+from bash_sandbox.backends.base import SandboxBackend
+from bash_sandbox.errors import SandboxUnavailableError
+from bash_sandbox.host_view import HostSurvey
+from bash_sandbox.linux.cover_watch import CoverWatch
+from bash_sandbox.linux.limits import ExecutorLimits
+from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError, NamespaceFds
+from bash_sandbox.linux.supervisor import SeccompSupervisor
+from bash_sandbox.state import ExecutorState
+from policies import NetworkMode, SandboxMode, SandboxPolicy
+
+if TYPE_CHECKING:
+    # The proxy (h11, its resolver) is loaded only by a policy with an allowlist.
+    from bash_sandbox.config import SandboxBashConfig
+    from bash_sandbox.egress import EgressProxy, ProxyGrant, Resolver
+
+
+def resolv_nameservers(path: str = "/etc/resolv.conf") -> frozenset[str]:
+    try:
+        with open(path) as fh:
+            lines = fh.read(65536).splitlines()
+    except OSError:
+        return frozenset()
+    return frozenset(
+        parts[1]
+        for parts in (line.split() for line in lines)
+        if len(parts) > 1 and parts[0] == "nameserver"
+    )
+
+
+class SandboxServices:
+    """One executor's shared machinery. Not thread-safe: used from the executor's loop
+    (and from `asyncio.to_thread` for `prepare`, never concurrently with a spawn)."""
+
+    def __init__(self, config: SandboxBashConfig, *, egress_resolver: Resolver | None) -> None:
+        self._config = config
+        configured = tuple(
+            os.path.realpath(r)
+            for r in (*config.writable_roots, config.workspace_root or "/nonexistent")
+        )
+        self.state = ExecutorState(configured)
+        self.namespaces = ExecutorNamespaces(
+            self.state.scratch,
+            tmp_bytes=config.limits.tmp_bytes,
+            shm_bytes=config.limits.shm_bytes,
+        )
+        self.limits = ExecutorLimits()
+        self.survey = HostSurvey(self.state)
+        self.nameservers = resolv_nameservers()
+        self.spawn_ids = itertools.count(1)
+        self._egress_resolver = egress_resolver
+        self._supervisor: SeccompSupervisor | None = None
+        self._proxy: EgressProxy | None = None
+        self._watch: CoverWatch | None = None
+        self._watch_loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    # -- lazy getters ----------------------------------------------------------------------
+
+    def prepare(self, mode: SandboxMode, backend: SandboxBackend) -> None:
+        """The slow one-time part (forks and waits): the namespaces, the supervisor."""
+        if backend.mounts:
+            self.namespaces_for(mode)
+        self.supervisor()
+
+    def namespaces_for(self, mode: SandboxMode) -> NamespaceFds:
+        try:
+            return self.namespaces.fds()
+        except NamespaceError as exc:
+            raise SandboxUnavailableError(
+                mode, f"cannot make the executor's namespaces: {exc}"
+            ) from exc
+
+    def supervisor(self) -> SeccompSupervisor:
+        if self._supervisor is None:
+            self._supervisor = SeccompSupervisor()
+        return self._supervisor
+
+    def cover_watch(self) -> CoverWatch:
+        """The executor's inotify watch, read on the running loop (made on first use)."""
+        if self._watch is None:
+            watch = CoverWatch()
+            loop = asyncio.get_running_loop()
+            try:
+                loop.add_reader(watch.fd, watch.read_events)
+            except BaseException:
+                watch.close()
+                raise
+            self._watch, self._watch_loop = watch, loop
+        return self._watch
+
+    def egress_grant(self, policy: SandboxPolicy, backend: SandboxBackend) -> ProxyGrant | None:
+        """Under `isolated` with an allowlist: this command's grant on the executor's proxy,
+        which listens inside the executor's network namespace and is its only way out."""
+        if policy.network is not NetworkMode.ISOLATED or not policy.allow_domains:
+            return None
+        ns = self.namespaces.ready
+        if ns is None or not backend.mounts:
+            raise SandboxUnavailableError(
+                policy.mode, "an allowlist needs the executor's network namespace (none here)"
+            )
+        if self._proxy is None:
+            from bash_sandbox.egress import EgressProxy, EgressProxyError
+
+            listener = socket.socket(fileno=os.dup(ns.listener))
+            proxy = EgressProxy(
+                listener,
+                allow=tuple(self._config.allow_domains),
+                resolver=self._egress_resolver,
+            )
+            try:
+                proxy.start()
+            except EgressProxyError as exc:
+                proxy.close()  # never kept: the next call tries a fresh one
+                raise SandboxUnavailableError(policy.mode, str(exc)) from exc
+            self._proxy = proxy
+        return self._proxy.register(policy.allow_domains)
+
+    @property
+    def proxy(self) -> EgressProxy | None:
+        return self._proxy
+
+    def drop_proxy(self) -> None:
+        """Forget (and close) the proxy: the next allowlisted spawn starts a fresh one."""
+        proxy, self._proxy = self._proxy, None
+        if proxy is not None:
+            proxy.close()
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """`close()`, with the loop-bound parts undone on the loop and the proxy's thread
+        joined off it."""
+        if self._watch is not None and self._watch_loop is asyncio.get_running_loop():
+            with contextlib.suppress(RuntimeError, ValueError):
+                self._watch_loop.remove_reader(self._watch.fd)
+        if self._proxy is not None:
+            await asyncio.to_thread(self._proxy.close)
+        self.close()
+
+    def close(self) -> None:
+        """Give back everything, once (also from the executor's finalizer, on any thread)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._watch is not None:
+            self._watch.close()  # its reader was removed by aclose() where a loop still runs
+        if self._proxy is not None:
+            # Its thread holds the listener, which holds the network namespace. Called on that
+            # very thread (a collection there), close() stops the loop but cannot join it.
+            with contextlib.suppress(RuntimeError):
+                self._proxy.close()
+        if self._supervisor is not None:
+            self._supervisor.close()
+        self.limits.close()
+        self.namespaces.close()
+        self.state.remove()

