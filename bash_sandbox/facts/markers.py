@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 
+from bash_sandbox.facts.flags import DENIALS_LIMIT
 from bash_sandbox.facts.inference import REASON_DENY_READ, REASON_OUTSIDE_ROOTS, REASON_READ_ONLY
 from bash_seam import (
     DenialEvidence,
@@ -211,8 +212,9 @@ def result_markers(facts: SandboxFacts | None) -> list[str]:
         lines = [denial_marker(d, facts.mode, network) for d in facts.denials]
         shown = len(facts.denials)
     extra = facts.denials_total - shown
-    if extra > 0:
-        # Sources count every refusal, repeats too, and keep only the first few.
+    # Sources count every refusal, repeats too (a lookup tries A and AAAA), and keep only the
+    # first DENIALS_LIMIT each: below that, the difference is repeats, not worth a line.
+    if extra > 0 and shown >= DENIALS_LIMIT:
         lines.append(f"[sandbox: {extra} more refusal(s) counted (repeats, or beyond the list)]")
     lines += [hint_marker(h, facts.mode, network) for h in hints]
     return list(dict.fromkeys(lines))
