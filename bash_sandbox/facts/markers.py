@@ -99,6 +99,9 @@ def denial_marker(
     if denial.kind in (DenialKind.NETWORK_CONNECT, DenialKind.NETWORK_RESOLVE):
         net = NetworkMode(network).value if network is not None else NetworkMode.ISOLATED.value
         verb = "connect to" if denial.kind is DenialKind.NETWORK_CONNECT else "resolve"
+        if denial.kind is DenialKind.NETWORK_RESOLVE and denial.target.endswith(":53"):
+            # The supervisor saw the connect to the resolver, not the name: say which it is.
+            verb = "name lookup through the resolver"
         return (
             f"[sandbox: {verb} {denial.target} denied{reason} under {net} network{inferred}; "
             f"{_network_step(denial)}]"
