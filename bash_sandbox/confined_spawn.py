@@ -28,12 +28,7 @@ from bash_sandbox.backends.child_failure import child_error, read_child_failure
 from bash_sandbox.egress_guards import egress_setting_problem
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
-from bash_sandbox.facts import (
-    DENIALS_LIMIT,
-    bounded_denials,
-    derive_facts_flags,
-    infer_file_denials,
-)
+from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
 from bash_sandbox.git_plane import MergeReport, merge_back, new_repositories
 from bash_sandbox.linux.cover_watch import CoverWatchError
 from bash_sandbox.linux.limits import LimitsPlan, LimitsSetupError
@@ -443,25 +438,33 @@ class ConfinedSpawn(SpawnScope):
             denials += [d.to_sandbox_denial() for d in self.grant.denials()]
             total += self.grant.denials_total
             self.warnings += self.grant.notes()  # pinned answers used, named
-        inferred = (
-            infer_file_denials(outcome.stdout, outcome.stderr, **self._inference_context())
+        # The output only points (hints); denials above are evidence. Bounded and grouped.
+        hints = (
+            collect_hints(
+                outcome.stdout,
+                outcome.stderr,
+                denials=denials,
+                # The command's loopback is its own only in a network namespace of its own.
+                private_loopback=policy.network is NetworkMode.ISOLATED
+                and backend.network_namespace != "none",
+                **self._inference_context(),
+            )
             if self._settings.collect_evidence
             else []
         )
-        denials += inferred
-        total += len(inferred)
-        # Evidence wins over an inference about the same target; the list stays bounded.
-        first, _ = bounded_denials(denials, DENIALS_LIMIT)
+        lists = summarize(denials, total, hints)
         denied, network_denied = derive_facts_flags(
-            first, outcome.exit_code, outcome.signal, folds_signals=self.plan.folds_signals
+            lists.denials, outcome.exit_code, outcome.signal, folds_signals=self.plan.folds_signals
         )
         if network_denied and not policy.allow_domains and self._mirror_hosts:
             self.warnings.append(mirror_hint(self._mirror_hosts))
         return self._base_facts(
             denied=denied,
             network_denied=network_denied,
-            denials=tuple(first),
-            denials_total=max(total, len(first)),
+            denials=lists.denials,
+            denials_total=lists.total,
+            denial_groups=lists.groups,
+            hints=lists.hints,
             nested_repositories=self._nested,
             limit_exceeded=self._limit_exceeded,
             limits_enforcement=self.limits.summary if self.limits is not None else None,

@@ -98,7 +98,9 @@ class DenialEvidence(enum.StrEnum):
     OVERLAY = "overlay"  # a write the git control plane discarded (found in its upper dir)
     PROXY = "proxy"  # the egress proxy refused the destination
     KERNEL = "kernel"  # a kernel record (e.g. Landlock audit) named the access
-    INFERRED = "inferred"  # an error message naming a path, checked against the policy
+    # Kept for old results: the command's own output, which it can forge. Output now makes
+    # a `SandboxHint`, never a denial.
+    INFERRED = "inferred"
 
 
 class SandboxDenial(BaseModel):
@@ -113,10 +115,52 @@ class SandboxDenial(BaseModel):
     evidence: DenialEvidence
 
 
+class HintSource(enum.StrEnum):
+    """What a hint rests on. None of these is evidence of a refusal."""
+
+    OUTPUT = "output"  # the command's own output named it (it could print anything)
+    HOST_LISTENER = "host-listener"  # the host listens where the command connected
+
+
+class SandboxHint(BaseModel):
+    """Something the sandbox *may* have refused, pointed at but not witnessed.
+
+    Never sets `denied`: printed text can be forged. ``relative``: ``target`` is a path as
+    the tool printed it, relative to a directory the output does not say (the command may
+    have changed directory), so it is not resolved.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: DenialKind  # what it would be, were it a denial
+    target: str
+    relative: bool = False
+    operation: str | None = None
+    reason: str  # why the policy would refuse it, or what the host knows about it
+    source: HintSource = HintSource.OUTPUT
+
+
+class DenialGroup(BaseModel):
+    """Denials of one kind, reason and place (a directory, a socket family, the network),
+    counted, with the first few targets: what a harness shows instead of every line."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: DenialKind
+    reason: str
+    place: str  # the directory of file targets; "" for network destinations
+    evidence: DenialEvidence
+    operation: str | None = None  # the first denial's
+    count: int  # the denials seen in this group (sources bound what they keep)
+    targets: tuple[str, ...]  # the first few distinct targets
+
+
 class SandboxFacts(BaseModel):
     """What confinement did for one command; `None` fields mean "unconfined".
 
     ``denials`` lists the first refusals (bounded); ``denials_total`` counts all of them.
+    A denial exists only on evidence the command cannot forge (supervisor, overlay, proxy,
+    kernel); what its output merely says is a ``hint``.
     ``denied`` and ``network_denied`` keep their contract meaning: the run failed (nonzero
     exit, no signal) and at least one file/socket, resp. network, denial explains it.
     """
@@ -132,6 +176,10 @@ class SandboxFacts(BaseModel):
     network_denied: bool = False
     denials: tuple[SandboxDenial, ...] = ()
     denials_total: int = 0
+    # The denials grouped (every one seen, not only the listed ones), for display.
+    denial_groups: tuple[DenialGroup, ...] = ()
+    # What the output or the host points at without evidence: never a denial (bounded).
+    hints: tuple[SandboxHint, ...] = ()
     # A limit that stopped the command, if any, and how this host enforces the limits.
     limit_exceeded: LimitExceeded | None = None
     limits_enforcement: SandboxEnforcement | None = None

@@ -37,12 +37,14 @@ MIN_OPEN_FILES = 64
 class LimitExceeded(enum.StrEnum):
     """The limit that stopped a command (`SandboxFacts.limit_exceeded`)."""
 
-    MEMORY = "memory"  # an OOM kill in the command's cgroup, or ENOMEM under RLIMIT_DATA
-    PROCESSES = "processes"  # a fork refused at the process limit
+    MEMORY = "memory"  # an OOM kill counted in the command's memory cgroup
+    PROCESSES = "processes"  # a fork refused at the pids cgroup's limit (counted there)
     CPU_TIME = "cpu-time"  # SIGXCPU from RLIMIT_CPU
     TMP_SPACE = "tmp-space"  # the private /tmp tmpfs was full when the command ended
     SHM_SPACE = "shm-space"  # the private /dev/shm tmpfs was full when the command ended
-    OPEN_FILES = "open-files"  # EMFILE at the open-files limit
+    # Kept for old results: EMFILE at RLIMIT_NOFILE leaves no kernel counter, and the output
+    # saying "Too many open files" is no evidence, so it is not reported any more.
+    OPEN_FILES = "open-files"
 
 
 class ResourceLimits(BaseModel):

@@ -3,7 +3,8 @@
 `denied` and `network_denied` keep their contract meaning: the run failed on its own
 (nonzero exit, not killed by a signal, not a folded ``128+n``) *and* a denial explains it.
 File and socket denials make `denied`; network connect and resolve denials make
-`network_denied`. A successful run is never denied, whatever was refused on the way.
+`network_denied`. A successful run is never denied, whatever was refused on the way. Hints
+(what the output only says) never reach these flags.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""File denials inferred from a command's output, only where no other evidence source sees.
+"""File hints read from a command's output: what it says was refused, never a denial.
 
-`infer_file_denials` reads refusal messages in both streams (`facts.dialects`), resolves
-each path against the command's working directory, and keeps only those the *policy*
-refuses. A message is a denial when it reports:
+Printed text can be forged (``echo 'bash: /etc/x: Read-only file system' >&2``), so it
+never makes a denial nor sets `denied`; denials come from the supervisor, the git overlay,
+the egress proxy and kernel records. What the output *points at* is still worth showing:
+`infer_file_hints` reads refusal messages in both streams (`facts.dialects`) and keeps
+those naming a path the *policy* refuses, as `SandboxHint`s. A message is a hint when it
+reports:
 
 - a write (``EROFS``, a write operation with ``EACCES``/``EPERM``, a write the tool reports
   failed without an errno such as ``git push``'s remote unpack, or an operation-less
@@ -15,8 +18,12 @@ refuses. A message is a denial when it reports:
 
 Everything else is not the sandbox's doing and is never reported: a refused path the
 policy allows (Unix permissions inside the workspace, a missing file), a message without a
-path, and printed text naming a path the policy would allow. This is pure: no filesystem
-access, so the same output and policy always give the same answer.
+path, and printed text naming a path the policy would allow.
+
+A relative path is judged as if against the command's starting directory, but shown as
+printed (``relative``): after a ``cd`` (or in a tool that changed directory) the starting
+directory is the wrong base, and a wrong absolute path is worse than a relative one. This
+is pure: no filesystem access, so the same output and policy always give the same answer.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import os
 from collections.abc import Sequence
 
 from bash_sandbox.facts.dialects import UNSTATED, RefusalMessage, find_refusal_messages
-from bash_seam import DenialEvidence, DenialKind, SandboxDenial
+from bash_seam import DenialKind, HintSource, SandboxHint
 from policies import SandboxMode, SandboxPolicy
 from policies.autorun import UNPROTECT_KEY, autorun_reason
 from policies.paths import within
@@ -128,36 +135,38 @@ def _judge(
     policy: SandboxPolicy,
     scratch_dirs: Sequence[str] | None,
     write_refusals: frozenset[str],
-) -> SandboxDenial | None:
-    def denial(kind: DenialKind, reason: str) -> SandboxDenial:
-        return SandboxDenial(
+) -> SandboxHint | None:
+    def hint(kind: DenialKind, reason: str) -> SandboxHint:
+        relative = not os.path.isabs(os.path.expanduser(message.path))
+        return SandboxHint(
             kind=kind,
-            target=target,
+            target=os.path.normpath(message.path) if relative else target,
+            relative=relative,
             operation=message.operation,
             reason=reason,
-            evidence=DenialEvidence.INFERRED,
+            source=HintSource.OUTPUT,
         )
 
     if any(within(target, p) for p in policy.deny_read) and message.errno in _REFUSALS:
         kind = DenialKind.FILE_WRITE if message.access == "write" else DenialKind.FILE_READ
-        return denial(kind, REASON_DENY_READ)
+        return hint(kind, REASON_DENY_READ)
     if any(within(target, p) for p in _ALWAYS_WRITABLE):
         return None
     roots = policy.all_writable_roots()
     if any(within(target, r) for r in roots):
         reason = _protected_reason(target, message, policy, write_refusals)
-        return denial(DenialKind.FILE_WRITE, reason) if reason else None
+        return hint(DenialKind.FILE_WRITE, reason) if reason else None
     if not _is_refused_write(message, write_refusals) or _in_scratch(target, policy, scratch_dirs):
         return None
     if policy.mode is SandboxMode.READ_ONLY and any(
         within(target, r) for r in (policy.workspace_root, *policy.writable_roots)
     ):
         # workspace-write would allow it: say so, the marker offers that step.
-        return denial(DenialKind.FILE_WRITE, REASON_READ_ONLY)
-    return denial(DenialKind.FILE_WRITE, REASON_OUTSIDE_ROOTS)
+        return hint(DenialKind.FILE_WRITE, REASON_READ_ONLY)
+    return hint(DenialKind.FILE_WRITE, REASON_OUTSIDE_ROOTS)
 
 
-def infer_file_denials(
+def infer_file_hints(
     stdout: str,
     stderr: str,
     *,
@@ -165,23 +174,23 @@ def infer_file_denials(
     workdir: str,
     scratch_dirs: Sequence[str] | None = None,
     write_refusals: frozenset[str] = frozenset({"EROFS"}),
-) -> list[SandboxDenial]:
-    """File denials (evidence ``inferred``) that the output of one command shows.
+) -> list[SandboxHint]:
+    """File hints (source ``output``) that the output of one command points at.
 
-    ``workdir`` is the command's working directory (relative paths resolve against it).
-    ``scratch_dirs`` are writable in this spawn beyond the policy's roots (default: the
-    Linux backends' private ``/tmp`` and ``/dev/shm`` in both modes, minus the host
-    ``/tmp`` entries bound back read-only; the Landlock-only fallback, which keeps the host
-    ``/tmp`` read-only, passes its private TMPDIR instead).
+    ``workdir`` is the command's starting directory (relative paths are judged against
+    it and shown as printed). ``scratch_dirs`` are writable in this spawn beyond the
+    policy's roots (default: the Linux backends' private ``/tmp`` and ``/dev/shm`` in both
+    modes, minus the host ``/tmp`` entries bound back read-only; the Landlock-only
+    fallback, which keeps the host ``/tmp`` read-only, passes its private TMPDIR instead).
     ``write_refusals`` are the errnos this backend answers a refused write with, used for
     messages that do not say whether they read or wrote
     (bwrap and Landlock with a mount namespace: ``EROFS``; Landlock alone adds
     ``EACCES``; Seatbelt: ``EPERM``). Each (kind, target) is reported once, stderr first.
-    Under danger-full-access nothing is a denial.
+    Under danger-full-access nothing is a hint.
     """
     if not policy.confined:
         return []
-    found: dict[tuple[DenialKind, str], SandboxDenial] = {}
+    found: dict[tuple[DenialKind, str], SandboxHint] = {}
     for text in (stderr, stdout):
         for message in find_refusal_messages(text):
             target = _resolve(message.path, workdir)

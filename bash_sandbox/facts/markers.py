@@ -1,6 +1,6 @@
-"""The line a harness shows for a denial: what was refused, why, and the next step.
+"""The lines a harness shows for denials and hints: what was refused, why, the next step.
 
-Shapes (``(inferred)`` follows the mode when the evidence is the command's own output)::
+Shapes::
 
     [sandbox: write to /srv/out denied (outside the writable roots) under workspace-write
      mode; add it to writable_roots or ask for danger-full-access]
@@ -9,6 +9,16 @@ Shapes (``(inferred)`` follows the mode when the evidence is the command's own o
      read-only mode; add it to allow_unix_sockets]
     [sandbox: connect to 93.184.216.34:443 denied under isolated network; ask for
      network=host or add the domain to allow_domains]
+    [sandbox: 14 writes in /ws/.git/modules/m/hooks denied (git control plane (hooks))
+     under workspace-write mode: a, b, c and 11 more; git config, hooks and info stay ...]
+
+A group of one is the single line. Hints say they are not denials, and start differently
+so a harness matching ``[sandbox:`` never takes one for a denial::
+
+    [sandbox hint: the output says a write to /etc/x failed (outside the writable roots
+     under read-only mode); no refusal was seen; if it was refused: add it to ...]
+    [sandbox hint: the host serves 127.0.0.1:5432; this sandbox has its own loopback;
+     ask for network=host]
 
 The generic `policies.sandbox_denial_marker(mode)` stays as it was, for callers without
 denials.
@@ -18,8 +28,17 @@ from __future__ import annotations
 
 import os
 
+from bash_sandbox.facts.flags import DENIALS_LIMIT
 from bash_sandbox.facts.inference import REASON_DENY_READ, REASON_OUTSIDE_ROOTS, REASON_READ_ONLY
-from bash_seam import DenialEvidence, DenialKind, SandboxDenial, SandboxFacts
+from bash_seam import (
+    DenialEvidence,
+    DenialGroup,
+    DenialKind,
+    HintSource,
+    SandboxDenial,
+    SandboxFacts,
+    SandboxHint,
+)
 from policies import NetworkMode, SandboxMode
 from policies.autorun import UNPROTECT_KEY
 from policies.egress import egress_step
@@ -33,18 +52,22 @@ def _shown(path: str) -> str:
     return path
 
 
-def _file_step(denial: SandboxDenial) -> str:
+def _file_step(denial: SandboxDenial | SandboxHint | DenialGroup) -> str:
     if denial.reason == REASON_READ_ONLY:
         return "ask for workspace-write"
     if denial.reason == REASON_OUTSIDE_ROOTS:
         return "add it to writable_roots or ask for danger-full-access"
     if denial.reason == REASON_DENY_READ:
         return "remove it from deny_read or ask for danger-full-access"
-    if denial.reason.startswith("protected name"):
+    # The write watch's word for a protected name (or a placeholder) inside a root.
+    if denial.reason.startswith(("protected name", "held read-only")):
         if UNPROTECT_KEY in denial.reason:
             name = denial.reason.split()[2].rstrip(":,")
             return f"add {name} to {UNPROTECT_KEY} if commands may change it, after review"
         return "protected names stay read-only; ask for danger-full-access if the change is meant"
+    if denial.reason.startswith("git control plane"):
+        # The overlay discarded it: git's own files are the host's to change.
+        return "git config, hooks and info stay the host's; change them outside the sandbox"
     return "ask for a wider mode"
 
 
@@ -59,7 +82,7 @@ def _socket_words(denial: SandboxDenial) -> tuple[str, str]:
     )
 
 
-def _network_step(denial: SandboxDenial) -> str:
+def _network_step(denial: SandboxDenial | DenialGroup) -> str:
     if denial.evidence is DenialEvidence.PROXY:
         step = egress_step(denial.reason)
         if "allow_domains" in step:
@@ -80,6 +103,9 @@ def denial_marker(
     if denial.kind in (DenialKind.NETWORK_CONNECT, DenialKind.NETWORK_RESOLVE):
         net = NetworkMode(network).value if network is not None else NetworkMode.ISOLATED.value
         verb = "connect to" if denial.kind is DenialKind.NETWORK_CONNECT else "resolve"
+        if denial.kind is DenialKind.NETWORK_RESOLVE and denial.target.endswith(":53"):
+            # The supervisor saw the connect to the resolver, not the name: say which it is.
+            verb = "name lookup through the resolver"
         return (
             f"[sandbox: {verb} {denial.target} denied{reason} under {net} network{inferred}; "
             f"{_network_step(denial)}]"
@@ -93,14 +119,120 @@ def denial_marker(
     return f"[sandbox: {what} denied{reason} under {mode.value} mode{inferred}; {step}]"
 
 
+_PLURAL = {
+    DenialKind.FILE_WRITE: "writes",
+    DenialKind.FILE_READ: "reads",
+    DenialKind.SOCKET: "sockets",
+    DenialKind.NETWORK_CONNECT: "connects",
+    DenialKind.NETWORK_RESOLVE: "name lookups",
+}
+
+
+def group_marker(
+    group: DenialGroup, mode: SandboxMode | str, network: NetworkMode | str | None
+) -> str:
+    """One line for a group: the single denial's line, or a count with the first targets."""
+    if group.count == 1:
+        only = SandboxDenial(
+            kind=group.kind,
+            target=group.targets[0],
+            operation=group.operation,
+            reason=group.reason,
+            evidence=group.evidence,
+        )
+        return denial_marker(only, mode, network)
+    mode = SandboxMode(mode)
+    redundant = group.reason in ("", f"{mode.value} mode", "isolated network")
+    reason = "" if redundant else f" ({group.reason})"
+    files = group.kind in (DenialKind.FILE_WRITE, DenialKind.FILE_READ)
+    names = [os.path.basename(t) if files else _shown(t) for t in group.targets]
+    more = group.count - len(names)
+    sample = ", ".join(names) + (f" and {more} more" if more > 0 else "")
+    where = f" in {_shown(group.place)}" if group.place.startswith("/") else ""
+    if group.kind is DenialKind.SOCKET and group.place and not where:
+        where = f" of {group.place}"
+    what = f"{group.count} {_PLURAL[group.kind]}{where} denied{reason}"
+    if group.kind in (DenialKind.NETWORK_CONNECT, DenialKind.NETWORK_RESOLVE):
+        net = NetworkMode(network).value if network is not None else NetworkMode.ISOLATED.value
+        return f"[sandbox: {what} under {net} network: {sample}; {_network_step(group)}]"
+    if group.kind is DenialKind.SOCKET:
+        step = (
+            "add them to allow_unix_sockets"
+            if group.targets[0].startswith(("/", "@"))
+            else "confined commands never get this socket family; ask for danger-full-access"
+        )
+    else:
+        step = _file_step(group)
+    return f"[sandbox: {what} under {mode.value} mode: {sample}; {step}]"
+
+
+def hint_marker(
+    hint: SandboxHint, mode: SandboxMode | str, network: NetworkMode | str | None
+) -> str:
+    """One line for a hint, saying what it rests on."""
+    mode = SandboxMode(mode)
+    if hint.source is HintSource.HOST_LISTENER:
+        return (
+            f"[sandbox hint: the host serves {hint.target}; this sandbox has its own loopback; "
+            "ask for network=host]"
+        )
+    if hint.kind is DenialKind.NETWORK_RESOLVE:
+        net = NetworkMode(network).value if network is not None else NetworkMode.ISOLATED.value
+        return (
+            f"[sandbox hint: the lookup refused under {net} network was for {hint.target} "
+            "(named by the output); add the domain to allow_domains or ask for network=host]"
+        )
+    verb = "read of" if hint.kind is DenialKind.FILE_READ else "write to"
+    where = (
+        f"{hint.target} (relative to the directory the tool was in)"
+        if hint.relative
+        else _shown(hint.target)
+    )
+    redundant = hint.reason in ("", f"{mode.value} mode")
+    why = f"{hint.reason} under {mode.value} mode" if not redundant else f"{mode.value} mode"
+    return (
+        f"[sandbox hint: the output says a {verb} {where} failed ({why}); no refusal was seen; "
+        f"if it was refused: {_file_step(hint)}]"
+    )
+
+
 def result_markers(facts: SandboxFacts | None) -> list[str]:
-    """One marker per recorded denial (a run that succeeded can carry some too: a write git
-    reported done but the control plane discarded), then a count of the ones left out."""
+    """The denials' lines, grouped (a run that succeeded can carry some too: a write git
+    reported done but the control plane discarded), a count of any the sources left out,
+    then one line per hint."""
     if facts is None:
         return []
     network = facts.network or NetworkMode.HOST
-    lines = [denial_marker(d, facts.mode, network) for d in facts.denials]
-    extra = facts.denials_total - len(facts.denials)
-    if extra > 0:
-        lines.append(f"[sandbox: {extra} more denial(s) not shown]")
+    hints = list(facts.hints)
+    if facts.denial_groups:
+        lines = []
+        for group in facts.denial_groups:
+            # A refused lookup names the resolver; the output may name what was looked up.
+            names = [h.target for h in hints if h.kind is group.kind is DenialKind.NETWORK_RESOLVE]
+            if names:
+                hints = [h for h in hints if h.kind is not DenialKind.NETWORK_RESOLVE]
+                lines.append(_lookup_marker(group, names, network))
+            else:
+                lines.append(group_marker(group, facts.mode, network))
+        shown = sum(g.count for g in facts.denial_groups)
+    else:
+        lines = [denial_marker(d, facts.mode, network) for d in facts.denials]
+        shown = len(facts.denials)
+    extra = facts.denials_total - shown
+    # Sources count every refusal, repeats too (a lookup tries A and AAAA), and keep only the
+    # first DENIALS_LIMIT each: below that, the difference is repeats, not worth a line.
+    if extra > 0 and shown >= DENIALS_LIMIT:
+        lines.append(f"[sandbox: {extra} more refusal(s) counted (repeats, or beyond the list)]")
+    lines += [hint_marker(h, facts.mode, network) for h in hints]
     return list(dict.fromkeys(lines))
+
+
+def _lookup_marker(group: DenialGroup, names: list[str], network: NetworkMode | str) -> str:
+    resolvers = ", ".join(group.targets) + (
+        f" and {group.count - len(group.targets)} more" if group.count > len(group.targets) else ""
+    )
+    return (
+        f"[sandbox: lookup of {', '.join(names)} denied under {NetworkMode(network).value} "
+        f"network (the resolver {resolvers} was refused; the name is the output's); "
+        f"{_network_step(group)}]"
+    )

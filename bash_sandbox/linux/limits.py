@@ -13,8 +13,9 @@ Lifetime, in the order the executor calls it:
    Every confined spawn has a pre-exec `ChildSetup`: `enter_cgroups` adds its first
    steps (before any namespace is joined), `apply_rlimits` its last ones before the filters.
 3. `outcome(plan, exit_code=..., signal=...)` names the limit that stopped the command, from
-   kernel counters first (OOM kills, refused forks), then SIGXCPU, full tmpfs roots, and
-   last the error text of an rlimit-bounded failure.
+   kernel counters (OOM kills, refused forks), SIGXCPU and full tmpfs roots only: never
+   the command's output, which it could forge (an rlimit-bounded failure leaves no counter,
+   so it is not named).
 4. `release(plan)` once the command settled: SIGKILLs whatever is still in its cgroup (a
    daemonised grandchild), then removes the cgroup (or retries later while the killed
    tasks are being reaped).
@@ -78,21 +79,6 @@ PARENT_PREFIX = "bash-sandbox-"
 _PARENT_NAME = re.compile(r"bash-sandbox-(\d+)-[0-9a-f]{8}")
 # How long `close()` waits for SIGKILLed tasks to be reaped before giving up on a cgroup.
 _CLOSE_WAIT_S = 5.0
-# Error text of an rlimit-bounded failure (the kernel keeps no counter for those).
-_INFERRED = (
-    (
-        LimitExceeded.MEMORY,
-        re.compile(r"Cannot allocate memory|MemoryError|std::bad_alloc|[Oo]ut of memory"),
-    ),
-    (
-        LimitExceeded.PROCESSES,
-        re.compile(
-            r"(fork|clone|spawn|thread|BlockingIOError).*Resource temporarily unavailable"
-            r"|can't start new thread"
-        ),
-    ),
-    (LimitExceeded.OPEN_FILES, re.compile(r"Too many open files")),
-)
 # A tmpfs root with less than this free (or no free inode) counts as full.
 _FULL_BELOW_BYTES = 64 * 1024
 
@@ -314,6 +300,7 @@ class ExecutorLimits:
 
         Call it before `release(plan)` (the counters live in the command's cgroup).
         ``tmp_root``/``shm_root``: a path or an fd of the private tmpfs roots.
+        ``stderr_text`` is accepted for old callers and ignored: text is no evidence.
         """
         if exit_code == 0 and signal is None:
             return None
@@ -335,15 +322,8 @@ class ExecutorLimits:
             return LimitExceeded.TMP_SPACE
         if _tmpfs_full(shm_root):
             return LimitExceeded.SHM_SPACE
-        # rlimit-bounded limits leave no counter: their error text is the evidence.
-        rlimited = {LimitExceeded.OPEN_FILES} if plan.limits.open_files is not None else set()
-        if memory is None and plan.limits.memory_bytes is not None:
-            rlimited.add(LimitExceeded.MEMORY)
-        if pids is None and plan.limits.processes is not None:
-            rlimited.add(LimitExceeded.PROCESSES)
-        for limit, pattern in _INFERRED:
-            if limit in rlimited and pattern.search(stderr_text):
-                return limit
+        # rlimit-bounded limits (open files; memory and processes without their cgroup) leave
+        # no counter, and the command's own text is no evidence: it could print anything.
         return None
 
     # -- release and close -----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The labelled live corpus: real commands, and the denials their results must carry.
+"""The labelled live corpus: real commands, and the denials and hints their results carry.
 
 Each case runs through the real `SandboxBashExecutor` (see `test_live_corpus.py`) in a fresh
 layout made by the test::
@@ -12,9 +12,12 @@ Commands and paths use placeholders the test fills in: ``{ws}``, ``{outside}``, 
 (the base interpreter: standard library only), ``{venv_py}`` (the interpreter with pytest),
 ``{port}`` (a host TCP listener nothing in the sandbox can reach) and ``{nameserver}`` (each
 of the host's resolvers, as the supervisor names them). A label is the set of
-``(kind, target)`` pairs, with the evidence where only one source can see it, plus the
-result's flags; ``shows`` pins the premise (the tool really printed that dialect), and
-``absent``/``unchanged``/``serves`` say what the test checks on the host afterwards.
+``(kind, target)`` pairs of denials, with the evidence where only one source can see it, the
+hints (what the output or the host points at, without evidence: printed text never makes a
+denial, so until the supervisor sees write-intent opens every file refusal a tool prints is
+a hint, and ``denied`` stays false for it), plus the result's flags; ``shows`` pins the
+premise (the tool really printed that dialect), and ``absent``/``unchanged``/``serves`` say
+what the test checks on the host afterwards.
 """
 
 from __future__ import annotations
@@ -26,13 +29,27 @@ Serves = Literal["unix-stream", "unix-dgram", "tcp"]
 Stream = Literal["stdout", "stderr"]
 
 
+Fact = Literal["denial", "hint"]
+
+
 @dataclass(frozen=True)
 class Expected:
-    """One denial the result must list."""
+    """One denial the result must list, or one hint (what the output or the host points at:
+    printed text never makes a denial). A relative hint target is as the tool printed it."""
 
     kind: str
     target: str
-    evidence: str | None = None  # None: whichever source saw it
+    evidence: str | None = None  # None: whichever source saw it (denials only)
+    fact: Fact = "denial"
+    # A hint's denials (shell patterns) once the supervisor witnesses write intent
+    # (`tests.facts.evidence.WRITE_INTENT_WITNESSED`); the hint then goes, unless it `stays`
+    # (the witnessed path is another one than the tool printed).
+    witnessed: tuple[str, ...] = ()
+    stays: bool = False
+
+
+def _hint(kind: str, target: str, *witnessed: str, stays: bool = False) -> Expected:
+    return Expected(kind, target, fact="hint", witnessed=witnessed, stays=stays)
 
 
 @dataclass(frozen=True)
@@ -114,8 +131,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ro-bash-write-outside",
         "read-only",
         "echo x > {outside}/ro.txt",
-        (Expected(_WRITE, "{outside}/ro.txt"),),
-        denied=True,
+        (_hint(_WRITE, "{outside}/ro.txt", "{outside}/ro.txt"),),
         shows=(("stderr", "Read-only file system"),),
         absent=("{outside}/ro.txt",),
     ),
@@ -123,24 +139,21 @@ DENIALS: tuple[LiveCase, ...] = (
         "ro-bash-write-workspace",
         "read-only",
         "echo x > note.txt",
-        (Expected(_WRITE, "{ws}/note.txt"),),
-        denied=True,
+        (_hint(_WRITE, "note.txt", "{ws}/note.txt"),),
         absent=("{ws}/note.txt",),
     ),
     LiveCase(
         "ww-bash-write-outside",
         "workspace-write",
         "echo x > {outside}/ww.txt",
-        (Expected(_WRITE, "{outside}/ww.txt"),),
-        denied=True,
+        (_hint(_WRITE, "{outside}/ww.txt", "{outside}/ww.txt"),),
         absent=("{outside}/ww.txt",),
     ),
     LiveCase(
         "ww-mkdir-relative-outside",
         "workspace-write",
         "mkdir ../outside/build",
-        (Expected(_WRITE, "{outside}/build"),),
-        denied=True,
+        (_hint(_WRITE, "../outside/build", "{outside}/build"),),
         shows=(("stderr", "cannot create directory"),),
         absent=("{outside}/build",),
     ),
@@ -148,8 +161,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-python-write-outside",
         "workspace-write",
         "{py} -c \"open('{outside}/py.txt', 'w')\"",
-        (Expected(_WRITE, "{outside}/py.txt"),),
-        denied=True,
+        (_hint(_WRITE, "{outside}/py.txt", "{outside}/py.txt"),),
         shows=(("stderr", "[Errno 30] Read-only file system"),),
         absent=("{outside}/py.txt",),
         tool="python3",
@@ -158,8 +170,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-node-erofs-outside",
         "workspace-write",
         "node -e \"require('fs').writeFileSync('{outside}/n.txt', 'x')\"",
-        (Expected(_WRITE, "{outside}/n.txt"),),
-        denied=True,
+        (_hint(_WRITE, "{outside}/n.txt", "{outside}/n.txt"),),
         shows=(("stderr", "EROFS: read-only file system, open '{outside}/n.txt'"),),
         absent=("{outside}/n.txt",),
         tool="node",
@@ -168,8 +179,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ro-node-eacces-deny-read",
         "read-only",
         "node -e \"process.stdout.write(require('fs').readFileSync('{outside}/secret.txt'))\"",
-        (Expected(_READ, "{outside}/secret.txt"),),
-        denied=True,
+        (_hint(_READ, "{outside}/secret.txt"),),
         shows=(("stderr", "EACCES: permission denied, open '{outside}/secret.txt'"),),
         tool="node",
     ),
@@ -177,8 +187,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-node-eacces-mkdir-deny-read",
         "workspace-write",
         "node -e \"require('fs').mkdirSync('{outside}/secrets/d')\"",
-        (Expected(_WRITE, "{outside}/secrets/d"),),
-        denied=True,
+        (_hint(_WRITE, "{outside}/secrets/d", "{outside}/secrets/d"),),
         shows=(("stderr", "EACCES: permission denied, mkdir '{outside}/secrets/d'"),),
         absent=("{outside}/secrets/d",),
         tool="node",
@@ -187,16 +196,14 @@ DENIALS: tuple[LiveCase, ...] = (
         "ro-cat-deny-read",
         "read-only",
         "cat {outside}/secret.txt",
-        (Expected(_READ, "{outside}/secret.txt"),),
-        denied=True,
+        (_hint(_READ, "{outside}/secret.txt"),),
         shows=(("stderr", "Permission denied"),),
     ),
     LiveCase(
         "ww-pytest-write-outside-on-stdout",
         "workspace-write",
         "{venv_py} -m pytest -q -p no:cacheprovider test_report.py",
-        (Expected(_WRITE, "{outside}/report.txt"),),
-        denied=True,
+        (_hint(_WRITE, "{outside}/report.txt", "{outside}/report.txt"),),
         shows=(("stdout", "[Errno 30] Read-only file system: '{outside}/report.txt'"),),
         files=(("ws/test_report.py", PYTEST_OUTSIDE),),
         absent=("{outside}/report.txt",),
@@ -206,8 +213,10 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-cargo-test-write-outside-on-stdout",
         "workspace-write",
         "cargo test -q --offline",
-        (Expected(_WRITE, "{outside}/report-rs.txt"),),
-        denied=True,
+        (
+            # cargo also locks its own package cache in the read-only home.
+            _hint(_WRITE, "{outside}/report-rs.txt", "{outside}/report-rs.txt", "*/.cargo/.*"),
+        ),
         shows=(("stdout", "Read-only file system (os error 30)"),),
         files=(("ws/Cargo.toml", CARGO_TOML), ("ws/src/lib.rs", CARGO_TEST)),
         absent=("{outside}/report-rs.txt",),
@@ -218,8 +227,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-go-test-write-outside-on-stdout",
         "workspace-write",
         "go test ./...",
-        (Expected(_WRITE, "{outside}/report-go.txt"),),
-        denied=True,
+        (_hint(_WRITE, "{outside}/report-go.txt", "{outside}/report-go.txt"),),
         shows=(("stdout", "read-only file system"),),
         files=(("ws/go.mod", GO_MOD), ("ws/report_test.go", GO_TEST)),
         absent=("{outside}/report-go.txt",),
@@ -230,7 +238,10 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-npm-view-resolver-refused",
         "workspace-write",
         "npm view left-pad version",
-        (Expected("network-resolve", "{nameserver}", "supervisor"),),
+        (
+            Expected("network-resolve", "{nameserver}", "supervisor"),
+            _hint("network-resolve", "registry.npmjs.org"),
+        ),
         network_denied=True,
         shows=(("stderr", "EAI_AGAIN"), ("stderr", "ENOTFOUND")),
         tool="npm",
@@ -239,8 +250,15 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-git-push-outside",
         "workspace-write",
         "git push origin HEAD:main",
-        (Expected(_WRITE, "{outside}/remote.git"),),
-        denied=True,
+        (
+            # receive-pack's refused temporary directory has a random name.
+            _hint(
+                _WRITE,
+                "{outside}/remote.git",
+                "{outside}/remote.git/objects/tmp_objdir-incoming-*",
+                stays=True,
+            ),
+        ),
         shows=(("stderr", "remote unpack failed"),),
         setup=GIT_REPO,
         unchanged=("{outside}/remote.git",),
@@ -288,7 +306,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-git-branch-track-exit-0",
         "workspace-write",
         "git branch --track feature main",
-        (Expected(_WRITE, "{ws}/.git/config"),),
+        (_hint(_WRITE, ".git/config"),),
         exit_zero=True,
         shows=(("stderr", "could not write config file .git/config"),),
         setup=GIT_REPO,
@@ -299,8 +317,7 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-git-config-refused",
         "workspace-write",
         "git config user.name Someone",
-        (Expected(_WRITE, "{ws}/.git/config"),),
-        denied=True,
+        (_hint(_WRITE, ".git/config"),),
         setup=GIT_REPO,
         unchanged=("{ws}/.git/config",),
         tool="git",
@@ -325,6 +342,67 @@ DENIALS: tuple[LiveCase, ...] = (
         setup=GIT_REPO,
         absent=("{ws}/.git/config.worktree",),
         tool="git",
+    ),
+)
+
+HINTS_AND_GROUPS: tuple[LiveCase, ...] = (
+    LiveCase(
+        # The exact forgery: a path the policy refuses, printed by the command itself.
+        "ro-forged-erofs-line-is-a-hint",
+        "read-only",
+        "echo 'bash: /etc/x: Read-only file system' >&2; exit 1",
+        (_hint(_WRITE, "/etc/x"),),
+        shows=(("stderr", "bash: /etc/x: Read-only file system"),),
+        absent=("/etc/x",),
+    ),
+    LiveCase(
+        # After `cd`, bash names the file relative to sub/: never joined to the start.
+        "ro-cd-then-relative-write",
+        "read-only",
+        "cd sub && echo x > rel.txt",
+        (_hint(_WRITE, "rel.txt", "{ws}/sub/rel.txt"),),
+        shows=(("stderr", "rel.txt: Read-only file system"),),
+        setup="mkdir sub",
+        absent=("{ws}/sub/rel.txt", "{ws}/rel.txt"),
+    ),
+    LiveCase(
+        # Exit 0 and not a word: the write into a submodule's hooks lands in the overlay and
+        # is discarded; only the copy-back knows.
+        "ww-git-submodule-hook-exit-0",
+        "workspace-write",
+        "echo evil > .git/modules/sm/hooks/pre-commit",
+        (Expected(_WRITE, "{ws}/.git/modules/sm/hooks/pre-commit", "overlay"),),
+        exit_zero=True,
+        setup=GIT_REPO
+        + " && git init -q -b main {outside}/subsrc"
+        + " && git -C {outside}/subsrc commit -q --allow-empty -m s"
+        + " && git -c protocol.file.allow=always submodule -q add {outside}/subsrc sm"
+        + " && git commit -qm sm",
+        absent=("{ws}/.git/modules/sm/hooks/pre-commit",),
+        tool="git",
+    ),
+    LiveCase(
+        # The host serves {port} on its loopback; the sandbox's own loopback refuses.
+        "ww-curl-loopback-the-host-serves",
+        "workspace-write",
+        "curl -sS --max-time 3 http://127.0.0.1:{port}/",
+        (_hint("network-connect", "127.0.0.1:{port}"),),
+        shows=(("stderr", "127.0.0.1 port {port}"),),
+        serves="tcp",
+        tool="curl",
+    ),
+    LiveCase(
+        # The supervisor saw the resolver refused; the output names what was looked up.
+        "ww-curl-resolve-names-the-host",
+        "workspace-write",
+        "curl -sS --max-time 5 https://example.com/",
+        (
+            Expected("network-resolve", "{nameserver}", "supervisor"),
+            _hint("network-resolve", "example.com"),
+        ),
+        network_denied=True,
+        shows=(("stderr", "Could not resolve host: example.com"),),
+        tool="curl",
     ),
 )
 
@@ -384,4 +462,4 @@ LOOK_ALIKES: tuple[LiveCase, ...] = (
     ),
 )
 
-LIVE_CASES = DENIALS + LOOK_ALIKES
+LIVE_CASES = DENIALS + HINTS_AND_GROUPS + LOOK_ALIKES

@@ -111,6 +111,10 @@ def test_markers_name_what_why_and_the_next_step(monkeypatch: pytest.MonkeyPatch
         "[sandbox: connect to 93.184.216.34:443 denied under isolated network; "
         "ask for network=host or add the domain to allow_domains]"
     )
+    lookup = _denial(DenialKind.NETWORK_RESOLVE, "10.0.0.2:53", "", DenialEvidence.SUPERVISOR)
+    assert denial_marker(lookup, "read-only", "isolated").startswith(
+        "[sandbox: name lookup through the resolver 10.0.0.2:53 denied under isolated network; "
+    )
     proxied = _denial(
         DenialKind.NETWORK_CONNECT, "evil.example:443", "not in allow_domains", DenialEvidence.PROXY
     )
@@ -126,6 +130,8 @@ def test_markers_name_what_why_and_the_next_step(monkeypatch: pytest.MonkeyPatch
     )
     protected = _denial(DenialKind.FILE_WRITE, "/srv/ws/.git/hooks/x", "protected name .git/hooks")
     assert "protected names stay read-only" in denial_marker(protected, "workspace-write", None)
+    held = _denial(DenialKind.FILE_WRITE, "/srv/ws/.env", "held read-only inside a writable root")
+    assert "protected names stay read-only" in denial_marker(held, "workspace-write", None)
 
 
 def test_the_generic_marker_keeps_its_exact_text() -> None:

@@ -1,18 +1,22 @@
-"""Denial inference over the captured corpus: every labelled denial found, nothing else.
+"""File hints over the captured corpus: every labelled refusal pointed at, nothing else.
 
 The corpus (``corpus/<case>/``) holds real outputs of real tools run by
-``capture_corpus.py`` against real confinement, with hand-written labels. Precision and
-recall of the file kinds must both be 100%; the numbers are printed.
+``capture_corpus.py`` against real confinement, with hand-written labels. What the output
+shows is a hint, never a denial (printed text can be forged); the labels say which
+refusals the output points at. A hint with a relative path (as printed) is compared after
+joining it to the case's starting directory, which is where these tools ran (none
+changes directory). Precision and recall of the file kinds must both be 100%; printed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from bash_sandbox.facts import infer_file_denials
+from bash_sandbox.facts import infer_file_hints
 from policies import SandboxPolicy
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -28,13 +32,20 @@ def _run(name: str) -> tuple[set[Denial], set[Denial]]:
     # "@file": a list every case shares, stored once next to the cases.
     if isinstance(fields["deny_read"], str):
         fields["deny_read"] = (CORPUS / fields["deny_read"][1:]).read_text().splitlines()
-    found = infer_file_denials(
+    found = infer_file_hints(
         (case_dir / "stdout").read_text(),
         (case_dir / "stderr").read_text(),
         policy=SandboxPolicy.model_validate(fields),
         workdir=case["workdir"],
     )
-    predicted = {(d.kind.value, d.target) for d in found}
+    workdir = case["workdir"]
+    predicted = {
+        (
+            d.kind.value,
+            os.path.normpath(os.path.join(workdir, d.target)) if d.relative else d.target,
+        )
+        for d in found
+    }
     expected = {(e["kind"], e["target"]) for e in case["expected"]}
     return predicted, expected
 
@@ -69,7 +80,8 @@ def test_precision_and_recall_are_100_percent() -> None:
     precision = true_positive / ((true_positive + false_positive) or 1)
     recall = true_positive / ((true_positive + false_negative) or 1)
     print(
-        f"\ncorpus: {len(CASES)} cases, {true_positive + false_negative} labelled denials; "
+        f"\ncorpus: {len(CASES)} cases, {true_positive + false_negative} labelled refusals "
+        "(hints); "
         f"precision {precision:.1%}, recall {recall:.1%}"
     )
     assert true_positive > 0

@@ -1,11 +1,12 @@
-"""The inference's rules on lines the corpus does not hold: backends, scratch dirs, modes."""
+"""The hints' rules on lines the corpus does not hold: backends, scratch dirs, modes, and
+that printed text never makes a denial."""
 
 from __future__ import annotations
 
 import pytest
 
-from bash_sandbox.facts import find_refusal_messages, infer_file_denials
-from bash_seam import DenialEvidence, DenialKind, SandboxDenial
+from bash_sandbox.facts import find_refusal_messages, infer_file_hints
+from bash_seam import DenialKind, HintSource, SandboxHint
 from policies import SandboxPolicy
 
 WS = "/srv/ws"
@@ -18,19 +19,43 @@ def _policy(mode: str = "workspace-write", **kw: object) -> SandboxPolicy:
 
 def _targets(stderr: str, stdout: str = "", **kw: object) -> list[tuple[str, str, str]]:
     policy = kw.pop("policy", None) or _policy()
-    found = infer_file_denials(stdout, stderr, policy=policy, workdir=WS, **kw)  # type: ignore[arg-type]
-    return [(d.kind.value, d.target, d.reason) for d in found]
+    found = infer_file_hints(stdout, stderr, policy=policy, workdir=WS, **kw)  # type: ignore[arg-type]
+    # A relative path stays as printed (the tool's directory is unknown): shown with "./".
+    return [(d.kind.value, f"./{d.target}" if d.relative else d.target, d.reason) for d in found]
 
 
-def test_every_inferred_denial_says_so() -> None:
-    found = infer_file_denials(
+def test_output_makes_hints_from_the_output_never_denials() -> None:
+    found = infer_file_hints(
         "", "touch: cannot touch '/opt/x': Read-only file system", policy=_policy(), workdir=WS
     )
-    assert [d.evidence for d in found] == [DenialEvidence.INFERRED]
-    assert found[0].kind is DenialKind.FILE_WRITE
+    assert found == [
+        SandboxHint(
+            kind=DenialKind.FILE_WRITE,
+            target="/opt/x",
+            reason="outside the writable roots",
+            source=HintSource.OUTPUT,
+        )
+    ]
 
 
-def test_danger_full_access_infers_nothing() -> None:
+def test_a_relative_path_is_shown_as_printed_not_resolved_against_the_start() -> None:
+    # `cd sub && echo x > rel.txt`: bash prints "rel.txt", written in WS/sub; joining it to
+    # the starting directory would name WS/rel.txt, a file nobody wrote.
+    (hint,) = infer_file_hints(
+        "", "bash: line 1: rel.txt: Read-only file system", policy=_policy("read-only"), workdir=WS
+    )
+    assert (hint.target, hint.relative, hint.reason) == ("rel.txt", True, "read-only mode")
+    # git submodule add names ".git/config" relative to the submodule it works in.
+    (hint,) = infer_file_hints(
+        "",
+        "error: could not write config file .git/config: Device or resource busy",
+        policy=_policy(protected_paths=(".git/config",)),
+        workdir=WS,
+    )
+    assert (hint.target, hint.relative) == (".git/config", True)
+
+
+def test_danger_full_access_hints_nothing() -> None:
     policy = _policy("danger-full-access")
     assert _targets("touch: cannot touch '/opt/x': Read-only file system", policy=policy) == []
 
@@ -58,18 +83,17 @@ def test_scratch_dirs_follow_the_backend() -> None:
     ]
     # The host's /tmp entry holding a workspace is bound back read-only.
     under_tmp = SandboxPolicy(mode="workspace-write", workspace_root="/tmp/run1/ws", deny_read=())
-    assert infer_file_denials(
+    assert infer_file_hints(
         "",
         "touch: cannot touch '/tmp/run1/next-to-ws': Read-only file system\n"
         "touch: cannot touch '/tmp/other': Read-only file system",
         policy=under_tmp,
         workdir="/tmp/run1/ws",
     ) == [
-        SandboxDenial(
+        SandboxHint(
             kind=DenialKind.FILE_WRITE,
             target="/tmp/run1/next-to-ws",
             reason="outside the writable roots",
-            evidence=DenialEvidence.INFERRED,
         )
     ]
 
@@ -82,7 +106,7 @@ def test_read_only_names_the_step_that_would_allow_the_write() -> None:
         "touch: cannot touch '/opt/c': Read-only file system",
         policy=policy,
     ) == [
-        ("file-write", f"{WS}/a", "read-only mode"),
+        ("file-write", "./a", "read-only mode"),
         ("file-write", "/srv/cache/b", "read-only mode"),
         ("file-write", "/opt/c", "outside the writable roots"),
     ]
@@ -95,8 +119,8 @@ def test_protected_names_and_their_placeholders() -> None:
         "error: could not write config file .git/config: Device or resource busy\n"
         "cat: .git/config: Is a directory\n"
     ) == [
-        ("file-write", f"{WS}/.git/config", "protected name .git/config"),
-        ("file-write", f"{WS}/.git/hooks/x", "protected name .git/hooks"),
+        ("file-write", "./.git/config", "protected name .git/config"),
+        ("file-write", "./.git/hooks/x", "protected name .git/hooks"),
     ]
     # Outside a protected name, these errnos are ordinary failures.
     assert _targets("touch: cannot touch 'src/x': No such file or directory") == []
@@ -151,7 +175,7 @@ def test_relative_and_home_paths_resolve(monkeypatch: pytest.MonkeyPatch) -> Non
         "mkdir: cannot create directory '../sibling': Read-only file system\n"
         "tee: ~/.ssh/config: Permission denied"
     ) == [
-        ("file-write", "/srv/sibling", "outside the writable roots"),
+        ("file-write", "./../sibling", "outside the writable roots"),
         ("file-read", "/home/u/.ssh/config", "deny_read"),
     ]
 
@@ -167,10 +191,13 @@ def _push_report(url: str) -> str:
 
 def test_a_push_to_a_local_repository_outside_the_roots_is_a_write_denial() -> None:
     # receive-pack names neither an errno nor a path: the repository is the "To" URL.
-    for url in ("/srv/remote.git", "file:///srv/remote.git", "../remote.git"):
+    for url in ("/srv/remote.git", "file:///srv/remote.git"):
         assert _targets(_push_report(url)) == [
             ("file-write", "/srv/remote.git", "outside the writable roots")
         ]
+    assert _targets(_push_report("../remote.git")) == [
+        ("file-write", "./../remote.git", "outside the writable roots")
+    ]
     # Inside the workspace it is git's own failure under workspace-write...
     assert _targets(_push_report(f"{WS}/remote.git")) == []
     # ...and read-only mode's under read-only.

@@ -1,9 +1,10 @@
-"""Denial facts of real commands on both Linux backends, against the labelled live corpus.
+"""Denial facts and hints of real commands on both Linux backends, against the live corpus.
 
 Every case of `live_cases.py` runs through the real `SandboxBashExecutor` (real bwrap, real
 Landlock, the real seccomp supervisor, git overlays, and output inference); the result's
-denials are compared with the label as ``(kind, target)`` sets, the evidence is checked
-where only one source can see the refusal, and the flags keep their contract meaning.
+denials and hints are compared with the label as ``(kind, target)`` sets, the evidence is
+checked where only one source can see the refusal, no denial rests on the output alone,
+and the flags keep their contract meaning.
 The host is checked from outside too: refused files are absent, host git state unchanged,
 the test's own servers saw nothing, no secret reached the output. Precision and recall
 over the corpus must both be 100% on each backend; they are printed.
@@ -11,6 +12,7 @@ over the corpus must both be 100% on each backend; they are printed.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import shutil
@@ -26,6 +28,7 @@ import pytest
 from bash_sandbox import SandboxBashExecutor
 from bash_seam import BashExecRequest, BashRunResult
 from policies import default_deny_read
+from tests.facts.evidence import WRITE_INTENT_WITNESSED
 from tests.facts.live_cases import LIVE_CASES, Expected, LiveCase
 from tests.sandbox.conftest import LINUX_BACKENDS, require_backend
 from tests.sandbox.test_network import CountingServer
@@ -120,11 +123,54 @@ def _make_layout(case: LiveCase, layout: Layout) -> None:
 
 
 @dataclass
+class Score:
+    """Labels matched, denials or hints nobody labelled, labels nothing matched."""
+
+    matched: int = 0
+    unlabelled: int = 0
+    missing: int = 0
+
+
+@dataclass
 class CaseOutcome:
     case: LiveCase
-    predicted: set[Denial]
-    expected: set[Denial]
+    denials: Score
+    hints: Score
     problems: list[str] = field(default_factory=list)
+
+
+def _compare(what: str, found: set[Denial], labels: set[Denial], problems: list[str]) -> Score:
+    """Match what the result lists against the labels (shell patterns: a supervisor names
+    some files it saw refused by a random name, ``tmp_objdir-incoming-*``)."""
+
+    def hit(item: Denial, label: Denial) -> bool:
+        return item[0] == label[0] and fnmatch.fnmatchcase(item[1], label[1])
+
+    unlabelled = sorted(f for f in found if not any(hit(f, label) for label in labels))
+    missing = sorted(label for label in labels if not any(hit(f, label) for f in found))
+    if unlabelled or missing:
+        problems.append(f"{what}: {sorted(found)} != label {sorted(labels)}")
+    return Score(len(labels) - len(missing), len(unlabelled), len(missing))
+
+
+def _labels(case: LiveCase, layout: Layout) -> tuple[dict[Denial, Expected], set[Denial]]:
+    """The denials (with their labels) and hints this build must report. A hint the
+    supervisor witnesses once it sees write intent becomes its denial(s) then."""
+    denials: dict[Denial, Expected] = {}
+    hints: set[Denial] = set()
+    for e in case.expected:
+        if e.fact == "denial":
+            filled = _nameservers() if e.target == "{nameserver}" else [layout.fill(e.target)]
+            denials |= {(e.kind, target): e for target in filled}
+            continue
+        witnessed = WRITE_INTENT_WITNESSED and bool(e.witnessed)
+        if witnessed:
+            denials |= {
+                (e.kind, layout.fill(p)): Expected(e.kind, p, "supervisor") for p in e.witnessed
+            }
+        if not witnessed or e.stays:
+            hints.add((e.kind, layout.fill(e.target)))
+    return denials, hints
 
 
 def _serve(case: LiveCase, layout: Layout) -> CountingServer | None:
@@ -158,24 +204,37 @@ def _judge(
 ) -> CaseOutcome:
     facts = result.sandbox
     assert facts is not None
-    labels: dict[Denial, Expected] = {}
-    for e in case.expected:
-        filled = _nameservers() if e.target == "{nameserver}" else [layout.fill(e.target)]
-        labels |= {(e.kind, target): e for target in filled}
-    expected = set(labels)
-    predicted = {(d.kind.value, d.target) for d in facts.denials}
-    outcome = CaseOutcome(case, predicted, expected)
-    problems = outcome.problems
-    if predicted != expected:
-        problems.append(f"denials {sorted(predicted)} != label {sorted(expected)}")
+    labels, hinted = _labels(case, layout)
+    problems: list[str] = []
+    denials = {(d.kind.value, d.target) for d in facts.denials}
+    hints = {(h.kind.value, h.target) for h in facts.hints}
+    outcome = CaseOutcome(
+        case,
+        _compare("denials", denials, set(labels), problems),
+        _compare("hints", hints, hinted, problems),
+        problems,
+    )
+    # Every denial is witnessed: the output alone never makes one.
+    problems += [f"{d.target}: inferred denial" for d in facts.denials if d.evidence == "inferred"]
     for d in facts.denials:
-        label = labels.get((d.kind.value, d.target))
-        if label is not None and label.evidence is not None and d.evidence.value != label.evidence:
-            problems.append(f"{d.target}: evidence {d.evidence.value}, not {label.evidence}")
-    if (facts.denied, facts.network_denied) != (case.denied, case.network_denied):
+        for (kind, pattern), label in labels.items():
+            wanted = label.evidence
+            if (
+                kind == d.kind.value
+                and fnmatch.fnmatchcase(d.target, pattern)
+                and wanted not in (None, d.evidence.value)
+            ):
+                problems.append(f"{d.target}: evidence {d.evidence.value}, not {wanted}")
+    # A failed run whose refusal the supervisor witnessed is denied.
+    denied = case.denied or (
+        WRITE_INTENT_WITNESSED
+        and not case.exit_zero
+        and any(e.witnessed for e in case.expected if e.kind in ("file-write", "file-read"))
+    )
+    if (facts.denied, facts.network_denied) != (denied, case.network_denied):
         problems.append(
             f"denied={facts.denied} network_denied={facts.network_denied}, "
-            f"expected {case.denied}/{case.network_denied}"
+            f"expected {denied}/{case.network_denied}"
         )
     if (result.exit_code == 0) != case.exit_zero:
         problems.append(f"premise: exit {result.exit_code}")
@@ -248,19 +307,36 @@ async def test_live_corpus_precision_and_recall_are_100_percent(backend: str) ->
         finally:
             _cleanup(root)
             shutil.rmtree(root, ignore_errors=True)
-    true_positive = sum(len(o.predicted & o.expected) for o in outcomes)
-    false_positive = sum(len(o.predicted - o.expected) for o in outcomes)
-    false_negative = sum(len(o.expected - o.predicted) for o in outcomes)
-    precision = true_positive / ((true_positive + false_positive) or 1)
-    recall = true_positive / ((true_positive + false_negative) or 1)
-    with_denials = sum(1 for o in outcomes if o.expected)
+    scores = {
+        "denials": _score([o.denials for o in outcomes]),
+        "hints": _score([o.hints for o in outcomes]),
+    }
+    with_denials = sum(1 for o in outcomes if o.denials.matched + o.denials.missing)
+    with_hints = sum(1 for o in outcomes if o.hints.matched + o.hints.missing)
+    look_alikes = sum(
+        1 for o in outcomes if not o.case.expected and not o.denials.unlabelled + o.hints.unlabelled
+    )
     print(
         f"\nlive corpus on {backend}: {len(outcomes)} cases ({with_denials} with denials, "
-        f"{len(outcomes) - with_denials} look-alikes), {true_positive + false_negative} labelled "
-        f"denials; precision {precision:.1%}, recall {recall:.1%}"
+        f"{with_hints} with hints, {look_alikes} look-alikes); "
+        + "; ".join(
+            f"{name}: {n} labelled, precision {p:.1%}, recall {r:.1%}"
+            for name, (n, p, r) in scores.items()
+        )
+        + ("; write intent witnessed" if WRITE_INTENT_WITNESSED else "")
         + (f"; skipped: {', '.join(skipped)}" if skipped else "")
     )
     failures = [f"{o.case.name}: " + "; ".join(o.problems) for o in outcomes if o.problems]
     assert not failures, "\n".join(failures)
-    assert with_denials >= 15 and len(outcomes) - with_denials >= 6
-    assert (precision, recall) == (1.0, 1.0)
+    assert with_denials >= 8 and with_hints >= 8 and look_alikes >= 5
+    assert all((p, r) == (1.0, 1.0) for _, p, r in scores.values())
+
+
+def _score(scores: list[Score]) -> tuple[int, float, float]:
+    """(labelled, precision, recall) over the cases' scores."""
+    true_positive = sum(s.matched for s in scores)
+    false_positive = sum(s.unlabelled for s in scores)
+    false_negative = sum(s.missing for s in scores)
+    precision = true_positive / ((true_positive + false_positive) or 1)
+    recall = true_positive / ((true_positive + false_negative) or 1)
+    return true_positive + false_negative, precision, recall

@@ -271,7 +271,9 @@ def test_cpu_time_limit_ends_a_spinner_with_sigxcpu(
     assert cpu is not None and 0.7 <= cpu["children"] < 2.1, cpu
 
 
-def test_open_files_limit_is_reported(identity: str, backend: str, workspace: Path) -> None:
+def test_open_files_limit_holds_and_text_names_no_limit(
+    identity: str, backend: str, workspace: Path
+) -> None:
     code = (
         "import sys\nhold = open(sys.argv[1])\nfs = []\ntry:\n"
         '    while len(fs) < 200: fs.append(open("/dev/null"))\n'
@@ -291,7 +293,8 @@ def test_open_files_limit_is_reported(identity: str, backend: str, workspace: Pa
     assert python["fds"] is not None and python["fds"] <= 64, python["fds"]
     assert r["exit_code"] == 1
     assert "Too many open files" in r["stderr"]
-    assert r["sandbox"]["limit_exceeded"] == "open-files"
+    # EMFILE leaves no kernel counter and the text could be printed by anyone: no limit named.
+    assert r["sandbox"]["limit_exceeded"] is None
 
 
 def test_cpu_quota_bounds_the_whole_tree(backend: str, workspace: Path) -> None:

@@ -18,7 +18,9 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_probes import ServerLauncher, UserAtKeyboard
 
+from bash_seam import SandboxFacts
 from policies import sandbox_denial_marker
+from tests.facts.evidence import WRITE_INTENT_WITNESSED, file_refusal_reported
 
 ERAS = ["legacy", "auto"]
 CEILING = ("--allow-escalation-to", "workspace-write")
@@ -91,8 +93,10 @@ async def test_an_approved_widening_runs_once_wider_then_back_to_the_default(
     assert question.requested_schema["properties"]["approve"]["type"] == "boolean"
     assert question.requested_schema["required"] == ["approve"]
     # Per call: the next call is read-only again.
-    assert _facts(after)["sandbox"]["denied"] is True
-    assert sandbox_denial_marker("read-only") in _text(after)
+    sandbox = SandboxFacts.model_validate(_facts(after)["sandbox"])
+    assert sandbox.mode == "read-only"
+    assert file_refusal_reported(sandbox, str(workspace / "marker2"))
+    assert (sandbox_denial_marker("read-only") in _text(after)) is WRITE_INTENT_WITNESSED
     assert not (workspace / "marker2").exists()
 
 

@@ -16,7 +16,9 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_probes import ServerLauncher
 
+from bash_seam import SandboxFacts
 from policies import sandbox_denial_marker
+from tests.facts.evidence import WRITE_INTENT_WITNESSED, file_refusal_reported
 
 
 def _text(result: types.CallToolResult) -> str:
@@ -60,9 +62,11 @@ async def test_read_only_write_is_denied_with_facts_and_host_unchanged(
     assert not result.is_error
     assert facts["exit_code"] == 1
     assert facts["sandbox"]["mode"] == "read-only"
-    assert facts["sandbox"]["denied"] is True
+    sandbox = SandboxFacts.model_validate(facts["sandbox"])
+    assert file_refusal_reported(sandbox, str(workspace / "outside-file"))
+    assert sandbox.denied is WRITE_INTENT_WITNESSED  # bash's words alone: never
     assert facts["sandbox"]["backend"] == backend
-    assert sandbox_denial_marker("read-only") in _text(result)
+    assert (sandbox_denial_marker("read-only") in _text(result)) is WRITE_INTENT_WITNESSED
     assert not (workspace / "outside-file").exists()
 
 
@@ -77,8 +81,11 @@ async def test_workspace_write_writes_the_workspace_but_not_beyond(
     assert _facts(allowed)["sandbox"]["denied"] is False
     assert "[sandbox:" not in _text(allowed)
     assert (workspace / "inside-file").read_text() == "hello\n"
-    assert _facts(denied)["sandbox"]["denied"] is True
-    assert sandbox_denial_marker("workspace-write") in _text(denied)
+    sandbox = SandboxFacts.model_validate(_facts(denied)["sandbox"])
+    assert file_refusal_reported(sandbox, str(beyond))
+    assert sandbox.denied is WRITE_INTENT_WITNESSED
+    marker = sandbox_denial_marker("workspace-write")
+    assert (marker in _text(denied)) is WRITE_INTENT_WITNESSED
     assert not beyond.exists()
 
 

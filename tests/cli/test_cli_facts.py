@@ -1,0 +1,70 @@
+"""What `bash-sandbox run` says about refusals: printed text is a hint, a discarded git write a
+denial even on exit 0. Real commands, checked from the host afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from cli_probes import HAS_BWRAP, HAS_LANDLOCK
+
+from bash_sandbox.cli.main import main
+from policies import sandbox_denial_marker
+
+pytestmark = pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK), reason="no sandbox backend")
+
+FORGED = "bash: /etc/x: Read-only file system"
+
+
+def test_the_forged_refusal_line_is_a_hint_and_never_a_denial(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = sorted(p.name for p in workspace.iterdir())
+    command = f"echo '{FORGED}' >&2; exit 1"
+    assert main(["run", "--workspace", str(workspace), "--", command]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == FORGED
+    # No denial line, no generic marker: a harness has nothing to widen for.
+    assert sandbox_denial_marker("read-only") not in err
+    assert not any(line.startswith("[sandbox:") for line in err.splitlines())
+    assert err.splitlines()[-1].startswith("[sandbox hint: the output says a write to /etc/x")
+    assert main(["run", "--json", "--workspace", str(workspace), "--", command]) == 1
+    facts = json.loads(capsys.readouterr().out)["sandbox"]
+    assert (facts["denied"], facts["network_denied"], facts["denials"]) == (False, False, [])
+    assert [(h["kind"], h["target"], h["source"]) for h in facts["hints"]] == [
+        ("file-write", "/etc/x", "output")
+    ]
+    # From the host: nothing was written anywhere the line names, nor in the workspace.
+    assert not Path("/etc/x").exists()
+    assert sorted(p.name for p in workspace.iterdir()) == before
+
+
+def test_an_exit_0_write_the_overlay_discarded_is_a_denial_line(
+    workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t.invalid",
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+    }
+    subsrc = tmp_path / "subsrc"
+    setup = (
+        f"git init -q -b main {subsrc} && git -C {subsrc} commit -q --allow-empty -m s"
+        " && git init -q -b main . && git commit -q --allow-empty -m one"
+        f" && git -c protocol.file.allow=always submodule -q add {subsrc} sm && git commit -qm sm"
+    )
+    subprocess.run(setup, shell=True, cwd=workspace, env=env, check=True, capture_output=True)
+    hook = workspace / ".git" / "modules" / "sm" / "hooks" / "pre-commit"
+    args = ["run", "--mode", "workspace-write", "--workspace", str(workspace)]
+    assert main([*args, "--", "echo evil > .git/modules/sm/hooks/pre-commit"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"[sandbox: write to {hook} denied (git control plane (hooks)) under workspace-write "
+        "mode; git config, hooks and info stay the host's; change them outside the sandbox]"
+    ]
+    assert not hook.exists()  # from the host: discarded
