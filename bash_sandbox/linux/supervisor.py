@@ -20,6 +20,9 @@ result:
 - `connect()` to an abstract unix socket: allowed in a private network namespace (abstract
   names are per namespace), refused under the host network unless the policy names it.
 - `socket()`/`socketpair()` of a family or type outside the list: refused and recorded.
+- a call that would leave a set-id bit on a file (the filter traps only those): refused
+  with EPERM and recorded (`setid.py`); a `setxattr` of `security.capability`: refused
+  and recorded, any other name continues to the kernel.
 
 A blocking connect runs on a small pool so one slow destination never stalls the others.
 The peer of an emulated unix connect sees the executor's credentials (`SO_PEERCRED`).
@@ -43,6 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bash_sandbox.linux.child_setup import libc
+from bash_sandbox.linux.file_calls import by_number
+from bash_sandbox.linux.setid import setid_call
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 
 logger = logging.getLogger("bash_sandbox")
@@ -59,6 +64,8 @@ _PIDFD_THREAD = os.O_EXCL
 _NOTIF_RECV = 0xC0502100
 _NOTIF_SEND = 0xC0182101
 _NOTIF_ID_VALID = 0x40082102
+_FLAG_CONTINUE = 1
+_FILE_CALLS = by_number(_MACHINE)
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 _MAX_SYMLINKS = 40
@@ -255,8 +262,10 @@ class SeccompSupervisor:
             logger.exception("seccomp supervisor failed on syscall %d", notif.data.nr)
             self._respond(command, notif.id, -1, errno.EPERM)
 
-    def _respond(self, command: SupervisedCommand, notif_id: int, val: int, err: int) -> None:
-        resp = _Resp(notif_id, val, -err if err else 0, 0)
+    def _respond(
+        self, command: SupervisedCommand, notif_id: int, val: int, err: int, flags: int = 0
+    ) -> None:
+        resp = _Resp(notif_id, val, -err if err else 0, flags)
         # ENOENT: the caller was interrupted or died meanwhile; nothing to answer.
         self._lib.ioctl(command.listener, _NOTIF_SEND, ctypes.byref(resp))
 
@@ -265,6 +274,23 @@ class SeccompSupervisor:
         args = notif.data.args
         if nr == _SYSCALLS.get("connect"):
             self._connect(command, notif)
+            return
+        call = _FILE_CALLS.get(nr)
+        if call is not None:
+            valid = self._still_valid(command, notif)
+            verdict = setid_call(
+                call, notif.pid, tuple(int(a) for a in args), self._read_memory, valid
+            )
+            if not verdict.refuse:
+                # An xattr name other than security.capability: the kernel decides. A thread
+                # rewriting the name after this check gains nothing: writing that xattr
+                # needs CAP_SETFCAP, which no confined command holds (the bounding set is
+                # empty on both backends); the check makes the refusal a recorded fact.
+                self._respond(command, notif.id, 0, 0, _FLAG_CONTINUE)
+                return
+            if verdict.denial is not None:
+                command.record(verdict.denial)
+            self._respond(command, notif.id, -1, errno.EPERM)
             return
         family, kind, proto = int(args[0]) & 0xFFFFFFFF, int(args[1]) & 0xF, int(args[2])
         name = _FAMILY_NAMES.get(family, f"family {family}")
@@ -355,6 +381,16 @@ class SeccompSupervisor:
             self._respond(command, notif.id, -1, errno.ENOTSOCK)
             return None
         return sock
+
+    def _still_valid(self, command: SupervisedCommand, notif: _Notif) -> Callable[[], bool]:
+        """Whether ``notif`` is still pending: what was read from its pid was its caller's."""
+
+        def valid() -> bool:
+            notif_id = ctypes.c_uint64(notif.id)
+            rc: int = self._lib.ioctl(command.listener, _NOTIF_ID_VALID, ctypes.byref(notif_id))
+            return rc == 0
+
+        return valid
 
     def _read_memory(self, pid: int, address: int, length: int) -> bytes | None:
         local = ctypes.create_string_buffer(length)
