@@ -238,3 +238,12 @@ def test_the_filter_traps_only_setid_modes() -> None:
         ((2, 0o20000000), (3, 0o4000)),
         ((2, 0o20000000), (3, 0o2000)),
     }
+
+
+async def test_a_host_setid_file_is_never_linked_into_a_root(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, f"ln {_system_setuid_file()} f", workspace)
+    assert result.exit_code != 0
+    assert not (workspace / "f").exists()
