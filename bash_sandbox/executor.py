@@ -71,6 +71,7 @@ from bash_sandbox.linux.supervisor import (
     identity,
     receive_listener,
 )
+from bash_sandbox.linux.write_watch import write_policy
 from bash_sandbox.placeholders import Placeholders
 from bash_sandbox.selection import BackendSelector, candidate_backends
 from bash_sandbox.state import ExecutorState, remove_tree
@@ -710,6 +711,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             sockets=frozenset(s for s in sockets if s is not None),
             abstract_names=frozenset(names),
             nameservers=self._nameservers,
+            writes=write_policy(policy, getattr(spawn.backend, "path", None)),
         )
 
     def _after_spawn(self, spec: BashExecSpec, plan: SpawnPlan) -> None:

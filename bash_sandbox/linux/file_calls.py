@@ -24,15 +24,20 @@ XATTR_NAME_MAX = 255
 
 @dataclass(frozen=True)
 class FileCall:
-    """Where a call keeps its arguments: indexes into the six syscall arguments."""
+    """Where a call keeps its arguments (indexes into the six syscall arguments), and what
+    it does: ``setid`` calls can give a file a mode, ``write`` names the kind of change
+    for the write watch (`write_watch.py`)."""
 
     name: str
     path: int | None = None  # the path pointer
     dirfd: int | None = None  # the directory a relative path starts from (None: the cwd)
+    path2: int | None = None  # the second path (rename, link: the new name)
+    dirfd2: int | None = None
     fd: int | None = None  # the file itself, for fd-based calls
     mode: int | None = None
     flags: int | None = None  # open flags; None for calls that always create (creat)
     xattr: int | None = None  # the xattr name pointer
+    write: str | None = None  # "open", "create", "remove", "rename", "link", "truncate"
 
 
 # Calls that give a file a mode (the kernel keeps S_ISUID/S_ISGID from it) or an xattr.
@@ -43,11 +48,11 @@ MODE_CALLS = (
     FileCall("fchmod", fd=0, mode=1),
     FileCall("fchmodat", dirfd=0, path=1, mode=2),
     FileCall("fchmodat2", dirfd=0, path=1, mode=2),
-    FileCall("open", path=0, flags=1, mode=2),
-    FileCall("openat", dirfd=0, path=1, flags=2, mode=3),
-    FileCall("creat", path=0, mode=1),
-    FileCall("mknod", path=0, mode=1),
-    FileCall("mknodat", dirfd=0, path=1, mode=2),
+    FileCall("open", path=0, flags=1, mode=2, write="open"),
+    FileCall("openat", dirfd=0, path=1, flags=2, mode=3, write="open"),
+    FileCall("creat", path=0, mode=1, write="open"),
+    FileCall("mknod", path=0, mode=1, write="create"),
+    FileCall("mknodat", dirfd=0, path=1, mode=2, write="create"),
 )
 XATTR_CALLS = (
     FileCall("setxattr", path=0, xattr=1),
@@ -55,6 +60,29 @@ XATTR_CALLS = (
     FileCall("fsetxattr", fd=0, xattr=1),
     FileCall("setxattrat", dirfd=0, path=1, xattr=3),
 )
+# Calls that change the tree, watched whole (opens only with a write flag, in BPF).
+WRITE_CALLS = (
+    FileCall("mkdir", path=0, write="create"),
+    FileCall("mkdirat", dirfd=0, path=1, write="create"),
+    FileCall("symlink", path=1, write="create"),
+    FileCall("symlinkat", dirfd=1, path=2, write="create"),
+    FileCall("rmdir", path=0, write="remove"),
+    FileCall("unlink", path=0, write="remove"),
+    FileCall("unlinkat", dirfd=0, path=1, write="remove"),
+    FileCall("rename", path=0, path2=1, write="rename"),
+    FileCall("renameat", dirfd=0, path=1, dirfd2=2, path2=3, write="rename"),
+    FileCall("renameat2", dirfd=0, path=1, dirfd2=2, path2=3, write="rename"),
+    FileCall("link", path=0, path2=1, write="link"),
+    FileCall("linkat", dirfd=0, path=1, dirfd2=2, path2=3, write="link"),
+    FileCall("truncate", path=0, write="truncate"),
+)
+O_WRONLY = 0o1
+O_RDWR = 0o2
+O_TRUNC = 0o1000
+O_EXCL = 0o200
+O_NOFOLLOW = 0o400000
+# Any of these in the open flags is a write intent (O_TMPFILE needs O_WRONLY or O_RDWR).
+WRITE_OPEN_BITS = (O_WRONLY, O_RDWR, O_CREAT, O_TRUNC)
 
 # Native numbers (x86_64's own table; aarch64 uses the generic one, without the legacy
 # path calls). Calls from 424 on share one number on every architecture.
@@ -71,6 +99,19 @@ _NUMBERS: dict[str, dict[str, int]] = {
         "openat": 257,
         "mknodat": 259,
         "fchmodat": 268,
+        "truncate": 76,
+        "rename": 82,
+        "mkdir": 83,
+        "rmdir": 84,
+        "link": 86,
+        "unlink": 87,
+        "symlink": 88,
+        "mkdirat": 258,
+        "unlinkat": 263,
+        "renameat": 264,
+        "linkat": 265,
+        "symlinkat": 266,
+        "renameat2": 316,
     },
     "aarch64": {
         "setxattr": 5,
@@ -80,6 +121,13 @@ _NUMBERS: dict[str, dict[str, int]] = {
         "fchmod": 52,
         "fchmodat": 53,
         "openat": 56,
+        "mkdirat": 34,
+        "unlinkat": 35,
+        "symlinkat": 36,
+        "linkat": 37,
+        "renameat": 38,
+        "truncate": 45,
+        "renameat2": 276,
     },
 }
 _UNIFIED = {
@@ -101,4 +149,5 @@ def syscall_numbers(machine: str | None = None) -> dict[str, int]:
 def by_number(machine: str | None = None) -> dict[int, FileCall]:
     """number -> layout, for the supervisor's dispatch."""
     numbers = syscall_numbers(machine)
-    return {numbers[c.name]: c for c in MODE_CALLS + XATTR_CALLS if c.name in numbers}
+    calls = MODE_CALLS + XATTR_CALLS + WRITE_CALLS
+    return {numbers[c.name]: c for c in calls if c.name in numbers}

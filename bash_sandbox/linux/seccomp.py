@@ -22,6 +22,10 @@ cannot see. Two filters, both installed on every confined command:
   file would outlive the command: anyone who later runs it from the host gets the
   executor's user. `openat2` passes its mode in memory, so it is answered ENOSYS (callers
   fall back to `openat`, which the filter inspects).
+  And, for the write watch (`write_watch.py`), every call that changes the tree: opens only
+  with a write flag (O_WRONLY, O_RDWR, O_CREAT, O_TRUNC, tested in BPF, so reads and exec
+  never trap), mkdir, mknod, symlink, link, rename, unlink, rmdir, truncate. The supervisor
+  lets those continue; it only records the ones the command's view refuses.
 """
 
 from __future__ import annotations
@@ -38,11 +42,16 @@ from bash_sandbox.linux.file_calls import (
     O_CREAT,
     O_TMPFILE_BIT,
     SETID_BITS,
+    WRITE_CALLS,
+    WRITE_OPEN_BITS,
     XATTR_CALLS,
     syscall_numbers,
 )
 
 log = logging.getLogger("bash_sandbox")
+
+# The write watch on (the default); a benchmark's baseline arm turns it off.
+WATCH_WRITES = True
 
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
@@ -184,7 +193,7 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
     return tuple(rules)
 
 
-def render_notify_rules() -> tuple[SeccompRule, ...]:
+def render_notify_rules(watch_writes: bool = True) -> tuple[SeccompRule, ...]:
     """The supervised calls, in a stable order (default action: allow)."""
     rules = [SeccompRule("connect", None, (), "the supervisor checks every destination")]
     for call in ("socket", "socketpair"):
@@ -211,14 +220,34 @@ def render_notify_rules() -> tuple[SeccompRule, ...]:
             "netlink beyond routing",
         )
     )
-    return tuple(rules) + _setid_rules()
+    whole = _write_rules() if watch_writes else ()
+    trapped = {r.syscall for r in whole if not r.args}
+    return tuple(rules) + _setid_rules(trapped) + whole
 
 
-def _setid_rules() -> tuple[SeccompRule, ...]:
+def _write_rules() -> tuple[SeccompRule, ...]:
+    rules: list[SeccompRule] = []
+    for call in MODE_CALLS + WRITE_CALLS:
+        if call.write is None:
+            continue
+        if call.flags is None:
+            rules.append(SeccompRule(call.name, None, (), "a change to the tree"))
+        else:
+            rules += [
+                SeccompRule(call.name, None, (ArgCheck(call.flags, bit, bit),), "write intent")
+                for bit in WRITE_OPEN_BITS
+            ]
+    return tuple(rules)
+
+
+def _setid_rules(trapped: set[str]) -> tuple[SeccompRule, ...]:
     """A set-id bit in a mode that reaches a file (a creating open only: without O_CREAT
-    or O_TMPFILE the mode argument is ignored), and every xattr write."""
+    or O_TMPFILE the mode argument is ignored), and every xattr write. ``trapped``: calls
+    the write watch already hands over whole."""
     rules: list[SeccompRule] = []
     for call in MODE_CALLS:
+        if call.name in trapped:
+            continue
         assert call.mode is not None
         creating = (
             ((),)
@@ -272,7 +301,11 @@ def compile_seccomp(options: SeccompOptions) -> bytes:
     return _compile(render_seccomp_rules(options))
 
 
-@functools.lru_cache(maxsize=1)
 def compile_notify_filter() -> bytes:
     """The supervised filter as BPF (installed with a user-notification listener)."""
-    return _compile(render_notify_rules())
+    return _compile_notify(WATCH_WRITES)
+
+
+@functools.lru_cache(maxsize=2)
+def _compile_notify(watch_writes: bool) -> bytes:
+    return _compile(render_notify_rules(watch_writes))

@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bash_sandbox.linux.file_calls import S_ISGID, S_ISUID, XATTR_CAPS, XATTR_NAME_MAX, FileCall
+from bash_sandbox.linux.file_calls import (
+    O_CREAT,
+    O_TMPFILE_BIT,
+    S_ISGID,
+    S_ISUID,
+    XATTR_CAPS,
+    XATTR_NAME_MAX,
+    FileCall,
+)
 from bash_sandbox.linux.proc_paths import (
     PATH_MAX,
     MemoryReader,
@@ -62,12 +70,15 @@ def setid_call(
         if name != XATTR_CAPS:
             return CONTINUE  # unreadable: the kernel answers EFAULT itself
         operation, reason = f"{call.name} {XATTR_CAPS.decode()}", REASON_FILE_CAPS
-    else:
-        assert call.mode is not None
+    elif call.mode is not None:
         mode = args[call.mode] & 0o7777
-        if not mode & (S_ISUID | S_ISGID):
-            return CONTINUE  # the filter traps only set-id modes; the register cannot change
+        # Registers, not memory: what is checked here is what the kernel will run with.
+        creates = call.flags is None or args[call.flags] & (O_CREAT | O_TMPFILE_BIT)
+        if not (creates and mode & (S_ISUID | S_ISGID)):
+            return CONTINUE  # trapped for the write watch, or a mode the open ignores
         operation, reason = f"{call.name} {mode:o}", REASON_SETID
+    else:
+        return CONTINUE  # a call of the write watch only
     target = _target(call, pid, args, read)
     if not still_valid():
         return Verdict(refuse=True)  # the pid was reused: what we read is not the caller's

@@ -46,8 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bash_sandbox.linux.child_setup import libc
-from bash_sandbox.linux.file_calls import by_number
-from bash_sandbox.linux.setid import setid_call
+from bash_sandbox.linux.file_calls import FileCall, by_number
+from bash_sandbox.linux.setid import CONTINUE, setid_call
+from bash_sandbox.linux.write_watch import WritePolicy, capture, judge
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 
 logger = logging.getLogger("bash_sandbox")
@@ -142,27 +143,33 @@ class ConnectPolicy:
     sockets: frozenset[tuple[int, int]] = frozenset()
     abstract_names: frozenset[bytes] = frozenset()
     nameservers: frozenset[str] = frozenset()
+    # The write watch's judge (`write_watch.py`); None: writes are not watched.
+    writes: WritePolicy | None = None
 
 
 @dataclass
 class SupervisedCommand:
-    """One command's registration: its listener and the denials seen for it."""
+    """One command's registration: its listener and the denials seen for it. Refusals of
+    the supervisor's own come first; writes its view refused are kept apart (each list
+    bounded), so a run full of refused cache writes never hides a refused connect."""
 
     listener: int
     policy: ConnectPolicy
     denials: list[SandboxDenial] = field(default_factory=list)
+    writes: list[SandboxDenial] = field(default_factory=list)
     total: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, denial: SandboxDenial) -> None:
+    def record(self, denial: SandboxDenial, *, write: bool = False) -> None:
+        kept = self.writes if write else self.denials
         with self.lock:
             self.total += 1
-            if len(self.denials) < MAX_DENIALS and denial not in self.denials:
-                self.denials.append(denial)
+            if len(kept) < MAX_DENIALS and denial not in kept:
+                kept.append(denial)
 
     def snapshot(self) -> tuple[tuple[SandboxDenial, ...], int]:
         with self.lock:
-            return tuple(self.denials), self.total
+            return (*self.denials, *self.writes), self.total
 
 
 def identity(path: str) -> tuple[int, int] | None:
@@ -277,20 +284,7 @@ class SeccompSupervisor:
             return
         call = _FILE_CALLS.get(nr)
         if call is not None:
-            valid = self._still_valid(command, notif)
-            verdict = setid_call(
-                call, notif.pid, tuple(int(a) for a in args), self._read_memory, valid
-            )
-            if not verdict.refuse:
-                # An xattr name other than security.capability: the kernel decides. A thread
-                # rewriting the name after this check gains nothing: writing that xattr
-                # needs CAP_SETFCAP, which no confined command holds (the bounding set is
-                # empty on both backends); the check makes the refusal a recorded fact.
-                self._respond(command, notif.id, 0, 0, _FLAG_CONTINUE)
-                return
-            if verdict.denial is not None:
-                command.record(verdict.denial)
-            self._respond(command, notif.id, -1, errno.EPERM)
+            self._file_call(command, notif, call)
             return
         family, kind, proto = int(args[0]) & 0xFFFFFFFF, int(args[1]) & 0xF, int(args[2])
         name = _FAMILY_NAMES.get(family, f"family {family}")
@@ -306,6 +300,35 @@ class SeccompSupervisor:
             )
         )
         self._respond(command, notif.id, -1, errno.EAFNOSUPPORT)
+
+    # -- files --------------------------------------------------------------------------
+
+    def _file_call(self, command: SupervisedCommand, notif: _Notif, call: FileCall) -> None:
+        valid = self._still_valid(command, notif)
+        args = tuple(notif.data.args)
+        verdict = CONTINUE
+        if call.mode is not None or call.xattr is not None:
+            verdict = setid_call(call, notif.pid, args, self._read_memory, valid)
+        if verdict.refuse:
+            if verdict.denial is not None:
+                command.record(verdict.denial)
+            self._respond(command, notif.id, -1, errno.EPERM)
+            return
+        watch = command.policy.writes
+        captured = None
+        if call.write is not None and watch is not None:
+            captured = capture(
+                call, notif.pid, args, self._read_memory, still_valid=valid, policy=watch
+            )
+        # The kernel decides every call that reaches here (`write_watch.py`). An xattr name
+        # other than security.capability too: a thread rewriting the name after the check
+        # gains nothing, since writing that xattr needs CAP_SETFCAP, which no confined
+        # command holds (the bounding set is empty on both backends).
+        self._respond(command, notif.id, 0, 0, _FLAG_CONTINUE)
+        if captured is not None and watch is not None:
+            denial = judge(captured, watch)
+            if denial is not None:
+                command.record(denial, write=True)
 
     # -- connect ------------------------------------------------------------------------
 
