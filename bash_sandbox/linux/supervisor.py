@@ -71,6 +71,8 @@ _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 _MAX_SYMLINKS = 40
 MAX_DENIALS = 16
+# Refused writes are recorded from the kernel's view (`write_watch.py`), not from output.
+WITNESSES_FILE_WRITES = True
 
 _FAMILY_NAMES = {
     getattr(socket, name): name
@@ -157,6 +159,7 @@ class SupervisedCommand:
     policy: ConnectPolicy
     denials: list[SandboxDenial] = field(default_factory=list)
     writes: list[SandboxDenial] = field(default_factory=list)
+    refused_loopback: list[str] = field(default_factory=list)
     total: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -166,6 +169,20 @@ class SupervisedCommand:
             self.total += 1
             if len(kept) < MAX_DENIALS and denial not in kept:
                 kept.append(denial)
+
+    def record_refused_loopback(self, destination: str) -> None:
+        with self.lock:
+            if (
+                len(self.refused_loopback) < MAX_DENIALS
+                and destination not in self.refused_loopback
+            ):
+                self.refused_loopback.append(destination)
+
+    def loopback_connects(self) -> tuple[str, ...]:
+        """Loopback destinations ("127.0.0.1:5432", "[::1]:8080") of the command's private
+        network namespace that refused its connect: a host service on that port is not it."""
+        with self.lock:
+            return tuple(self.refused_loopback)
 
     def snapshot(self) -> tuple[tuple[SandboxDenial, ...], int]:
         with self.lock:
@@ -354,16 +371,26 @@ class SeccompSupervisor:
                 os.close(sock)
                 self._respond(command, notif.id, -1, target)
                 return
+            loopback = (
+                _loopback_label(family, raw)
+                if command.policy.private_loopback and family in (socket.AF_INET, socket.AF_INET6)
+                else None
+            )
             if os.get_blocking(sock):
-                self._pool.submit(self._finish_connect, command, notif.id, sock, target)
+                self._pool.submit(self._finish_connect, command, notif.id, sock, target, loopback)
             else:
-                self._finish_connect(command, notif.id, sock, target)
+                self._finish_connect(command, notif.id, sock, target, loopback)
         except BaseException:
             os.close(sock)
             raise
 
     def _finish_connect(
-        self, command: SupervisedCommand, notif_id: int, sock: int, target: bytes | _ViaInode
+        self,
+        command: SupervisedCommand,
+        notif_id: int,
+        sock: int,
+        target: bytes | _ViaInode,
+        loopback: str | None = None,
     ) -> None:
         try:
             addr = target.address() if isinstance(target, _ViaInode) else target
@@ -374,6 +401,8 @@ class SeccompSupervisor:
             os.close(sock)
             if isinstance(target, _ViaInode):
                 os.close(target.fd)
+        if loopback is not None and err == errno.ECONNREFUSED:
+            command.record_refused_loopback(loopback)
         self._respond(command, notif_id, rc if rc < 0 else 0, err)
 
     def _take_socket(self, command: SupervisedCommand, notif: _Notif, fd_number: int) -> int | None:
@@ -562,6 +591,21 @@ class SeccompSupervisor:
             return False
         finally:
             os.close(current)
+
+
+def _loopback_label(family: int, raw: bytes) -> str | None:
+    """ "127.0.0.1:p" / "[::1]:p" for a loopback inet address, else None."""
+    try:
+        port = struct.unpack_from("!H", raw, 2)[0]
+        if family == socket.AF_INET:
+            host: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(raw[4:8])
+        else:
+            host = ipaddress.ip_address(raw[8:24])
+    except (struct.error, ValueError):
+        return None
+    if not host.is_loopback:
+        return None
+    return f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
 
 
 def receive_listener(sock: socket.socket) -> int:
