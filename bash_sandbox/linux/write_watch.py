@@ -88,9 +88,14 @@ class WritePolicy:
         """Whether the view lets ``path`` be written by construction, so judging it could
         find nothing (the cost of a trap is then only reading its path): inside a writable
         root and clear of every protected name, `.git` (its overlay and placeholders) and
-        `deny_read` cover; the private /dev/shm; the sinks. A wrong "no" only costs time."""
+        `deny_read` cover; the private /tmp and /dev/shm; the sinks. A wrong "no" only costs
+        time; a wrong "yes" loses a fact, never a refusal (the kernel decides either way)."""
         if path in _SINKS or _within(path, "/dev/shm"):
             return True
+        if _within(path, "/tmp") and path != "/tmp":
+            # The private /tmp, except a host /tmp entry bound back (read-only) for a root.
+            top = "/tmp/" + path.split("/")[2]
+            return not any(_within(root, top) for root in self.roots)
         if self.read_only:
             return False
         for root in self.roots:
