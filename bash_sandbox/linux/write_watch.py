@@ -95,7 +95,8 @@ class WritePolicy:
         if _within(path, "/tmp") and path != "/tmp":
             # The private /tmp, except a host /tmp entry bound back (read-only) for a root.
             top = "/tmp/" + path.split("/")[2]
-            return not any(_within(root, top) for root in self.roots)
+            if not any(_within(root, top) for root in self.roots):
+                return True
         if self.read_only:
             return False
         for root in self.roots:

@@ -34,6 +34,7 @@ from bash_sandbox_audit.attacks import (
     row15_trust,
     row16_git,
     row18_terminal,
+    row19_setid,
 )
 from bash_sandbox_audit.model import Attack
 
@@ -57,6 +58,7 @@ _ROWS = (
     row15_trust,
     row16_git,
     row18_terminal,
+    row19_setid,
 )
 ATTACKS: tuple[Attack, ...] = (
     *controls.ATTACKS,
