@@ -23,7 +23,8 @@ def read_cstring(read: MemoryReader, pid: int, address: int, limit: int) -> byte
     time so an unmapped page after a short string is never touched; None when unreadable."""
     out = b""
     while len(out) < limit:
-        chunk = min(limit - len(out), _PAGE - (address % _PAGE))
+        # Most paths are short: a small first read, then up to each page's end.
+        chunk = min(limit - len(out), _PAGE - (address % _PAGE), 256 if not out else _PAGE)
         data = read(pid, address, chunk)
         if not data:
             return None

@@ -71,6 +71,7 @@ _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 _MAX_SYMLINKS = 40
 MAX_DENIALS = 16
+_READ_MAX = 4096
 # Refused writes are recorded from the kernel's view (`write_watch.py`), not from output.
 WITNESSES_FILE_WRITES = True
 
@@ -203,6 +204,11 @@ class SeccompSupervisor:
 
     def __init__(self) -> None:
         self._lib = libc()
+        self._buffer = ctypes.create_string_buffer(_READ_MAX)
+        self._liov = _Iovec(ctypes.cast(self._buffer, ctypes.c_void_p), _READ_MAX)
+        self._riov = _Iovec(0, 0)
+        self._liov_ref = ctypes.byref(self._liov)
+        self._riov_ref = ctypes.byref(self._riov)
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._epoll.register(self._wake_r, select.EPOLLIN)
@@ -445,11 +451,12 @@ class SeccompSupervisor:
         return valid
 
     def _read_memory(self, pid: int, address: int, length: int) -> bytes | None:
-        local = ctypes.create_string_buffer(length)
-        liov = _Iovec(ctypes.cast(local, ctypes.c_void_p), length)
-        riov = _Iovec(address, length)
-        n = self._lib.process_vm_readv(pid, ctypes.byref(liov), 1, ctypes.byref(riov), 1, 0)
-        return None if n < 0 else local.raw[:n]
+        # One buffer, reused: only the supervisor's loop thread reads the callers' memory,
+        # once per trapped call, so this is on the path of every write-intent open.
+        length = min(length, _READ_MAX)
+        self._riov.base, self._riov.len, self._liov.len = address, length, length
+        n = self._lib.process_vm_readv(pid, self._liov_ref, 1, self._riov_ref, 1, 0)
+        return None if n < 0 else self._buffer.raw[:n]
 
     def _inet_target(self, command: SupervisedCommand, family: int, raw: bytes) -> bytes | int:
         policy = command.policy
