@@ -137,3 +137,41 @@ def test_the_filter_traps_opens_only_with_a_write_flag() -> None:
     trapped = {r.syscall for r in rules}
     assert not trapped & {"execve", "execveat", "read", "stat", "newfstatat", "statx"}
     assert {"mkdirat", "unlinkat", "renameat2", "symlinkat", "linkat", "truncate"} <= trapped
+
+
+def test_only_paths_the_view_surely_allows_skip_the_judge() -> None:
+    from bash_sandbox.linux.write_watch import WritePolicy
+
+    policy = WritePolicy(
+        read_only=False,
+        roots=("/tmp/t/ws", "/srv/extra"),
+        protected=(".git/hooks", ".git/config"),
+        hidden=("/srv/extra/secret",),
+    )
+    sure = ("/tmp/t/ws/build/a.o", "/srv/extra/x", "/tmp/other/f", "/dev/null", "/dev/shm/s")
+    judged = (
+        "/tmp/t/ws/.git/config",
+        "/tmp/t/ws/.git/index.lock",
+        "/tmp/t/ws/sub/.git/HEAD",
+        "/tmp/t/x",  # the host /tmp entry bound back for the root: read-only
+        "/srv/extra/secret/k",
+        "/etc/passwd",
+        "/tmp",
+    )
+    assert all(policy.surely_writable(p) for p in sure)
+    assert not any(policy.surely_writable(p) for p in judged)
+    read_only = WritePolicy(read_only=True, roots=("/tmp/t/ws",))
+    assert not read_only.surely_writable("/tmp/t/ws/a")
+    assert read_only.surely_writable("/tmp/scratch")
+
+
+def test_operations_are_named_as_users_know_them() -> None:
+    from bash_sandbox.linux.file_calls import MODE_CALLS, WRITE_CALLS
+    from bash_sandbox.linux.write_watch import operation_name
+
+    names = {c.name: operation_name(c) for c in MODE_CALLS + WRITE_CALLS if c.write}
+    assert names["openat"] == names["creat"] == names["open"] == "open"
+    assert names["mkdirat"] == "mkdir" and names["unlinkat"] == "unlink"
+    assert names["renameat2"] == names["renameat"] == "rename"
+    assert names["symlinkat"] == "symlink" and names["linkat"] == "link"
+    assert names["mknodat"] == "mknod" and names["truncate"] == "truncate"
