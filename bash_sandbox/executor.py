@@ -711,7 +711,12 @@ class SandboxBashExecutor(LocalBashExecutor):
             sockets=frozenset(s for s in sockets if s is not None),
             abstract_names=frozenset(names),
             nameservers=self._nameservers,
-            writes=write_policy(policy, getattr(spawn.backend, "path", None)),
+            writes=write_policy(
+                policy,
+                getattr(spawn.backend, "path", None),
+                view_mounts=spawn.backend is None or spawn.backend.mounts,
+                scratch=(self._state.private_tmpdir,),
+            ),
         )
 
     def _after_spawn(self, spec: BashExecSpec, plan: SpawnPlan) -> None:

@@ -83,6 +83,17 @@ class WritePolicy:
     helpers: frozenset[tuple[int, int]] = frozenset()
     # deny_read paths in or above a root: covered in the view, so never a quick yes.
     hidden: tuple[str, ...] = ()
+    # False: a backend without a mount namespace (Landlock alone). No mount is read-only
+    # there; Landlock refuses (EACCES) every write outside the roots and ``scratch`` (its
+    # private TMPDIR), so the judge compares the paths with those instead.
+    view_mounts: bool = True
+    scratch: tuple[str, ...] = ()
+
+    def allows(self, path: str) -> bool:
+        """Landlock alone: whether its rules let ``path`` be written."""
+        if path in _SINKS or any(_within(path, s) for s in self.scratch):
+            return True
+        return not self.read_only and any(_within(path, r) for r in self.roots)
 
     def surely_writable(self, path: str) -> bool:
         """Whether the view lets ``path`` be written by construction, so judging it could
@@ -90,6 +101,8 @@ class WritePolicy:
         root and clear of every protected name, `.git` (its overlay and placeholders) and
         `deny_read` cover; the private /tmp and /dev/shm; the sinks. A wrong "no" only costs
         time; a wrong "yes" loses a fact, never a refusal (the kernel decides either way)."""
+        if not self.view_mounts:
+            return self.allows(path)
         if path in _SINKS or _within(path, "/dev/shm"):
             return True
         if _within(path, "/tmp") and path != "/tmp":
@@ -110,8 +123,15 @@ class WritePolicy:
         return False
 
 
-def write_policy(policy: SandboxPolicy, helper: str | None = None) -> WritePolicy:
-    """The judge's view of ``policy`` (a confined one); ``helper``: the backend's binary."""
+def write_policy(
+    policy: SandboxPolicy,
+    helper: str | None = None,
+    *,
+    view_mounts: bool = True,
+    scratch: tuple[str, ...] = (),
+) -> WritePolicy:
+    """The judge's view of ``policy`` (a confined one); ``helper``: the backend's binary;
+    ``view_mounts`` and ``scratch``: see `WritePolicy`."""
     helpers = set()
     if helper is not None:
         with contextlib.suppress(OSError):
@@ -126,6 +146,8 @@ def write_policy(policy: SandboxPolicy, helper: str | None = None) -> WritePolic
         hidden=tuple(
             h for h in policy.deny_read if any(_within(h, r) or _within(r, h) for r in roots)
         ),
+        view_mounts=view_mounts,
+        scratch=scratch,
     )
 
 
@@ -261,6 +283,24 @@ class _Resolved:
         self._close()
 
 
+def _refused_by_rules(captured: Captured, policy: WritePolicy) -> bool:
+    """Landlock alone: whether its rules refuse this call (EACCES)."""
+    call, flags, path = captured.call, captured.flags, captured.paths[-1]
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    if call.write == "open":
+        found = _Resolved(captured.root, captured.paths[0], not flags & O_NOFOLLOW)
+        try:
+            if found.exists:
+                writes = flags & (O_WRONLY | O_RDWR | O_TRUNC)
+                return bool(writes) and stat.S_ISREG(found.mode) and not policy.allows(path)
+            return bool(flags & (O_CREAT | O_TMPFILE_BIT)) and not policy.allows(parent)
+        finally:
+            found.close()
+    if call.write == "truncate":
+        return not policy.allows(path)
+    return not all(policy.allows(os.path.dirname(p.rstrip("/")) or "/") for p in captured.paths)
+
+
 def _refused(captured: Captured) -> bool:
     """Whether the kernel answers this call EROFS in the caller's view (module doc)."""
     call, root, flags = captured.call, captured.root, captured.flags
@@ -341,7 +381,7 @@ def _is_helper(pid: int, policy: WritePolicy) -> bool:
 def judge(captured: Captured, policy: WritePolicy) -> SandboxDenial | None:
     """The denial this call is, if its view refuses it (closes ``captured``)."""
     try:
-        refused = _refused(captured)
+        refused = _refused(captured) if policy.view_mounts else _refused_by_rules(captured, policy)
     except OSError:
         refused = False  # the path is gone or unreachable: not a read-only mount's answer
     finally:

@@ -175,3 +175,34 @@ def test_operations_are_named_as_users_know_them() -> None:
     assert names["renameat2"] == names["renameat"] == "rename"
     assert names["symlinkat"] == "symlink" and names["linkat"] == "link"
     assert names["mknodat"] == "mknod" and names["truncate"] == "truncate"
+
+
+async def test_landlock_alone_refusals_are_seen_by_its_rules(tmp_path: Path) -> None:
+    """Without a mount namespace Landlock refuses (EACCES), no mount is read-only: the
+    judge compares the path with the roots and the private TMPDIR instead."""
+    from bash_sandbox.backends.landlock_only import LandlockOnlyBackend
+    from bash_sandbox.selection import Candidates
+    from tests.sandbox.conftest import require_backend
+
+    require_backend("landlock")
+    backend = LandlockOnlyBackend()
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    async with SandboxBashExecutor(
+        backend="landlock", mode="workspace-write", workspace_root=str(ws)
+    ) as ex:
+        ex._selector._candidates = Candidates((backend,))  # as on a host without namespaces
+        command = (
+            f'echo in > sub/in.txt; echo t > "$TMPDIR/t"; mkdir {outside}/made; '
+            f"cd sub && echo out > {outside}/o"
+        )
+        result = await _run(ex, command, ws)
+    assert (ws / "sub" / "in.txt").read_text() == "in\n"
+    assert list(outside.iterdir()) == []
+    assert result.sandbox is not None and result.sandbox.backend == "landlock"
+    assert sorted(_seen(result)) == [
+        (str(outside / "made"), "mkdir", REASON_OUTSIDE_ROOTS),
+        (str(outside / "o"), "open", REASON_OUTSIDE_ROOTS),
+    ]
