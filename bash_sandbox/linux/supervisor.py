@@ -340,16 +340,20 @@ class SeccompSupervisor:
         watch = command.policy.writes
         captured = None
         if call.write is not None and watch is not None:
-            captured = capture(
-                call, notif.pid, args, self._read_memory, still_valid=valid, policy=watch
-            )
+            try:
+                captured = capture(
+                    call, notif.pid, args, self._read_memory, still_valid=valid, policy=watch
+                )
+            except Exception:
+                # Observing must never turn into refusing: the call continues regardless.
+                logger.exception("seccomp supervisor: write watch capture failed")
         # The kernel decides every call that reaches here (`write_watch.py`). An xattr name
         # other than security.capability too: a thread rewriting the name after the check
         # gains nothing, since writing that xattr needs CAP_SETFCAP, which no confined
         # command holds (the bounding set is empty on both backends).
         self._respond(command, notif.id, 0, 0, _FLAG_CONTINUE)
         if captured is not None and watch is not None:
-            denial = judge(captured, watch)
+            denial = judge(captured, watch)  # after the answer: a failure refuses nothing
             if denial is not None:
                 command.record(denial, write=True)
 
