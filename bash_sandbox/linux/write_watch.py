@@ -12,7 +12,9 @@ before anything else (`mnt_want_write`). So a call is a denial when its target (
 file it opens for writing or truncates) or its parent directory (what it creates, removes,
 renames or links) lies on a mount that is read-only *in the command's view*: resolved in
 `/proc/<pid>/root` with `RESOLVE_IN_ROOT`, relative paths against the caller's working
-directory or directory descriptor at the time of the call.
+directory or directory descriptor at the time of the call. Under Landlock alone (no mount
+namespace, nothing read-only) Landlock refuses with EACCES whatever lies outside the roots
+and the private TMPDIR, so there the judge compares the paths with those.
 
 Two steps, so the caller waits only for the first: `capture` (before the call continues:
 the path, made absolute with the caller's cwd, and a descriptor of its root) and `judge`
