@@ -38,6 +38,7 @@ from bash_sandbox.linux.supervisor import (
     identity,
     receive_listener,
 )
+from bash_sandbox.linux.write_watch import write_policy
 from bash_sandbox.mirrors import mirror_hint, mirror_hosts
 from bash_sandbox.services import SandboxServices
 from bash_sandbox.state import remove_tree
@@ -348,6 +349,12 @@ class ConfinedSpawn(SpawnScope):
             sockets=frozenset(s for s in sockets if s is not None),
             abstract_names=frozenset(names),
             nameservers=services.nameservers,
+            writes=write_policy(
+                policy,
+                backend.binary,
+                view_mounts=backend.mounts,
+                scratch=(services.state.tmpdir_for(policy),),
+            ),
         )
 
     # -- settled ---------------------------------------------------------------------------

@@ -15,6 +15,17 @@ cannot see. Two filters, both installed on every confined command:
   bypassing connect), AF_INET and AF_INET6 (UDP and TCP; raw needs a capability nobody
   has), AF_NETLINK with NETLINK_ROUTE only (resolvers and `ip` ask for addresses). The
   supervisor refuses those and records each as a denial: the kernel saw it, not the text.
+  And every call that would give a file a set-user-ID or set-group-ID bit (`chmod` family,
+  `open`/`creat` with O_CREAT or O_TMPFILE, `mknod`), tested in BPF on the mode argument so
+  only those calls trap, plus every `setxattr` (the name is a pointer BPF cannot read; the
+  supervisor reads it and refuses `security.capability`). A set-id or capability-bearing
+  file would outlive the command: anyone who later runs it from the host gets the
+  executor's user. `openat2` passes its mode in memory, so it is answered ENOSYS (callers
+  fall back to `openat`, which the filter inspects).
+  And, for the write watch (`write_watch.py`), every call that changes the tree: opens only
+  with a write flag (O_WRONLY, O_RDWR, O_CREAT, O_TRUNC, tested in BPF, so reads and exec
+  never trap), mkdir, mknod, symlink, link, rename, unlink, rmdir, truncate. The supervisor
+  lets those continue; it only records the ones the command's view refuses.
 """
 
 from __future__ import annotations
@@ -26,7 +37,21 @@ import tempfile
 from dataclasses import dataclass
 from typing import Literal
 
+from bash_sandbox.linux.file_calls import (
+    MODE_CALLS,
+    O_CREAT,
+    O_TMPFILE_BIT,
+    SETID_BITS,
+    WRITE_CALLS,
+    WRITE_OPEN_BITS,
+    XATTR_CALLS,
+    syscall_numbers,
+)
+
 log = logging.getLogger("bash_sandbox")
+
+# The write watch on (the default); a benchmark's baseline arm turns it off.
+WATCH_WRITES = True
 
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
@@ -105,6 +130,7 @@ _MOUNT_CALLS = (
     "fsmount",
     "fspick",
     "mount_setattr",
+    "open_tree_attr",
 )
 _KEYRING_CALLS = ("keyctl", "add_key", "request_key")
 _KERNEL_CALLS = (
@@ -149,6 +175,8 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
         ),
         # clone3 passes flags in memory seccomp cannot read; ENOSYS makes libc fall back to clone.
         SeccompRule("clone3", errno.ENOSYS, (), "flags not inspectable"),
+        # openat2 passes flags and mode in memory; ENOSYS makes callers fall back to openat.
+        SeccompRule("openat2", errno.ENOSYS, (), "mode not inspectable"),
     ]
     rules += [SeccompRule(name, eperm, (), "no mounts") for name in _MOUNT_CALLS]
     rules += [SeccompRule(name, eperm, (), "no shared keyrings") for name in _KEYRING_CALLS]
@@ -165,7 +193,7 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
     return tuple(rules)
 
 
-def render_notify_rules() -> tuple[SeccompRule, ...]:
+def render_notify_rules(watch_writes: bool = True) -> tuple[SeccompRule, ...]:
     """The supervised calls, in a stable order (default action: allow)."""
     rules = [SeccompRule("connect", None, (), "the supervisor checks every destination")]
     for call in ("socket", "socketpair"):
@@ -192,6 +220,47 @@ def render_notify_rules() -> tuple[SeccompRule, ...]:
             "netlink beyond routing",
         )
     )
+    whole = _write_rules() if watch_writes else ()
+    trapped = {r.syscall for r in whole if not r.args}
+    return tuple(rules) + _setid_rules(trapped) + whole
+
+
+def _write_rules() -> tuple[SeccompRule, ...]:
+    rules: list[SeccompRule] = []
+    for call in MODE_CALLS + WRITE_CALLS:
+        if call.write is None:
+            continue
+        if call.flags is None:
+            rules.append(SeccompRule(call.name, None, (), "a change to the tree"))
+        else:
+            rules += [
+                SeccompRule(call.name, None, (ArgCheck(call.flags, bit, bit),), "write intent")
+                for bit in WRITE_OPEN_BITS
+            ]
+    return tuple(rules)
+
+
+def _setid_rules(trapped: set[str]) -> tuple[SeccompRule, ...]:
+    """A set-id bit in a mode that reaches a file (a creating open only: without O_CREAT
+    or O_TMPFILE the mode argument is ignored), and every xattr write. ``trapped``: calls
+    the write watch already hands over whole."""
+    rules: list[SeccompRule] = []
+    for call in MODE_CALLS:
+        if call.name in trapped:
+            continue
+        assert call.mode is not None
+        creating = (
+            ((),)
+            if call.flags is None
+            else ((ArgCheck(call.flags, O_CREAT, O_CREAT),),
+                  (ArgCheck(call.flags, O_TMPFILE_BIT, O_TMPFILE_BIT),))
+        )  # fmt: skip
+        rules += [
+            SeccompRule(call.name, None, (*when, ArgCheck(call.mode, bit, bit)), "set-id mode")
+            for when in creating
+            for bit in SETID_BITS
+        ]
+    rules += [SeccompRule(c.name, None, (), "the supervisor reads the name") for c in XATTR_CALLS]
     return tuple(rules)
 
 
@@ -200,6 +269,7 @@ def _compile(rules: tuple[SeccompRule, ...]) -> bytes:
     import pyseccomp
 
     flt = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    numbers = syscall_numbers()
     for rule in rules:
         args = []
         for a in rule.args:
@@ -210,8 +280,12 @@ def _compile(rules: tuple[SeccompRule, ...]) -> bytes:
             else:
                 args.append(pyseccomp.Arg(a.index, pyseccomp.GT, a.value))
         action = pyseccomp.NOTIFY if rule.errno is None else pyseccomp.ERRNO(rule.errno)
+        syscall: int | str = rule.syscall
+        if pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, rule.syscall) < 0:
+            # Newer than this libseccomp: by number, or a call the kernel may have stays open.
+            syscall = numbers.get(rule.syscall, rule.syscall)
         try:
-            flt.add_rule(action, rule.syscall, *args)
+            flt.add_rule(action, syscall, *args)
         except (OSError, ValueError) as exc:
             # A syscall this libseccomp/arch does not know cannot be called here either.
             log.debug("seccomp: skipping %s: %s", rule.syscall, exc)
@@ -227,7 +301,11 @@ def compile_seccomp(options: SeccompOptions) -> bytes:
     return _compile(render_seccomp_rules(options))
 
 
-@functools.lru_cache(maxsize=1)
 def compile_notify_filter() -> bytes:
     """The supervised filter as BPF (installed with a user-notification listener)."""
-    return _compile(render_notify_rules())
+    return _compile_notify(WATCH_WRITES)
+
+
+@functools.lru_cache(maxsize=2)
+def _compile_notify(watch_writes: bool) -> bytes:
+    return _compile(render_notify_rules(watch_writes))

@@ -20,6 +20,9 @@ result:
 - `connect()` to an abstract unix socket: allowed in a private network namespace (abstract
   names are per namespace), refused under the host network unless the policy names it.
 - `socket()`/`socketpair()` of a family or type outside the list: refused and recorded.
+- a call that would leave a set-id bit on a file (the filter traps only those): refused
+  with EPERM and recorded (`setid.py`); a `setxattr` of `security.capability`: refused
+  and recorded, any other name continues to the kernel.
 
 A blocking connect runs on a small pool so one slow destination never stalls the others.
 The peer of an emulated unix connect sees the executor's credentials (`SO_PEERCRED`).
@@ -43,6 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bash_sandbox.linux.child_setup import libc
+from bash_sandbox.linux.file_calls import FileCall, by_number
+from bash_sandbox.linux.setid import CONTINUE, setid_call
+from bash_sandbox.linux.write_watch import WritePolicy, capture, judge
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 
 logger = logging.getLogger("bash_sandbox")
@@ -59,10 +65,15 @@ _PIDFD_THREAD = os.O_EXCL
 _NOTIF_RECV = 0xC0502100
 _NOTIF_SEND = 0xC0182101
 _NOTIF_ID_VALID = 0x40082102
+_FLAG_CONTINUE = 1
+_FILE_CALLS = by_number(_MACHINE)
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 _MAX_SYMLINKS = 40
 MAX_DENIALS = 16
+_READ_MAX = 4096
+# Refused writes are recorded from the kernel's view (`write_watch.py`), not from output.
+WITNESSES_FILE_WRITES = True
 
 _FAMILY_NAMES = {
     getattr(socket, name): name
@@ -135,27 +146,48 @@ class ConnectPolicy:
     sockets: frozenset[tuple[int, int]] = frozenset()
     abstract_names: frozenset[bytes] = frozenset()
     nameservers: frozenset[str] = frozenset()
+    # The write watch's judge (`write_watch.py`); None: writes are not watched.
+    writes: WritePolicy | None = None
 
 
 @dataclass
 class SupervisedCommand:
-    """One command's registration: its listener and the denials seen for it."""
+    """One command's registration: its listener and the denials seen for it. Refusals of
+    the supervisor's own come first; writes its view refused are kept apart (each list
+    bounded), so a run full of refused cache writes never hides a refused connect."""
 
     listener: int
     policy: ConnectPolicy
     denials: list[SandboxDenial] = field(default_factory=list)
+    writes: list[SandboxDenial] = field(default_factory=list)
+    refused_loopback: list[str] = field(default_factory=list)
     total: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, denial: SandboxDenial) -> None:
+    def record(self, denial: SandboxDenial, *, write: bool = False) -> None:
+        kept = self.writes if write else self.denials
         with self.lock:
             self.total += 1
-            if len(self.denials) < MAX_DENIALS and denial not in self.denials:
-                self.denials.append(denial)
+            if len(kept) < MAX_DENIALS and denial not in kept:
+                kept.append(denial)
+
+    def record_refused_loopback(self, destination: str) -> None:
+        with self.lock:
+            if (
+                len(self.refused_loopback) < MAX_DENIALS
+                and destination not in self.refused_loopback
+            ):
+                self.refused_loopback.append(destination)
+
+    def loopback_connects(self) -> tuple[str, ...]:
+        """Loopback destinations ("127.0.0.1:5432", "[::1]:8080") of the command's private
+        network namespace that refused its connect: a host service on that port is not it."""
+        with self.lock:
+            return tuple(self.refused_loopback)
 
     def snapshot(self) -> tuple[tuple[SandboxDenial, ...], int]:
         with self.lock:
-            return tuple(self.denials), self.total
+            return (*self.denials, *self.writes), self.total
 
 
 def identity(path: str) -> tuple[int, int] | None:
@@ -172,6 +204,11 @@ class SeccompSupervisor:
 
     def __init__(self) -> None:
         self._lib = libc()
+        self._buffer = ctypes.create_string_buffer(_READ_MAX)
+        self._liov = _Iovec(ctypes.cast(self._buffer, ctypes.c_void_p), _READ_MAX)
+        self._riov = _Iovec(0, 0)
+        self._liov_ref = ctypes.byref(self._liov)
+        self._riov_ref = ctypes.byref(self._riov)
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._epoll.register(self._wake_r, select.EPOLLIN)
@@ -255,8 +292,10 @@ class SeccompSupervisor:
             logger.exception("seccomp supervisor failed on syscall %d", notif.data.nr)
             self._respond(command, notif.id, -1, errno.EPERM)
 
-    def _respond(self, command: SupervisedCommand, notif_id: int, val: int, err: int) -> None:
-        resp = _Resp(notif_id, val, -err if err else 0, 0)
+    def _respond(
+        self, command: SupervisedCommand, notif_id: int, val: int, err: int, flags: int = 0
+    ) -> None:
+        resp = _Resp(notif_id, val, -err if err else 0, flags)
         # ENOENT: the caller was interrupted or died meanwhile; nothing to answer.
         self._lib.ioctl(command.listener, _NOTIF_SEND, ctypes.byref(resp))
 
@@ -265,6 +304,10 @@ class SeccompSupervisor:
         args = notif.data.args
         if nr == _SYSCALLS.get("connect"):
             self._connect(command, notif)
+            return
+        call = _FILE_CALLS.get(nr)
+        if call is not None:
+            self._file_call(command, notif, call)
             return
         family, kind, proto = int(args[0]) & 0xFFFFFFFF, int(args[1]) & 0xF, int(args[2])
         name = _FAMILY_NAMES.get(family, f"family {family}")
@@ -280,6 +323,39 @@ class SeccompSupervisor:
             )
         )
         self._respond(command, notif.id, -1, errno.EAFNOSUPPORT)
+
+    # -- files --------------------------------------------------------------------------
+
+    def _file_call(self, command: SupervisedCommand, notif: _Notif, call: FileCall) -> None:
+        valid = self._still_valid(command, notif)
+        args = tuple(notif.data.args)
+        verdict = CONTINUE
+        if call.mode is not None or call.xattr is not None:
+            verdict = setid_call(call, notif.pid, args, self._read_memory, valid)
+        if verdict.refuse:
+            if verdict.denial is not None:
+                command.record(verdict.denial)
+            self._respond(command, notif.id, -1, errno.EPERM)
+            return
+        watch = command.policy.writes
+        captured = None
+        if call.write is not None and watch is not None:
+            try:
+                captured = capture(
+                    call, notif.pid, args, self._read_memory, still_valid=valid, policy=watch
+                )
+            except Exception:
+                # Observing must never turn into refusing: the call continues regardless.
+                logger.exception("seccomp supervisor: write watch capture failed")
+        # The kernel decides every call that reaches here (`write_watch.py`). An xattr name
+        # other than security.capability too: a thread rewriting the name after the check
+        # gains nothing, since writing that xattr needs CAP_SETFCAP, which no confined
+        # command holds (the bounding set is empty on both backends).
+        self._respond(command, notif.id, 0, 0, _FLAG_CONTINUE)
+        if captured is not None and watch is not None:
+            denial = judge(captured, watch)  # after the answer: a failure refuses nothing
+            if denial is not None:
+                command.record(denial, write=True)
 
     # -- connect ------------------------------------------------------------------------
 
@@ -305,16 +381,26 @@ class SeccompSupervisor:
                 os.close(sock)
                 self._respond(command, notif.id, -1, target)
                 return
+            loopback = (
+                _loopback_label(family, raw)
+                if command.policy.private_loopback and family in (socket.AF_INET, socket.AF_INET6)
+                else None
+            )
             if os.get_blocking(sock):
-                self._pool.submit(self._finish_connect, command, notif.id, sock, target)
+                self._pool.submit(self._finish_connect, command, notif.id, sock, target, loopback)
             else:
-                self._finish_connect(command, notif.id, sock, target)
+                self._finish_connect(command, notif.id, sock, target, loopback)
         except BaseException:
             os.close(sock)
             raise
 
     def _finish_connect(
-        self, command: SupervisedCommand, notif_id: int, sock: int, target: bytes | _ViaInode
+        self,
+        command: SupervisedCommand,
+        notif_id: int,
+        sock: int,
+        target: bytes | _ViaInode,
+        loopback: str | None = None,
     ) -> None:
         try:
             addr = target.address() if isinstance(target, _ViaInode) else target
@@ -325,6 +411,8 @@ class SeccompSupervisor:
             os.close(sock)
             if isinstance(target, _ViaInode):
                 os.close(target.fd)
+        if loopback is not None and err == errno.ECONNREFUSED:
+            command.record_refused_loopback(loopback)
         self._respond(command, notif_id, rc if rc < 0 else 0, err)
 
     def _take_socket(self, command: SupervisedCommand, notif: _Notif, fd_number: int) -> int | None:
@@ -356,12 +444,23 @@ class SeccompSupervisor:
             return None
         return sock
 
+    def _still_valid(self, command: SupervisedCommand, notif: _Notif) -> Callable[[], bool]:
+        """Whether ``notif`` is still pending: what was read from its pid was its caller's."""
+
+        def valid() -> bool:
+            notif_id = ctypes.c_uint64(notif.id)
+            rc: int = self._lib.ioctl(command.listener, _NOTIF_ID_VALID, ctypes.byref(notif_id))
+            return rc == 0
+
+        return valid
+
     def _read_memory(self, pid: int, address: int, length: int) -> bytes | None:
-        local = ctypes.create_string_buffer(length)
-        liov = _Iovec(ctypes.cast(local, ctypes.c_void_p), length)
-        riov = _Iovec(address, length)
-        n = self._lib.process_vm_readv(pid, ctypes.byref(liov), 1, ctypes.byref(riov), 1, 0)
-        return None if n < 0 else local.raw[:n]
+        # One buffer, reused: only the supervisor's loop thread reads the callers' memory,
+        # once per trapped call, so this is on the path of every write-intent open.
+        length = min(length, _READ_MAX)
+        self._riov.base, self._riov.len, self._liov.len = address, length, length
+        n = self._lib.process_vm_readv(pid, self._liov_ref, 1, self._riov_ref, 1, 0)
+        return None if n < 0 else self._buffer.raw[:n]
 
     def _inet_target(self, command: SupervisedCommand, family: int, raw: bytes) -> bytes | int:
         policy = command.policy
@@ -503,6 +602,21 @@ class SeccompSupervisor:
             return False
         finally:
             os.close(current)
+
+
+def _loopback_label(family: int, raw: bytes) -> str | None:
+    """ "127.0.0.1:p" / "[::1]:p" for a loopback inet address, else None."""
+    try:
+        port = struct.unpack_from("!H", raw, 2)[0]
+        if family == socket.AF_INET:
+            host: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(raw[4:8])
+        else:
+            host = ipaddress.ip_address(raw[8:24])
+    except (struct.error, ValueError):
+        return None
+    if not host.is_loopback:
+        return None
+    return f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
 
 
 def receive_listener(sock: socket.socket) -> int:

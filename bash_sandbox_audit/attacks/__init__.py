@@ -34,6 +34,7 @@ from bash_sandbox_audit.attacks import (
     row15_trust,
     row16_git,
     row18_terminal,
+    row19_setid,
     row20_shared_state,
 )
 from bash_sandbox_audit.model import Attack
@@ -58,6 +59,7 @@ _ROWS = (
     row15_trust,
     row16_git,
     row18_terminal,
+    row19_setid,
     row20_shared_state,
 )
 ATTACKS: tuple[Attack, ...] = (

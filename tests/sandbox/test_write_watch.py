@@ -1,0 +1,208 @@
+"""Issue 23 item 1, the supervisor part: a refused write is a denial only with evidence the
+command cannot forge, its path resolved against the command's working directory at the time.
+
+Every write here really runs on both Linux backends; the host is checked from the test
+process afterwards (nothing outside the roots changed), then the supervisor's facts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox import SandboxBashExecutor
+from bash_sandbox.linux.write_watch import REASON_OUTSIDE_ROOTS, REASON_READ_ONLY
+from bash_seam import BashExecRequest, BashRunResult, DenialEvidence, DenialKind
+from tests.sandbox.conftest import ExecutorFactory
+
+PY = os.path.realpath("/usr/bin/python3")
+
+
+async def _run(ex: SandboxBashExecutor, command: str, workdir: Path) -> BashRunResult:
+    return await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workdir))))
+
+
+def _seen(result: BashRunResult) -> list[tuple[str, str, str]]:
+    """(target, operation, reason) of every write the supervisor saw refused."""
+    assert result.sandbox is not None
+    return [
+        (d.target, d.operation or "", d.reason)
+        for d in result.sandbox.denials
+        if d.evidence is DenialEvidence.SUPERVISOR and d.kind is DenialKind.FILE_WRITE
+    ]
+
+
+async def test_a_relative_write_is_reported_where_the_command_was(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    (workspace / "sub").mkdir()
+    ex = make_executor(mode="read-only")
+    result = await _run(ex, "cd sub && echo x > rel.txt", workspace)
+    assert result.exit_code != 0
+    assert not (workspace / "sub" / "rel.txt").exists()
+    assert _seen(result) == [(str(workspace / "sub" / "rel.txt"), "open", REASON_READ_ONLY)]
+
+
+async def test_a_descriptor_relative_write_is_reported_under_that_directory(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    (workspace / "a" / "b").mkdir(parents=True)
+    script = (
+        "import os\n"
+        "d = os.open('a/b', os.O_RDONLY | os.O_DIRECTORY)\n"
+        "try:\n"
+        "    os.open('made', os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=d)\n"
+        "except OSError as e:\n"
+        "    print(e.errno)\n"
+    )
+    (workspace / "w.py").write_text(script)
+    ex = make_executor(mode="read-only")
+    result = await _run(ex, f"{PY} w.py", workspace)
+    assert result.stdout.text.strip() == "30"  # EROFS
+    assert _seen(result) == [(str(workspace / "a" / "b" / "made"), "open", REASON_READ_ONLY)]
+
+
+async def test_every_kind_of_change_outside_the_roots_is_seen(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("old", "gone", "linked", "short", "log", "cut"):
+        (outside / name).write_text("keep")
+    (outside / "dir").mkdir()
+    before = {p.name: p.stat().st_mtime_ns for p in outside.iterdir()}
+    o = str(outside)
+    command = (
+        f"echo x > {o}/new; mkdir {o}/made; rm -f {o}/gone; mv {o}/old {o}/moved; "
+        f"ln -s old {o}/link; ln {o}/linked {o}/hard; truncate -s0 {o}/short; rmdir {o}/dir; "
+        f"{PY} -c \"import os; os.truncate('{o}/cut', 0)\"; cd {o} && echo y >> log"
+    )
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, command, workspace)
+
+    assert {p.name: p.stat().st_mtime_ns for p in outside.iterdir()} == before
+    assert all((outside / n).read_text() == "keep" for n in ("gone", "short", "log", "cut"))
+    seen = {(t, op) for t, op, reason in _seen(result) if reason == REASON_OUTSIDE_ROOTS}
+    assert seen >= {
+        (f"{o}/new", "open"),
+        (f"{o}/made", "mkdir"),
+        (f"{o}/gone", "unlink"),
+        (f"{o}/moved", "rename"),
+        (f"{o}/link", "symlink"),
+        (f"{o}/hard", "link"),
+        (f"{o}/dir", "rmdir"),
+        (f"{o}/short", "open"),  # truncate(1) opens the file for writing first
+        (f"{o}/log", "open"),  # relative, after `cd`
+        (f"{o}/cut", "truncate"),
+    }, seen
+
+
+async def test_printed_refusals_and_allowed_writes_make_no_supervisor_denial(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    ex = make_executor(mode="workspace-write")
+    command = (
+        "echo 'bash: /etc/x: Read-only file system' >&2; "
+        "echo ok > in-ws.txt; mkdir -p d/e; mv in-ws.txt d/e/; rm -r d; "
+        "echo t > /tmp/t; echo n > /dev/null; : > /dev/shm/s; exit 1"
+    )
+    result = await _run(ex, command, workspace)
+    assert result.exit_code == 1
+    assert _seen(result) == []
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+async def test_reads_execs_and_the_helpers_own_setup_are_not_denials(
+    make_executor: ExecutorFactory, workspace: Path, mode: str
+) -> None:
+    (workspace / "f").write_text("x")
+    ex = make_executor(mode=mode)
+    result = await _run(ex, "cat f > /dev/null && /bin/true && ls / > /dev/null", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    assert _seen(result) == []
+
+
+def test_the_filter_traps_opens_only_with_a_write_flag() -> None:
+    from bash_sandbox.linux.seccomp import render_notify_rules
+
+    rules = render_notify_rules()
+    opens = {r.args for r in rules if r.syscall == "openat"}
+    # Every openat rule needs a write flag or a creating flag: O_RDONLY never traps.
+    assert all(
+        any(a.index == 2 and a.value in (0o1, 0o2, 0o100, 0o1000, 0o20000000) for a in args)
+        for args in opens
+    )
+    trapped = {r.syscall for r in rules}
+    assert not trapped & {"execve", "execveat", "read", "stat", "newfstatat", "statx"}
+    assert {"mkdirat", "unlinkat", "renameat2", "symlinkat", "linkat", "truncate"} <= trapped
+
+
+def test_only_paths_the_view_surely_allows_skip_the_judge() -> None:
+    from bash_sandbox.linux.write_watch import WritePolicy
+
+    policy = WritePolicy(
+        read_only=False,
+        roots=("/tmp/t/ws", "/srv/extra"),
+        protected=(".git/hooks", ".git/config"),
+        hidden=("/srv/extra/secret",),
+    )
+    sure = ("/tmp/t/ws/build/a.o", "/srv/extra/x", "/tmp/other/f", "/dev/null", "/dev/shm/s")
+    judged = (
+        "/tmp/t/ws/.git/config",
+        "/tmp/t/ws/.git/index.lock",
+        "/tmp/t/ws/sub/.git/HEAD",
+        "/tmp/t/x",  # the host /tmp entry bound back for the root: read-only
+        "/srv/extra/secret/k",
+        "/etc/passwd",
+        "/tmp",
+    )
+    assert all(policy.surely_writable(p) for p in sure)
+    assert not any(policy.surely_writable(p) for p in judged)
+    read_only = WritePolicy(read_only=True, roots=("/tmp/t/ws",))
+    assert not read_only.surely_writable("/tmp/t/ws/a")
+    assert read_only.surely_writable("/tmp/scratch")
+
+
+def test_operations_are_named_as_users_know_them() -> None:
+    from bash_sandbox.linux.file_calls import MODE_CALLS, WRITE_CALLS
+    from bash_sandbox.linux.write_watch import operation_name
+
+    names = {c.name: operation_name(c) for c in MODE_CALLS + WRITE_CALLS if c.write}
+    assert names["openat"] == names["creat"] == names["open"] == "open"
+    assert names["mkdirat"] == "mkdir" and names["unlinkat"] == "unlink"
+    assert names["renameat2"] == names["renameat"] == "rename"
+    assert names["symlinkat"] == "symlink" and names["linkat"] == "link"
+    assert names["mknodat"] == "mknod" and names["truncate"] == "truncate"
+
+
+async def test_landlock_alone_refusals_are_seen_by_its_rules(tmp_path: Path) -> None:
+    """Without a mount namespace Landlock refuses (EACCES), no mount is read-only: the
+    judge compares the path with the roots and the private TMPDIR instead."""
+    from bash_sandbox.backends.landlock_only import LandlockOnlyBackend
+    from bash_sandbox.selection import Candidates
+    from tests.sandbox.conftest import require_backend
+
+    require_backend("landlock")
+    backend = LandlockOnlyBackend()
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    async with SandboxBashExecutor(
+        backend="landlock", mode="workspace-write", workspace_root=str(ws)
+    ) as ex:
+        ex._selector._candidates = Candidates((backend,))  # as on a host without namespaces
+        command = (
+            f'echo in > sub/in.txt; echo t > "$TMPDIR/t"; mkdir {outside}/made; '
+            f"cd sub && echo out > {outside}/o"
+        )
+        result = await _run(ex, command, ws)
+    assert (ws / "sub" / "in.txt").read_text() == "in\n"
+    assert list(outside.iterdir()) == []
+    assert result.sandbox is not None and result.sandbox.backend == "landlock"
+    assert sorted(_seen(result)) == [
+        (str(outside / "made"), "mkdir", REASON_OUTSIDE_ROOTS),
+        (str(outside / "o"), "open", REASON_OUTSIDE_ROOTS),
+    ]
