@@ -267,12 +267,18 @@ class ConfinedSpawn(SpawnScope):
     def _wrap(self, plan: SpawnPlan, view: HostView, listener_fd: int) -> ConfinedPlan:
         services, backend, policy = self._services, self.backend, self.policy
         namespaces = services.namespaces.ready if backend.mounts else None
+        # The private /tmp and /dev/shm of this policy's trust domain (`trust_domain.py`).
+        scratch = services.state.scratch_for(policy, namespaces) if namespaces else None
+        if self.grant is not None and namespaces is not None and scratch is not None:
+            # The proxy's trust bundle (credentials) where this command's /tmp is.
+            from bash_sandbox.egress.credentials import share_bundle
+
+            share_bundle(namespaces.tmp, scratch.domain)
         ctx = BackendContext(
             sources=services.state.sources,
             view=view,
             namespaces=namespaces,
-            # The private /tmp and /dev/shm of this policy's trust domain (`trust_domain.py`).
-            scratch=services.state.scratch_for(policy, namespaces) if namespaces else None,
+            scratch=scratch,
             stage=services.state.stage,
             private_tmpdir=services.state.tmpdir_for(policy),
             listener_fd=listener_fd,

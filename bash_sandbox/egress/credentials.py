@@ -252,3 +252,29 @@ def credential_vault(
     """The vault for an executor's configured ``credentials`` (None without any); its
     trust bundle goes into the directory ``bundle_dir_fd`` (the private /tmp)."""
     return CredentialVault(credentials, bundle_dir_fd=bundle_dir_fd) if credentials else None
+
+
+def share_bundle(root_fd: int, domain: str) -> None:
+    """The trust bundle of the tmpfs root ``root_fd`` copied into the trust domain's
+    directory there, which is what a command sees as its /tmp (`trust_domain.py`); nothing
+    when there is no bundle. Atomic, and only when the copy is missing or changed."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        with open(os.open(BUNDLE_NAME, flags, dir_fd=root_fd), "rb") as fh:
+            bundle = fh.read(1 << 22)
+    except OSError:
+        return
+    target = f"{domain}/{BUNDLE_NAME}"
+    with contextlib.suppress(OSError), open(os.open(target, flags, dir_fd=root_fd), "rb") as fh:
+        if fh.read(len(bundle) + 1) == bundle:
+            return
+    temp = f"{domain}/.{BUNDLE_NAME}.{secrets.token_hex(6)}"
+    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=root_fd)
+    try:
+        with open(out, "wb") as fh:
+            fh.write(bundle)
+        os.rename(temp, target, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=root_fd)
+        raise
