@@ -52,6 +52,7 @@ from bash_sandbox.facts import (
     derive_facts_flags,
     infer_file_denials,
 )
+from bash_sandbox import git_import
 from bash_sandbox.git_plane import (
     NESTED_BUDGET,
     MergeReport,
@@ -398,6 +399,7 @@ class SandboxBashExecutor(LocalBashExecutor):
                     else:
                         partial.append(f"{path} links to {target}, which does not exist yet")
             made = prepare_placeholders(gitdir, upper.upper, tuple(names))
+            git_import.begin(gitdir, upper.upper)  # the refs the import compares with
             overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
         # A missing protected name outside git: a placeholder of the right kind, covered,
         # removed once no command of this uid needs it (`placeholders.py`).
@@ -885,6 +887,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             denials=tuple(first),
             denials_total=max(total, len(first)),
             nested_repositories=record.nested,
+            git=tuple(r.outcome for r in record.merges if r.outcome is not None),
             limit_exceeded=record.limit_exceeded,
             limits_enforcement=record.limits.summary if record.limits is not None else None,
             warnings=tuple(dict.fromkeys(record.warnings)),

@@ -122,7 +122,12 @@ def sweep_stale(parent: str) -> None:
             continue  # held: a live executor
         finally:
             os.close(fd)
-        remove_tree(path)
+        # Its git imports first: a journal rolled forward or back, a command's commits
+        # still only in its overlay imported into keep-refs (never swept unimported).
+        from bash_sandbox.git_import import recover
+
+        if recover(path):
+            remove_tree(path)
 
 
 class ExecutorState:
