@@ -28,6 +28,7 @@ from bash_local.environment import build_command_env
 from bash_local.executor import LocalBashExecutor
 from bash_local.output import OutputListener
 from bash_local.spawn import SpawnPlan
+from bash_sandbox import git_import
 from bash_sandbox.backends.base import (
     BackendContext,
     ConfinedPlan,
@@ -52,7 +53,6 @@ from bash_sandbox.facts import (
     derive_facts_flags,
     infer_file_denials,
 )
-from bash_sandbox import git_import
 from bash_sandbox.git_plane import (
     NESTED_BUDGET,
     MergeReport,

@@ -414,11 +414,11 @@ def merge_back(overlay: GitOverlay, started_ns: int) -> MergeReport:
     report.applied = list(outcome.applied)
     if outcome.status is not GitImportStatus.APPLIED:
         kept = f"; the command's commits are kept at {outcome.kept_at}" if outcome.kept_at else ""
-        why = [f"{c.name} (host: {c.host}, command: {c.command})" for c in outcome.conflicts]
-        why += list(outcome.refused)
+        reasons = [f"{c.name} (host: {c.host}, command: {c.command})" for c in outcome.conflicts]
+        reasons += list(outcome.refused)
         report.conflicts.append(
             f"{overlay.gitdir}: {outcome.status.value}, nothing applied: "
-            f"{'; '.join(why[:4])}{kept}"
+            f"{'; '.join(reasons[:4])}{kept}"
         )
     return report
 

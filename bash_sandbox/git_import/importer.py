@@ -244,7 +244,7 @@ class _Importer:
             if name.startswith((KEEP_NAMESPACE + "/", _CARRIER + "/")):
                 continue
             s, c, h = start.get(name), view_refs.get(name), host_now.get(name)
-            if c == s or c == h:
+            if c in (s, h):
                 continue  # unchanged, or the host's own change the command saw
             if c is None:
                 broken = git(self.view, "rev-parse", "-q", "--verify", name, check=False)
@@ -284,7 +284,9 @@ class _Importer:
             return
         now = _read_head(self.gitdir, admin)
         if now != old:
-            self.plan.conflicts.append(GitRefConflict(name=f"{admin}/HEAD", host=now, command=new))
+            self.plan.conflicts.append(
+                GitRefConflict(name=os.path.join(admin, "HEAD"), host=now, command=new)
+            )
         self.plan.old_heads[admin] = old
         self.plan.heads.append(FileChange(admin, "HEAD", self._stash(new.encode())))
 
@@ -324,7 +326,7 @@ class _Importer:
             return
         if _identity(host_index) != self.snap.indexes.get(admin):
             self.plan.conflicts.append(
-                GitRefConflict(name=f"{admin}/index", host="changed", command="changed")
+                GitRefConflict(name=os.path.join(admin, "index"), host="changed", command="changed")
             )
         blobs: dict[str, None] = {}
         host_links = {e.split(b"\t", 1)[1] for e in host_listed.split(b"\0") if e[:6] == b"160000"}
@@ -537,6 +539,8 @@ class _Importer:
         if not carrier:
             return {}
         lines = [f"create {_CARRIER}/{suffix} {oid}" for suffix, oid in carrier.items()]
+        before = _temp_objects(self.gitdir)
+        started = time.time_ns()
         try:
             git(self.view, "update-ref", "--stdin", input=("\n".join(lines) + "\n").encode())
             git(
@@ -550,6 +554,10 @@ class _Importer:
                 f"+{_CARRIER}/*:{keep_prefix}/*",
             )  # fmt: skip
         except GitError as exc:
+            # A failed fetch (a full disk) leaves its temporary pack: ours, removed.
+            for path in (_temp_objects(self.gitdir) - before) | _loose_temps(self.gitdir, started):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
             self.plan.refused.append(f"objects: git refused them ({exc.stderr.strip()[-300:]})")
             self.result.outcome = self._outcome(GitImportStatus.REFUSED, kept=None).outcome
             return None
@@ -567,6 +575,34 @@ class _Importer:
             refused=tuple(self.plan.refused),
         )
         return self.result
+
+
+def _temp_objects(gitdir: str) -> set[str]:
+    """Git's temporary object files (`tmp_pack_*`, `tmp_idx_*`, `tmp_obj_*`)."""
+    objects = os.path.join(gitdir, "objects")
+    found: set[str] = set()
+    for sub in ("pack", ""):
+        with contextlib.suppress(OSError):
+            found.update(
+                e.path for e in os.scandir(os.path.join(objects, sub)) if e.name.startswith("tmp_")
+            )
+    return found
+
+
+def _loose_temps(gitdir: str, since_ns: int) -> set[str]:
+    """Temporary loose objects (`objects/xx/tmp_obj_*`) made since ``since_ns``."""
+    found: set[str] = set()
+    with contextlib.suppress(OSError):
+        for sub in os.scandir(os.path.join(gitdir, "objects")):
+            if len(sub.name) != 2 or not sub.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                found.update(
+                    e.path
+                    for e in os.scandir(sub.path)
+                    if e.name.startswith("tmp_") and e.stat().st_mtime_ns >= since_ns
+                )
+    return found
 
 
 def _hexlen(snap: Snapshot) -> int:
@@ -608,7 +644,12 @@ def import_changes(
     left_out = build_view(importer.view, snap.gitdir, snap.upper, scan, object_format=fmt)
     importer.result.denials += [(rel, "not an object file") for rel in left_out]
     importer.result.denials += [(rel, "not a regular file") for rel in scan.odd]
-    return importer.run(keep_only=keep_only)
+    result = importer.run(keep_only=keep_only)
+    if work_base is None:
+        # Done (whatever the outcome): a recovery has nothing left to import from here.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(base, INTENT))
+    return result
 
 
 def recover(state_dir: str) -> bool:
@@ -634,6 +675,6 @@ def recover(state_dir: str) -> bool:
                     import_changes(snap, keep_only=True)
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(imp, INTENT))
-        except Exception:  # noqa: BLE001 - keep the state: it may hold the only copy
+        except Exception:
             safe = False
     return safe

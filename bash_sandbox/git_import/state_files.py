@@ -11,7 +11,6 @@ those directories is refused: a name the host's git might act on is never guesse
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
@@ -86,7 +85,7 @@ _OPTS_KEYS = frozenset(
      "options.keep-redundant-commits", "options.drop-redundant-commits", "options.signoff",
      "options.record-origin", "options.allow-ff", "options.mainline", "options.strategy",
      "options.strategy-option", "options.allow-rerere-auto", "options.default-msg-cleanup",
-     "options.gpg-sign", "options.reschedule-failed-exec", "options.allow-ff"}
+     "options.gpg-sign", "options.reschedule-failed-exec"}
 )  # fmt: skip
 # Passed to `git apply` / a signing program: never the command's.
 _ONLY_EMPTY = frozenset({"rebase-apply/apply-opt"})
@@ -175,7 +174,9 @@ def _opts(path: str) -> bytes:
         if key not in _OPTS_KEYS:
             raise StateRefused(f"the sequencer option {key!r} is not one git's sequencer reads")
         if key == "options.strategy" and value not in BUILTIN_STRATEGIES:
-            raise StateRefused("a merge strategy that is not git's own (the host's git would run it)")
+            raise StateRefused(
+                "a merge strategy that is not git's own (the host's git would run it)"
+            )
         if key == "options.gpg-sign":
             raise StateRefused("a signing key chosen by the command")
         out.append(f"\t{key.split('.', 1)[1]} = {_quote(value)}\n")
@@ -192,15 +193,17 @@ def check_state_file(rel: str, path: str, data: bytes) -> CheckedFile:
     """One file of a state directory (``rel`` = `<dir>/<name>`), checked and re-serialized."""
     top, _, name = rel.partition("/")
     known = {"rebase-merge": _REBASE_MERGE, "rebase-apply": _REBASE_APPLY, "sequencer": _SEQUENCER}
-    if "/" in name or not (name in known[top] or (top == "rebase-apply" and _PATCH.fullmatch(name))):
+    if "/" in name or not (
+        name in known[top] or (top == "rebase-apply" and _PATCH.fullmatch(name))
+    ):
         raise StateRefused(f"{rel} is not a file git keeps there")
     if rel in _TODO:
         return CheckedFile(rel, _todo(data))
     if rel == "sequencer/opts":
         return CheckedFile(rel, _opts(path))
-    if rel == "rebase-merge/strategy":
-        if data.decode(errors="replace").strip() not in BUILTIN_STRATEGIES:
-            raise StateRefused("a merge strategy that is not git's own (the host's git would run it)")
+    strategy = data.decode(errors="replace").strip()
+    if rel == "rebase-merge/strategy" and strategy not in BUILTIN_STRATEGIES:
+        raise StateRefused("a merge strategy that is not git's own (the host's git would run it)")
     if rel in _ONLY_EMPTY and data.strip():
         raise StateRefused(f"{rel} passes options to git apply")
     if rel in _SIGNING and data.strip() not in (b"", b"-S"):

@@ -49,7 +49,7 @@ ZERO = "0" * 40
 
 def crash_point(name: str) -> None:
     """Exit on the spot when the crash-injection hook names this write point."""
-    if CRASH_POINT == name:
+    if name == CRASH_POINT:
         os._exit(86)
 
 
@@ -263,7 +263,9 @@ def take_index_locks(journal: Journal) -> None:
                     os.link(change.tmp_name, "index.lock", src_dir_fd=fd, dst_dir_fd=fd)
                 except FileExistsError:
                     os.unlink(change.tmp_name, dir_fd=fd)
-                    raise Conflict(os.path.join(change.admin, "index.lock"), None, "index") from None
+                    raise Conflict(
+                        os.path.join(change.admin, "index.lock"), None, "index"
+                    ) from None
                 taken.append(change)
             crash_point("index-lock")
     except BaseException:
@@ -379,7 +381,9 @@ def drop_keep_refs(journal: Journal, zero: str) -> None:
     if not all(_done(c, now) for c in journal.refs):
         return  # a ref the host moved meanwhile: its commits stay kept
     gone = [
-        RefChange(name, None, oid) for name, oid in journal.keep_refs.items() if now.get(name) == oid
+        RefChange(name, None, oid)
+        for name, oid in journal.keep_refs.items()
+        if now.get(name) == oid
     ]
     if gone:
         with contextlib.suppress(GitError):
