@@ -887,7 +887,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             denials=tuple(first),
             denials_total=max(total, len(first)),
             nested_repositories=record.nested,
-            git=tuple(r.outcome for r in record.merges if r.outcome is not None),
+            git=tuple(o for r in record.merges for o in r.outcomes),
             limit_exceeded=record.limit_exceeded,
             limits_enforcement=record.limits.summary if record.limits is not None else None,
             warnings=tuple(dict.fromkeys(record.warnings)),

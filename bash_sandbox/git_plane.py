@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from bash_sandbox.backends.mount_plan import GitOverlay, within, within_any
-from bash_sandbox.git_import import begin, import_changes, load_snapshot
+from bash_sandbox.git_import import begin, import_changes, load_snapshot, recover_overlay
 from bash_sandbox.git_import.gitcmd import GitError
 from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
 from policies import SandboxPolicy
@@ -94,7 +94,7 @@ class MergeReport:
     refused_total: int = 0
     conflicts: list[str] = field(default_factory=list)
     new_gitlinks: list[str] = field(default_factory=list)
-    outcome: GitImportOutcome | None = None
+    outcomes: list[GitImportOutcome] = field(default_factory=list)  # the repo's, its submodules'
 
     def refuse(self, path: str, why: str) -> None:
         self.refused_total += 1
@@ -403,21 +403,29 @@ def merge_back(overlay: GitOverlay, started_ns: int) -> MergeReport:
             snap = begin(overlay.gitdir, overlay.upper)
         result = import_changes(snap, skip=frozenset(overlay.placeholders))
     except (OSError, GitError, subprocess.SubprocessError) as exc:
-        report.conflicts.append(f"{overlay.gitdir}: the import failed ({exc}); nothing applied")
+        # A transaction cut short is finished or undone from its journal, as after a crash.
+        recover_overlay(overlay.upper)
+        reason = f"the import failed ({exc}); its journal was rolled forward or back"
+        report.conflicts.append(f"{overlay.gitdir}: {reason}")
+        report.outcomes = [
+            GitImportOutcome(
+                repository=overlay.gitdir, status=GitImportStatus.REFUSED, refused=(reason,)
+            )
+        ]
         return report
     for rel, why in result.denials:
         report.refuse(os.path.join(overlay.gitdir, rel), why)
     report.new_gitlinks = sorted(result.new_gitlinks)
-    outcome = report.outcome = result.outcome
-    if outcome is None:
-        return report
-    report.applied = list(outcome.applied)
-    if outcome.status is not GitImportStatus.APPLIED:
+    report.outcomes = [o for o in (result.outcome, *result.modules) if o is not None]
+    for outcome in report.outcomes:
+        report.applied += list(outcome.applied)
+        if outcome.status is GitImportStatus.APPLIED:
+            continue
         kept = f"; the command's commits are kept at {outcome.kept_at}" if outcome.kept_at else ""
         reasons = [f"{c.name} (host: {c.host}, command: {c.command})" for c in outcome.conflicts]
         reasons += list(outcome.refused)
         report.conflicts.append(
-            f"{overlay.gitdir}: {outcome.status.value}, nothing applied: "
+            f"{outcome.repository}: {outcome.status.value}, nothing applied: "
             f"{'; '.join(reasons[:4])}{kept}"
         )
     return report

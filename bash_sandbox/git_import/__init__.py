@@ -26,6 +26,7 @@ from bash_sandbox.git_import.importer import (
     import_changes,
     load_snapshot,
     recover,
+    recover_overlay,
 )
 from bash_sandbox.git_import.transaction import CRASH_ENV, WRITE_POINTS
 from bash_sandbox.git_import.view import GIT_STATE_CAP_BYTES
@@ -42,4 +43,5 @@ __all__ = [
     "import_created",
     "load_snapshot",
     "recover",
+    "recover_overlay",
 ]

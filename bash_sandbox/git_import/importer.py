@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from bash_sandbox.git_import import state_files as sf
 from bash_sandbox.git_import.gitcmd import GitError, git, git_env
@@ -55,11 +56,14 @@ class Snapshot:
     refs: dict[str, str]
     heads: dict[str, str | None]  # admin dir ("" or "worktrees/<name>") -> raw HEAD
     indexes: dict[str, list[int] | None]  # admin dir -> identity of its index file
+    # Submodules' git directories below `modules/`: their own snapshots (as dicts).
+    modules: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
 class ImportResult:
     outcome: GitImportOutcome | None = None
+    modules: list[GitImportOutcome] = field(default_factory=list)  # submodules' outcomes
     denials: list[tuple[str, str]] = field(default_factory=list)  # (path, why) discarded
     new_gitlinks: list[str] = field(default_factory=list)
 
@@ -97,15 +101,10 @@ def begin(gitdir: str, upper: str) -> Snapshot:
     and imports the command's commits even if this one dies."""
     base = os.path.join(os.path.dirname(upper), IMPORT_DIR)
     os.makedirs(base, 0o700, exist_ok=True)
-    admins = _admins(gitdir)
-    snap = Snapshot(
-        gitdir=gitdir,
-        upper=upper,
-        run_id=f"{time.time_ns():x}-{os.getpid()}",
-        refs=host_refs(gitdir),
-        heads={a: _read_head(gitdir, a) for a in admins},
-        indexes={a: _identity(os.path.join(gitdir, a, "index")) for a in admins},
-    )
+    snap = _take(gitdir, upper, f"{time.time_ns():x}-{os.getpid()}")
+    for i, rel in enumerate(_module_dirs(gitdir)):
+        sub = _take(os.path.join(gitdir, "modules", rel), "", f"{snap.run_id}-m{i}")
+        snap.modules[rel] = asdict(sub)
     tmp = os.path.join(base, INTENT + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(asdict(snap), fh)
@@ -113,6 +112,38 @@ def begin(gitdir: str, upper: str) -> Snapshot:
         os.fsync(fh.fileno())
     os.rename(tmp, os.path.join(base, INTENT))
     return snap
+
+
+def _take(gitdir: str, upper: str, run_id: str) -> Snapshot:
+    admins = _admins(gitdir)
+    return Snapshot(
+        gitdir=gitdir,
+        upper=upper,
+        run_id=run_id,
+        refs=host_refs(gitdir),
+        heads={a: _read_head(gitdir, a) for a in admins},
+        indexes={a: _identity(os.path.join(gitdir, a, "index")) for a in admins},
+    )
+
+
+def _module_dirs(gitdir: str, depth: int = 3) -> list[str]:
+    """Submodules' git directories below `modules/` (names may hold slashes)."""
+    found: list[str] = []
+    level = [""]
+    for _ in range(depth):
+        below: list[str] = []
+        for rel in level:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(os.path.join(gitdir, "modules", rel)):
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                    sub = os.path.join(rel, entry.name)
+                    if os.path.isfile(os.path.join(entry.path, "HEAD")):
+                        found.append(sub)
+                    else:
+                        below.append(sub)
+        level = below
+    return sorted(found)
 
 
 def load_snapshot(upper: str) -> Snapshot | None:
@@ -196,8 +227,7 @@ class _Importer:
             admin, sub = _split(rel)
             top = sub.split("/")[0]
             if rel.startswith("modules/") or rel == "modules":
-                self.result.denials.append((rel, "a submodule's git directory (not imported)"))
-                continue
+                continue  # submodules' git directories: imported each on its own
             if admin and sub in ("gitdir", "commondir", "locked"):
                 if kind == "file":
                     loose.add(f"{admin}\0{sub}")
@@ -645,6 +675,7 @@ def import_changes(
     importer.result.denials += [(rel, "not an object file") for rel in left_out]
     importer.result.denials += [(rel, "not a regular file") for rel in scan.odd]
     result = importer.run(keep_only=keep_only)
+    _import_modules(snap, base, result, keep_only=keep_only)
     if work_base is None:
         # Done (whatever the outcome): a recovery has nothing left to import from here.
         with contextlib.suppress(FileNotFoundError):
@@ -652,29 +683,68 @@ def import_changes(
     return result
 
 
+def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_only: bool) -> None:
+    """Each submodule's git directory the command changed, imported on its own; one it
+    created, into a new repository with git's default control plane (`import_created`)."""
+    from bash_sandbox.git_import.created import import_created
+
+    modules_upper = os.path.join(snap.upper, "modules")
+    if not os.path.isdir(modules_upper):
+        return
+    for i, rel in enumerate(sorted(snap.modules)):
+        sub_upper = os.path.join(modules_upper, rel)
+        if not os.path.isdir(sub_upper):
+            continue
+        sub = Snapshot(**{**snap.modules[rel], "upper": sub_upper, "modules": {}})
+        done = import_changes(sub, keep_only=keep_only, work_base=os.path.join(base, f"m{i}"))
+        result.modules += [o for o in (done.outcome, *done.modules) if o is not None]
+    for j, rel in enumerate(_module_dirs(modules_upper[: -len("/modules")])):
+        host = os.path.join(snap.gitdir, "modules", rel)
+        if rel in snap.modules or os.path.lexists(host) or keep_only:
+            continue
+        made = import_created(
+            os.path.join(modules_upper, rel),
+            host,
+            os.path.join(base, f"new{j}"),
+            run_id=f"{snap.run_id}-new{j}",
+            worktree_within=os.path.dirname(snap.gitdir),
+        )
+        result.modules += [o for o in (made.outcome, *made.modules) if o is not None]
+
+
 def recover(state_dir: str) -> bool:
     """Finish or undo every import a dead executor left in ``state_dir``, and import the
     commits of any command it never imported into keep-refs; True when its state may be
     removed (nothing there is the only copy of a commit any more)."""
     root = os.path.join(state_dir, "git")
-    safe = True
     try:
         bases = sorted(os.listdir(root))
     except OSError:
         return True
+    safe = True
     for name in bases:
-        imp = os.path.join(root, name, IMPORT_DIR)
-        journal = os.path.join(imp, "work", JOURNAL)
-        try:
-            if os.path.exists(journal):
-                recover_journal(journal)
-                os.unlink(journal)
-            elif os.path.exists(os.path.join(imp, INTENT)):
-                snap = load_snapshot(os.path.join(root, name, "upper"))
-                if snap is not None and os.path.isdir(snap.gitdir):
-                    import_changes(snap, keep_only=True)
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(imp, INTENT))
-        except Exception:
-            safe = False
+        safe = recover_overlay(os.path.join(root, name, "upper")) and safe
     return safe
+
+
+def recover_overlay(upper: str) -> bool:
+    """`recover` for one overlay (its upper layer's path); True when nothing is left."""
+    imp = os.path.join(os.path.dirname(upper), IMPORT_DIR)
+    # The repository's journal, and its submodules' (`m<i>/work/journal.json`).
+    journals = [os.path.join(imp, "work", JOURNAL)]
+    with contextlib.suppress(OSError):
+        journals += [os.path.join(imp, d, "work", JOURNAL) for d in sorted(os.listdir(imp))]
+    try:
+        found = [j for j in journals if os.path.exists(j)]
+        for journal in found:
+            recover_journal(journal)
+            os.unlink(journal)
+        if not found and os.path.exists(os.path.join(imp, INTENT)):
+            snap = load_snapshot(upper)
+            if snap is not None and os.path.isdir(snap.gitdir):
+                import_changes(snap, keep_only=True)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(imp, INTENT))
+    except Exception:
+        return False
+    return True
