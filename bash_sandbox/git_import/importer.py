@@ -191,6 +191,7 @@ class _Importer:
         self.result = ImportResult()
         self._n = 0
         self.reflogs: list[tuple[str, str]] = []  # (admin, `logs/<ref>`)
+        self.index_blobs: dict[str, list[str]] = {}  # admin -> blobs its new index names
 
     def _stash(self, data: bytes) -> str:
         """A checked copy in the work dir (what the transaction writes, and a recovery)."""
@@ -368,20 +369,7 @@ class _Importer:
                     self.result.new_gitlinks.append(path.decode(errors="replace"))
             else:
                 blobs[oid] = None
-        # Only what the host lacks travels (a tree of them, fetched and checked by git).
-        lacking = sorted(self._absent(self.gitdir, blobs)) if blobs else []
-        if lacking:
-            tree = git(
-                self.view,
-                "mktree",
-                "-z",
-                input=b"".join(f"100644 blob {o}\t{o}\0".encode() for o in lacking),
-                check=False,
-            )
-            if tree.returncode != 0:
-                self.plan.refused.append(f"{admin or '.'}/index: names objects that do not exist")
-                return
-            self.plan.carrier[os.path.join(admin, "index")] = tree.stdout.decode().strip()
+        self.index_blobs[admin] = list(blobs)
         tmp_name = f".bash-sandbox-{self.snap.run_id}-index"
         self.plan.indexes.append(IndexChange(admin, rebuilt, tmp_name))
 
@@ -563,14 +551,37 @@ class _Importer:
 
     def _transfer(self, keep_prefix: str) -> dict[str, str] | None:
         """Every object the plan names, into the host's store through `git fetch` with git's
-        object checks (fsck: hashes, trees with `.git` or `..`), held by keep-refs.
-        None when git refused them."""
-        carrier = self.plan.carrier
-        if not carrier:
-            return {}
-        lines = [f"create {_CARRIER}/{suffix} {oid}" for suffix, oid in carrier.items()]
+        object checks (fsck: hashes, trees with `.git` or `..`), held by keep-refs: first
+        what refs and HEADs name, then the blobs a new index names that the host still
+        lacks (a tree of them). None when git refused them."""
+        keep: dict[str, str] = {}
+        if self.plan.carrier and not self._fetch(self.plan.carrier, keep_prefix, keep):
+            return None
+        lacking: dict[str, None] = {}
+        for blobs in self.index_blobs.values():
+            lacking.update(dict.fromkeys(blobs))
+        lacking = dict.fromkeys(sorted(self._absent(self.gitdir, lacking))) if lacking else {}
+        if not lacking:
+            return keep
+        tree = git(
+            self.view,
+            "mktree",
+            "-z",
+            input=b"".join(f"100644 blob {o}\t{o}\0".encode() for o in lacking),
+            check=False,
+        )
+        if tree.returncode != 0:
+            self.plan.refused.append("index: names objects that do not exist")
+            return keep
+        if not self._fetch({"index": tree.stdout.decode().strip()}, keep_prefix, keep):
+            return None
+        return keep
+
+    def _fetch(self, carrier: dict[str, str], keep_prefix: str, keep: dict[str, str]) -> bool:
+        lines = [f"update {_CARRIER}/{suffix} {oid}" for suffix, oid in carrier.items()]
         before = _temp_objects(self.gitdir)
         started = time.time_ns()
+        names = [f"+{_CARRIER}/{suffix}:{keep_prefix}/{suffix}" for suffix in carrier]
         try:
             git(self.view, "update-ref", "--stdin", input=("\n".join(lines) + "\n").encode())
             git(
@@ -580,8 +591,9 @@ class _Importer:
                 "-c", "fetch.prune=false",
                 "fetch", "--atomic", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
                 "--no-recurse-submodules", "--no-show-forced-updates", "--quiet",
+                "--stdin",
                 self.view,
-                f"+{_CARRIER}/*:{keep_prefix}/*",
+                input=("\n".join(names) + "\n").encode(),
             )  # fmt: skip
         except GitError as exc:
             # A failed fetch (a full disk) leaves its temporary pack: ours, removed.
@@ -589,9 +601,11 @@ class _Importer:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
             self.plan.refused.append(f"objects: git refused them ({exc.stderr.strip()[-300:]})")
-            self.result.outcome = self._outcome(GitImportStatus.REFUSED, kept=None).outcome
-            return None
-        return {f"{keep_prefix}/{suffix}": oid for suffix, oid in carrier.items()}
+            kept = keep_prefix if keep else None
+            self.result.outcome = self._outcome(GitImportStatus.REFUSED, kept=kept).outcome
+            return False
+        keep.update({f"{keep_prefix}/{suffix}": oid for suffix, oid in carrier.items()})
+        return True
 
     def _outcome(
         self, status: GitImportStatus, *, kept: str | None = None, applied: list[str] | None = None

@@ -111,8 +111,12 @@ def scan_upper(
     return scan
 
 
-def _link_or_copy(src: str, dst: str) -> None:
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
+def _link_or_copy(src: str, dst: str, made: set[str] | None = None) -> None:
+    parent = os.path.dirname(dst)
+    if made is None or parent not in made:
+        os.makedirs(parent, exist_ok=True)
+        if made is not None:
+            made.add(parent)
     try:
         os.link(src, dst, follow_symlinks=False)
     except OSError:
@@ -160,6 +164,7 @@ def build_view(
     with open(os.path.join(view, "objects", "info", "alternates"), "w") as fh:
         fh.write(os.path.realpath(os.path.join(host_gitdir, "objects")) + "\n")
     left_out: list[str] = []
+    made: set[str] = set()
     for rel in scan.files:
         parts = rel.split("/")
         if parts[0] != "objects":
@@ -167,7 +172,7 @@ def build_view(
         loose = len(parts) == 3 and len(parts[1]) == 2 and "." not in parts[2]
         packed = len(parts) == 3 and parts[1] == "pack" and parts[2].endswith(_OBJECT_FILES)
         if loose or packed:
-            _link_or_copy(os.path.join(upper, rel), os.path.join(view, rel))
+            _link_or_copy(os.path.join(upper, rel), os.path.join(view, rel), made)
         elif rel != "objects/info/packs":
             left_out.append(rel)
     # Refs as the overlay showed them: the host's loose refs and packed-refs, under the
