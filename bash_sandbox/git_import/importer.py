@@ -53,7 +53,7 @@ class Snapshot:
     gitdir: str
     upper: str
     run_id: str
-    refs: dict[str, str]
+    refs: dict[str, str] | None  # None: the host's git could not read it as a repository
     heads: dict[str, str | None]  # admin dir ("" or "worktrees/<name>") -> raw HEAD
     indexes: dict[str, list[int] | None]  # admin dir -> identity of its index file
     # Submodules' git directories below `modules/`: their own snapshots (as dicts).
@@ -116,11 +116,15 @@ def begin(gitdir: str, upper: str) -> Snapshot:
 
 def _take(gitdir: str, upper: str, run_id: str) -> Snapshot:
     admins = _admins(gitdir)
+    try:
+        refs: dict[str, str] | None = host_refs(gitdir)
+    except GitError:
+        refs = None  # not a repository git can read (yet): nothing to compare with
     return Snapshot(
         gitdir=gitdir,
         upper=upper,
         run_id=run_id,
-        refs=host_refs(gitdir),
+        refs=refs,
         heads={a: _read_head(gitdir, a) for a in admins},
         indexes={a: _identity(os.path.join(gitdir, a, "index")) for a in admins},
     )
@@ -269,7 +273,7 @@ class _Importer:
 
     def plan_refs(self, host_now: dict[str, str]) -> None:
         view_refs = host_refs(self.view)
-        start = self.snap.refs
+        start = self.snap.refs or {}
         names = sorted(set(start) | set(view_refs))
         for name in names:
             if name.startswith((KEEP_NAMESPACE + "/", _CARRIER + "/")):
@@ -650,7 +654,7 @@ def _loose_temps(gitdir: str, since_ns: int) -> set[str]:
 
 
 def _hexlen(snap: Snapshot) -> int:
-    for oid in snap.refs.values():
+    for oid in (snap.refs or {}).values():
         return len(oid)
     out = git(snap.gitdir, "rev-parse", "--show-object-format").stdout.strip()
     return 64 if out == b"sha256" else 40
@@ -677,6 +681,10 @@ def import_changes(
         return ImportResult(outcome=outcome)
     if scan.empty():
         return ImportResult()
+    if snap.refs is None:
+        # Not a repository host git reads: none of it is imported (git would not use it).
+        why = "not imported: the host directory is not a git repository"
+        return ImportResult(denials=[(rel, why) for rel in sorted(scan.files)[:64]])
     base = work_base or os.path.join(os.path.dirname(snap.upper), IMPORT_DIR)
     work = os.path.join(base, "work")
     if os.path.exists(work):
