@@ -145,6 +145,18 @@ def _host_files(gitdir: str, rel_dir: str, limit: int = MAX_ENTRIES) -> list[str
 _OBJECT_FILES = (".pack", ".idx")
 
 
+def _object_kind(rel: str) -> str | None:
+    """`loose` or `pack` for a file git reads as objects; None for anything else."""
+    parts = rel.split("/")
+    if len(parts) != 3:
+        return None
+    if len(parts[1]) == 2 and all(c in "0123456789abcdef" for c in parts[1] + parts[2]):
+        return "loose"
+    if parts[1] == "pack" and parts[2].startswith("pack-") and parts[2].endswith(_OBJECT_FILES):
+        return "pack"
+    return None
+
+
 def build_view(
     view: str, host_gitdir: str, upper: str, scan: UpperScan, *, object_format: str
 ) -> list[str]:
@@ -161,20 +173,22 @@ def build_view(
                 "[core]\n\trepositoryformatversion = 1\n\tbare = true\n"
                 f"[extensions]\n\tobjectformat = {object_format}\n"
             )
+    kinds = {rel: _object_kind(rel) for rel in scan.files if rel.startswith("objects/")}
+    left_out = [rel for rel, kind in kinds.items() if kind is None and rel != "objects/info/packs"]
+    alternates = [os.path.realpath(os.path.join(host_gitdir, "objects"))]
+    if left_out or any(rel.startswith("objects/") for rel in scan.odd):
+        # Something besides object files (a link, an alternates file, a commit-graph): only
+        # the object files are linked into the view, one by one.
+        made: set[str] = set()
+        for rel, kind in kinds.items():
+            if kind is not None:
+                _link_or_copy(os.path.join(upper, rel), os.path.join(view, rel), made)
+    elif kinds:
+        # Only loose objects and packs (and whiteouts, which git reads as missing): git
+        # reads the upper layer's object directory as a second alternate, nothing copied.
+        alternates.append(os.path.join(upper, "objects"))
     with open(os.path.join(view, "objects", "info", "alternates"), "w") as fh:
-        fh.write(os.path.realpath(os.path.join(host_gitdir, "objects")) + "\n")
-    left_out: list[str] = []
-    made: set[str] = set()
-    for rel in scan.files:
-        parts = rel.split("/")
-        if parts[0] != "objects":
-            continue
-        loose = len(parts) == 3 and len(parts[1]) == 2 and "." not in parts[2]
-        packed = len(parts) == 3 and parts[1] == "pack" and parts[2].endswith(_OBJECT_FILES)
-        if loose or packed:
-            _link_or_copy(os.path.join(upper, rel), os.path.join(view, rel), made)
-        elif rel != "objects/info/packs":
-            left_out.append(rel)
+        fh.write("".join(f"{path}\n" for path in alternates))
     # Refs as the overlay showed them: the host's loose refs and packed-refs, under the
     # command's (its whiteouts remove, its opaque directories hide the host's).
     for rel in _host_files(host_gitdir, "refs"):
