@@ -6,18 +6,22 @@ symlink at `.git/COMMIT_EDITMSG` or `.git/logs/HEAD` makes the host's git write 
 workspace. Covering names one by one cannot hold (a name git creates later, the host's
 `config.lock` during `git config`, a rename that detaches a cover). So each git directory in
 a writable root is mounted, for one command, as an overlay whose upper layer is private to
-that command: every write lands there, never in the host's `.git`. When the command has
-ended, the executor copies back what git needs to commit, branch, stash, rebase, merge and
-fetch (objects, refs, packed-refs, logs, the index, HEAD and the `*_HEAD` files,
-`COMMIT_EDITMSG` and the other message files, rebase and sequencer state, new linked
-worktrees with git's own layout) and discards the rest, each discarded write reported as a
-denial. A rebase or sequencer todo with `exec` lines, or a merge strategy that is not git's
-own, is discarded too: the host's `git rebase --continue` would run them. Regular files
-only: a symlink, a device or a fifo in the upper layer is never copied. A file the host
-changed during the run is not overwritten (a conflict, reported).
+that command: every write lands there, never in the host's `.git`.
 
-The copy-back runs in the executor, outside every sandbox, and never follows a symlink on
-the host side (each directory is opened with O_NOFOLLOW from the git directory down).
+When the command has ended, `merge_back` imports that upper layer (`bash_sandbox.git_import`):
+the command's git directory is treated as an untrusted remote. Nothing it wrote reaches the
+host as it is: objects travel by `git fetch` with fsck (hashed; trees naming `.git` or `..`
+refused), refs move in one `git update-ref --stdin` transaction of compare-and-swaps against
+the values recorded when the command started (`git_import.begin`), the index is rebuilt by
+`git update-index --index-info` from what git's own reader lists (git's path rules; no
+cache-tree, no unknown extension, no split index); HEAD, pseudo-refs, reflogs, message files
+and rebase/sequencer state are parsed, checked and re-written (no `exec` line, no merge
+strategy that is not git's own). Config, hooks, `info/`, `commondir` and attributes stay the
+host's; each write to them is a denial on the result. A conflict (the host moved a ref or
+holds a lock) or a refusal applies nothing of that repository and keeps the command's commits
+under `refs/bash-sandbox/<run>/`; the result's `SandboxFacts.git` says which. A crash at any
+point is rolled forward or back from a journal by the next executor before it sweeps
+anything (`git_import.recover`).
 
 Repositories nested in a root (a workspace that is a folder of repositories, a vendored
 checkout) get an overlay too: every `.git` up to three levels below a root, found breadth

@@ -253,3 +253,27 @@ def test_git_state_over_the_cap_is_refused(tmp_path: Path) -> None:
     assert outcome is not None and outcome.status is GitImportStatus.REFUSED
     assert "cap" in outcome.refused[0]
     assert host_git(repo, "rev-parse", "main").strip() == before
+
+
+def test_links_fifos_and_alternates_among_the_objects_are_never_read(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    secret = tmp_path / "secret"
+    secret.write_text("host secret\n")
+    ov = Overlay(repo, tmp_path / "state")
+    commit = _command_commit(ov)
+    pack = ov.upper / "objects" / "pack"
+    pack.mkdir(parents=True, exist_ok=True)
+    (pack / ("pack-" + "2" * 40 + ".pack")).symlink_to(secret)
+    os.mkfifo(pack / ("pack-" + "2" * 40 + ".idx"))  # opening it would block the import
+    (ov.upper / "objects" / "info").mkdir(exist_ok=True)
+    (ov.upper / "objects" / "info" / "alternates").write_text(f"{tmp_path}/elsewhere\n")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    result = import_changes(snap)
+    assert result.outcome is not None and result.outcome.status is GitImportStatus.APPLIED
+    assert host_git(repo, "rev-parse", "feature").strip() == commit
+    refused = {rel for rel, _why in result.denials}
+    assert "objects/info/alternates" in refused
+    assert {f"objects/pack/pack-{'2' * 40}.pack", f"objects/pack/pack-{'2' * 40}.idx"} <= refused
+    assert not (repo / ".git" / "objects" / "info" / "alternates").exists()
+    fsck_clean(repo)
