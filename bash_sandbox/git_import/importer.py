@@ -359,6 +359,12 @@ class _Importer:
                 f"{admin or '.'}/index: paths git refuses ({', '.join(ignored[:5])})"
             )
             return
+        head_now = _read_head(self.gitdir, admin)
+        if head_now != self.snap.heads.get(admin):
+            # The index is relative to the HEAD the command saw: the host switched away.
+            self.plan.conflicts.append(
+                GitRefConflict(name=os.path.join(admin, "HEAD"), host=head_now, command="index")
+            )
         if _identity(host_index) != self.snap.indexes.get(admin):
             self.plan.conflicts.append(
                 GitRefConflict(name=os.path.join(admin, "index"), host="changed", command="changed")

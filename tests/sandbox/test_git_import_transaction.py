@@ -277,3 +277,42 @@ def test_links_fifos_and_alternates_among_the_objects_are_never_read(tmp_path: P
     assert {f"objects/pack/pack-{'2' * 40}.pack", f"objects/pack/pack-{'2' * 40}.idx"} <= refused
     assert not (repo / ".git" / "objects" / "info" / "alternates").exists()
     fsck_clean(repo)
+
+
+def test_the_sweep_of_a_dead_executor_imports_its_commits_before_removing_its_state(
+    tmp_path: Path,
+) -> None:
+    from bash_sandbox.state import sweep_stale
+
+    repo = make_repo(tmp_path / "repo")
+    parent = tmp_path / "parent"
+    dead = parent / "exec-dead"
+    ov = Overlay(repo, dead)
+    (dead / "lock").write_text("")  # nobody holds it: its executor is gone
+    commit = _command_commit(ov)  # the command ran; its executor died before importing
+    assert not reachable(repo, commit)
+    sweep_stale(str(parent))
+    assert not dead.exists()
+    assert reachable(repo, commit)  # kept at a keep-ref, not applied
+    assert host_git(repo, "rev-parse", "main").strip() != commit
+    assert host_git(repo, "for-each-ref", KEEP_NAMESPACE) != ""
+    fsck_clean(repo)
+
+
+def test_a_branch_switch_on_the_host_during_the_command_applies_nothing(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("echo new > new.txt && git add new.txt && git commit -qm new")
+    ours = (ov.upper / "refs" / "heads" / "main").read_text().strip()
+    before = host_git(repo, "rev-parse", "main").strip()
+    host_git(repo, "switch", "-q", "-c", "elsewhere")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.CONFLICT
+    assert "HEAD" in [c.name for c in outcome.conflicts]
+    assert host_git(repo, "rev-parse", "main").strip() == before
+    assert host_git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/elsewhere"
+    assert host_git(repo, "status", "--porcelain", "--untracked-files=no") == ""
+    assert reachable(repo, ours)
+    fsck_clean(repo)
