@@ -218,11 +218,14 @@ def _replace_dir(dir_fd: int, name: str, source: str, tag: str) -> None:
 
 
 def host_refs(gitdir: str) -> dict[str, str]:
-    out = git(gitdir, "for-each-ref", "--format=%(objectname) %(refname)").stdout
+    """Every ref git reads in ``gitdir`` and the object it names; symbolic refs (a remote's
+    `HEAD`) left out: they name a ref, and move with it."""
+    out = git(gitdir, "for-each-ref", "--format=%(objectname)%00%(symref)%00%(refname)").stdout
     refs: dict[str, str] = {}
     for line in out.decode(errors="surrogateescape").splitlines():
-        oid, _, name = line.partition(" ")
-        refs[name] = oid
+        oid, symref, name = line.split("\0", 2)
+        if not symref:
+            refs[name] = oid
     return refs
 
 

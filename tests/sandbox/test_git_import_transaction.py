@@ -316,3 +316,28 @@ def test_a_branch_switch_on_the_host_during_the_command_applies_nothing(tmp_path
     assert host_git(repo, "status", "--porcelain", "--untracked-files=no") == ""
     assert reachable(repo, ours)
     fsck_clean(repo)
+
+
+def test_a_fetch_moves_remote_refs_and_leaves_the_remotes_head_symbolic(tmp_path: Path) -> None:
+    origin = make_repo(tmp_path / "origin")
+    subprocess.run(
+        ["git", "clone", "-q", str(origin), str(tmp_path / "repo")],
+        env={**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"},
+        check=True,
+    )
+    repo = tmp_path / "repo"
+    (origin / "later.txt").write_text("later\n")
+    host_git(origin, "add", "later.txt")
+    host_git(origin, "commit", "-qm", "later")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("git fetch -q origin && git merge -q --ff-only origin/main")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.APPLIED, outcome
+    assert host_git(repo, "log", "-1", "--format=%s", "origin/main").strip() == "later"
+    assert host_git(repo, "log", "-1", "--format=%s", "main").strip() == "later"
+    assert host_git(repo, "symbolic-ref", "refs/remotes/origin/HEAD").strip() == (
+        "refs/remotes/origin/main"
+    )
+    fsck_clean(repo)
