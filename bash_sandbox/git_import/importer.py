@@ -557,6 +557,14 @@ class _Importer:
             release_index_locks(self.gitdir, journal.indexes) if not journal.committed else None
             raise
         os.unlink(journal_path)
+        # After the refs moved, the host's git took `HEAD.lock` (or an index lock was
+        # lost): what is missing is named, the rest stays applied.
+        wanted = [os.path.join(h.admin, "HEAD") for h in plan.heads]
+        wanted += [os.path.join(i.admin, "index") for i in plan.indexes]
+        lost = [w for w in wanted if w not in applied]
+        if lost:
+            plan.refused += [f"{w}: the host's git held or moved it; kept as it was" for w in lost]
+            return self._outcome(GitImportStatus.PARTIAL, applied=applied)
         return self._outcome(GitImportStatus.APPLIED, applied=applied)
 
     def _transfer(self, keep_prefix: str) -> dict[str, str] | None:

@@ -38,6 +38,7 @@ WRITE_POINTS = (
     "journal",
     "index-lock",
     "refs",
+    "head-lock",
     "head",
     "index",
     "files",
@@ -276,10 +277,10 @@ def take_index_locks(journal: Journal) -> None:
         raise
 
 
-def _ours(fd: int, tmp_name: str) -> bool:
-    """Whether `index.lock` is the link we made (same inode as our temp copy)."""
+def _ours(fd: int, tmp_name: str, lock: str = "index.lock") -> bool:
+    """Whether ``lock`` is the link we made (same inode as our temp copy)."""
     try:
-        a = os.stat("index.lock", dir_fd=fd, follow_symlinks=False)
+        a = os.stat(lock, dir_fd=fd, follow_symlinks=False)
         b = os.stat(tmp_name, dir_fd=fd, follow_symlinks=False)
     except OSError:
         return False
@@ -336,23 +337,43 @@ def _roll_refs_forward(journal: Journal, zero: str) -> None:
         _update_refs(journal.gitdir, pending, f"bash-sandbox: recovery of {journal.run_id}", zero)
 
 
+def _apply_head(journal: Journal, head: FileChange) -> bool:
+    """`HEAD` under git's `HEAD.lock`, taken as the index's is (a link of our temp copy, so
+    a recovery tells our lock from the host's by its inode). True once it is ours."""
+    assert head.source is not None
+    tmp = f".bash-sandbox-{journal.run_id}-HEAD"
+    with open(head.source, "rb") as fh:
+        wanted = fh.read(4096).decode(errors="replace")
+    with _dir_fd(journal.gitdir, head.admin) as fd:
+        now = _head_raw(journal.gitdir, head.admin)
+        if now == wanted:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=fd)
+            return True
+        if now != journal.old_heads.get(head.admin):
+            return False  # the host moved HEAD meanwhile: its HEAD wins, ours is kept
+        if not _ours(fd, tmp, "HEAD.lock"):
+            _remove_at(fd, tmp)
+            _copy_into(fd, tmp, head.source, exclusive=True)
+            try:
+                os.link(tmp, "HEAD.lock", src_dir_fd=fd, dst_dir_fd=fd)
+            except FileExistsError:
+                os.unlink(tmp, dir_fd=fd)
+                return False  # the host's git holds it
+            crash_point("head-lock")
+        os.rename("HEAD.lock", "HEAD", src_dir_fd=fd, dst_dir_fd=fd)
+        os.unlink(tmp, dir_fd=fd)
+    return True
+
+
 def finish(journal: Journal, zero: str) -> list[str]:
     """Everything after the refs, each step idempotent (a recovery runs it again)."""
     applied = [c.name for c in journal.refs]
     tag = journal.run_id
     for head in journal.heads:
         assert head.source is not None
-        with _dir_fd(journal.gitdir, head.admin) as fd:
-            with open(head.source, "rb") as fh:
-                wanted = fh.read(4096).decode(errors="replace")
-            now = _head_raw(journal.gitdir, head.admin)
-            if now != wanted and now == journal.old_heads.get(head.admin):
-                try:
-                    _copy_into(fd, "HEAD.lock", head.source, exclusive=True)
-                except FileExistsError:
-                    continue  # the host's git holds it: its HEAD wins, ours is kept
-                os.rename("HEAD.lock", "HEAD", src_dir_fd=fd, dst_dir_fd=fd)
-                applied.append(os.path.join(head.admin, "HEAD"))
+        if _apply_head(journal, head):
+            applied.append(os.path.join(head.admin, "HEAD"))
         crash_point("head")
     for change in journal.indexes:
         with _dir_fd(journal.gitdir, change.admin) as fd:

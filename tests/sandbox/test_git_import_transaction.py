@@ -341,3 +341,20 @@ def test_a_fetch_moves_remote_refs_and_leaves_the_remotes_head_symbolic(tmp_path
         "refs/remotes/origin/main"
     )
     fsck_clean(repo)
+
+
+def test_a_gitlink_added_in_an_index_v4_is_reported(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    head = host_git(repo, "rev-parse", "HEAD").strip()
+    ov.run(
+        "git update-index --index-version 4"
+        f" && git update-index --add --cacheinfo 160000,{head},vendor/x"
+    )
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    result = import_changes(snap)
+    assert result.new_gitlinks == ["vendor/x"]
+    assert result.outcome is not None and result.outcome.status is GitImportStatus.APPLIED
+    assert "160000" in host_git(repo, "ls-files", "-s", "vendor/x")
+    fsck_clean(repo)
