@@ -327,14 +327,17 @@ class _Importer:
 
     # -- the index -----------------------------------------------------------------------
 
-    def _ls_files(self, index: str) -> bytes:
+    def _ls_files(self, index: str, *, tags: bool = False) -> bytes:
+        """The entries of ``index`` as git's reader sees them (`-t`: with a status tag, `S`
+        for skip-worktree)."""
         env = git_env(GIT_INDEX_FILE=index)
-        return git(self.view, "ls-files", "--stage", "-z", env=env).stdout
+        args = ["ls-files", "--stage", "-z", *(["-t"] if tags else [])]
+        return git(self.view, *args, env=env).stdout
 
     def plan_index(self, admin: str) -> None:
         src = os.path.join(self.upper, admin, "index")
         try:
-            listed = self._ls_files(src)
+            tagged = self._ls_files(src, tags=True)
         except GitError as exc:
             self.plan.refused.append(f"{admin or '.'}/index: git cannot read it ({exc.stderr})")
             return
@@ -342,13 +345,29 @@ class _Importer:
         host_listed = b""
         if os.path.isfile(host_index):
             with contextlib.suppress(GitError):
-                host_listed = self._ls_files(host_index)
-        if listed == host_listed:
+                host_listed = self._ls_files(host_index, tags=True)
+        if tagged == host_listed:
             return  # the same entries (a refresh): the host's index stays as it is
         rebuilt = os.path.join(self.work, f"index-{len(self.plan.indexes)}")
         env = git_env(GIT_INDEX_FILE=rebuilt)
-        entries = [e for e in listed.split(b"\0") if e]
+        entries = [e[2:] for e in tagged.split(b"\0") if e]
+        sparse = [e.split(b"\t", 1)[1] for e in tagged.split(b"\0") if e[:2] == b"S "]
+        listed = b"".join(e + b"\0" for e in entries)
         done = git(self.view, "update-index", "-z", "--index-info", input=listed, env=env)
+        if sparse and os.path.exists(rebuilt):
+            # Sparse checkout: the skip-worktree bits, set by git on the rebuilt entries.
+            empty = os.path.join(self.work, "empty-worktree")
+            os.makedirs(empty, exist_ok=True)
+            git(
+                self.view,
+                f"--work-tree={empty}",
+                "update-index",
+                "-z",
+                "--skip-worktree",
+                "--stdin",
+                input=b"".join(p + b"\0" for p in sparse),
+                env=env,
+            )
         kept = [e for e in self._ls_files(rebuilt).split(b"\0") if e]
         if len(kept) != len(entries) or not os.path.exists(rebuilt):
             ignored = [
@@ -370,7 +389,7 @@ class _Importer:
                 GitRefConflict(name=os.path.join(admin, "index"), host="changed", command="changed")
             )
         blobs: dict[str, None] = {}
-        host_links = {e.split(b"\t", 1)[1] for e in host_listed.split(b"\0") if e[:6] == b"160000"}
+        host_links = {e.split(b"\t", 1)[1] for e in host_listed.split(b"\0") if e[2:8] == b"160000"}
         for entry in kept:
             meta, _, path = entry.partition(b"\t")
             mode, oid, _stage = meta.decode().split(" ")

@@ -358,3 +358,18 @@ def test_a_gitlink_added_in_an_index_v4_is_reported(tmp_path: Path) -> None:
     assert result.outcome is not None and result.outcome.status is GitImportStatus.APPLIED
     assert "160000" in host_git(repo, "ls-files", "-s", "vendor/x")
     fsck_clean(repo)
+
+
+def test_the_skip_worktree_bits_of_a_sparse_checkout_survive_the_rebuilt_index(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo", files=2)
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("git update-index --skip-worktree f1.txt && echo n > n.txt && git add n.txt")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.APPLIED
+    tags = host_git(repo, "ls-files", "-t").split("\n")
+    assert tags[:3] == ["H f0.txt", "S f1.txt", "H n.txt"]
+    fsck_clean(repo)
