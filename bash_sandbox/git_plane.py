@@ -40,13 +40,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from bash_sandbox.backends.mount_plan import GitOverlay, within, within_any
 from bash_sandbox.git_import import begin, import_changes, load_snapshot, recover_overlay
-from bash_sandbox.git_import.gitcmd import GitError
 from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
 from policies import SandboxPolicy
 
@@ -406,7 +404,7 @@ def merge_back(overlay: GitOverlay, started_ns: int) -> MergeReport:
             # now is the start, so a host change during the command is not seen as one.
             snap = begin(overlay.gitdir, overlay.upper)
         result = import_changes(snap, skip=frozenset(overlay.placeholders))
-    except (OSError, GitError, subprocess.SubprocessError) as exc:
+    except Exception as exc:  # whatever failed, the result must say so
         # A transaction cut short is finished or undone from its journal, as after a crash.
         recover_overlay(overlay.upper)
         reason = f"the import failed ({exc}); its journal was rolled forward or back"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -118,7 +119,7 @@ def _take(gitdir: str, upper: str, run_id: str) -> Snapshot:
     admins = _admins(gitdir)
     try:
         refs: dict[str, str] | None = host_refs(gitdir)
-    except GitError:
+    except (GitError, subprocess.SubprocessError):
         refs = None  # not a repository git can read (yet): nothing to compare with
     return Snapshot(
         gitdir=gitdir,
