@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterable
@@ -45,6 +46,12 @@ KEEP_NAMESPACE = "refs/bash-sandbox"
 _CARRIER = "refs/bash-sandbox-import"
 _CONTROL = frozenset({"config", "config.worktree", "commondir", "hooks", "info", "description"})
 _GITLINK = "160000"
+_INTENT_TO_ADD = 1 << 29
+# One entry of `git ls-files -s -z --debug`: the NUL-terminated line, then git's fixed lines.
+_DEBUG_ENTRY = re.compile(
+    rb"([^\0]*)\0  ctime: [^\n]*\n  mtime: [^\n]*\n  dev: [^\n]*\n  uid: [^\n]*\n"
+    rb"  size: [0-9]+\tflags: ([0-9a-f]+)\n"
+)
 
 
 @dataclass
@@ -335,6 +342,37 @@ class _Importer:
         args = ["ls-files", "--stage", "-z", *(["-t"] if tags else [])]
         return git(self.view, *args, env=env).stdout
 
+    def _intent_to_add(self, index: str) -> set[bytes]:
+        """Paths `git add -N` put in ``index`` (git's own `--debug` listing, flag bit 29)."""
+        out = git(self.view, "ls-files", "-s", "-z", "--debug", env=git_env(GIT_INDEX_FILE=index))
+        found: set[bytes] = set()
+        for match in _DEBUG_ENTRY.finditer(out.stdout):
+            if int(match.group(2), 16) & _INTENT_TO_ADD:
+                found.add(match.group(1).split(b"\t", 1)[1])
+        return found
+
+    def _add_intents(self, paths: list[bytes], env: dict[str, str]) -> None:
+        """Intent-to-add entries, made by `git add -N` over an empty work tree of ours
+        (the paths passed git's path rules when the rest of the index was rebuilt)."""
+        tree = os.path.realpath(os.path.join(self.work, "intent-worktree"))
+        for path in paths:
+            full = os.path.realpath(os.path.join(tree, os.fsdecode(path)))
+            if not full.startswith(tree + "/"):
+                continue
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            open(full, "ab").close()  # an empty file, closed at once
+        git(
+            self.view,
+            f"--work-tree={tree}",
+            "add",
+            "-N",
+            "--pathspec-from-file=-",
+            "--pathspec-file-nul",
+            input=b"".join(p + b"\0" for p in paths),
+            env=env,
+            check=False,
+        )
+
     def plan_index(self, admin: str) -> None:
         src = os.path.join(self.upper, admin, "index")
         try:
@@ -353,8 +391,11 @@ class _Importer:
         env = git_env(GIT_INDEX_FILE=rebuilt)
         entries = [e[2:] for e in tagged.split(b"\0") if e]
         sparse = [e.split(b"\t", 1)[1] for e in tagged.split(b"\0") if e[:2] == b"S "]
-        listed = b"".join(e + b"\0" for e in entries)
+        intents = self._intent_to_add(src)
+        listed = b"".join(e + b"\0" for e in entries if e.split(b"\t", 1)[1] not in intents)
         done = git(self.view, "update-index", "-z", "--index-info", input=listed, env=env)
+        if intents and os.path.exists(rebuilt):
+            self._add_intents(sorted(intents), env)
         if sparse and os.path.exists(rebuilt):
             # Sparse checkout: the skip-worktree bits, set by git on the rebuilt entries.
             empty = os.path.join(self.work, "empty-worktree")

@@ -373,3 +373,17 @@ def test_the_skip_worktree_bits_of_a_sparse_checkout_survive_the_rebuilt_index(
     tags = host_git(repo, "ls-files", "-t").split("\n")
     assert tags[:3] == ["H f0.txt", "S f1.txt", "H n.txt"]
     fsck_clean(repo)
+
+
+def test_an_intent_to_add_stays_one_and_is_not_staged_empty(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("echo later > later.txt && git add -N later.txt && echo s > s.txt && git add s.txt")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.APPLIED
+    # Staged: only s.txt; later.txt is a new file not yet added (git's own `-N` listing).
+    assert host_git(repo, "diff", "--cached", "--name-only").split() == ["s.txt"]
+    assert host_git(repo, "diff", "--name-only").split() == ["later.txt"]
+    fsck_clean(repo)
