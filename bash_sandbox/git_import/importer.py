@@ -66,6 +66,7 @@ class Snapshot:
     indexes: dict[str, list[int] | None]  # admin dir -> identity of its index file
     # Submodules' git directories below `modules/`: their own snapshots (as dicts).
     modules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    taken_ns: int = 0  # when it was taken (0: unknown)
 
 
 @dataclass
@@ -133,6 +134,7 @@ def _take(gitdir: str, upper: str, run_id: str) -> Snapshot:
         upper=upper,
         run_id=run_id,
         refs=refs,
+        taken_ns=time.time_ns(),
         heads={a: _read_head(gitdir, a) for a in admins},
         indexes={a: _identity(os.path.join(gitdir, a, "index")) for a in admins},
     )
@@ -513,6 +515,22 @@ class _Importer:
             or git(self.view, "check-ref-format", name, check=False).returncode != 0
         ):
             self.result.denials.append((rel, "not the reflog of a ref"))
+            return
+        moved = {c.name for c in self.plan.refs} | {
+            os.path.join(h.admin, "HEAD") for h in self.plan.heads
+        }
+        try:
+            host_mtime = os.lstat(os.path.join(self.gitdir, rel)).st_mtime_ns
+        except OSError:
+            host_mtime = 0
+        if (
+            (os.path.join(admin, name) if name == "HEAD" else name) not in moved
+            and self.snap.taken_ns
+            and host_mtime > self.snap.taken_ns
+        ):
+            # The host wrote this reflog during the command and the command moved no ref
+            # of it: the host's entries stay (the command's may name nothing new).
+            self.result.denials.append((rel, "the host's reflog changed meanwhile; kept"))
             return
         if rel in self.scan.whiteouts:
             self.plan.files.append(FileChange(head, base, None))
