@@ -206,6 +206,7 @@ class _Importer:
         self._n = 0
         self.reflogs: list[tuple[str, str]] = []  # (admin, `logs/<ref>`)
         self.index_blobs: dict[str, list[str]] = {}  # admin -> blobs its new index names
+        self.view_refs: dict[str, str] = {}  # the command's refs, as git read them
 
     def _stash(self, data: bytes) -> str:
         """A checked copy in the work dir (what the transaction writes, and a recovery)."""
@@ -282,7 +283,7 @@ class _Importer:
     # -- refs ----------------------------------------------------------------------------
 
     def plan_refs(self, host_now: dict[str, str]) -> None:
-        view_refs = host_refs(self.view)
+        view_refs = self.view_refs = host_refs(self.view)
         start = self.snap.refs or {}
         names = sorted(set(start) | set(view_refs))
         for name in names:
@@ -310,7 +311,8 @@ class _Importer:
         if sym.returncode == 0:
             target = sym.stdout.decode(errors="replace").strip()
             ok = target.startswith("refs/heads/") and (
-                git(view_admin, "check-ref-format", target, check=False).returncode == 0
+                target in self.view_refs  # a name git itself listed
+                or git(view_admin, "check-ref-format", target, check=False).returncode == 0
             )
             if not ok:
                 self.plan.refused.append(f"{admin or '.'}/HEAD: not a branch ({target!r})")
@@ -510,10 +512,8 @@ class _Importer:
         rel = os.path.join(admin, sub)
         name = sub.removeprefix("logs/")
         head, _, base = rel.rpartition("/")
-        if name != "HEAD" and (
-            not name.startswith("refs/")
-            or git(self.view, "check-ref-format", name, check=False).returncode != 0
-        ):
+        known = self.view_refs.keys() | (self.snap.refs or {}).keys()
+        if name != "HEAD" and name not in known:  # only the reflog of a ref git listed
             self.result.denials.append((rel, "not the reflog of a ref"))
             return
         moved = {c.name for c in self.plan.refs} | {

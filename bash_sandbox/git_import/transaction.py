@@ -309,10 +309,12 @@ def apply(journal: Journal, journal_path: str, zero: str) -> list[str]:
     """Run the transaction from the refs on (the journal is saved; the index locks are
     ours). Returns what landed. Raises Conflict before anything applied."""
     message = f"bash-sandbox: import of {journal.run_id}"
+    landed = True
     if journal.refs:
         try:
             _update_refs(journal.gitdir, journal.refs, message, zero)
         except GitError as exc:
+            landed = False
             now = host_refs(journal.gitdir)
             if not any(_done(c, now) for c in journal.refs):
                 release_index_locks(journal.gitdir, journal.indexes)
@@ -323,7 +325,7 @@ def apply(journal: Journal, journal_path: str, zero: str) -> list[str]:
     crash_point("refs")
     journal.committed = True
     journal.save(journal_path)
-    return finish(journal, zero)
+    return finish(journal, zero, landed=landed)
 
 
 def _done(change: RefChange, now: dict[str, str]) -> bool:
@@ -366,7 +368,7 @@ def _apply_head(journal: Journal, head: FileChange) -> bool:
     return True
 
 
-def finish(journal: Journal, zero: str) -> list[str]:
+def finish(journal: Journal, zero: str, *, landed: bool = False) -> list[str]:
     """Everything after the refs, each step idempotent (a recovery runs it again)."""
     applied = [c.name for c in journal.refs]
     tag = journal.run_id
@@ -393,22 +395,26 @@ def finish(journal: Journal, zero: str) -> list[str]:
                 _replace(fd, f.rel, f.source, tag)
         applied.append(os.path.join(f.admin, f.rel))
         crash_point("files")
-    drop_keep_refs(journal, zero)
+    drop_keep_refs(journal, zero, landed=landed)
     return applied
 
 
-def drop_keep_refs(journal: Journal, zero: str) -> None:
-    """The keep-refs, once every commit they hold is where the command put it."""
+def drop_keep_refs(journal: Journal, zero: str, *, landed: bool = False) -> None:
+    """The keep-refs, once every commit they hold is where the command put it (``landed``:
+    the transaction moved every ref, nothing to look up; each deletion is a CAS anyway)."""
     if not journal.keep_refs:
         return
-    now = host_refs(journal.gitdir)
-    if not all(_done(c, now) for c in journal.refs):
-        return  # a ref the host moved meanwhile: its commits stay kept
-    gone = [
-        RefChange(name, None, oid)
-        for name, oid in journal.keep_refs.items()
-        if now.get(name) == oid
-    ]
+    if landed:
+        gone = [RefChange(name, None, oid) for name, oid in journal.keep_refs.items()]
+    else:
+        now = host_refs(journal.gitdir)
+        if not all(_done(c, now) for c in journal.refs):
+            return  # a ref the host moved meanwhile: its commits stay kept
+        gone = [
+            RefChange(name, None, oid)
+            for name, oid in journal.keep_refs.items()
+            if now.get(name) == oid
+        ]
     if gone:
         with contextlib.suppress(GitError):
             _update_refs(journal.gitdir, gone, "bash-sandbox: imported", zero)
