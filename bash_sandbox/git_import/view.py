@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass, field
@@ -143,6 +144,7 @@ def _host_files(gitdir: str, rel_dir: str, limit: int = MAX_ENTRIES) -> list[str
 
 
 _OBJECT_FILES = (".pack", ".idx")
+_HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 def _object_kind(rel: str) -> str | None:
@@ -150,7 +152,7 @@ def _object_kind(rel: str) -> str | None:
     parts = rel.split("/")
     if len(parts) != 3:
         return None
-    if len(parts[1]) == 2 and all(c in "0123456789abcdef" for c in parts[1] + parts[2]):
+    if len(parts[1]) == 2 and _HEX.fullmatch(parts[1] + parts[2]):
         return "loose"
     if parts[1] == "pack" and parts[2].startswith("pack-") and parts[2].endswith(_OBJECT_FILES):
         return "pack"
