@@ -48,42 +48,6 @@ from bash_sandbox.git_import import begin, import_changes, load_snapshot, recove
 from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
 from policies import SandboxPolicy
 
-_TOP_FILES = frozenset(
-    {
-        "HEAD",
-        "ORIG_HEAD",
-        "FETCH_HEAD",
-        "MERGE_HEAD",
-        "MERGE_MSG",
-        "MERGE_MODE",
-        "MERGE_AUTOSTASH",
-        "AUTO_MERGE",
-        "CHERRY_PICK_HEAD",
-        "REVERT_HEAD",
-        "REBASE_HEAD",
-        "BISECT_HEAD",
-        "BISECT_LOG",
-        "BISECT_START",
-        "BISECT_TERMS",
-        "BISECT_EXPECTED_REV",
-        "BISECT_ANCESTORS_OK",
-        "BISECT_NAMES",
-        "COMMIT_EDITMSG",
-        "SQUASH_MSG",
-        "TAG_EDITMSG",
-        "NOTES_MERGE_PARTIAL",
-        "NOTES_MERGE_REF",
-        "packed-refs",
-        "index",
-        "shallow",
-        "gc.pid",
-        "gc.log",
-        "description",
-    }
-)
-_TOP_DIRS = frozenset({"refs", "logs", "rebase-merge", "rebase-apply", "sequencer", "rr-cache"})
-_REFUSED_OBJECT_FILES = frozenset({"info/alternates", "info/http-alternates"})
-_GITLINK = 0o160000
 MAX_DENIALS = 16
 
 
