@@ -53,7 +53,8 @@ MAX_DENIALS = 16
 
 @dataclass
 class MergeReport:
-    """What the copy-back did: applied paths, refused writes, conflicts."""
+    """What the import did: applied names, refused writes, conflicts (as warnings), and the
+    typed outcome per repository (this one and its submodules)."""
 
     applied: list[str] = field(default_factory=list)
     denials: list[SandboxDenial] = field(default_factory=list)
