@@ -479,6 +479,7 @@ class ConfinedSpawn(SpawnScope):
             denial_groups=lists.groups,
             hints=lists.hints,
             nested_repositories=self._nested,
+            git=tuple(o for r in self._merges for o in r.outcomes),
             limit_exceeded=self._limit_exceeded,
             limits_enforcement=self.limits.summary if self.limits is not None else None,
             warnings=tuple(dict.fromkeys(self.warnings)),

@@ -6,18 +6,22 @@ symlink at `.git/COMMIT_EDITMSG` or `.git/logs/HEAD` makes the host's git write 
 workspace. Covering names one by one cannot hold (a name git creates later, the host's
 `config.lock` during `git config`, a rename that detaches a cover). So each git directory in
 a writable root is mounted, for one command, as an overlay whose upper layer is private to
-that command: every write lands there, never in the host's `.git`. When the command has
-ended, the executor copies back what git needs to commit, branch, stash, rebase, merge and
-fetch (objects, refs, packed-refs, logs, the index, HEAD and the `*_HEAD` files,
-`COMMIT_EDITMSG` and the other message files, rebase and sequencer state, new linked
-worktrees with git's own layout) and discards the rest, each discarded write reported as a
-denial. A rebase or sequencer todo with `exec` lines, or a merge strategy that is not git's
-own, is discarded too: the host's `git rebase --continue` would run them. Regular files
-only: a symlink, a device or a fifo in the upper layer is never copied. A file the host
-changed during the run is not overwritten (a conflict, reported).
+that command: every write lands there, never in the host's `.git`.
 
-The copy-back runs in the executor, outside every sandbox, and never follows a symlink on
-the host side (each directory is opened with O_NOFOLLOW from the git directory down).
+When the command has ended, `merge_back` imports that upper layer (`bash_sandbox.git_import`):
+the command's git directory is treated as an untrusted remote. Nothing it wrote reaches the
+host as it is: objects travel by `git fetch` with fsck (hashed; trees naming `.git` or `..`
+refused), refs move in one `git update-ref --stdin` transaction of compare-and-swaps against
+the values recorded when the command started (`git_import.begin`), the index is rebuilt by
+`git update-index --index-info` from what git's own reader lists (git's path rules; no
+cache-tree, no unknown extension, no split index); HEAD, pseudo-refs, reflogs, message files
+and rebase/sequencer state are parsed, checked and re-written (no `exec` line, no merge
+strategy that is not git's own). Config, hooks, `info/`, `commondir` and attributes stay the
+host's; each write to them is a denial on the result. A conflict (the host moved a ref or
+holds a lock) or a refusal applies nothing of that repository and keeps the command's commits
+under `refs/bash-sandbox/<run>/`; the result's `SandboxFacts.git` says which. A crash at any
+point is rolled forward or back from a journal by the next executor before it sweeps
+anything (`git_import.recover`).
 
 Repositories nested in a root (a workspace that is a folder of repositories, a vendored
 checkout) get an overlay too: every `.git` up to three levels below a root, found breadth
@@ -34,69 +38,31 @@ again (`known`), so flooding a root with directories hides nothing found before.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import re
-import stat
-import struct
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from bash_sandbox.git_import import begin, import_changes, load_snapshot, recover_overlay
 from bash_sandbox.view import GitOverlay
-from bash_seam import DenialEvidence, DenialKind, SandboxDenial
+from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
 from policies import SandboxPolicy
 from policies.paths import within, within_any
 
-_TOP_FILES = frozenset(
-    {
-        "HEAD",
-        "ORIG_HEAD",
-        "FETCH_HEAD",
-        "MERGE_HEAD",
-        "MERGE_MSG",
-        "MERGE_MODE",
-        "MERGE_AUTOSTASH",
-        "AUTO_MERGE",
-        "CHERRY_PICK_HEAD",
-        "REVERT_HEAD",
-        "REBASE_HEAD",
-        "BISECT_HEAD",
-        "BISECT_LOG",
-        "BISECT_START",
-        "BISECT_TERMS",
-        "BISECT_EXPECTED_REV",
-        "BISECT_ANCESTORS_OK",
-        "BISECT_NAMES",
-        "COMMIT_EDITMSG",
-        "SQUASH_MSG",
-        "TAG_EDITMSG",
-        "NOTES_MERGE_PARTIAL",
-        "NOTES_MERGE_REF",
-        "packed-refs",
-        "index",
-        "shallow",
-        "gc.pid",
-        "gc.log",
-        "description",
-    }
-)
-_TOP_DIRS = frozenset({"refs", "logs", "rebase-merge", "rebase-apply", "sequencer", "rr-cache"})
-_REFUSED_OBJECT_FILES = frozenset({"info/alternates", "info/http-alternates"})
-_GITLINK = 0o160000
 MAX_DENIALS = 16
 
 
 @dataclass
 class MergeReport:
-    """What the copy-back did: applied paths, refused writes, conflicts."""
+    """What the import did: applied names, refused writes, conflicts (as warnings), and the
+    typed outcome per repository (this one and its submodules)."""
 
     applied: list[str] = field(default_factory=list)
     denials: list[SandboxDenial] = field(default_factory=list)
     refused_total: int = 0
     conflicts: list[str] = field(default_factory=list)
     new_gitlinks: list[str] = field(default_factory=list)
+    outcomes: list[GitImportOutcome] = field(default_factory=list)  # the repo's, its submodules'
 
     def refuse(self, path: str, why: str) -> None:
         self.refused_total += 1
@@ -390,286 +356,47 @@ def config_path_targets(
     return tuple(hooks), tuple(includes)
 
 
-# -- the copy-back ----------------------------------------------------------------------------
-
-
-def _is_whiteout(st: os.stat_result) -> bool:
-    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
-
-
-_CONTROL_NAMES = frozenset({"config", "config.worktree", "commondir", "gitdir", "hooks", "info"})
-# Rebase and sequencer state the host's `git rebase --continue` acts on: a todo list's
-# `exec` lines are run by the host's shell, and a merge strategy other than git's own is
-# run as `git-merge-<name>` from the host's PATH.
-_TODO_FILES = frozenset(
-    {"rebase-merge/git-rebase-todo", "rebase-merge/git-rebase-todo.backup", "sequencer/todo"}
-)
-_STRATEGY_FILES = frozenset({"rebase-merge/strategy", "sequencer/opts"})
-_BUILTIN_STRATEGIES = frozenset({"ort", "recursive", "resolve", "octopus", "ours", "subtree"})
-
-
-def _runs_code(rel: str, data: bytes) -> str | None:
-    """Why copying ``data`` to ``rel`` would have the host's git run the command's code
-    (also in a linked worktree's or a submodule's git directory below this one)."""
-    parts = rel.split("/")
-    while len(parts) > 2 and parts[0] in ("worktrees", "modules"):
-        parts = parts[2:]
-    rel = "/".join(parts)
-    if rel in _TODO_FILES:
-        for line in data.decode(errors="replace").splitlines():
-            words = line.split()
-            if words and words[0] in ("exec", "x"):
-                return "a rebase todo with exec lines (the host's git would run them)"
-    if rel in _STRATEGY_FILES:
-        text = data.decode(errors="replace")
-        # Git's keys are case-insensitive, and a key may follow its section header.
-        names = re.findall(
-            r"^\s*(?:\[[^\]]*\]\s*)?strategy\s*=\s*(\S+)", text, re.MULTILINE | re.IGNORECASE
-        )
-        if rel == "rebase-merge/strategy":
-            names = text.split()
-        if any(name not in _BUILTIN_STRATEGIES for name in names):
-            return "a merge strategy that is not git's own (the host's git would run it)"
-    return None
-
-
-def _classify(rel: str) -> str | None:
-    """None when the path may be copied back, else why it is refused."""
-    parts = rel.split("/")
-    top = parts[0]
-    if top == "objects":
-        return "alternates" if "/".join(parts[1:]) in _REFUSED_OBJECT_FILES else None
-    if len(parts) == 1 and top in _TOP_FILES:
-        return None
-    if top in _TOP_DIRS and len(parts) > 1:
-        return None
-    if len(parts) == 1 and top.endswith(".lock"):
-        return "stale lock"
-    if top in ("worktrees", "modules") and len(parts) >= 3:
-        rest = "/".join(parts[2:])
-        if top == "worktrees" and rest in ("gitdir", "locked"):
-            return None  # where the linked worktree lives, and its lock reason: data only
-        if top == "worktrees" and rest == "commondir":
-            return "commondir"  # allowed only with git's own content, checked on merge
-        return _classify(rest)
-    if top in _CONTROL_NAMES:
-        return top
-    return f"{top} is not git state"
-
-
-def _open_dir_nofollow(base_fd: int, rel_dir: str, *, create: bool) -> int:
-    """Open ``rel_dir`` below ``base_fd`` one component at a time, never through a symlink."""
-    fd = os.dup(base_fd)
-    for part in [p for p in rel_dir.split("/") if p]:
-        if create:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-        try:
-            nxt = os.open(
-                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-            )
-        finally:
-            os.close(fd)
-        fd = nxt
-    return fd
-
-
-def _read_host(dir_fd: int, name: str) -> tuple[bytes, os.stat_result] | None:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, f"{name} on the host is not a regular file")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks), st
-    finally:
-        os.close(fd)
-
-
-def _write_host(dir_fd: int, name: str, data: bytes, mode: int) -> None:
-    """Atomically replace ``name`` in ``dir_fd`` (temp file + rename; never follows links)."""
-    tmp = f".{name}.bash-sandbox-{os.getpid()}-{time.monotonic_ns()}"
-    fd = os.open(
-        tmp,
-        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-        mode & 0o777,
-        dir_fd=dir_fd,
-    )
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fchmod(fd, mode & 0o777)
-    finally:
-        os.close(fd)
-    os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-
-
-def gitlinks(index: bytes) -> set[str]:
-    """Paths of the gitlink (submodule) entries of a git index (versions 2 and 3)."""
-    if len(index) < 12 or index[:4] != b"DIRC":
-        return set()
-    version, count = struct.unpack(">II", index[4:12])
-    if version not in (2, 3):
-        return set()
-    links: set[str] = set()
-    pos = 12
-    for _ in range(count):
-        if pos + 62 > len(index):
-            break
-        mode = struct.unpack(">I", index[pos + 24 : pos + 28])[0]
-        flags = struct.unpack(">H", index[pos + 60 : pos + 62])[0]
-        name_start = pos + 62 + (2 if version == 3 and flags & 0x4000 else 0)
-        end = index.find(b"\0", name_start)
-        if end < 0:
-            break
-        if mode == _GITLINK:
-            links.add(index[name_start:end].decode(errors="replace"))
-        entry_len = end - pos + 1
-        pos += (entry_len + 7) // 8 * 8
-    return links
+# -- the import -------------------------------------------------------------------------------
 
 
 def merge_back(overlay: GitOverlay, started_ns: int) -> MergeReport:
-    """Copy the allowed changes of ``overlay``'s upper layer into the host git directory."""
+    """Import what the command wrote in ``overlay``'s upper layer into the host git directory
+    (`bash_sandbox.git_import`: read and checked by git, one transaction, nothing lost)."""
     report = MergeReport()
-    placeholders = set(overlay.placeholders)
+    snap = load_snapshot(overlay.upper)
     try:
-        base_fd = os.open(
-            overlay.gitdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        )
-    except OSError as exc:
-        report.conflicts.append(f"{overlay.gitdir}: {exc.strerror}")
+        if snap is None:
+            # No snapshot from the spawn (a caller that skipped `begin`): the host as it is
+            # now is the start, so a host change during the command is not seen as one.
+            snap = begin(overlay.gitdir, overlay.upper)
+        result = import_changes(snap, skip=frozenset(overlay.placeholders))
+    except Exception as exc:  # whatever failed, the result must say so
+        # A transaction cut short is finished or undone from its journal, as after a crash.
+        recover_overlay(overlay.upper)
+        reason = f"the import failed ({exc}); its journal was rolled forward or back"
+        report.conflicts.append(f"{overlay.gitdir}: {reason}")
+        report.outcomes = [
+            GitImportOutcome(
+                repository=overlay.gitdir, status=GitImportStatus.REFUSED, refused=(reason,)
+            )
+        ]
         return report
-    try:
-        for dirpath, dirnames, filenames in os.walk(overlay.upper):
-            rel_dir = os.path.relpath(dirpath, overlay.upper)
-            rel_dir = "" if rel_dir == "." else rel_dir
-            for name in sorted(
-                filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-            ):
-                rel = f"{rel_dir}/{name}" if rel_dir else name
-                if rel in placeholders:
-                    continue
-                _merge_entry(
-                    overlay,
-                    base_fd,
-                    rel_dir=rel_dir,
-                    name=name,
-                    rel=rel,
-                    started_ns=started_ns,
-                    report=report,
-                )
-            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-    finally:
-        os.close(base_fd)
-    return report
-
-
-def _merge_entry(
-    overlay: GitOverlay,
-    base_fd: int,
-    *,
-    rel_dir: str,
-    name: str,
-    rel: str,
-    started_ns: int,
-    report: MergeReport,
-) -> None:
-    shown = os.path.join(overlay.gitdir, rel)
-    src = os.path.join(overlay.upper, rel)
-    st = os.lstat(src)
-    why = _classify(rel)
-    if why == "commondir" and stat.S_ISREG(st.st_mode) and _read_small(src) in ("../..\n", "../.."):
-        why = None
-    if why is not None:
-        if why != "stale lock":
-            report.refuse(shown, why)
-        return
-    if _is_whiteout(st):
-        _merge_deletion(
-            base_fd, rel_dir=rel_dir, name=name, shown=shown, started_ns=started_ns, report=report
+    for rel, why in result.denials:
+        report.refuse(os.path.join(overlay.gitdir, rel), why)
+    report.new_gitlinks = sorted(result.new_gitlinks)
+    report.outcomes = [o for o in (result.outcome, *result.modules) if o is not None]
+    for outcome in report.outcomes:
+        report.applied += list(outcome.applied)
+        if outcome.status is GitImportStatus.APPLIED:
+            continue
+        kept = f"; the command's commits are kept at {outcome.kept_at}" if outcome.kept_at else ""
+        reasons = [f"{c.name} (host: {c.host}, command: {c.command})" for c in outcome.conflicts]
+        reasons += list(outcome.refused)
+        report.conflicts.append(
+            f"{outcome.repository}: {outcome.status.value}, nothing applied: "
+            f"{'; '.join(reasons[:4])}{kept}"
         )
-        return
-    if not stat.S_ISREG(st.st_mode):
-        report.refuse(shown, "not a regular file")
-        return
-    with open(src, "rb") as fh:
-        data = fh.read()
-    if (runs := _runs_code(rel, data)) is not None:
-        report.refuse(shown, runs)
-        return
-    try:
-        dir_fd = _open_dir_nofollow(base_fd, rel_dir, create=True)
-    except OSError as exc:
-        report.conflicts.append(f"{shown}: {exc.strerror or exc}")
-        return
-    try:
-        current = _read_host(dir_fd, name)
-        if current is not None and current[0] == data:
-            return
-        if rel.split("/", maxsplit=1)[0] == "objects" and current is not None:
-            return  # content-addressed: an existing object is never rewritten
-        if name == "index" and not rel_dir and current is not None:
-            report.new_gitlinks = sorted(gitlinks(data) - gitlinks(current[0]))
-        if current is not None and current[1].st_mtime_ns > started_ns:
-            if rel.startswith("logs/") and data.startswith(current[0]):
-                pass  # the host appended too: ours is a superset only if it starts with theirs
-            else:
-                report.conflicts.append(f"{shown} changed on the host during the command")
-                return
-        _write_host(dir_fd, name, data, st.st_mode)
-        report.applied.append(rel)
-    except OSError as exc:
-        report.conflicts.append(f"{shown}: {exc.strerror or exc}")
-    finally:
-        os.close(dir_fd)
-
-
-def _merge_deletion(
-    base_fd: int, *, rel_dir: str, name: str, shown: str, started_ns: int, report: MergeReport
-) -> None:
-    if rel_dir.split("/", maxsplit=1)[0] == "objects":
-        return  # pruning objects is never needed for correctness: keep them
-    try:
-        dir_fd = _open_dir_nofollow(base_fd, rel_dir, create=False)
-    except OSError:
-        return
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if st.st_mtime_ns > started_ns:
-            report.conflicts.append(f"{shown} changed on the host during the command")
-            return
-        if stat.S_ISDIR(st.st_mode):
-            _remove_tree_at(dir_fd, name)
-        else:
-            os.unlink(name, dir_fd=dir_fd)
-        report.applied.append(f"-{shown}")
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        report.conflicts.append(f"{shown}: {exc.strerror or exc}")
-    finally:
-        os.close(dir_fd)
-
-
-def _remove_tree_at(dir_fd: int, name: str) -> None:
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        for entry in os.listdir(fd):
-            st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                _remove_tree_at(fd, entry)
-            else:
-                os.unlink(entry, dir_fd=fd)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=dir_fd)
+    return report
 
 
 # -- nested repositories ----------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from bash_sandbox import git_import
 from bash_sandbox.backends.mount_plan import inspect_protected, tmp_tops, visible
 from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.git_plane import (
@@ -102,6 +103,7 @@ class HostSurvey:
                     else:
                         partial.append(f"{path} links to {target}, which does not exist yet")
             made = prepare_placeholders(gitdir, upper.upper, tuple(names))
+            git_import.begin(gitdir, upper.upper)  # the refs the import compares with
             overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
         # A missing protected name outside git: a placeholder of the right kind, covered,
         # removed once no command of this uid needs it (`placeholders.py`).

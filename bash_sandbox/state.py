@@ -104,7 +104,16 @@ class GitUpper:
 # Run with a dead executor's state dir before the sweep removes it, so a git import that the
 # kill interrupted can be finished or rolled back from its journal first (`recover(state_dir)`
 # of the git import registers here). A hook that raises keeps the dir for the next sweep.
-STALE_STATE_HOOKS: list[Callable[[str], None]] = []
+def _recover_git_imports(path: str) -> None:
+    """A dead executor's git imports first: a journal rolled forward or back, a command's
+    commits still only in its overlay imported into keep-refs (never swept unimported)."""
+    from bash_sandbox.git_import import recover
+
+    if not recover(path):
+        raise RuntimeError(f"git imports of {path} not recovered yet")
+
+
+STALE_STATE_HOOKS: list[Callable[[str], None]] = [_recover_git_imports]
 
 
 def _hooks_done(path: str) -> bool:

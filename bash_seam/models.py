@@ -155,6 +155,39 @@ class DenialGroup(BaseModel):
     targets: tuple[str, ...]  # the first few distinct targets
 
 
+class GitImportStatus(enum.StrEnum):
+    """What became of one repository's git state after a command (see `GitImportOutcome`)."""
+
+    APPLIED = "applied"  # every ref, the index, HEAD and the state files landed on the host
+    CONFLICT = "conflict"  # the host changed or locked what the command changed: nothing applied
+    REFUSED = "refused"  # the command's state failed git's validation: nothing applied
+    PARTIAL = "partial"  # applied, but some of it could not be (named in ``refused``)
+
+
+class GitRefConflict(BaseModel):
+    """One name both sides changed: the host's value now and the command's."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str  # a ref, `HEAD`, `index` or a lock file
+    host: str | None  # an object id, `ref: <name>`, or None (absent / held lock)
+    command: str | None
+
+
+class GitImportOutcome(BaseModel):
+    """One repository's import of the command's git state (never silent: a conflict or a
+    refusal names what was kept where)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    repository: str  # the host git directory
+    status: GitImportStatus
+    kept_at: str | None = None  # the ref prefix holding the command's commits, when not applied
+    applied: tuple[str, ...] = ()  # refs, `HEAD`, `index`, state files that landed
+    conflicts: tuple[GitRefConflict, ...] = ()
+    refused: tuple[str, ...] = ()  # what failed validation, and why
+
+
 class SandboxFacts(BaseModel):
     """What confinement did for one command; `None` fields mean "unconfined".
 
@@ -185,6 +218,8 @@ class SandboxFacts(BaseModel):
     limits_enforcement: SandboxEnforcement | None = None
     # Nested git repositories or gitlinks the command created: host git would trust them.
     nested_repositories: tuple[str, ...] = ()
+    # Per repository whose git state the command changed: what the import did with it.
+    git: tuple[GitImportOutcome, ...] = ()
     # Loud notes about a degraded or interrupted confinement (never silent).
     warnings: tuple[str, ...] = ()
 

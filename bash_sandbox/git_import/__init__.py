@@ -1,0 +1,47 @@
+"""The git import: a confined command's git directory is an untrusted remote.
+
+Commands see a normal, writable repository (an overlay of the host's git directory with a
+private upper layer, `bash_sandbox.git_plane`). When one ends, nothing it wrote there reaches
+the host as it is. Its objects, refs, `HEAD`, pseudo-refs, index and rebase/sequencer state
+are read through git's own parsers from a private view (`view.py`), checked, and written on
+the host by git's own writers: objects by `git fetch` with fsck (each object hashed; trees
+with `.git` or `..` in any spelling refused), refs by one `git update-ref --stdin`
+transaction of compare-and-swaps against the values the command started from, the index
+rebuilt with `git update-index --index-info` (git's path rules; cache-tree and unknown
+extensions dropped, split index refused) and installed under git's `index.lock`. Config,
+hooks, `info/`, `commondir` and attributes stay the host's. See `transaction.py` for the
+order of the writes and the recovery after a crash, `state_files.py` for the small files.
+
+Public: `begin(gitdir, upper)` before the command (the snapshot), `import_changes(snapshot)`
+after it, `recover(state_dir)` before a dead executor's state is swept, and
+`import_created(source_gitdir, worktree)` for a repository the command created.
+"""
+
+from bash_sandbox.git_import.created import import_created
+from bash_sandbox.git_import.importer import (
+    KEEP_NAMESPACE,
+    ImportResult,
+    Snapshot,
+    begin,
+    import_changes,
+    load_snapshot,
+    recover,
+    recover_overlay,
+)
+from bash_sandbox.git_import.transaction import CRASH_ENV, WRITE_POINTS
+from bash_sandbox.git_import.view import GIT_STATE_CAP_BYTES
+
+__all__ = [
+    "CRASH_ENV",
+    "GIT_STATE_CAP_BYTES",
+    "KEEP_NAMESPACE",
+    "WRITE_POINTS",
+    "ImportResult",
+    "Snapshot",
+    "begin",
+    "import_changes",
+    "import_created",
+    "load_snapshot",
+    "recover",
+    "recover_overlay",
+]

@@ -1,0 +1,865 @@
+"""The import of one command's git state into the host repository (see the package doc)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bash_sandbox.git_import import state_files as sf
+from bash_sandbox.git_import.gitcmd import GitError, git, git_env
+from bash_sandbox.git_import.transaction import (
+    JOURNAL,
+    Conflict,
+    FileChange,
+    IndexChange,
+    Journal,
+    RefChange,
+    apply,
+    check_head_locks,
+    crash_point,
+    host_refs,
+    recover_journal,
+    release_index_locks,
+    remove_work,
+    take_index_locks,
+)
+from bash_sandbox.git_import.view import (
+    GIT_STATE_CAP_BYTES,
+    ScanRefused,
+    UpperScan,
+    add_admin_head,
+    build_view,
+    scan_upper,
+)
+from bash_seam import GitImportOutcome, GitImportStatus, GitRefConflict
+
+IMPORT_DIR = "import"
+INTENT = "intent.json"
+KEEP_NAMESPACE = "refs/bash-sandbox"
+_CARRIER = "refs/bash-sandbox-import"
+_CONTROL = frozenset({"config", "config.worktree", "commondir", "hooks", "info", "description"})
+_GITLINK = "160000"
+_INTENT_TO_ADD = 1 << 29
+# One entry of `git ls-files -s -z --debug`: the NUL-terminated line, then git's fixed lines.
+_DEBUG_ENTRY = re.compile(
+    rb"([^\0]*)\0  ctime: [^\n]*\n  mtime: [^\n]*\n  dev: [^\n]*\n  uid: [^\n]*\n"
+    rb"  size: [0-9]+\tflags: ([0-9a-f]+)\n"
+)
+
+
+@dataclass
+class Snapshot:
+    """The host repository as the command found it: what each change is compared with."""
+
+    gitdir: str
+    upper: str
+    run_id: str
+    refs: dict[str, str] | None  # None: the host's git could not read it as a repository
+    heads: dict[str, str | None]  # admin dir ("" or "worktrees/<name>") -> raw HEAD
+    indexes: dict[str, list[int] | None]  # admin dir -> identity of its index file
+    # Submodules' git directories below `modules/`: their own snapshots (as dicts).
+    modules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    taken_ns: int = 0  # when it was taken (0: unknown)
+
+
+@dataclass
+class ImportResult:
+    outcome: GitImportOutcome | None = None
+    modules: list[GitImportOutcome] = field(default_factory=list)  # submodules' outcomes
+    denials: list[tuple[str, str]] = field(default_factory=list)  # (path, why) discarded
+    new_gitlinks: list[str] = field(default_factory=list)
+
+
+def _identity(path: str) -> list[int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _admins(gitdir: str) -> list[str]:
+    admins = [""]
+    with contextlib.suppress(OSError):
+        admins += sorted(
+            f"worktrees/{e.name}"
+            for e in os.scandir(os.path.join(gitdir, "worktrees"))
+            if e.is_dir(follow_symlinks=False)
+        )
+    return admins
+
+
+def _read_head(gitdir: str, admin: str) -> str | None:
+    try:
+        with open(os.path.join(gitdir, admin, "HEAD"), "rb") as fh:
+            return fh.read(4096).decode(errors="replace")
+    except OSError:
+        return None
+
+
+def begin(gitdir: str, upper: str) -> Snapshot:
+    """Record, before the command starts, the host's refs, HEADs and indexes of ``gitdir``
+    (the compare-and-swap values), durably beside ``upper``: a later executor finds it there
+    and imports the command's commits even if this one dies."""
+    base = os.path.join(os.path.dirname(upper), IMPORT_DIR)
+    os.makedirs(base, 0o700, exist_ok=True)
+    snap = _take(gitdir, upper, f"{time.time_ns():x}-{os.getpid()}")
+    for i, rel in enumerate(_module_dirs(gitdir)):
+        sub = _take(os.path.join(gitdir, "modules", rel), "", f"{snap.run_id}-m{i}")
+        snap.modules[rel] = asdict(sub)
+    tmp = os.path.join(base, INTENT + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(asdict(snap), fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.rename(tmp, os.path.join(base, INTENT))
+    return snap
+
+
+def _take(gitdir: str, upper: str, run_id: str) -> Snapshot:
+    admins = _admins(gitdir)
+    try:
+        refs: dict[str, str] | None = host_refs(gitdir)
+    except (GitError, subprocess.SubprocessError):
+        refs = None  # not a repository git can read (yet): nothing to compare with
+    return Snapshot(
+        gitdir=gitdir,
+        upper=upper,
+        run_id=run_id,
+        refs=refs,
+        taken_ns=time.time_ns(),
+        heads={a: _read_head(gitdir, a) for a in admins},
+        indexes={a: _identity(os.path.join(gitdir, a, "index")) for a in admins},
+    )
+
+
+def _module_dirs(gitdir: str, depth: int = 3) -> list[str]:
+    """Submodules' git directories below `modules/` (names may hold slashes)."""
+    found: list[str] = []
+    level = [""]
+    for _ in range(depth):
+        below: list[str] = []
+        for rel in level:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(os.path.join(gitdir, "modules", rel)):
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                    sub = os.path.join(rel, entry.name)
+                    if os.path.isfile(os.path.join(entry.path, "HEAD")):
+                        found.append(sub)
+                    else:
+                        below.append(sub)
+        level = below
+    return sorted(found)
+
+
+def load_snapshot(upper: str) -> Snapshot | None:
+    try:
+        with open(os.path.join(os.path.dirname(upper), IMPORT_DIR, INTENT)) as fh:
+            return Snapshot(**json.load(fh))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+# -- reading the command's state through git -------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    """What the import would change, and what it found wrong, before anything is written."""
+
+    refs: list[RefChange] = field(default_factory=list)
+    heads: list[FileChange] = field(default_factory=list)
+    indexes: list[IndexChange] = field(default_factory=list)
+    files: list[FileChange] = field(default_factory=list)
+    carrier: dict[str, str] = field(default_factory=dict)  # keep-ref suffix -> object id
+    conflicts: list[GitRefConflict] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    old_heads: dict[str, str | None] = field(default_factory=dict)
+
+
+def _split(rel: str) -> tuple[str, str]:
+    parts = rel.split("/")
+    if parts[0] == "worktrees" and len(parts) >= 3:
+        return f"worktrees/{parts[1]}", "/".join(parts[2:])
+    return "", rel
+
+
+class _Importer:
+    def __init__(self, snap: Snapshot, scan: UpperScan, work: str, hexlen: int) -> None:
+        self.snap = snap
+        self.gitdir = snap.gitdir
+        self.upper = snap.upper
+        self.scan = scan
+        self.work = work
+        self.view = os.path.join(work, "view.git")
+        self.hexlen = hexlen
+        self.plan = _Plan()
+        self.result = ImportResult()
+        self._n = 0
+        self.reflogs: list[tuple[str, str]] = []  # (admin, `logs/<ref>`)
+        self.index_blobs: dict[str, list[str]] = {}  # admin -> blobs its new index names
+        self.view_refs: dict[str, str] = {}  # the command's refs, as git read them
+
+    def _stash(self, data: bytes) -> str:
+        """A checked copy in the work dir (what the transaction writes, and a recovery)."""
+        self._n += 1
+        path = os.path.join(self.work, "files", str(self._n))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return path
+
+    def _read(self, rel: str, limit: int = sf.MAX_TEXT) -> bytes:
+        with open(os.path.join(self.upper, rel), "rb") as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise sf.StateRefused(f"{rel} is larger than {limit} bytes")
+        return data
+
+    # -- classification of the command's writes ---------------------------------------
+
+    def classify(self) -> tuple[set[str], set[str], dict[str, set[str]], set[str]]:
+        """(admins whose HEAD changed, admins whose index changed, state dirs touched per
+        admin, loose files touched as `admin\\0name`)."""
+        heads: set[str] = set()
+        indexes: set[str] = set()
+        dirs: dict[str, set[str]] = {}
+        loose: set[str] = set()
+        entries = [(r, "file") for r in self.scan.files]
+        entries += [(r, "gone") for r in self.scan.whiteouts]
+        entries += [(r, "odd") for r in self.scan.odd]
+        entries += [(r, "opaque") for r in self.scan.opaque]
+        for rel, kind in entries:
+            admin, sub = _split(rel)
+            top = sub.split("/")[0]
+            if rel.startswith("modules/") or rel == "modules":
+                continue  # submodules' git directories: imported each on its own
+            if admin and sub in ("gitdir", "commondir", "locked"):
+                if kind == "file":
+                    loose.add(f"{admin}\0{sub}")
+                continue
+            if rel == "worktrees" or (admin == "" and top == "worktrees"):
+                if kind == "gone" and rel.count("/") == 1:
+                    self.plan.files.append(FileChange("", rel, None))
+                continue
+            if top == "logs":
+                if kind in ("file", "gone"):
+                    self.reflogs.append((admin, sub))
+                continue
+            if top in ("objects", "refs", "packed-refs") and not admin:
+                if rel in ("objects/info/alternates", "objects/info/http-alternates"):
+                    self.result.denials.append((rel, "alternates"))
+                continue
+            if admin and top == "refs":
+                continue  # per-worktree refs (bisect, rewritten): not imported
+            if sub == "HEAD":
+                heads.add(admin) if kind == "file" else None
+            elif sub == "index":
+                indexes.add(admin) if kind == "file" else None
+            elif top in sf.STATE_DIRS:
+                dirs.setdefault(admin, set()).add(top)
+            elif sub in sf.PSEUDO_REFS or sub in sf.MESSAGES:
+                if kind in ("file", "gone"):
+                    loose.add(f"{admin}\0{sub}")
+            elif sub in sf.IGNORED or sub.endswith(".lock") or kind == "opaque":
+                continue
+            elif top in _CONTROL:
+                if kind != "gone":
+                    self.result.denials.append((rel, top))
+            elif kind != "gone":
+                self.result.denials.append((rel, f"{top} is not git state"))
+        return heads, indexes, dirs, loose
+
+    # -- refs ----------------------------------------------------------------------------
+
+    def plan_refs(self, host_now: dict[str, str]) -> None:
+        view_refs = self.view_refs = host_refs(self.view)
+        start = self.snap.refs or {}
+        names = sorted(set(start) | set(view_refs))
+        for name in names:
+            if name.startswith((KEEP_NAMESPACE + "/", _CARRIER + "/")):
+                continue
+            s, c, h = start.get(name), view_refs.get(name), host_now.get(name)
+            if c in (s, h):
+                continue  # unchanged, or the host's own change the command saw
+            if c is None:
+                broken = git(self.view, "rev-parse", "-q", "--verify", name, check=False)
+                if broken.returncode == 0:
+                    self.plan.refused.append(f"{name}: names an object that does not exist")
+                    continue
+            if h != s:
+                self.plan.conflicts.append(GitRefConflict(name=name, host=h, command=c))
+            self.plan.refs.append(RefChange(name, c, s))
+            if c is not None:
+                self.plan.carrier[name.removeprefix("refs/")] = c
+
+    def plan_head(self, admin: str) -> None:
+        view_admin = self.view
+        if admin:
+            view_admin = add_admin_head(self.view, admin, os.path.join(self.upper, admin, "HEAD"))
+        sym = git(view_admin, "symbolic-ref", "-q", "HEAD", check=False)
+        if sym.returncode == 0:
+            target = sym.stdout.decode(errors="replace").strip()
+            ok = target.startswith("refs/heads/") and (
+                target in self.view_refs  # a name git itself listed
+                or git(view_admin, "check-ref-format", target, check=False).returncode == 0
+            )
+            if not ok:
+                self.plan.refused.append(f"{admin or '.'}/HEAD: not a branch ({target!r})")
+                return
+            new = f"ref: {target}\n"
+        else:
+            oid = git(view_admin, "rev-parse", "-q", "--verify", "HEAD", check=False)
+            if oid.returncode != 0:
+                self.plan.refused.append(f"{admin or '.'}/HEAD: neither a branch nor an object")
+                return
+            value = oid.stdout.decode(errors="replace").strip()
+            new = f"{value}\n"
+            self.plan.carrier[os.path.join(admin, "HEAD")] = value
+        old = self.snap.heads.get(admin)
+        if new == old:
+            return
+        now = _read_head(self.gitdir, admin)
+        if now != old:
+            self.plan.conflicts.append(
+                GitRefConflict(name=os.path.join(admin, "HEAD"), host=now, command=new)
+            )
+        self.plan.old_heads[admin] = old
+        self.plan.heads.append(FileChange(admin, "HEAD", self._stash(new.encode())))
+
+    # -- the index -----------------------------------------------------------------------
+
+    def _ls_files(self, index: str, *, tags: bool = False) -> bytes:
+        """The entries of ``index`` as git's reader sees them (`-t`: with a status tag, `S`
+        for skip-worktree)."""
+        env = git_env(GIT_INDEX_FILE=index)
+        args = ["ls-files", "--stage", "-z", *(["-t"] if tags else [])]
+        return git(self.view, *args, env=env).stdout
+
+    def _intent_to_add(self, index: str) -> set[bytes]:
+        """Paths `git add -N` put in ``index`` (git's own `--debug` listing, flag bit 29)."""
+        out = git(self.view, "ls-files", "-s", "-z", "--debug", env=git_env(GIT_INDEX_FILE=index))
+        found: set[bytes] = set()
+        for match in _DEBUG_ENTRY.finditer(out.stdout):
+            if int(match.group(2), 16) & _INTENT_TO_ADD:
+                found.add(match.group(1).split(b"\t", 1)[1])
+        return found
+
+    def _add_intents(self, paths: list[bytes], env: dict[str, str]) -> None:
+        """Intent-to-add entries, made by `git add -N` over an empty work tree of ours
+        (the paths passed git's path rules when the rest of the index was rebuilt)."""
+        tree = os.path.realpath(os.path.join(self.work, "intent-worktree"))
+        for path in paths:
+            full = os.path.realpath(os.path.join(tree, os.fsdecode(path)))
+            if not full.startswith(tree + "/"):
+                continue
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            open(full, "ab").close()  # an empty file, closed at once
+        git(
+            self.view,
+            f"--work-tree={tree}",
+            "add",
+            "-N",
+            "--pathspec-from-file=-",
+            "--pathspec-file-nul",
+            input=b"".join(p + b"\0" for p in paths),
+            env=env,
+            check=False,
+        )
+
+    def plan_index(self, admin: str) -> None:
+        src = os.path.join(self.upper, admin, "index")
+        try:
+            tagged = self._ls_files(src, tags=True)
+        except GitError as exc:
+            self.plan.refused.append(f"{admin or '.'}/index: git cannot read it ({exc.stderr})")
+            return
+        host_index = os.path.join(self.gitdir, admin, "index")
+        host_listed = b""
+        if os.path.isfile(host_index):
+            with contextlib.suppress(GitError):
+                host_listed = self._ls_files(host_index, tags=True)
+        if tagged == host_listed:
+            return  # the same entries (a refresh): the host's index stays as it is
+        rebuilt = os.path.join(self.work, f"index-{len(self.plan.indexes)}")
+        env = git_env(GIT_INDEX_FILE=rebuilt)
+        entries = [e[2:] for e in tagged.split(b"\0") if e]
+        sparse = [e.split(b"\t", 1)[1] for e in tagged.split(b"\0") if e[:2] == b"S "]
+        intents = self._intent_to_add(src)
+        listed = b"".join(e + b"\0" for e in entries if e.split(b"\t", 1)[1] not in intents)
+        done = git(self.view, "update-index", "-z", "--index-info", input=listed, env=env)
+        if intents and os.path.exists(rebuilt):
+            self._add_intents(sorted(intents), env)
+        if sparse and os.path.exists(rebuilt):
+            # Sparse checkout: the skip-worktree bits, set by git on the rebuilt entries.
+            empty = os.path.join(self.work, "empty-worktree")
+            os.makedirs(empty, exist_ok=True)
+            git(
+                self.view,
+                f"--work-tree={empty}",
+                "update-index",
+                "-z",
+                "--skip-worktree",
+                "--stdin",
+                input=b"".join(p + b"\0" for p in sparse),
+                env=env,
+            )
+        kept = [e for e in self._ls_files(rebuilt).split(b"\0") if e]
+        if len(kept) != len(entries) or not os.path.exists(rebuilt):
+            ignored = [
+                line.removeprefix("Ignoring path ")
+                for line in done.stderr.decode(errors="replace").splitlines()
+            ]
+            self.plan.refused.append(
+                f"{admin or '.'}/index: paths git refuses ({', '.join(ignored[:5])})"
+            )
+            return
+        head_now = _read_head(self.gitdir, admin)
+        if head_now != self.snap.heads.get(admin):
+            # The index is relative to the HEAD the command saw: the host switched away.
+            self.plan.conflicts.append(
+                GitRefConflict(name=os.path.join(admin, "HEAD"), host=head_now, command="index")
+            )
+        if _identity(host_index) != self.snap.indexes.get(admin):
+            self.plan.conflicts.append(
+                GitRefConflict(name=os.path.join(admin, "index"), host="changed", command="changed")
+            )
+        blobs: dict[str, None] = {}
+        host_links = {e.split(b"\t", 1)[1] for e in host_listed.split(b"\0") if e[2:8] == b"160000"}
+        for entry in kept:
+            meta, _, path = entry.partition(b"\t")
+            mode, oid, _stage = meta.decode().split(" ")
+            if mode == _GITLINK:
+                if path not in host_links:
+                    self.result.new_gitlinks.append(path.decode(errors="replace"))
+            else:
+                blobs[oid] = None
+        self.index_blobs[admin] = list(blobs)
+        tmp_name = f".bash-sandbox-{self.snap.run_id}-index"
+        self.plan.indexes.append(IndexChange(admin, rebuilt, tmp_name))
+
+    # -- pseudo-refs, messages, state directories ---------------------------------------
+
+    def plan_loose(self, admin: str, name: str) -> None:
+        rel = os.path.join(admin, name)
+        if rel in self.scan.whiteouts:
+            self.plan.files.append(FileChange(admin, name, None))
+            return
+        try:
+            data = self._read(rel)
+            if name in sf.PSEUDO_REFS:
+                oids = sf.parse_oids(data, self.hexlen)
+                for i, oid in enumerate(oids):
+                    self.plan.carrier[os.path.join(admin, f"{name}-{i}")] = oid
+                data = "".join(f"{o}\n" for o in oids).encode()
+            elif name == "gitdir":
+                text = data.decode()
+                if not text.startswith("/") or text.count("\n") > 1:
+                    raise sf.StateRefused("not an absolute path")
+            elif name == "commondir":
+                if data.strip() != b"../..":
+                    raise sf.StateRefused("a common dir other than git's own")
+            else:
+                data = sf.check_text(data)
+        except (sf.StateRefused, UnicodeError) as exc:
+            self.plan.refused.append(f"{rel}: {exc}")
+            return
+        self.plan.files.append(FileChange(admin, name, self._stash(data)))
+
+    def plan_state_dir(self, admin: str, top: str) -> None:
+        rel_dir = os.path.join(admin, top)
+        merged: dict[str, str] = {}
+        host_dir = os.path.join(self.gitdir, rel_dir)
+        if not self.scan.removed(rel_dir):
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(host_dir):
+                    rel = f"{rel_dir}/{entry.name}"
+                    if entry.is_file(follow_symlinks=False) and not self.scan.removed(rel):
+                        merged[entry.name] = entry.path
+        for rel in self.scan.files:
+            if rel.startswith(rel_dir + "/") and "/" not in rel[len(rel_dir) + 1 :]:
+                merged[rel[len(rel_dir) + 1 :]] = os.path.join(self.upper, rel)
+        if not merged:
+            self.plan.files.append(FileChange(admin, top, None))
+            return
+        out = os.path.join(self.work, "dirs", str(len(self.plan.files)), top)
+        os.makedirs(out)
+        try:
+            for name, path in sorted(merged.items()):
+                with open(path, "rb") as fh:
+                    data = fh.read(sf.MAX_TEXT + 1)
+                checked = sf.check_state_file(f"{top}/{name}", path, data)
+                with open(os.path.join(out, name), "wb") as fh:
+                    fh.write(checked.data)
+        except (sf.StateRefused, OSError) as exc:
+            self.plan.refused.append(f"{rel_dir}/: {exc}")
+            return
+        self.plan.files.append(FileChange(admin, top, out, is_dir=True))
+
+    def plan_reflog(self, admin: str, sub: str, missing: set[str], absent: frozenset[str]) -> None:
+        """A reflog the command changed (a stash pushed or dropped, a commit): each entry
+        parsed and written back, the objects it names imported (a stash lives only there)."""
+        rel = os.path.join(admin, sub)
+        name = sub.removeprefix("logs/")
+        head, _, base = rel.rpartition("/")
+        known = self.view_refs.keys() | (self.snap.refs or {}).keys()
+        if name != "HEAD" and name not in known:  # only the reflog of a ref git listed
+            self.result.denials.append((rel, "not the reflog of a ref"))
+            return
+        moved = {c.name for c in self.plan.refs} | {
+            os.path.join(h.admin, "HEAD") for h in self.plan.heads
+        }
+        try:
+            host_mtime = os.lstat(os.path.join(self.gitdir, rel)).st_mtime_ns
+        except OSError:
+            host_mtime = 0
+        if (
+            (os.path.join(admin, name) if name == "HEAD" else name) not in moved
+            and self.snap.taken_ns
+            and host_mtime > self.snap.taken_ns
+        ):
+            # The host wrote this reflog during the command and the command moved no ref
+            # of it: the host's entries stay (the command's may name nothing new).
+            self.result.denials.append((rel, "the host's reflog changed meanwhile; kept"))
+            return
+        if rel in self.scan.whiteouts:
+            self.plan.files.append(FileChange(head, base, None))
+            return
+        try:
+            data, oids = sf.parse_reflog(self._read(rel), self.hexlen, absent)
+        except (sf.StateRefused, OSError) as exc:
+            self.plan.refused.append(f"{rel}: {exc}")
+            return
+        for i, oid in enumerate(o for o in oids if o in missing):
+            self.plan.carrier[f"logs/{admin}/{name}/{i}".replace("//", "/")] = oid
+        self.plan.files.append(FileChange(head, base, self._stash(data)))
+
+    def _missing(self) -> tuple[set[str], frozenset[str]]:
+        """The objects the reflogs name that the host lacks (imported, with keep-refs), and
+        those nobody has (their entries are dropped: git prunes them the same way)."""
+        wanted: dict[str, None] = {}
+        for admin, sub in self.reflogs:
+            rel = os.path.join(admin, sub)
+            if rel in self.scan.files:
+                with contextlib.suppress(sf.StateRefused, OSError):
+                    wanted.update(dict.fromkeys(sf.parse_reflog(self._read(rel), self.hexlen)[1]))
+        missing = self._absent(self.gitdir, wanted)
+        absent = self._absent(self.view, missing) if missing else set()
+        return missing - absent, frozenset(absent)
+
+    @staticmethod
+    def _absent(gitdir: str, oids: Iterable[str]) -> set[str]:
+        done = git(
+            gitdir,
+            "cat-file",
+            "--batch-check=%(objectname)",
+            input="".join(f"{o}\n" for o in oids).encode(),
+        )
+        return {line.split()[0] for line in done.stdout.decode().splitlines() if "missing" in line}
+
+    # -- the whole ------------------------------------------------------------------------
+
+    def run(self, *, keep_only: bool) -> ImportResult:
+        heads, indexes, dirs, loose = self.classify()
+        for rel in self.scan.refused:
+            self.plan.refused.append(rel)
+        host_now = host_refs(self.gitdir)
+        self.plan_refs(host_now)
+        for admin in sorted(heads):
+            self.plan_head(admin)
+        for admin in sorted(indexes):
+            self.plan_index(admin)
+        for admin, tops in sorted(dirs.items()):
+            for top in sorted(tops):
+                self.plan_state_dir(admin, top)
+        # A new linked worktree's `gitdir` last: git takes the directory as a worktree then.
+        order = {"gitdir": 2, "commondir": 1}
+        missing, absent = self._missing()
+        for admin, sub in sorted(self.reflogs):
+            self.plan_reflog(admin, sub, missing, absent)
+        for key in sorted(loose, key=lambda k: (order.get(k.split("\0")[1], 0), k)):
+            admin, name = key.split("\0")
+            self.plan_loose(admin, name)
+        plan = self.plan
+        if not (plan.refs or plan.heads or plan.indexes or plan.files or plan.refused):
+            return self.result
+        keep_prefix = f"{KEEP_NAMESPACE}/{self.snap.run_id}"
+        keep_refs = self._transfer(keep_prefix)
+        if keep_refs is None:
+            return self.result
+        crash_point("objects")
+        kept = keep_prefix if keep_refs else None
+        if keep_only:
+            return self.result
+        if plan.refused:
+            return self._outcome(GitImportStatus.REFUSED, kept=kept)
+        if plan.conflicts:
+            return self._outcome(GitImportStatus.CONFLICT, kept=kept)
+        journal = Journal(
+            gitdir=self.gitdir,
+            run_id=self.snap.run_id,
+            keep_prefix=keep_prefix,
+            keep_refs=keep_refs,
+            refs=plan.refs,
+            heads=plan.heads,
+            indexes=plan.indexes,
+            files=plan.files,
+            old_heads=plan.old_heads,
+        )
+        journal_path = os.path.join(self.work, JOURNAL)
+        journal.save(journal_path)
+        crash_point("journal")
+        try:
+            check_head_locks(journal)
+            take_index_locks(journal)
+        except Conflict as exc:
+            os.unlink(journal_path)
+            plan.conflicts.append(GitRefConflict(name=exc.name, host=exc.host, command=exc.command))
+            return self._outcome(GitImportStatus.CONFLICT, kept=kept)
+        try:
+            applied = apply(journal, journal_path, "0" * self.hexlen)
+        except Conflict as exc:
+            os.unlink(journal_path)
+            plan.conflicts.append(GitRefConflict(name=exc.name, host=exc.host, command=exc.command))
+            return self._outcome(GitImportStatus.CONFLICT, kept=kept)
+        except BaseException:
+            release_index_locks(self.gitdir, journal.indexes) if not journal.committed else None
+            raise
+        os.unlink(journal_path)
+        # After the refs moved, the host's git took `HEAD.lock` (or an index lock was
+        # lost): what is missing is named, the rest stays applied.
+        wanted = [os.path.join(h.admin, "HEAD") for h in plan.heads]
+        wanted += [os.path.join(i.admin, "index") for i in plan.indexes]
+        lost = [w for w in wanted if w not in applied]
+        if lost:
+            plan.refused += [f"{w}: the host's git held or moved it; kept as it was" for w in lost]
+            return self._outcome(GitImportStatus.PARTIAL, applied=applied)
+        return self._outcome(GitImportStatus.APPLIED, applied=applied)
+
+    def _transfer(self, keep_prefix: str) -> dict[str, str] | None:
+        """Every object the plan names, into the host's store through `git fetch` with git's
+        object checks (fsck: hashes, trees with `.git` or `..`), held by keep-refs: first
+        what refs and HEADs name, then the blobs a new index names that the host still
+        lacks (a tree of them). None when git refused them."""
+        keep: dict[str, str] = {}
+        if self.plan.carrier and not self._fetch(self.plan.carrier, keep_prefix, keep):
+            return None
+        lacking: dict[str, None] = {}
+        for blobs in self.index_blobs.values():
+            lacking.update(dict.fromkeys(blobs))
+        lacking = dict.fromkeys(sorted(self._absent(self.gitdir, lacking))) if lacking else {}
+        if not lacking:
+            return keep
+        tree = git(
+            self.view,
+            "mktree",
+            "-z",
+            input=b"".join(f"100644 blob {o}\t{o}\0".encode() for o in lacking),
+            check=False,
+        )
+        if tree.returncode != 0:
+            self.plan.refused.append("index: names objects that do not exist")
+            return keep
+        if not self._fetch({"index": tree.stdout.decode().strip()}, keep_prefix, keep):
+            return None
+        return keep
+
+    def _fetch(self, carrier: dict[str, str], keep_prefix: str, keep: dict[str, str]) -> bool:
+        lines = [f"update {_CARRIER}/{suffix} {oid}" for suffix, oid in carrier.items()]
+        before = _temp_objects(self.gitdir)
+        started = time.time_ns()
+        names = [f"+{_CARRIER}/{suffix}:{keep_prefix}/{suffix}" for suffix in carrier]
+        try:
+            git(self.view, "update-ref", "--stdin", input=("\n".join(lines) + "\n").encode())
+            git(
+                self.gitdir,
+                "-c", "fetch.fsckObjects=true",
+                "-c", "transfer.fsckObjects=true",
+                "-c", "fetch.prune=false",
+                "fetch", "--atomic", "--no-tags", "--no-write-fetch-head", "--no-auto-gc",
+                "--no-recurse-submodules", "--no-show-forced-updates", "--quiet",
+                "--stdin",
+                self.view,
+                input=("\n".join(names) + "\n").encode(),
+            )  # fmt: skip
+        except GitError as exc:
+            # A failed fetch (a full disk) leaves its temporary pack: ours, removed.
+            for path in (_temp_objects(self.gitdir) - before) | _loose_temps(self.gitdir, started):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            self.plan.refused.append(f"objects: git refused them ({exc.stderr.strip()[-300:]})")
+            kept = keep_prefix if keep else None
+            self.result.outcome = self._outcome(GitImportStatus.REFUSED, kept=kept).outcome
+            return False
+        keep.update({f"{keep_prefix}/{suffix}": oid for suffix, oid in carrier.items()})
+        return True
+
+    def _outcome(
+        self, status: GitImportStatus, *, kept: str | None = None, applied: list[str] | None = None
+    ) -> ImportResult:
+        self.result.outcome = GitImportOutcome(
+            repository=self.gitdir,
+            status=status,
+            kept_at=kept,
+            applied=tuple(applied or ()),
+            conflicts=tuple(self.plan.conflicts),
+            refused=tuple(self.plan.refused),
+        )
+        return self.result
+
+
+def _temp_objects(gitdir: str) -> set[str]:
+    """Git's temporary object files (`tmp_pack_*`, `tmp_idx_*`, `tmp_obj_*`)."""
+    objects = os.path.join(gitdir, "objects")
+    found: set[str] = set()
+    for sub in ("pack", ""):
+        with contextlib.suppress(OSError):
+            found.update(
+                e.path for e in os.scandir(os.path.join(objects, sub)) if e.name.startswith("tmp_")
+            )
+    return found
+
+
+def _loose_temps(gitdir: str, since_ns: int) -> set[str]:
+    """Temporary loose objects (`objects/xx/tmp_obj_*`) made since ``since_ns``."""
+    found: set[str] = set()
+    with contextlib.suppress(OSError):
+        for sub in os.scandir(os.path.join(gitdir, "objects")):
+            if len(sub.name) != 2 or not sub.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                found.update(
+                    e.path
+                    for e in os.scandir(sub.path)
+                    if e.name.startswith("tmp_") and e.stat().st_mtime_ns >= since_ns
+                )
+    return found
+
+
+def _hexlen(snap: Snapshot) -> int:
+    for oid in (snap.refs or {}).values():
+        return len(oid)
+    out = git(snap.gitdir, "rev-parse", "--show-object-format").stdout.strip()
+    return 64 if out == b"sha256" else 40
+
+
+def import_changes(
+    snap: Snapshot,
+    *,
+    skip: frozenset[str] = frozenset(),
+    cap: int = GIT_STATE_CAP_BYTES,
+    keep_only: bool = False,
+    work_base: str | None = None,
+) -> ImportResult:
+    """Import what the command wrote in ``snap.upper`` into ``snap.gitdir``: validated by
+    git, applied as one transaction, a conflict or refusal kept and reported. ``skip``:
+    paths of the upper layer the executor made itself (placeholders). ``work_base``: where
+    the view and journal go (default: beside the upper layer, in the executor's state)."""
+    try:
+        scan = scan_upper(snap.upper, skip=skip, cap=cap)
+    except ScanRefused as exc:
+        outcome = GitImportOutcome(
+            repository=snap.gitdir, status=GitImportStatus.REFUSED, refused=(str(exc),)
+        )
+        return ImportResult(outcome=outcome)
+    if scan.empty():
+        return ImportResult()
+    if snap.refs is None:
+        # Not a repository host git reads: none of it is imported (git would not use it).
+        why = "not imported: the host directory is not a git repository"
+        return ImportResult(denials=[(rel, why) for rel in sorted(scan.files)[:64]])
+    base = work_base or os.path.join(os.path.dirname(snap.upper), IMPORT_DIR)
+    work = os.path.join(base, "work")
+    if os.path.exists(work):
+        remove_work(work)
+    os.makedirs(work)
+    hexlen = _hexlen(snap)
+    fmt = "sha256" if hexlen == 64 else "sha1"
+    importer = _Importer(snap, scan, work, hexlen)
+    left_out = build_view(importer.view, snap.gitdir, snap.upper, scan, object_format=fmt)
+    importer.result.denials += [(rel, "not an object file") for rel in left_out]
+    importer.result.denials += [(rel, "not a regular file") for rel in scan.odd]
+    result = importer.run(keep_only=keep_only)
+    _import_modules(snap, base, result, keep_only=keep_only)
+    if work_base is None:
+        # Done (whatever the outcome): a recovery has nothing left to import from here.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(base, INTENT))
+    return result
+
+
+def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_only: bool) -> None:
+    """Each submodule's git directory the command changed, imported on its own; one it
+    created, into a new repository with git's default control plane (`import_created`)."""
+    from bash_sandbox.git_import.created import import_created
+
+    modules_upper = os.path.join(snap.upper, "modules")
+    if not os.path.isdir(modules_upper):
+        return
+    for i, rel in enumerate(sorted(snap.modules)):
+        sub_upper = os.path.join(modules_upper, rel)
+        if not os.path.isdir(sub_upper):
+            continue
+        sub = Snapshot(**{**snap.modules[rel], "upper": sub_upper, "modules": {}})
+        done = import_changes(sub, keep_only=keep_only, work_base=os.path.join(base, f"m{i}"))
+        result.modules += [o for o in (done.outcome, *done.modules) if o is not None]
+    for j, rel in enumerate(_module_dirs(modules_upper[: -len("/modules")])):
+        host = os.path.join(snap.gitdir, "modules", rel)
+        if rel in snap.modules or os.path.lexists(host) or keep_only:
+            continue
+        made = import_created(
+            os.path.join(modules_upper, rel),
+            host,
+            os.path.join(base, f"new{j}"),
+            run_id=f"{snap.run_id}-new{j}",
+            worktree_within=os.path.dirname(snap.gitdir),
+        )
+        result.modules += [o for o in (made.outcome, *made.modules) if o is not None]
+
+
+def recover(state_dir: str) -> bool:
+    """Finish or undo every import a dead executor left in ``state_dir``, and import the
+    commits of any command it never imported into keep-refs; True when its state may be
+    removed (nothing there is the only copy of a commit any more)."""
+    root = os.path.join(state_dir, "git")
+    try:
+        bases = sorted(os.listdir(root))
+    except OSError:
+        return True
+    safe = True
+    for name in bases:
+        safe = recover_overlay(os.path.join(root, name, "upper")) and safe
+    return safe
+
+
+def recover_overlay(upper: str) -> bool:
+    """`recover` for one overlay (its upper layer's path); True when nothing is left."""
+    imp = os.path.join(os.path.dirname(upper), IMPORT_DIR)
+    # The repository's journal, and its submodules' (`m<i>/work/journal.json`).
+    journals = [os.path.join(imp, "work", JOURNAL)]
+    with contextlib.suppress(OSError):
+        journals += [os.path.join(imp, d, "work", JOURNAL) for d in sorted(os.listdir(imp))]
+    try:
+        found = [j for j in journals if os.path.exists(j)]
+        for journal in found:
+            recover_journal(journal)
+            os.unlink(journal)
+        if not found and os.path.exists(os.path.join(imp, INTENT)):
+            snap = load_snapshot(upper)
+            if snap is not None and os.path.isdir(snap.gitdir):
+                import_changes(snap, keep_only=True)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(imp, INTENT))
+    except Exception:
+        return False
+    return True

@@ -1,0 +1,211 @@
+"""The small files of git's state besides refs, objects and the index: pseudo-refs, message
+files, and the rebase, am and sequencer state the host's `git <op> --continue` acts on.
+
+Each is read from the command's layer, checked, and re-serialized from its parsed form
+(never copied as it is): pseudo-refs are lines of object ids; message files are text git
+only shows or uses as a message; a todo list holds only git's own commands (no `exec`);
+`sequencer/opts` is read with git's config parser (`git config --file --list -z`) and only
+its known keys kept, a merge strategy only when it is one of git's own. Anything else in
+those directories is refused: a name the host's git might act on is never guessed at.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from bash_sandbox.git_import.gitcmd import GitError, git
+
+MAX_TEXT = 8 << 20
+
+# Files holding object ids, one a line (MERGE_HEAD may hold several).
+PSEUDO_REFS = frozenset(
+    {
+        "ORIG_HEAD",
+        "MERGE_HEAD",
+        "CHERRY_PICK_HEAD",
+        "REVERT_HEAD",
+        "REBASE_HEAD",
+        "BISECT_HEAD",
+        "AUTO_MERGE",
+        "BISECT_EXPECTED_REV",
+        "MERGE_AUTOSTASH",
+    }
+)
+# Text git reads as a message, a mode word or a list of names, never as code or a path.
+MESSAGES = frozenset(
+    {
+        "COMMIT_EDITMSG",
+        "MERGE_MSG",
+        "MERGE_MODE",
+        "SQUASH_MSG",
+        "TAG_EDITMSG",
+        "BISECT_LOG",
+        "BISECT_NAMES",
+        "BISECT_START",
+        "BISECT_TERMS",
+        "BISECT_ANCESTORS_OK",
+    }
+)
+# Written by git for itself, or dropped on purpose (fetch results are refetched).
+IGNORED = frozenset({"FETCH_HEAD", "gc.pid", "gc.log", "index.lock", "HEAD.lock"})
+STATE_DIRS = frozenset({"rebase-merge", "rebase-apply", "sequencer"})
+
+_TODO = frozenset(
+    {"rebase-merge/git-rebase-todo", "rebase-merge/git-rebase-todo.backup",
+     "rebase-merge/done", "sequencer/todo", "sequencer/done"}
+)  # fmt: skip
+_TODO_COMMANDS = frozenset(
+    {"pick", "p", "reword", "r", "edit", "e", "squash", "s", "fixup", "f", "break", "b",
+     "drop", "d", "label", "l", "reset", "t", "merge", "m", "noop", "update-ref", "u",
+     "revert"}
+)  # fmt: skip
+BUILTIN_STRATEGIES = frozenset({"ort", "recursive", "resolve", "octopus", "ours", "subtree"})
+_REBASE_MERGE = frozenset(
+    {"git-rebase-todo", "git-rebase-todo.backup", "done", "head-name", "onto", "orig-head",
+     "interactive", "msgnum", "end", "message", "author-script", "amend", "stopped-sha",
+     "strategy", "strategy_opts", "allow_rerere_autoupdate", "gpg_sign_opt", "signoff",
+     "quiet", "verbose", "drop_redundant_commits", "keep_redundant_commits",
+     "reschedule-failed-exec", "no-reschedule-failed-exec", "update-refs", "rewritten-list",
+     "rewritten-pending", "current-fixups", "squash-onto", "patch", "autostash",
+     "committer-date-is-author-date", "ignore-date", "root", "message-squash",
+     "message-fixup", "dropped", "refs-to-check", "cdate_is_adate", "no-verify"}
+)  # fmt: skip
+_REBASE_APPLY = frozenset(
+    {"next", "last", "applying", "patch", "final-commit", "info", "msg", "msg-clean", "keep",
+     "threeway", "quiet", "sign", "utf8", "rebasing", "orig-head", "onto", "head-name",
+     "abort-safety", "original-commit", "author-script", "scissors", "no_inbody_headers",
+     "messageid", "quoted-cr", "apply-opt", "dirtyindex", "empty", "rewritten",
+     "committer-date-is-author-date", "ignore-date", "autostash"}
+)  # fmt: skip
+_SEQUENCER = frozenset({"todo", "done", "opts", "head", "abort-safety"})
+# `sequencer/opts` keys git's sequencer reads (`populate_opts_cb`), lower-cased.
+_OPTS_KEYS = frozenset(
+    {"options.no-commit", "options.edit", "options.allow-empty", "options.allow-empty-message",
+     "options.keep-redundant-commits", "options.drop-redundant-commits", "options.signoff",
+     "options.record-origin", "options.allow-ff", "options.mainline", "options.strategy",
+     "options.strategy-option", "options.allow-rerere-auto", "options.default-msg-cleanup",
+     "options.gpg-sign", "options.reschedule-failed-exec"}
+)  # fmt: skip
+# Passed to `git apply` / a signing program: never the command's.
+_ONLY_EMPTY = frozenset({"rebase-apply/apply-opt"})
+_SIGNING = frozenset({"rebase-merge/gpg_sign_opt"})
+_PATCH = re.compile(r"[0-9]{4,}")
+
+
+class StateRefused(Exception):
+    """A state file the host's git would act on differently from a plain copy: refused."""
+
+
+def parse_oids(data: bytes, hexlen: int) -> list[str]:
+    """Object ids, one a line (a pseudo-ref); anything else is refused."""
+    text = data.decode("ascii", errors="strict") if data.isascii() else None
+    if text is None:
+        raise StateRefused("not an object id")
+    lines = [line for line in text.split("\n") if line]
+    pattern = re.compile(f"[0-9a-f]{{{hexlen}}}")
+    if not lines or len(lines) > 64 or not all(pattern.fullmatch(line) for line in lines):
+        raise StateRefused("not a list of object ids")
+    return lines
+
+
+def parse_reflog(
+    data: bytes, hexlen: int, drop: frozenset[str] = frozenset()
+) -> tuple[bytes, list[str]]:
+    """A reflog, each entry parsed (`<old> <new> <ident> <time> <tz>[\t<message>]`) and
+    written back, without the entries naming an object in ``drop``; with the object ids
+    it names."""
+    entry = re.compile(
+        rb"([0-9a-f]{%d}) ([0-9a-f]{%d}) ([^<>\n]*<[^<>\n]*>) ([0-9]{1,12}) ([+-][0-9]{4})"
+        rb"(\t[^\n]*)?" % (hexlen, hexlen)
+    )
+    out: list[bytes] = []
+    oids: dict[str, None] = {}
+    zero = "0" * hexlen
+    for line in check_text(data).split(b"\n"):
+        if not line:
+            continue
+        match = entry.fullmatch(line)
+        if match is None:
+            raise StateRefused("not a reflog")
+        pair = [o for o in (match.group(1).decode(), match.group(2).decode()) if o != zero]
+        if drop.intersection(pair):
+            continue
+        oids.update(dict.fromkeys(pair))
+        out.append(b" ".join(match.group(1, 2, 3, 4, 5)) + (match.group(6) or b"") + b"\n")
+    return b"".join(out), list(oids)
+
+
+def check_text(data: bytes) -> bytes:
+    if len(data) > MAX_TEXT or b"\0" in data:
+        raise StateRefused("not a bounded text file")
+    return data
+
+
+def _todo(data: bytes) -> bytes:
+    for line in check_text(data).decode(errors="replace").splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0] in ("exec", "x"):
+            raise StateRefused("a todo list with exec lines (the host's git would run them)")
+        if words[0] not in _TODO_COMMANDS:
+            raise StateRefused(f"a todo list with the unknown command {words[0]!r}")
+    return data
+
+
+def _quote(value: str) -> str:
+    if "\n" in value or "\0" in value:
+        raise StateRefused("a multi-line option value")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _opts(path: str) -> bytes:
+    """`sequencer/opts`: parsed by git's config parser, known keys re-serialized."""
+    try:
+        listed = git("/nonexistent", "config", "--file", path, "--list", "-z").stdout
+    except GitError as exc:
+        raise StateRefused(f"sequencer options git cannot parse ({exc.stderr.strip()})") from exc
+    out = ["[options]\n"]
+    for item in listed.split(b"\0"):
+        if not item:
+            continue
+        key, _, value = item.decode(errors="strict").partition("\n")
+        if key not in _OPTS_KEYS:
+            raise StateRefused(f"the sequencer option {key!r} is not one git's sequencer reads")
+        if key == "options.strategy" and value not in BUILTIN_STRATEGIES:
+            raise StateRefused(
+                "a merge strategy that is not git's own (the host's git would run it)"
+            )
+        if key == "options.gpg-sign":
+            raise StateRefused("a signing key chosen by the command")
+        out.append(f"\t{key.split('.', 1)[1]} = {_quote(value)}\n")
+    return "".join(out).encode()
+
+
+@dataclass(frozen=True)
+class CheckedFile:
+    rel: str  # within the admin dir, e.g. `rebase-merge/onto`
+    data: bytes
+
+
+def check_state_file(rel: str, path: str, data: bytes) -> CheckedFile:
+    """One file of a state directory (``rel`` = `<dir>/<name>`), checked and re-serialized."""
+    top, _, name = rel.partition("/")
+    known = {"rebase-merge": _REBASE_MERGE, "rebase-apply": _REBASE_APPLY, "sequencer": _SEQUENCER}
+    if "/" in name or not (
+        name in known[top] or (top == "rebase-apply" and _PATCH.fullmatch(name))
+    ):
+        raise StateRefused(f"{rel} is not a file git keeps there")
+    if rel in _TODO:
+        return CheckedFile(rel, _todo(data))
+    if rel == "sequencer/opts":
+        return CheckedFile(rel, _opts(path))
+    strategy = data.decode(errors="replace").strip()
+    if rel == "rebase-merge/strategy" and strategy not in BUILTIN_STRATEGIES:
+        raise StateRefused("a merge strategy that is not git's own (the host's git would run it)")
+    if rel in _ONLY_EMPTY and data.strip():
+        raise StateRefused(f"{rel} passes options to git apply")
+    if rel in _SIGNING and data.strip() not in (b"", b"-S"):
+        raise StateRefused("a signing key chosen by the command")
+    return CheckedFile(rel, check_text(data))

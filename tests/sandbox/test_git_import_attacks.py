@@ -1,0 +1,257 @@
+"""Crafted git state a command leaves in its overlay, then the host user's ordinary git:
+nothing planted runs, nothing outside the workspace changes, the committed tree is what the
+user staged. Real bwrap and Landlock; every check made with host git from outside."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+from bash_seam import BashExecRequest, BashRunResult, GitImportStatus
+from tests.sandbox.conftest import ExecutorFactory
+from tests.sandbox.git_import_harness import GIT_ENV, fsck_clean, host_git, make_repo
+
+# Writes a git index (version 2) with the given `name=oid` entries, and a root cache-tree
+# claiming `TREE=<oid>` when given: git checks neither the names nor the cache-tree when it
+# reads an index, only when it adds an entry.
+CRAFT = r"""
+import hashlib, struct, sys
+path, args = sys.argv[1], sys.argv[2:]
+tree = [a.split("=", 1)[1] for a in args if a.startswith("TREE=")]
+items = sorted(
+    (n.encode(), bytes.fromhex(o))
+    for n, o in (a.split("=", 1) for a in args if not a.startswith("TREE="))
+)
+body = b""
+for name, oid in items:
+    entry = struct.pack(">10I", 0, 0, 0, 0, 0, 0, 0o100644, 0, 0, 0) + oid
+    entry += struct.pack(">H", min(len(name), 0xFFF)) + name
+    body += entry + b"\0" * (8 - len(entry) % 8)
+data = b"DIRC" + struct.pack(">II", 2, len(items)) + body
+if tree:
+    ext = b"\0" + f"{len(items)} 0\n".encode() + bytes.fromhex(tree[0])
+    data += b"TREE" + struct.pack(">I", len(ext)) + ext
+open(path, "wb").write(data + hashlib.sha1(data).digest())
+"""
+
+
+async def _run(ex: object, command: str, cwd: Path) -> BashRunResult:
+    run = ex.run  # type: ignore[attr-defined]
+    spec = ex.resolve(BashExecRequest(command=command, workdir=str(cwd), env=GIT_ENV))  # type: ignore[attr-defined]
+    result: BashRunResult = await run(spec)
+    return result
+
+
+def _outcome(result: BashRunResult) -> GitImportStatus | None:
+    assert result.sandbox is not None
+    outcomes = result.sandbox.git
+    return outcomes[0].status if outcomes else None
+
+
+async def test_an_index_naming_git_config_and_a_path_outside_changes_nothing_on_host_checkout(
+    make_executor: ExecutorFactory, tmp_path: Path, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    (repo / "craft.py").write_text(CRAFT)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    marker = tmp_path / "pwned"
+    config_before = (repo / ".git" / "config").read_bytes()
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        f"cfg=$(printf '[core]\\n\\tfsmonitor = touch {marker}\\n' | git hash-object -w --stdin)"
+        " && out=$(echo owned | git hash-object -w --stdin)"
+        " && f0=$(git rev-parse HEAD:f0.txt)"
+        ' && python3 craft.py .git/index ".git/config=$cfg" "../outside/x=$out" '
+        '".GIT/config=$cfg" "f0.txt=$f0" && git ls-files',
+        repo,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert ".git/config" in result.stdout.text  # the sandbox's git read the crafted index
+    assert _outcome(result) is GitImportStatus.REFUSED
+    for args in (("restore", "."), ("checkout", "--", "."), ("status",), ("diff",)):
+        host_git(repo, *args, check=False)
+    assert (repo / ".git" / "config").read_bytes() == config_before
+    assert not (outside / "x").exists()
+    assert not marker.exists()
+    fsck_clean(repo)
+
+
+async def test_a_crafted_cache_tree_never_puts_an_unstaged_file_in_the_hosts_commit(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    (repo / "craft.py").write_text(CRAFT)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "echo note > notes.txt && git add notes.txt"
+        " && mkdir -p .github/workflows && echo 'run: evil' > .github/workflows/ci.yml"
+        " && git add .github && t=$(git write-tree) && git rm -q --cached -r .github"
+        " && rm -r .github"
+        ' && python3 craft.py .git/index "TREE=$t"'
+        " $(git ls-files -s | awk '{print $4\"=\"$2}')"
+        " && git diff --cached --name-only",
+        repo,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.stdout.text.split() == ["notes.txt"]  # what the user sees staged
+    assert _outcome(result) is GitImportStatus.APPLIED
+    assert host_git(repo, "diff", "--cached", "--name-only").split() == ["notes.txt"]
+    host_git(repo, "commit", "-qm", "the user's commit")
+    committed = host_git(repo, "ls-tree", "-r", "--name-only", "HEAD").split()
+    assert committed == ["f0.txt", "notes.txt"]
+    fsck_clean(repo)
+
+
+async def test_an_object_planted_under_another_contents_hash_never_reaches_the_host(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    reviewed = (
+        subprocess.run(
+            ["git", "hash-object", "--stdin"], input=b"reviewed\n", capture_output=True, check=True
+        )
+        .stdout.decode()
+        .strip()
+    )
+    plant = (
+        "import os, sys, zlib; oid = sys.argv[1]; d = os.path.join('.git/objects', oid[:2]);"
+        " os.makedirs(d, exist_ok=True);"
+        " open(os.path.join(d, oid[2:]), 'wb').write(zlib.compress(b'blob 5\\0evil\\n'))"
+    )
+    ex = make_executor(mode="workspace-write")
+    # Planted, then committed in a tree that names it.
+    result = await _run(
+        ex,
+        f'python3 -c "{plant}" {reviewed} && git cat-file -p {reviewed}'
+        f" && git update-index --add --cacheinfo 100644,{reviewed},f.txt"
+        " && git commit -qm planted",
+        repo,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.stdout.text == "evil\n"  # the sandbox's own git took the planted blob
+    assert _outcome(result) is GitImportStatus.REFUSED
+    missing = subprocess.run(
+        ["git", "cat-file", "-e", reviewed], cwd=repo, capture_output=True, check=False
+    )
+    assert missing.returncode != 0
+    (repo / "f.txt").write_text("reviewed\n")
+    host_git(repo, "add", "f.txt")
+    host_git(repo, "commit", "-qm", "the reviewed edit")
+    assert host_git(repo, "show", "HEAD:f.txt") == "reviewed\n"
+    fsck_clean(repo)
+
+
+async def test_sequencer_options_git_reads_differently_from_a_regex_run_nothing_on_continue(
+    make_executor: ExecutorFactory, tmp_path: Path, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    # Two commits to pick, the first conflicting: the sequencer stops with its state.
+    host_git(repo, "switch", "-q", "-c", "other")
+    (repo / "f0.txt").write_text("other\n")
+    host_git(repo, "commit", "-qam", "conflicting")
+    (repo / "g.txt").write_text("g\n")
+    host_git(repo, "add", "g.txt")
+    host_git(repo, "commit", "-qm", "g")
+    host_git(repo, "switch", "-q", "main")
+    (repo / "f0.txt").write_text("main\n")
+    host_git(repo, "commit", "-qam", "main")
+    marker = tmp_path / "pwned"
+    planted = repo / "git-merge-ours x"
+    planted.mkdir()
+    (planted / "evil").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    (planted / "evil").chmod(0o755)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "git cherry-pick main..other >/dev/null 2>&1; test -d .git/sequencer"
+        " && printf '\\357\\273\\277[options]\\n\\tstrategy = ours x/evil\\n'"
+        " > .git/sequencer/opts",
+        repo,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert _outcome(result) is GitImportStatus.REFUSED
+    host_git(repo, "checkout", "--theirs", "f0.txt", check=False)
+    host_git(repo, "add", "f0.txt", check=False)
+    host_git(repo, "cherry-pick", "--continue", check=False, env={"GIT_EDITOR": "true"})
+    assert not marker.exists()
+    fsck_clean(repo)
+
+
+async def test_a_lock_the_host_takes_during_the_command_keeps_the_commit_and_applies_nothing(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    before = host_git(repo, "rev-parse", "main").strip()
+    ex = make_executor(mode="workspace-write")
+    process = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="echo more >> f0.txt && git commit -qam more && touch committed && sleep 1",
+                workdir=str(repo),
+                env=GIT_ENV,
+            )
+        )
+    )
+    for _ in range(200):
+        if (repo / "committed").exists():
+            break
+        await asyncio.sleep(0.05)
+    lock = repo / ".git" / "refs" / "heads" / "main.lock"
+    lock.write_text("host\n")
+    await process.wait()
+    assert process.sandbox is not None and process.sandbox.git, process.sandbox
+    outcome = process.sandbox.git[0]
+    assert outcome.status is GitImportStatus.CONFLICT
+    assert lock.read_text() == "host\n"
+    lock.unlink()
+    assert host_git(repo, "rev-parse", "main").strip() == before
+    kept = host_git(repo, "rev-parse", f"{outcome.kept_at}/heads/main").strip()
+    assert host_git(repo, "log", "-1", "--format=%s", kept).strip() == "more"
+    assert any("conflict" in w for w in process.sandbox.warnings)
+    fsck_clean(repo)
+
+
+async def test_a_host_commit_during_the_command_is_a_conflict_and_nothing_is_lost(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    ex = make_executor(mode="workspace-write")
+    process = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="sleep 1 && echo sandbox > s.txt && git add s.txt"
+                " && git commit -qm sandbox",
+                workdir=str(repo),
+                env=GIT_ENV,
+            )
+        )
+    )
+    (repo / "h.txt").write_text("host\n")
+    host_git(repo, "add", "h.txt")
+    host_git(repo, "commit", "-qm", "host")
+    host_commit = host_git(repo, "rev-parse", "main").strip()
+    await process.wait()
+    assert process.exit_code == 0
+    assert process.sandbox is not None and process.sandbox.git
+    outcome = process.sandbox.git[0]
+    assert outcome.status is GitImportStatus.CONFLICT
+    assert host_git(repo, "rev-parse", "main").strip() == host_commit
+    kept = host_git(repo, "rev-parse", f"{outcome.kept_at}/heads/main").strip()
+    assert host_git(repo, "log", "-1", "--format=%s", kept).strip() == "sandbox"
+    fsck_clean(repo)
+
+
+async def test_a_command_that_leaves_git_alone_reports_no_git_outcome(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "echo x > x.txt && git status --short", repo)
+    assert result.exit_code == 0
+    assert result.sandbox is not None and result.sandbox.git == ()
+    assert os.listdir(repo / ".git" / "refs" / "heads") == ["main"]

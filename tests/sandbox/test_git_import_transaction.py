@@ -1,0 +1,389 @@
+"""The git import as one transaction: a crash at every write point, a killed harness, host
+locks, host commits, a full disk, oversized and sparse state. Each checked with host git:
+`git fsck --full` clean and the command's commit reachable (a branch or a keep-ref)."""
+
+from __future__ import annotations
+
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox.git_import import (
+    KEEP_NAMESPACE,
+    WRITE_POINTS,
+    import_changes,
+    load_snapshot,
+    recover,
+)
+from bash_seam import GitImportStatus
+from tests.sandbox.git_import_harness import Overlay, fsck_clean, host_git, make_repo, reachable
+
+# A commit on a new branch the command switches to, a staged file, a message file.
+COMMAND = (
+    "git switch -q -c feature && echo two > two.txt && git add two.txt && "
+    "git commit -qm two && echo staged > staged.txt && git add staged.txt"
+)
+
+
+def _tmpfs(path: Path) -> Iterator[Path]:
+    path.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr!r}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture(params=["ext4", "tmpfs"])
+def state_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    if request.param == "ext4":
+        yield tmp_path / "state"
+    else:
+        yield from _tmpfs(tmp_path / "state-tmpfs")
+
+
+def _command_commit(ov: Overlay) -> str:
+    ov.run(COMMAND)
+    return (ov.upper / "refs" / "heads" / "feature").read_text().strip()
+
+
+def _leftovers(repo: Path) -> list[str]:
+    git = repo / ".git"
+    names = [p.name for p in git.rglob("*") if p.name.startswith(".bash-sandbox")]
+    return names + [n for n in ("index.lock", "HEAD.lock") if (git / n).exists()]
+
+
+def test_a_commit_branch_and_staged_file_land_as_one_transaction(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    commit = _command_commit(ov)
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    result = import_changes(snap)
+    assert result.outcome is not None and result.outcome.status is GitImportStatus.APPLIED
+    assert host_git(repo, "rev-parse", "feature").strip() == commit
+    assert host_git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/feature"
+    assert "staged.txt" in host_git(repo, "diff", "--cached", "--name-only")
+    assert host_git(repo, "for-each-ref", KEEP_NAMESPACE) == ""  # dropped once applied
+    assert _leftovers(repo) == []
+    fsck_clean(repo)
+
+
+@pytest.mark.parametrize("point", WRITE_POINTS)
+def test_a_crash_at_every_write_point_loses_nothing(
+    point: str, tmp_path: Path, state_dir: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, state_dir)
+    commit = _command_commit(ov)
+    main = host_git(repo, "rev-parse", "main").strip()
+    assert ov.import_in_child(crash=point) == 86, f"the import never reached {point}"
+    # Right after the crash, before any recovery: clean, and the commit is on the host.
+    fsck_clean(repo)
+    assert reachable(repo, commit)
+    # The next executor's sweep: rolled forward or back, then safe to remove.
+    assert recover(str(state_dir))
+    fsck_clean(repo)
+    assert reachable(repo, commit)
+    assert _leftovers(repo) == []
+    head = host_git(repo, "symbolic-ref", "HEAD").strip()
+    if head == "refs/heads/feature":  # rolled forward: all of it
+        assert host_git(repo, "rev-parse", "feature").strip() == commit
+        assert "staged.txt" in host_git(repo, "diff", "--cached", "--name-only")
+    else:  # rolled back: none of it, the commit kept
+        assert head == "refs/heads/main"
+        assert host_git(repo, "rev-parse", "main").strip() == main
+        assert host_git(repo, "diff", "--cached", "--name-only") == ""
+        assert host_git(repo, "for-each-ref", KEEP_NAMESPACE) != ""
+
+
+def test_random_kills_of_the_harness_during_the_import_lose_nothing(tmp_path: Path) -> None:
+    rng = random.Random(21)
+    for round_ in range(4):
+        repo = make_repo(tmp_path / f"repo{round_}")
+        state = tmp_path / f"state{round_}"
+        ov = Overlay(repo, state)
+        commit = _command_commit(ov)
+        code = (
+            "from bash_sandbox.git_import import import_changes, load_snapshot\n"
+            f"import_changes(load_snapshot({str(ov.upper)!r}))\n"
+        )
+        child = subprocess.Popen([sys.executable, "-c", code])
+        time.sleep(rng.uniform(0.05, 0.4))
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        # A git child of the killed harness may still finish its own step: wait for it.
+        time.sleep(0.3)
+        fsck_clean(repo)
+        assert recover(str(state))
+        fsck_clean(repo)
+        assert reachable(repo, commit)
+        assert _leftovers(repo) == []
+
+
+@pytest.mark.parametrize("lock", ["index.lock", "refs/heads/main.lock", "HEAD.lock"])
+def test_a_lock_the_host_holds_is_a_conflict_and_nothing_is_applied(
+    lock: str, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("echo more >> f0.txt && git commit -qam more && echo x > x && git add x")
+    commit = (ov.upper / "refs" / "heads" / "main").read_text().strip()
+    before = host_git(repo, "rev-parse", "main").strip()
+    index_before = (repo / ".git" / "index").read_bytes()
+    held = repo / ".git" / lock
+    held.write_bytes(b"the host's git is mid-operation\n")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.CONFLICT, outcome
+    assert outcome.kept_at is not None and outcome.applied == ()
+    assert held.read_bytes() == b"the host's git is mid-operation\n"  # untouched
+    held.unlink()
+    assert host_git(repo, "rev-parse", "main").strip() == before
+    assert (repo / ".git" / "index").read_bytes() == index_before
+    assert host_git(repo, "rev-parse", f"{outcome.kept_at}/heads/main").strip() == commit
+    fsck_clean(repo)
+
+
+def test_a_host_commit_during_the_command_is_a_conflict_and_both_commits_stay(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("echo sandbox >> f0.txt && git commit -qam sandbox")
+    ours = (ov.upper / "refs" / "heads" / "main").read_text().strip()
+    (repo / "host.txt").write_text("host\n")
+    host_git(repo, "add", "host.txt")
+    host_git(repo, "commit", "-qm", "host")
+    theirs = host_git(repo, "rev-parse", "main").strip()
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.CONFLICT
+    # The ref, and the index the host staged into meanwhile.
+    assert [c.name for c in outcome.conflicts] == ["refs/heads/main", "index"]
+    assert outcome.conflicts[0].host == theirs and outcome.conflicts[0].command == ours
+    assert host_git(repo, "rev-parse", "main").strip() == theirs
+    assert reachable(repo, ours)
+    fsck_clean(repo)
+
+
+def test_a_full_disk_applies_nothing_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    mounted = _tmpfs_sized(small, "2m")
+    try:
+        repo = make_repo(mounted / "repo")
+        ov = Overlay(repo, tmp_path / "state")
+        # Incompressible: 3 MiB of it cannot fit the 2 MiB filesystem the host repo is on
+        # (the object goes to the upper layer, off that filesystem; no work tree file).
+        ov.run(
+            "b=$(head -c 3145728 /dev/urandom | git hash-object -w --stdin) && "
+            "git update-index --add --cacheinfo 100644,$b,big && git commit -qm big"
+        )
+        before = host_git(repo, "rev-parse", "main").strip()
+        snap = load_snapshot(str(ov.upper))
+        assert snap is not None
+        outcome = import_changes(snap).outcome
+        assert outcome is not None and outcome.status is GitImportStatus.REFUSED
+        assert any("objects" in r for r in outcome.refused), outcome
+        assert host_git(repo, "rev-parse", "main").strip() == before
+        assert _leftovers(repo) == []
+        partial = [p.name for p in (repo / ".git" / "objects").rglob("*tmp*")]
+        assert partial == []
+        fsck_clean(repo)
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def _tmpfs_sized(path: Path, size: str) -> Path:
+    path.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr!r}")
+    return path
+
+
+def test_a_sparse_pack_is_refused_without_reading_it(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("echo more >> f0.txt && git commit -qam more")
+    pack = ov.upper / "objects" / "pack" / ("pack-" + "1" * 40 + ".pack")
+    pack.parent.mkdir(parents=True, exist_ok=True)
+    with open(pack, "wb") as fh:
+        fh.truncate(768 << 20)
+    before_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_rss
+    assert outcome is not None and outcome.status is GitImportStatus.REFUSED
+    assert any("sparse" in r for r in outcome.refused)
+    assert grown_kib < 64 * 1024, f"the import grew the executor by {grown_kib} KiB"
+    assert not list((repo / ".git" / "objects" / "pack").glob("pack-1111*"))
+    fsck_clean(repo)
+
+
+def test_git_state_over_the_cap_is_refused(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("head -c 200000 /dev/urandom > big && git add big && git commit -qm big")
+    before = host_git(repo, "rev-parse", "main").strip()
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap, cap=100_000).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.REFUSED
+    assert "cap" in outcome.refused[0]
+    assert host_git(repo, "rev-parse", "main").strip() == before
+
+
+def test_links_fifos_and_alternates_among_the_objects_are_never_read(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    secret = tmp_path / "secret"
+    secret.write_text("host secret\n")
+    ov = Overlay(repo, tmp_path / "state")
+    commit = _command_commit(ov)
+    pack = ov.upper / "objects" / "pack"
+    pack.mkdir(parents=True, exist_ok=True)
+    (pack / ("pack-" + "2" * 40 + ".pack")).symlink_to(secret)
+    os.mkfifo(pack / ("pack-" + "2" * 40 + ".idx"))  # opening it would block the import
+    (ov.upper / "objects" / "info").mkdir(exist_ok=True)
+    (ov.upper / "objects" / "info" / "alternates").write_text(f"{tmp_path}/elsewhere\n")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    result = import_changes(snap)
+    assert result.outcome is not None and result.outcome.status is GitImportStatus.APPLIED
+    assert host_git(repo, "rev-parse", "feature").strip() == commit
+    refused = {rel for rel, _why in result.denials}
+    assert "objects/info/alternates" in refused
+    assert {f"objects/pack/pack-{'2' * 40}.pack", f"objects/pack/pack-{'2' * 40}.idx"} <= refused
+    assert not (repo / ".git" / "objects" / "info" / "alternates").exists()
+    fsck_clean(repo)
+
+
+def test_the_sweep_of_a_dead_executor_imports_its_commits_before_removing_its_state(
+    tmp_path: Path,
+) -> None:
+    from bash_sandbox.state import sweep_stale
+
+    repo = make_repo(tmp_path / "repo")
+    parent = tmp_path / "parent"
+    dead = parent / "exec-dead"
+    ov = Overlay(repo, dead)
+    (dead / "lock").write_text("")  # nobody holds it: its executor is gone
+    commit = _command_commit(ov)  # the command ran; its executor died before importing
+    assert not reachable(repo, commit)
+    sweep_stale(str(parent))
+    assert not dead.exists()
+    assert reachable(repo, commit)  # kept at a keep-ref, not applied
+    assert host_git(repo, "rev-parse", "main").strip() != commit
+    assert host_git(repo, "for-each-ref", KEEP_NAMESPACE) != ""
+    fsck_clean(repo)
+
+
+def test_a_branch_switch_on_the_host_during_the_command_applies_nothing(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("echo new > new.txt && git add new.txt && git commit -qm new")
+    ours = (ov.upper / "refs" / "heads" / "main").read_text().strip()
+    before = host_git(repo, "rev-parse", "main").strip()
+    host_git(repo, "switch", "-q", "-c", "elsewhere")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.CONFLICT
+    assert "HEAD" in [c.name for c in outcome.conflicts]
+    assert host_git(repo, "rev-parse", "main").strip() == before
+    assert host_git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/elsewhere"
+    assert host_git(repo, "status", "--porcelain", "--untracked-files=no") == ""
+    assert reachable(repo, ours)
+    fsck_clean(repo)
+
+
+def test_a_fetch_moves_remote_refs_and_leaves_the_remotes_head_symbolic(tmp_path: Path) -> None:
+    origin = make_repo(tmp_path / "origin")
+    subprocess.run(
+        ["git", "clone", "-q", str(origin), str(tmp_path / "repo")],
+        env={**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"},
+        check=True,
+    )
+    repo = tmp_path / "repo"
+    (origin / "later.txt").write_text("later\n")
+    host_git(origin, "add", "later.txt")
+    host_git(origin, "commit", "-qm", "later")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("git fetch -q origin && git merge -q --ff-only origin/main")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.APPLIED, outcome
+    assert host_git(repo, "log", "-1", "--format=%s", "origin/main").strip() == "later"
+    assert host_git(repo, "log", "-1", "--format=%s", "main").strip() == "later"
+    assert host_git(repo, "symbolic-ref", "refs/remotes/origin/HEAD").strip() == (
+        "refs/remotes/origin/main"
+    )
+    fsck_clean(repo)
+
+
+def test_a_gitlink_added_in_an_index_v4_is_reported(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    head = host_git(repo, "rev-parse", "HEAD").strip()
+    ov.run(
+        "git update-index --index-version 4"
+        f" && git update-index --add --cacheinfo 160000,{head},vendor/x"
+    )
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    result = import_changes(snap)
+    assert result.new_gitlinks == ["vendor/x"]
+    assert result.outcome is not None and result.outcome.status is GitImportStatus.APPLIED
+    assert "160000" in host_git(repo, "ls-files", "-s", "vendor/x")
+    fsck_clean(repo)
+
+
+def test_the_skip_worktree_bits_of_a_sparse_checkout_survive_the_rebuilt_index(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo", files=2)
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("git update-index --skip-worktree f1.txt && echo n > n.txt && git add n.txt")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.APPLIED
+    tags = host_git(repo, "ls-files", "-t").split("\n")
+    assert tags[:3] == ["H f0.txt", "S f1.txt", "H n.txt"]
+    fsck_clean(repo)
+
+
+def test_an_intent_to_add_stays_one_and_is_not_staged_empty(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("echo later > later.txt && git add -N later.txt && echo s > s.txt && git add s.txt")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.APPLIED
+    # Staged: only s.txt; later.txt is a new file not yet added (git's own `-N` listing).
+    assert host_git(repo, "diff", "--cached", "--name-only").split() == ["s.txt"]
+    assert host_git(repo, "diff", "--name-only").split() == ["later.txt"]
+    fsck_clean(repo)

@@ -1,0 +1,110 @@
+"""Everyday git through the import, on both Linux backends: what the command did is what host
+git sees afterwards, and the repository stays `git fsck` clean. (Commit, branch, stash,
+rebase and worktree are in `tests/workflows/test_git_workflows.py`.)"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bash_seam import BashExecRequest, GitImportStatus
+from tests.sandbox.conftest import ExecutorFactory
+from tests.sandbox.git_import_harness import GIT_ENV, fsck_clean, host_git, make_repo
+
+
+def _topic(repo: Path) -> None:
+    """A branch `topic` with one commit touching `t.txt`, main checked out."""
+    host_git(repo, "switch", "-q", "-c", "topic")
+    (repo / "t.txt").write_text("topic\n")
+    host_git(repo, "add", "t.txt")
+    host_git(repo, "commit", "-qm", "topic work")
+    host_git(repo, "switch", "-q", "main")
+
+
+def _subject(repo: Path, rev: str = "HEAD") -> str:
+    return host_git(repo, "log", "-1", "--format=%s", rev).strip()
+
+
+CASES: dict[str, tuple[str, Callable[[Path], bool]]] = {
+    "merge": (
+        "git merge -q --no-ff -m 'merge topic' topic",
+        lambda r: _subject(r) == "merge topic" and (r / "t.txt").exists(),
+    ),
+    "cherry-pick": (
+        "git cherry-pick topic >/dev/null",
+        lambda r: _subject(r) == "topic work" and _subject(r, "HEAD~1") == "start",
+    ),
+    "am": (
+        "git format-patch -q -1 topic -o /tmp/p && git am -q /tmp/p/*.patch",
+        lambda r: _subject(r) == "topic work",
+    ),
+    "bisect": (
+        "git bisect start -q topic main >/dev/null",
+        lambda r: "git bisect start" in host_git(r, "bisect", "log"),
+    ),
+    "stash twice": (
+        "echo a >> f0.txt && git stash -q && echo b >> f0.txt && git stash -q",
+        lambda r: len(host_git(r, "stash", "list").splitlines()) == 2,
+    ),
+    "tag": ("git tag -a v1 -m release", lambda r: host_git(r, "tag").split() == ["v1"]),
+    "clone": (
+        "git clone -q . ../cloned && git -C ../cloned log --oneline",
+        lambda r: _subject(r.parent / "cloned") == "start",
+    ),
+    "submodule add": (
+        "git -c protocol.file.allow=always submodule add -q ./ sub >/dev/null 2>&1;"
+        " git commit -qm 'add sub'",
+        lambda r: _subject(r) == "add sub" and _subject(r / "sub") == "start",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_a_git_workflow_lands_on_the_host(
+    case: str, make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    _topic(repo)
+    command, landed = CASES[case]
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(
+        ex.resolve(BashExecRequest(command=command, workdir=str(repo), env=GIT_ENV))
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    statuses = {o.status for o in result.sandbox.git}
+    assert statuses <= {GitImportStatus.APPLIED}, result.sandbox.git
+    assert landed(repo), f"host git does not see the {case}"
+    fsck_clean(repo)
+
+
+async def test_a_rebase_stopped_on_a_conflict_is_continued_by_host_git(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    host_git(repo, "switch", "-q", "-c", "topic")
+    (repo / "f0.txt").write_text("topic\n")
+    host_git(repo, "commit", "-qam", "topic edit")
+    host_git(repo, "switch", "-q", "main")
+    (repo / "f0.txt").write_text("main\n")
+    host_git(repo, "commit", "-qam", "main edit")
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(
+        ex.resolve(
+            BashExecRequest(
+                command="git switch -q topic && git rebase main", workdir=str(repo), env=GIT_ENV
+            )
+        )
+    )
+    assert result.exit_code != 0  # stopped on the conflict
+    assert result.sandbox is not None
+    assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED]
+    (repo / "f0.txt").write_text("resolved\n")
+    host_git(repo, "add", "f0.txt")
+    host_git(repo, "rebase", "--continue", env={"GIT_EDITOR": "true"})
+    assert _subject(repo, "topic") == "topic edit"
+    assert _subject(repo, "topic~1") == "main edit"
+    assert host_git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/topic"
+    fsck_clean(repo)
