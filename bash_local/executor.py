@@ -84,6 +84,7 @@ class LocalBashExecutor(BashExecutor):
         self._ids = itertools.count(1)
         self._processes: dict[str, LocalBashProcess] = {}
         self._live: set[SpawnedCommand] = set()
+        self._settling: set[asyncio.Task[None]] = set()
         self._listeners: dict[int, TaskDoneListener] = {}
         self._listener_ids = itertools.count()
         self._closing = False
@@ -170,7 +171,7 @@ class LocalBashExecutor(BashExecutor):
         spawned, _ = await self._launch(spec, background=False, on_output=on_output)
         spawned.arm_timeout(timeout_ms / 1000)
         try:
-            await spawned.settled.wait()
+            await spawned.finished.wait()
         except BaseException:
             # Cancelled (or torn down) while the command runs: the group dies before the
             # error propagates; the watcher still settles and closes the scope meanwhile.
@@ -199,13 +200,20 @@ class LocalBashExecutor(BashExecutor):
             _, process = await self._launch(spec, background=True, on_output=on_output)
         except _SpawnFailed as failed:
             # Reported like a process that never got to run: killed, the reason on stderr.
+            never_started = SpawnOutcome(
+                None, None, stderr=failed.message, background=True, started=False
+            )
+            try:
+                facts = await self._settle_quietly(failed.scope, never_started)
+            finally:
+                self._close_quietly(failed.scope)
             stdout, stderr = self._collectors(spec)
             stderr.feed(failed.message.encode())
             stdout.close()
             stderr.close()
             process = LocalBashProcess(failed.process_id, spec.command, spec.owner, stdout, stderr)
             self._processes[process.id] = process
-            process.settle("killed", exit_code=None, signal=None, sandbox=failed.facts)
+            process.settle("killed", exit_code=None, signal=None, sandbox=facts)
             # Like every other process, it is reported after start() has returned it.
             asyncio.get_running_loop().call_soon(self._fire_task_done, process)
             return process
@@ -243,9 +251,12 @@ class LocalBashExecutor(BashExecutor):
         for spawned in live:
             spawned.terminate("close")
         for spawned in live:
-            await spawned.settled.wait()
+            await spawned.finished.wait()
         for process in list(self._processes.values()):
             await process.wait()
+        # Scopes still settling (a git import in a thread) finish before anything closes.
+        while self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
         self._spill_dir.remove_if_empty()
 
     # -- spawning --------------------------------------------------------------------------
@@ -320,27 +331,18 @@ class LocalBashExecutor(BashExecutor):
         try:
             spawned.spawn()
         except BaseException as exc:
-            facts: SandboxFacts | None = None
             try:
                 if not isinstance(exc, OSError | subprocess.SubprocessError):
                     raise
                 # Before the close: the plan's fds may still explain the failure.
                 error = scope.failed(exc)
-                if process is not None:
-                    facts = self._settle_quietly(
-                        scope,
-                        SpawnOutcome(
-                            None,
-                            None,
-                            stderr=f"bash-local: {error}\n",
-                            background=True,
-                            started=False,
-                        ),
-                    )
-            finally:
+            except BaseException:
                 scope.close()
+                raise
             if process is not None:
-                raise _SpawnFailed(process.id, f"bash-local: {error}\n", facts) from exc
+                # `start()` settles the never-started scope (its facts) and closes it.
+                raise _SpawnFailed(process.id, f"bash-local: {error}\n", scope) from exc
+            scope.close()
             raise error from exc
         try:
             scope.spawned(spawned.pid, spawned.kill_now)
@@ -361,16 +363,26 @@ class LocalBashExecutor(BashExecutor):
     def _on_settled(
         self, spawned: SpawnedCommand, scope: SpawnScope, process: LocalBashProcess | None
     ) -> None:
+        """The group is dead and reaped: the scope settles in a task of its own (it may
+        wait on a thread, e.g. a git import), which no cancelled awaiter can cancel."""
         self._live.discard(spawned)
+        task = asyncio.get_running_loop().create_task(self._settle(spawned, scope, process))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _settle(
+        self, spawned: SpawnedCommand, scope: SpawnScope, process: LocalBashProcess | None
+    ) -> None:
         outcome = spawned.outcome(background=process is not None)
         try:
-            spawned.facts = scope.settled(outcome)
+            spawned.facts = await scope.settled(outcome)
         except Exception as exc:
             if process is not None:
                 logger.exception("classifying the outcome of a background command failed")
             spawned.facts_error = exc
         finally:
             self._close_quietly(scope)
+            spawned.finished.set()
         if process is None:
             return
         reason: KillReason | None = spawned.kill_reason
@@ -383,9 +395,9 @@ class LocalBashExecutor(BashExecutor):
         self._fire_task_done(process)
 
     @staticmethod
-    def _settle_quietly(scope: SpawnScope, outcome: SpawnOutcome) -> SandboxFacts | None:
+    async def _settle_quietly(scope: SpawnScope, outcome: SpawnOutcome) -> SandboxFacts | None:
         try:
-            return scope.settled(outcome)
+            return await scope.settled(outcome)
         except Exception:
             logger.exception("classifying the outcome of a background command failed")
             return None
@@ -410,8 +422,8 @@ class LocalBashExecutor(BashExecutor):
 class _SpawnFailed(Exception):
     """Internal: a background spawn failed; `start()` turns it into a killed process."""
 
-    def __init__(self, process_id: str, message: str, facts: SandboxFacts | None) -> None:
+    def __init__(self, process_id: str, message: str, scope: SpawnScope) -> None:
         super().__init__(message)
         self.process_id = process_id
         self.message = message
-        self.facts = facts
+        self.scope = scope

@@ -131,7 +131,8 @@ class SpawnedCommand:
         # Set by the executor's settle callback, before `settled` fires.
         self.facts: SandboxFacts | None = None
         self.facts_error: Exception | None = None
-        self.settled = asyncio.Event()
+        self.settled = asyncio.Event()  # the group is dead, the leader reaped
+        self.finished = asyncio.Event()  # and its scope has settled and closed (the executor's)
 
     # -- spawning --------------------------------------------------------------------------
 

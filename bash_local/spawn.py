@@ -75,9 +75,9 @@ class SpawnScope(abc.ABC):
         May raise: the command is killed and the error propagates."""
 
     @abc.abstractmethod
-    def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
-        """The facts of a settled command; runs even when nobody awaits the run. A
-        foreground run raises what this raises."""
+    async def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
+        """The facts of a settled command; runs (in a task of its own, on the loop) even
+        when nobody awaits the run. A foreground run raises what this raises."""
 
     def failed(self, exc: BaseException) -> Exception:
         """The error to raise when the spawn itself failed (the plan's fds still open)."""
@@ -99,7 +99,7 @@ class UnconfinedSpawn(SpawnScope):
     def __init__(self, plan: SpawnPlan) -> None:
         self.plan = plan
 
-    def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
+    async def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
         return None
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ command's cgroup), the supervisor, the git copy-back, and the facts.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -365,12 +366,13 @@ class ConfinedSpawn(SpawnScope):
 
     # -- settled ---------------------------------------------------------------------------
 
-    def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
+    async def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
         if not outcome.started:
             return self._base_facts()
         self._read_limits(outcome)
         self._unregister()
-        self._copy_back()
+        # Git's processes and the host's disk: in a thread, so the loop keeps serving.
+        await asyncio.to_thread(self._copy_back)
         return self._facts(outcome)
 
     def close(self) -> None:

@@ -52,7 +52,7 @@ class _DangerSpawn(UnconfinedSpawn):
         super().__init__(plan)
         self._mode = mode
 
-    def settled(self, outcome: Any) -> SandboxFacts | None:
+    async def settled(self, outcome: Any) -> SandboxFacts | None:
         return SandboxFacts(
             mode=self._mode, denied=False, enforcement=None, backend=None, network=NetworkMode.HOST
         )

@@ -1,18 +1,12 @@
-"""The network flags shared by `run` and `mcp`: private-range names, pinned answers, the
-hosts file, and (for `mcp`, which had none) the allowlist itself; `run --publish`.
-
-Kept in one module so the two commands spell them alike; `egress_settings()` turns the
-parsed flags into the config overrides (``pin``, ``hosts_file``) and list additions
-(``allow_private_domains``, and ``allow_domains`` for `mcp`) that `build_config` applies.
-"""
+"""`run --publish` and the `--pin` value grammar (the shared egress flags themselves are
+declared with every other shared flag, in `settings.py`)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from policies.egress import canonical_pins
 
@@ -22,15 +16,13 @@ if TYPE_CHECKING:
     from bash_seam import BashExecSpec, BashRunResult
 
 
-def pin_arg(text: str) -> tuple[str, str]:
-    """``NAME=ADDRESS`` for `--pin`, checked as the config's `pin` table checks it."""
+def pin_value(text: str) -> tuple[str, str]:
+    """``NAME=ADDRESS`` for `--pin`, checked as the config's `pin` table checks it
+    (ValueError otherwise)."""
     name, sep, address = text.partition("=")
     if not sep or not name or not address:
-        raise argparse.ArgumentTypeError(f"expected NAME=ADDRESS, got {text!r}")
-    try:
-        ((canonical, (value,)),) = canonical_pins({name.strip(): address.strip()}).items()
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise ValueError(f"expected NAME=ADDRESS, got {text!r}")
+    ((canonical, (value,)),) = canonical_pins({name.strip(): address.strip()}).items()
     return canonical, value
 
 
@@ -70,59 +62,3 @@ async def run_published(
         return await executor.run(spec, on_output=listener)
     finally:
         publication.close()
-
-
-def add_egress_flags(parser: argparse._ActionsContainer, *, allow_domain: bool) -> None:
-    """The egress flags; ``allow_domain``: add `--allow-domain` too (`run` has its own)."""
-    if allow_domain:
-        parser.add_argument(
-            "--allow-domain",
-            action="append",
-            default=[],
-            metavar="D",
-            dest="allow_domains",
-            help="a destination the isolated network may reach (domain, *.suffix)",
-        )
-    parser.add_argument(
-        "--allow-private-domain",
-        action="append",
-        default=[],
-        metavar="D",
-        dest="allow_private_domains",
-        help="an allowed name whose DNS answer may be a private address (10.x, fd00::, ...; "
-        "never loopback or cloud metadata)",
-    )
-    parser.add_argument(
-        "--pin",
-        action="append",
-        default=[],
-        type=pin_arg,
-        metavar="NAME=ADDRESS",
-        dest="pins",
-        help="answer NAME with ADDRESS for the egress proxy, whatever its range (a mirror "
-        "on the LAN or this host); repeatable, adds to the config's pin table",
-    )
-    parser.add_argument(
-        "--hosts-file",
-        metavar="PATH",
-        default=None,
-        help="the hosts file whose entries pin answers (default: /etc/hosts; '' for none)",
-    )
-
-
-def egress_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, list[str]]]:
-    """(overrides, list additions) for `build_config` from the parsed egress flags."""
-    overrides: dict[str, Any] = {}
-    pins: dict[str, list[str]] = {}
-    for name, address in getattr(args, "pins", None) or ():
-        pins.setdefault(name, []).append(address)
-    if pins:
-        overrides["pin"] = pins
-    if getattr(args, "hosts_file", None) is not None:
-        overrides["hosts_file"] = os.path.abspath(args.hosts_file) if args.hosts_file else ""
-    additions = {
-        name: list(values)
-        for name in ("allow_domains", "allow_private_domains")
-        if (values := getattr(args, name, None))
-    }
-    return overrides, additions

@@ -22,7 +22,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, ValidationError
 
 from bash_sandbox.cli.config_file import LoadedConfig, build_config, load_config
-from bash_sandbox.cli.egress_flags import add_egress_flags, egress_settings
+from bash_sandbox.cli.egress_flags import pin_value
 from bash_sandbox.cli.exit_codes import EXIT_USAGE, CliError
 from bash_sandbox.config import BackendName, SandboxBashConfig
 from policies import NetworkMode, SandboxMode
@@ -202,6 +202,36 @@ SETTINGS: tuple[Setting, ...] = (
         group=LISTS,
     ),
     Setting(
+        "--allow-private-domain",
+        "allow_private_domains",
+        ("allow_private_domains",),
+        "D",
+        "an allowed name whose DNS answer may be a private address (10.x, fd00::, ...; "
+        "never loopback or cloud metadata)",
+        str,
+        repeat=True,
+        group=LISTS,
+    ),
+    Setting(
+        "--pin",
+        "pins",
+        None,  # a table: `shared_config` merges it into the config's `pin`
+        "NAME=ADDRESS",
+        "answer NAME with ADDRESS for the egress proxy, whatever its range (a mirror on the "
+        "LAN or this host); adds to the config's pin table",
+        pin_value,
+        repeat=True,
+        group=LISTS,
+    ),
+    Setting(
+        "--hosts-file",
+        "hosts_file",
+        ("hosts_file",),
+        "PATH",
+        "the hosts file whose entries pin answers ('' for none)",
+        lambda text: os.path.abspath(text) if text else "",
+    ),
+    Setting(
         "--memory",
         "memory",
         ("limits", "memory_bytes"),
@@ -321,6 +351,7 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                 setting.option,
                 action="append",
                 default=[],
+                type=None if setting.parse is str else _validating(setting),
                 metavar=setting.metavar,
                 dest=setting.dest,
                 help=_help(setting),
@@ -333,7 +364,6 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                 dest=setting.dest,
                 help=_help(setting),
             )
-    add_egress_flags(groups[LISTS], allow_domain=False)
 
 
 # argparse dest -> `ResourceLimits` field (kept for callers of the old names).
@@ -396,9 +426,11 @@ def shared_config(
     """The config file with the shared flags (and ``extra`` overrides) on top."""
     loaded = load_config(args.config, workspace)
     overrides, additions = flag_overrides(args)
-    egress_overrides, egress_additions = egress_settings(args)
-    overrides |= egress_overrides
-    additions |= egress_additions
+    pins: dict[str, list[str]] = {}
+    for name, address in getattr(args, "pins", None) or ():
+        pins.setdefault(name, []).append(address)
+    if pins:
+        overrides["pin"] = pins
     overrides.update(extra or {})
     if args.workspace is not None or "workspace_root" not in loaded.values:
         overrides["workspace_root"] = workspace

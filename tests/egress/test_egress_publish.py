@@ -86,7 +86,7 @@ def server_command() -> str:
 
 
 def relay_pid(ex: SandboxBashExecutor, process_id: str) -> int:
-    publication = ex._publications._by_task[process_id]
+    publication = ex._services.publications._by_task[process_id]
     assert publication.relay_pid is not None
     return publication.relay_pid
 
@@ -177,7 +177,7 @@ from bash_seam import BashExecRequest
 async def main():
     ex = SandboxBashExecutor(backend=sys.argv[1], workspace_root=sys.argv[2])
     process = await ex.start(ex.resolve(BashExecRequest(command="sleep 15")), publish=[3000])
-    publication = ex._publications._by_task[process.id]
+    publication = ex._services.publications._by_task[process.id]
     print(publication.relay_pid, publication.urls[3000], flush=True)
     await asyncio.sleep(60)
 

@@ -47,7 +47,7 @@ class RecordingScope(SpawnScope):
     def spawned(self, pid: int, kill: Callable[[], None]) -> None:
         self.ex.spawned_pids.append(pid)
 
-    def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
+    async def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
         self.ex.facts_calls.append(
             {
                 "tag": getattr(self.plan, "tag", None),
