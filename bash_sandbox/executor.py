@@ -53,14 +53,12 @@ from bash_sandbox.facts import (
     infer_file_denials,
 )
 from bash_sandbox.git_plane import (
-    NESTED_BUDGET,
     MergeReport,
     config_path_targets,
-    discover_gitdirs,
     merge_back,
-    new_repositories,
     prepare_placeholders,
 )
+from bash_sandbox.git_spawn import GitInspection, inspect_git, settle_git
 from bash_sandbox.linux.cover_watch import CoverWatch, CoverWatchError, WatchTicket
 from bash_sandbox.linux.limits import ExecutorLimits, LimitsPlan, LimitsSetupError
 from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError
@@ -123,6 +121,7 @@ class _SpawnRecord:
     nested: tuple[str, ...] = ()
     warnings: list[str] = field(default_factory=list)
     watch: WatchTicket | None = None
+    git: GitInspection | None = None
     settled: bool = False
     released: bool = False
 
@@ -354,7 +353,7 @@ class SandboxBashExecutor(LocalBashExecutor):
 
     def _view(
         self, policy: SandboxPolicy, backend: SandboxBackend, user_policy: SandboxPolicy
-    ) -> tuple[HostView, tuple[str, ...]]:
+    ) -> tuple[HostView, tuple[str, ...], GitInspection | None]:
         """Inspect the host for one spawn: overlays, protected names, shadows, covers; and
         the host placeholders this spawn now holds (released when it settles)."""
         partial: list[str] = []
@@ -362,20 +361,15 @@ class SandboxBashExecutor(LocalBashExecutor):
         roots = policy.all_writable_roots()
         hidden = self._state.hidden_paths()
         if not backend.mounts:
-            return HostView(hidden=hidden), ()
+            return HostView(hidden=hidden), (), None
         private_tmp = True
         tops = tmp_tops((policy.workspace_root, *roots))
         # The user's roots: the sandbox's own cache home has no git dir or protected names.
-        discovery = discover_gitdirs(user_policy, known=tuple(self._known_dotgits))
-        self._known_dotgits.update(dict.fromkeys(discovery.dotgits))
-        gitdirs = discovery.gitdirs
+        git = inspect_git(user_policy, known=tuple(self._known_dotgits))
+        self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
+        gitdirs = git.gitdirs
         # A search cut short: a repository it did not reach has a writable control plane.
-        partial += [
-            f"git: searched only the first {NESTED_BUDGET} directories of {root} for "
-            "repositories; one it did not reach has no overlay (its config and hooks are "
-            "writable)"
-            for root in discovery.unsearched
-        ]
+        partial += git.partial
         protected = inspect_protected(user_policy, gitdirs)
         overlays: list[GitOverlay] = []
         covers = list(protected.protect)
@@ -408,7 +402,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         if protected.symlinked:
             partial.append("a protected name is a symlink inside a writable root")
         # Hooks paths and included configs inside a root run or configure the host's git.
-        for path, is_dir in self._git_config_targets(gitdirs, roots):
+        for path, is_dir in [*self._git_config_targets(gitdirs, roots), *git.chain_targets]:
             if os.path.lexists(path):
                 covers.append(os.path.realpath(path))
             elif self._placeholders.acquire(path, is_dir):
@@ -440,7 +434,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             shadows=shadows,
             tmp_tops=tops,
             overlays=tuple(overlays),
-            pins=protected.pins,
+            pins=(*protected.pins, *git.pins(roots)),
             protect=tuple(dict.fromkeys(covers)),
             deny_dirs=deny_dirs,
             deny_files=deny_files,
@@ -448,7 +442,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             partial=tuple(partial),
             watched=tuple(dict.fromkeys(watched)),
         )
-        return view, tuple(held)
+        return view, tuple(held), git
 
     @staticmethod
     def _git_config_targets(
@@ -500,9 +494,9 @@ class SandboxBashExecutor(LocalBashExecutor):
                     update={"writable_roots": (*policy.writable_roots, cache_home)}
                 )
         started_ns = time.time_ns()
-        view, held = self._view(policy, backend, user_policy)
+        view, held, git = self._view(policy, backend, user_policy)
         # Everything this spawn holds from here on, released once whatever happens.
-        record = _SpawnRecord(placeholders=held, overlays=view.overlays)
+        record = _SpawnRecord(placeholders=held, overlays=view.overlays, git=git)
         try:
             view = self._watch_covers(view, record)
             return self._confine_with(
@@ -774,14 +768,12 @@ class SandboxBashExecutor(LocalBashExecutor):
             and plan.backend is not None
             and plan.backend.mounts
         ):
-            gitdirs = tuple(o.gitdir for o in plan.overlays)
             # The sandbox's own cache home holds tools' git checkouts (cargo): not the user's.
             roots = tuple(r for r in policy.all_writable_roots() if r != plan.cache_home)
-            nested = (
-                new_repositories(roots, plan.started_ns, overlaid=gitdirs)
-                if self._collect_evidence
-                else []
-            )
+            nested: list[str] = []
+            if record.git is not None:
+                settled = settle_git(record.git, roots, plan.overlays)
+                nested, record.warnings = settled.nested, record.warnings + settled.warnings
             for overlay in plan.overlays:
                 report = merge_back(overlay, plan.started_ns)
                 record.merges.append(report)
@@ -790,12 +782,6 @@ class SandboxBashExecutor(LocalBashExecutor):
                 ]
                 record.warnings += [f"git: not copied back: {c}" for c in report.conflicts]
             record.nested = tuple(dict.fromkeys(nested))
-            if record.nested:
-                record.warnings.append(
-                    "the command created or changed git repositories (their config and hooks are "
-                    "the command's; do not run git there before reviewing them): "
-                    + ", ".join(record.nested)
-                )
         self._release(record)
 
     def _release(self, record: _SpawnRecord) -> None:
@@ -920,7 +906,8 @@ class SandboxBashExecutor(LocalBashExecutor):
                 "workdir": workdir,
                 "write_refusals": frozenset({"EPERM"}),
             }
-        return {"policy": policy, "workdir": workdir}
+        guarded = plan.record.git.guarded if plan.record.git is not None else {}
+        return {"policy": policy, "workdir": workdir, "guarded": guarded}
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -157,6 +157,9 @@ class SandboxPolicy(BaseModel):
     # `~/...` is the user's home; symlinks are resolved, so a root is confined by its real name.
     writable_roots: tuple[UserCanonicalPath, ...] = ()
     protected_paths: tuple[str, ...] = DEFAULT_PROTECTED_PATHS
+    # Also keep read-only the workspace files installed git hooks run (husky, pre-commit,
+    # lefthook, a `core.hooksPath` directory): editing one is editing the hook.
+    protect_hook_chain: bool = True
     # Not resolved: the backends hide a denied symlink under both its names.
     deny_read: tuple[NormalPath, ...] = Field(default_factory=default_deny_read)
     # Destinations the egress proxy may reach under `isolated` (domains, `*.suffix`, `:port`).
