@@ -347,13 +347,14 @@ def discover_gitdirs(
     )
 
 
-def index_gitlinks(index_path: str) -> set[str]:
+def index_gitlinks(index_path: str, git_dir: str) -> set[str]:
     """Paths of the gitlink (submodule) entries of the index at ``index_path``, read by
-    git's own parser (every index version, v4's prefix compression included)."""
+    git's own parser (every index version, v4's prefix compression included) as the
+    repository at ``git_dir`` (the host's: its object format) reads it."""
     try:
         done = subprocess.run(
             [*SCRUBBED_GIT, "ls-files", "--stage", "-z"],
-            env={**SCRUBBED_GIT_ENV, "GIT_INDEX_FILE": index_path, "GIT_DIR": "/nonexistent"},
+            env={**SCRUBBED_GIT_ENV, "GIT_INDEX_FILE": index_path, "GIT_DIR": git_dir},
             cwd="/",
             capture_output=True,
             timeout=30,
@@ -430,6 +431,12 @@ def after_command(
         if fresh:
             result.created_dotgits.append(path)
             result.created += [g for g in fresh if g not in result.created]
+    # A linked worktree's or a submodule's git dir inside a created one is reset with it.
+    kept: list[str] = []
+    for d in sorted(result.created, key=lambda p: (p.count("/"), p)):
+        if not any(within(d, k) for k in kept):
+            kept.append(d)
+    result.created = kept
     return result
 
 

@@ -114,7 +114,10 @@ def settle_git(
         new_index = os.path.join(overlay.upper, "index")
         if not os.path.isfile(new_index) or os.path.islink(new_index):
             continue
-        added = index_gitlinks(new_index) - index_gitlinks(os.path.join(overlay.gitdir, "index"))
+        old_index = os.path.join(overlay.gitdir, "index")
+        added = index_gitlinks(new_index, overlay.gitdir) - index_gitlinks(
+            old_index, overlay.gitdir
+        )
         worktree = os.path.dirname(overlay.gitdir)
         links = [os.path.join(worktree, p) for p in sorted(added)]
         done.nested += links
