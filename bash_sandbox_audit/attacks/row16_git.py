@@ -188,6 +188,48 @@ def _nested_repositories(env: AttackEnv, values: dict[str, Any]) -> None:
         init_repo(env, os.path.join(env.ws, path))
 
 
+# Repositories the search once missed: deeper than three levels, where pip checks out an
+# editable VCS install, and behind a `.git` symlink to a git dir not named `.git`.
+DEEP, EDITABLE, LINKED = "deep/a/b/c/d/repo", ".venv/src/pkg", "linked"
+
+
+def _unusual_repositories(env: AttackEnv, values: dict[str, Any]) -> None:
+    init_repo(env, os.path.join(env.ws, DEEP))
+    init_repo(env, os.path.join(env.ws, EDITABLE))
+    store = os.path.join(env.ws, "store")
+    init_repo(env, store)
+    os.rename(os.path.join(store, ".git"), os.path.join(store, "real.git"))
+    os.makedirs(os.path.join(env.ws, LINKED))
+    os.symlink("../store/real.git", os.path.join(env.ws, LINKED, ".git"))
+    git(env, os.path.join(env.ws, LINKED), "config", "core.worktree", os.path.join(env.ws, LINKED))
+
+
+def _husky9(env: AttackEnv, values: dict[str, Any]) -> None:
+    # husky 9: core.hooksPath=.husky/_, whose hooks run the user's `.husky/<hook>`.
+    hook = os.path.join(env.ws, ".husky", "_", "pre-commit")
+    os.makedirs(os.path.dirname(hook))
+    with open(hook, "w") as fh:
+        fh.write('#!/bin/sh\nsh "$(dirname "$0")/../pre-commit"\n')
+    os.chmod(hook, 0o755)  # noqa: S103 - a hook git must run
+    with open(os.path.join(env.ws, ".husky", "pre-commit"), "w") as fh:
+        fh.write("exit 0\n")
+    git(env, env.ws, "config", "core.hooksPath", ".husky/_")
+
+
+def _pre_commit(env: AttackEnv, values: dict[str, Any]) -> None:
+    # `pre-commit install`'s hook runs the config's local hook: scripts/check.sh.
+    hook = os.path.join(env.ws, ".git", "hooks", "pre-commit")
+    with open(hook, "w") as fh:
+        fh.write("#!/bin/sh\n# pre-commit hook-impl --config=.pre-commit-config.yaml\n"
+                 "sh scripts/check.sh\n")  # fmt: skip
+    os.chmod(hook, 0o755)  # noqa: S103 - a hook git must run
+    with open(os.path.join(env.ws, ".pre-commit-config.yaml"), "w") as fh:
+        fh.write("repos:\n- repo: local\n  hooks:\n  - id: c\n    entry: scripts/check.sh\n")
+    os.makedirs(os.path.join(env.ws, "scripts"))
+    with open(os.path.join(env.ws, "scripts", "check.sh"), "w") as fh:
+        fh.write("exit 0\n")
+
+
 def _info_guard(env: AttackEnv, values: dict[str, Any]) -> None:
     values["guards"] = {"ws/.git/info": os.path.join(env.ws, ".git", "info")}
 
@@ -424,6 +466,18 @@ NESTED_HOST: Sequence[HostGit] = (
     ("ws/packages/api/vendor", ("status", "--porcelain")),
 )
 
+
+def _log_has(where: str, rev: str, *subjects: str) -> Check:
+    """Host `git log` of ``rev`` (in ``where``) shows every commit subject."""
+
+    def check(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
+        done = git(env, env.path(where), "log", "--format=%s", rev, "--", check=False)
+        shown = done.stdout.splitlines()
+        return [f"host git log {rev} lacks the commit {s!r}" for s in subjects if s not in shown]
+
+    return check
+
+
 ATTACKS: list[Attack] = [
     *(
         scenario(
@@ -465,6 +519,48 @@ ATTACKS: list[Attack] = [
         + " && cat lib/.git/config.new >> lib/.git/config\n",
         host=NESTED_HOST[:2],
         premise=_nested_repositories,
+    ),
+    git_attack(
+        "row16-deep-repository",
+        "write the config of repositories deeper than three levels, in .venv/src (pip's "
+        "editable checkouts) and behind a .git symlink",
+        "".join(
+            f"printf '[core]\\n\\tfsmonitor = {{{{payload}}}} {name}\\n' >> {path}/.git/config\n"
+            for name, path in (("deep", DEEP), ("venv-src", EDITABLE), ("git-symlink", LINKED))
+        ),
+        host=tuple(("ws/" + p, ("status", "--porcelain")) for p in (DEEP, EDITABLE, LINKED)),
+        premise=_unusual_repositories,
+    ),
+    git_attack(
+        "row16-created-repository",
+        "create a repository whose config (core.fsmonitor, an alias, hooksPath) and hooks run "
+        "code, with a commit the user keeps",
+        "git init -q made && git -C made config core.fsmonitor '{{payload}} created-fsmonitor' "
+        "&& git -C made config core.hooksPath .githooks && mkdir -p made/.githooks && "
+        "for d in made/.git/hooks made/.githooks; do "
+        "printf '#!/bin/sh\\n{{payload}} created-hook\\n' > $d/pre-commit; "
+        "chmod +x $d/pre-commit; done && "
+        "git -C made -c core.hooksPath=/dev/null -c user.name=a -c user.email=a@b "
+        "commit -q --allow-empty -m inside\n",
+        host=(
+            ("ws/made", ("status", "--porcelain")),
+            ("ws/made", ("commit", "-q", "--allow-empty", "-m", "host")),
+        ),
+        checks=(_log_has("ws/made", "HEAD", "host", "inside"),),
+    ),
+    git_attack(
+        "row16-hook-chain-husky",
+        "edit the file husky's installed hook runs (.husky/pre-commit behind .husky/_)",
+        "echo '{{payload}} husky-chain' >> .husky/pre-commit\n",
+        host=(COMMIT,),
+        premise=_husky9,
+    ),
+    git_attack(
+        "row16-hook-chain-pre-commit",
+        "edit the script a pre-commit local hook runs (entry: scripts/check.sh)",
+        "echo '{{payload}} pre-commit-chain' >> scripts/check.sh\n",
+        host=(COMMIT,),
+        premise=_pre_commit,
     ),
     git_attack(
         "row16-rebase-exec",
@@ -561,17 +657,6 @@ ATTACKS: list[Attack] = [
 
 
 # -- positive controls: git work that must keep working in workspace-write -------------------
-
-
-def _log_has(where: str, rev: str, *subjects: str) -> Check:
-    """Host `git log` of ``rev`` (in ``where``) shows every commit subject."""
-
-    def check(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
-        done = git(env, env.path(where), "log", "--format=%s", rev, "--", check=False)
-        shown = done.stdout.splitlines()
-        return [f"host git log {rev} lacks the commit {s!r}" for s in subjects if s not in shown]
-
-    return check
 
 
 def git_control(
