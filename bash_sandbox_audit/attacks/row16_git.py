@@ -212,7 +212,7 @@ def _husky9(env: AttackEnv, values: dict[str, Any]) -> None:
         fh.write('#!/bin/sh\nsh "$(dirname "$0")/../pre-commit"\n')
     os.chmod(hook, 0o755)  # noqa: S103 - a hook git must run
     with open(os.path.join(env.ws, ".husky", "pre-commit"), "w") as fh:
-        fh.write("exit 0\n")
+        fh.write("true\n")
     git(env, env.ws, "config", "core.hooksPath", ".husky/_")
 
 
@@ -227,7 +227,7 @@ def _pre_commit(env: AttackEnv, values: dict[str, Any]) -> None:
         fh.write("repos:\n- repo: local\n  hooks:\n  - id: c\n    entry: scripts/check.sh\n")
     os.makedirs(os.path.join(env.ws, "scripts"))
     with open(os.path.join(env.ws, "scripts", "check.sh"), "w") as fh:
-        fh.write("exit 0\n")
+        fh.write("true\n")
 
 
 def _info_guard(env: AttackEnv, values: dict[str, Any]) -> None:

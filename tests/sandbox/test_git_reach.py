@@ -192,7 +192,7 @@ async def test_files_an_installed_hook_runs_stay_read_only_and_the_denial_names_
     if manager == "husky":  # husky 9: hooksPath .husky/_, each hook runs .husky/<hook>
         host_git("config", "core.hooksPath", ".husky/_", cwd=workspace)
         _hook(workspace / ".husky/_/pre-commit", 'sh "$(dirname "$0")/../pre-commit"\n')
-        (workspace / ".husky/pre-commit").write_text("exit 0\n")
+        (workspace / ".husky/pre-commit").write_text("true\n")
         attack, target = f"echo 'touch {marker}' >> .husky/pre-commit", ".husky/pre-commit"
     elif manager == "pre-commit":  # `pre-commit install`'s hook, running a local hook
         _hook(
@@ -203,7 +203,7 @@ async def test_files_an_installed_hook_runs_stay_read_only_and_the_denial_names_
             "repos:\n- repo: local\n  hooks:\n  - id: check\n    entry: scripts/check.sh\n"
         )
         (workspace / "scripts").mkdir()
-        (workspace / "scripts/check.sh").write_text("exit 0\n")
+        (workspace / "scripts/check.sh").write_text("true\n")
         attack, target = f"echo 'touch {marker}' >> scripts/check.sh", "scripts/check.sh"
     else:  # lefthook: a local config, missing, is merged in when it appears
         _hook(
