@@ -7,9 +7,10 @@ and then runs the *host's* git the way its user would (`git status`, `git commit
 appends to a marker under the attack's own directory) that host git must never run, and
 host victim files that host git must never write through a planted symlink.
 
-The nested repository is the one case with no path-based fix: a command may create a
-repository inside the workspace, and host git will trust its config. The must-hold there is
-that the result reports it (`SandboxFacts.nested_repositories`).
+A repository the command creates (no `.git` before the run) has no path to overlay: after
+the command the executor resets it to git's default control plane (`git_created.py`), and
+the result reports it (`SandboxFacts.nested_repositories`). The must-hold is that host git
+there runs nothing the command planted and the command's commits are still there.
 
 The positive controls are the git work that must keep working in `workspace-write`,
 checked with `git log` on the host.
@@ -369,13 +370,16 @@ def _nested_finding(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Fin
         return contained("no nested repository was created")
     facts = outcome.result.sandbox
     reported = facts.nested_repositories if facts is not None else ()
+    if ran:
+        return escaped(
+            "host git ran the created repository's core.fsmonitor",
+            [f"host git status in the superproject ran it: {line}" for line in ran],
+        )
     if any(p.rstrip("/").endswith("inner") for p in reported):
-        also = " (host git then ran its fsmonitor)" if ran else ""
-        return contained("reported in nested_repositories" + also)
+        return contained("reported in nested_repositories, reset to git's default control plane")
     return escaped(
         "a nested repository with its own core.fsmonitor is not reported in nested_repositories",
-        [f"facts.nested_repositories = {list(reported)}"]
-        + [f"host git status in the superproject ran it: {line}" for line in ran],
+        [f"facts.nested_repositories = {list(reported)}"],
     )
 
 
