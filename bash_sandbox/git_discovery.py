@@ -68,7 +68,8 @@ _CACHE_MAX = 1_000_000
 @dataclass(frozen=True)
 class _Listing:
     key: tuple[int, int, int]  # st_dev, st_ino, st_ctime_ns
-    subdirs: tuple[str, ...]
+    subdirs: tuple[str, ...]  # full paths, sorted
+    dependencies: tuple[str, ...]  # the subdirectories named in DEPENDENCY_DIRS
     dotgit: bool
 
 
@@ -142,14 +143,16 @@ def _list(directory: str, now_ns: int) -> _Listing | None:
         st = os.lstat(directory)
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode):
-        return None
     key = (st.st_dev, st.st_ino, st.st_ctime_ns)
     cached = _LISTINGS.get(directory)
     if cached is not None and cached.key == key:
         return cached
+    if not stat.S_ISDIR(st.st_mode):
+        return None
     subdirs: list[str] = []
+    dependencies: list[str] = []
     dotgit = False
+    prefix = directory.rstrip("/") + "/"
     try:
         with os.scandir(directory) as it:
             for entry in it:
@@ -158,10 +161,11 @@ def _list(directory: str, now_ns: int) -> _Listing | None:
                     continue
                 with contextlib.suppress(OSError):
                     if entry.is_dir(follow_symlinks=False):
-                        subdirs.append(entry.name)
+                        into = dependencies if entry.name in DEPENDENCY_DIRS else subdirs
+                        into.append(prefix + entry.name)
     except OSError:
         return None
-    listing = _Listing(key, tuple(sorted(subdirs)), dotgit)
+    listing = _Listing(key, tuple(sorted(subdirs)), tuple(sorted(dependencies)), dotgit)
     if st.st_ctime_ns < now_ns - _RACY_NS:
         if len(_LISTINGS) >= _CACHE_MAX:
             _LISTINGS.clear()
@@ -189,13 +193,10 @@ def find_dotgits(
         if listing is None:
             continue
         if listing.dotgit:
-            found.append(os.path.join(directory, ".git"))
-        for name in listing.subdirs:
-            path = os.path.join(directory, name)
-            if from_first and name not in DEPENDENCY_DIRS:
-                first.append(path)
-            else:
-                last.append(path)
+            found.append(directory.rstrip("/") + "/.git")
+        # Below a dependency directory everything is searched last too.
+        (first if from_first else last).extend(listing.subdirs)
+        last.extend(listing.dependencies)
     return found, []
 
 
