@@ -19,17 +19,15 @@ changed during the run is not overwritten (a conflict, reported).
 The copy-back runs in the executor, outside every sandbox, and never follows a symlink on
 the host side (each directory is opened with O_NOFOLLOW from the git directory down).
 
-Repositories nested in a root (a workspace that is a folder of repositories, a vendored
-checkout) get an overlay too: every `.git` up to three levels below a root, found breadth
-first within a budget of listed directories, skipping dependency and cache directories
-(`NOT_SEARCHED`); the directories leading to one are pinned, so it cannot be renamed away.
-
-What this cannot stop: a repository the command creates itself (a new `.git`, or a gitlink
-added to the index) carries whatever config the command wrote. `nested_repositories`
-reports those on the result; treat them as untrusted. A pre-existing repository deeper than
-the search, or inside a skipped directory, has no overlay; a search cut short by its budget
-makes the run's enforcement partial, and every `.git` an earlier search found is looked at
-again (`known`), so flooding a root with directories hides nothing found before.
+Which git directories get an overlay is `git_discovery.py`'s: every repository in a writable
+root at any depth (dependency directories searched last, `.git` symlinks and gitfiles
+followed as git follows them); the directories leading to one are pinned, so it cannot be
+renamed away. A search stopped by its budget makes the run partial and names what it did
+not list, and every `.git` an earlier search found is looked at again (`known`), so
+flooding a root with directories hides nothing found before. A repository the command
+creates has no overlay: after the command it is reset to git's default control plane
+(`git_created.py`) and reported in `nested_repositories`; the workspace files installed
+hooks run are covered like the hooks (`git_hook_chain.py`).
 """
 
 from __future__ import annotations
