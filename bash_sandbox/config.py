@@ -27,6 +27,8 @@ class SandboxBashConfig(LocalBashConfig):
     probe_timeout_ms: PositiveInt = 5_000
     writable_roots: tuple[str, ...] = ()
     protected_paths: tuple[str, ...] = DEFAULT_PROTECTED_PATHS
+    # The workspace files installed git hooks run (husky, pre-commit, lefthook) stay read-only.
+    protect_hook_chain: bool = True
     deny_read: tuple[str, ...] | None = None  # None: the policy's default credential stores
     # Egress allowlist (served by the executor's proxy under `isolated`) and named host sockets.
     allow_domains: tuple[str, ...] = ()

@@ -291,6 +291,7 @@ class SandboxBashExecutor(LocalBashExecutor):
                 "limits": cfg.limits,
                 "allow_domains": tuple(cfg.allow_domains),
                 "allow_unix_sockets": tuple(cfg.allow_unix_sockets),
+                "protect_hook_chain": cfg.protect_hook_chain,
             }
         )
 

@@ -231,3 +231,16 @@ async def test_files_an_installed_hook_runs_stay_read_only_and_the_denial_names_
     # Ordinary work next to the chain still works.
     ok = await _run(ex, "echo c > c.txt && git add c.txt && git commit -qm inside", workspace)
     assert ok.exit_code == 0, ok.stderr.text
+
+
+async def test_the_hook_chain_protection_can_be_switched_off(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    _repo(workspace)
+    host_git("config", "core.hooksPath", ".husky/_", cwd=workspace)
+    _hook(workspace / ".husky/_/pre-commit", 'sh "$(dirname "$0")/../pre-commit"\n')
+    (workspace / ".husky/pre-commit").write_text("true\n")
+    ex = make_executor(mode="workspace-write", protect_hook_chain=False)
+    result = await _run(ex, "echo 'npm test' >> .husky/pre-commit", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    assert (workspace / ".husky/pre-commit").read_text() == "true\nnpm test\n"
