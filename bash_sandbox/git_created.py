@@ -89,7 +89,8 @@ _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def reset_control_plane(gitdir: str, roots: tuple[str, ...]) -> list[str]:
     """Reset ``gitdir`` (a repository the command created, inside ``roots``) to git's
-    default control plane; returns what was dropped, relative to ``gitdir``."""
+    default control plane; returns what was dropped that could run code or redirect git,
+    relative to ``gitdir`` (empty for what `git init`, `git clone` or `cargo new` make)."""
     dropped: list[str] = []
     try:
         fd = _open_path(gitdir)
@@ -124,15 +125,18 @@ def _reset(
     def note(name: str) -> None:
         dropped.append(os.path.join(rel, name))
 
-    if _config(fd, gitdir, roots):
-        note("config")
+    keys = _config(fd, gitdir, roots)
+    if keys:
+        note(f"config ({', '.join(keys)})")
     for name in _REMOVED:
-        if _remove(fd, name):
+        if not _empty(fd, name) and _remove(fd, name):
             note(name)
-    if _empty_dir(fd, "hooks", keep=frozenset()):
-        note("hooks")
-    if _empty_dir(fd, "info", keep=_INFO_KEPT):
-        note("info")
+    # git's own samples are never run: removed without a word, like an empty legacy dir.
+    for name in _empty_dir(fd, "hooks", keep=frozenset()):
+        if not name.endswith(".sample"):
+            note(f"hooks/{name}")
+    for name in _empty_dir(fd, "info", keep=_INFO_KEPT):
+        note(f"info/{name}")
     _alternates(fd, gitdir, roots, dropped, rel)
     for name, sub in _subdirs(fd, "worktrees"):
         try:
@@ -238,30 +242,44 @@ def _remove(fd: int, name: str) -> bool:
     return True
 
 
-def _empty_dir(fd: int, name: str, keep: frozenset[str]) -> bool:
-    """Leave ``name`` a real directory holding only regular files named in ``keep``."""
-    try:
-        st = os.lstat(name, dir_fd=fd)
-    except OSError:
-        return False
-    if not stat.S_ISDIR(st.st_mode):
-        _remove(fd, name)
-        with contextlib.suppress(OSError):
-            os.mkdir(name, 0o755, dir_fd=fd)
-        return True
-    changed = False
+def _empty(fd: int, name: str) -> bool:
+    """Whether ``name`` is a real, empty directory (git init's `branches/`)."""
     try:
         sub = os.open(name, _O_DIR, dir_fd=fd)
     except OSError:
         return False
     try:
-        for entry in os.listdir(sub):
-            if entry in keep and stat.S_ISREG(os.lstat(entry, dir_fd=sub).st_mode):
-                continue
-            changed |= _remove(sub, entry)
+        return not os.listdir(sub)
     finally:
         os.close(sub)
-    return changed
+
+
+def _empty_dir(fd: int, name: str, keep: frozenset[str]) -> list[str]:
+    """Leave ``name`` a real directory holding only regular files named in ``keep``;
+    returns what was removed (``name`` itself when it was not a real directory)."""
+    try:
+        st = os.lstat(name, dir_fd=fd)
+    except OSError:
+        return []
+    if not stat.S_ISDIR(st.st_mode):
+        _remove(fd, name)
+        with contextlib.suppress(OSError):
+            os.mkdir(name, 0o755, dir_fd=fd)
+        return ["(not a directory)"]
+    removed: list[str] = []
+    try:
+        sub = os.open(name, _O_DIR, dir_fd=fd)
+    except OSError:
+        return []
+    try:
+        for entry in sorted(os.listdir(sub)):
+            if entry in keep and stat.S_ISREG(os.lstat(entry, dir_fd=sub).st_mode):
+                continue
+            if _remove(sub, entry):
+                removed.append(entry)
+    finally:
+        os.close(sub)
+    return removed
 
 
 def _alternates(fd: int, gitdir: str, roots: tuple[str, ...], dropped: list[str], rel: str) -> None:
@@ -306,22 +324,26 @@ def _remove_if(fd: int, name: str, bad: Callable[[bytes], bool]) -> bool:
 # -- config ----------------------------------------------------------------------------------
 
 
-def _config(fd: int, gitdir: str, roots: tuple[str, ...]) -> bool:
-    """Re-write `config` from its allowlisted keys; whether anything was dropped."""
+def _config(fd: int, gitdir: str, roots: tuple[str, ...]) -> list[str]:
+    """Re-write `config` from its allowlisted keys; returns the keys dropped."""
     if not _lexists(fd, "config"):
-        return False
+        return []
     data = _read(fd, "config", _CONFIG_MAX)
-    pairs = parse_config(data) if data is not None else []
+    parsed = parse_config(data) if data is not None else None
+    pairs = parsed or []
     kept = [(k, v) for k, v in pairs if _keep(k, v, gitdir, roots)]
-    if data is not None and len(kept) == len(pairs):
-        return False  # nothing to drop: the file stays byte for byte
+    dropped = [k for k, v in pairs if (k, v) not in kept]
+    if parsed is None:
+        dropped.insert(0, "not a config git reads")  # a link, a fifo, a malformed file
+    elif not dropped:
+        return []  # nothing to drop: the file stays byte for byte
     _write(fd, "config", serialize_config(kept))
-    return True
+    return list(dict.fromkeys(dropped))
 
 
-def parse_config(data: bytes) -> list[tuple[str, str | None]]:
+def parse_config(data: bytes) -> list[tuple[str, str | None]] | None:
     """(key, value) pairs of a config file's bytes, read by git (`--list -z`, no includes);
-    a key without `=` has the value None. An unreadable config has no pairs."""
+    a key without `=` has the value None. None when git cannot read it."""
     with tempfile.TemporaryDirectory(prefix="bash-sandbox-config-") as tmp:
         path = os.path.join(tmp, "config")
         with open(path, "wb") as fh:
@@ -335,9 +357,9 @@ def parse_config(data: bytes) -> list[tuple[str, str | None]]:
                 check=False,
             )
         except (OSError, subprocess.SubprocessError):
-            return []
+            return None
     if done.returncode != 0:
-        return []
+        return None
     pairs: list[tuple[str, str | None]] = []
     for record in done.stdout.split(b"\0"):
         if not record:

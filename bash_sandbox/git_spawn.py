@@ -93,15 +93,14 @@ def settle_git(
     dropped: list[str] = []
     for gitdir in after.created:
         dropped += [os.path.join(gitdir, d) for d in reset_control_plane(gitdir, roots)]
+    # Listed in the facts either way; a warning only when the reset took something away
+    # (what `git init`, `git clone` or `cargo new` write is kept, and says nothing).
     done.nested += after.created_dotgits
-    if after.created_dotgits:
-        done.warnings.append(
-            "git: the command created git repositories; their control plane was reset to "
-            "git's default (objects, refs and index kept; config keys that run code, hooks "
-            "and the like dropped): " + ", ".join(after.created_dotgits)
-        )
     if dropped:
-        done.warnings.append("git: dropped from created repositories: " + ", ".join(dropped[:16]))
+        done.warnings.append(
+            "git: the command created git repositories; reset to git's default control "
+            "plane (objects, refs and index kept), dropped: " + ", ".join(dropped[:16])
+        )
     if after.restored:
         done.warnings.append("git: .git links or files put back as they were: " + ", ".join(
             after.restored))  # fmt: skip

@@ -122,6 +122,14 @@ async def test_clone_worktree_and_cargo_new_work_and_run_nothing_planted(
     origin = tmp_path / "origin"
     _repo(origin)
     ex = make_executor(mode="workspace-write")
+    # Nothing planted: listed in the facts, and not a word of warning to learn to ignore.
+    clean = await _run(ex, f"git init -q plain && git clone -q {origin} copy", workspace)
+    assert clean.exit_code == 0 and clean.sandbox is not None, clean.stderr.text
+    assert set(clean.sandbox.nested_repositories) == {
+        str(workspace / "plain" / ".git"),
+        str(workspace / "copy" / ".git"),
+    }
+    assert not [w for w in clean.sandbox.warnings if w.startswith("git:")]
     command = (
         f"git clone -q {origin} y && git -C y worktree add -q ../y-wt && "
         f"git -C y config core.pager 'touch {marker}; cat' && "

@@ -39,8 +39,8 @@ def test_the_reset_keeps_data_keys_and_drops_everything_else(tmp_path: Path) -> 
             '[credential]\n\thelper = !touch x\n[diff "d"]\n\ttextconv = touch x\n'
         )
     dropped = reset_control_plane(str(repo / ".git"), (str(tmp_path / "ws"),))
-    assert "config" in dropped
-    keys = {k for k, _ in parse_config(config.read_bytes())}
+    assert any(d.startswith("config (") and "core.fsmonitor" in d for d in dropped)
+    keys = {k for k, _ in parse_config(config.read_bytes()) or []}
     assert keys == {
         "core.repositoryformatversion",
         "core.filemode",
@@ -72,6 +72,10 @@ def test_the_reset_never_follows_a_link_the_command_left(tmp_path: Path) -> None
     assert (victim / "config").read_text() == "[core]\n\tfsmonitor = host-owned\n"
     assert (victim / "hooks" / "keep").read_text() == "host\n"
     assert not (gitdir / "config").is_symlink() and (gitdir / "config").read_bytes() == b""
+    # A config git cannot parse is not left for a later git to half-read.
+    (gitdir / "config").write_text("[core\n\tfsmonitor = x\n")
+    assert "config (not a config git reads)" in reset_control_plane(str(gitdir), (str(ws),))
+    assert (gitdir / "config").read_bytes() == b""
     assert (gitdir / "hooks").is_dir() and not (gitdir / "hooks").is_symlink()
     # A path through a symlinked parent is refused outright.
     os.symlink(victim, ws / "link")
