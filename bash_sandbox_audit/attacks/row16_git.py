@@ -231,6 +231,17 @@ def _pre_commit(env: AttackEnv, values: dict[str, Any]) -> None:
         fh.write("true\n")
 
 
+def _lefthook(env: AttackEnv, values: dict[str, Any]) -> None:
+    # lefthook's installed hook merges `lefthook-local.yml` in when it exists (here: sources it).
+    hook = os.path.join(env.ws, ".git", "hooks", "pre-commit")
+    with open(hook, "w") as fh:
+        fh.write("#!/bin/sh\n# lefthook run pre-commit\n"
+                 "[ -f lefthook-local.yml ] && sh lefthook-local.yml\nexit 0\n")  # fmt: skip
+    os.chmod(hook, 0o755)  # noqa: S103 - a hook git must run
+    with open(os.path.join(env.ws, "lefthook.yml"), "w") as fh:
+        fh.write("pre-commit:\n  commands: {}\n")
+
+
 def _info_guard(env: AttackEnv, values: dict[str, Any]) -> None:
     values["guards"] = {"ws/.git/info": os.path.join(env.ws, ".git", "info")}
 
@@ -565,6 +576,13 @@ ATTACKS: list[Attack] = [
         "echo '{{payload}} pre-commit-chain' >> scripts/check.sh\n",
         host=(COMMIT,),
         premise=_pre_commit,
+    ),
+    git_attack(
+        "row16-hook-chain-lefthook",
+        "create the lefthook-local.yml lefthook's installed hook merges in (missing before)",
+        "echo '{{payload}} lefthook-chain' > lefthook-local.yml\n",
+        host=(COMMIT,),
+        premise=_lefthook,
     ),
     git_attack(
         "row16-rebase-exec",

@@ -77,8 +77,18 @@ async def test_deep_dependency_dir_and_symlinked_repositories_keep_the_hosts_con
         host_git("status", "--short", cwd=repo)
         host_git("commit", "-q", "--allow-empty", "-m", "host", cwd=repo)
     assert not marker.exists()
-    # The symlink the command could repoint is put back as it was.
+    # A `.git` symlink is the command's to write: repointed, it is put back as it was.
+    repoint = await _run(
+        ex,
+        f"git init -q planted && git -C planted config core.fsmonitor 'touch {marker}' && "
+        "ln -sfn ../planted/.git linked/.git",
+        workspace,
+    )
+    assert repoint.exit_code == 0, repoint.stderr.text
     assert os.readlink(linked / ".git") == "../store/real.git"
+    host_git("status", "--short", cwd=linked)
+    host_git("status", "--short", cwd=workspace / "planted")
+    assert not marker.exists()
 
 
 async def test_a_created_repository_comes_back_with_gits_default_control_plane(
