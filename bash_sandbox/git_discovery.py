@@ -1,7 +1,8 @@
 """Which git repositories a command can reach through its writable roots, found completely.
 
-Before a command, every `.git` entry in every writable root is found, at any depth, so each
-git directory behind one gets an overlay (`git_plane.py`): a directory, a `.git` symlink
+Before a command, every `.git` entry in every writable root is found, at any depth, and
+every bare repository (a directory git's `is_git_directory` takes, under any name), so each
+git directory gets an overlay (`git_plane.py`): a directory, a `.git` symlink
 (followed, as git's `stat` follows it) or a gitfile (read with git's own rules: the exact
 `gitdir: ` prefix, trailing newlines cut, relative to the directory holding it). Dependency
 and cache directories (`DEPENDENCY_DIRS`: `.venv`, `node_modules`, ...) are searched too,
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import subprocess
 import time
@@ -71,6 +73,7 @@ class _Listing:
     subdirs: tuple[str, ...]  # full paths, sorted
     dependencies: tuple[str, ...]  # the subdirectories named in DEPENDENCY_DIRS
     dotgit: bool
+    bare: bool  # the directory itself is a git directory (a bare repository)
 
 
 _LISTINGS: dict[str, _Listing] = {}
@@ -152,6 +155,7 @@ def _list(directory: str, now_ns: int) -> _Listing | None:
     subdirs: list[str] = []
     dependencies: list[str] = []
     dotgit = False
+    layout = 0
     prefix = directory.rstrip("/") + "/"
     try:
         with os.scandir(directory) as it:
@@ -159,13 +163,16 @@ def _list(directory: str, now_ns: int) -> _Listing | None:
                 if entry.name == ".git":
                     dotgit = True
                     continue
+                if entry.name in _BARE_LAYOUT:
+                    layout += 1
                 with contextlib.suppress(OSError):
                     if entry.is_dir(follow_symlinks=False):
                         into = dependencies if entry.name in DEPENDENCY_DIRS else subdirs
                         into.append(prefix + entry.name)
     except OSError:
         return None
-    listing = _Listing(key, tuple(sorted(subdirs)), tuple(sorted(dependencies)), dotgit)
+    bare = layout == len(_BARE_LAYOUT) and is_git_directory(directory)
+    listing = _Listing(key, tuple(sorted(subdirs)), tuple(sorted(dependencies)), dotgit, bare)
     if st.st_ctime_ns < now_ns - _RACY_NS:
         if len(_LISTINGS) >= _CACHE_MAX:
             _LISTINGS.clear()
@@ -176,8 +183,9 @@ def _list(directory: str, now_ns: int) -> _Listing | None:
 def find_dotgits(
     roots: tuple[str, ...], budget: int = DISCOVERY_BUDGET
 ) -> tuple[list[str], list[str]]:
-    """Every `.git` entry (any kind) at or below ``roots``, never below a `.git`; breadth
-    first, dependency directories after everything else; and the directories left
+    """Every `.git` entry (any kind) at or below ``roots``, never below a `.git`, and every
+    bare repository (a directory git takes for a git directory, never searched below);
+    breadth first, dependency directories after everything else; and the directories left
     unlisted when ``budget`` ran out (empty when the search was complete)."""
     now_ns = time.time_ns()
     found: list[str] = []
@@ -192,12 +200,37 @@ def find_dotgits(
         listing = _list(directory, now_ns)
         if listing is None:
             continue
+        if listing.bare:
+            found.append(directory)  # git's own layout inside: nothing below to search
+            continue
         if listing.dotgit:
             found.append(directory.rstrip("/") + "/.git")
         # Below a dependency directory everything is searched last too.
         (first if from_first else last).extend(listing.subdirs)
         last.extend(listing.dependencies)
     return found, []
+
+
+_BARE_LAYOUT = frozenset({"HEAD", "objects", "refs"})
+_HEAD = re.compile(rb"^(ref: refs/|[0-9a-f]{40}(?:[0-9a-f]{24})?\s*$)")
+
+
+def is_git_directory(path: str) -> bool:
+    """Whether git takes ``path`` for a git directory, as its `is_git_directory` does: a
+    `HEAD` file holding a symbolic ref into `refs/` or an object id, `objects/` and `refs/`
+    directories. A bare repository (`git init --bare x.git`) is one, named as it likes."""
+    head = os.path.join(path, "HEAD")
+    try:
+        if not (
+            stat.S_ISREG(os.lstat(head).st_mode)
+            and os.path.isdir(os.path.join(path, "objects"))
+            and os.path.isdir(os.path.join(path, "refs"))
+        ):
+            return False
+        with open(head, "rb") as fh:
+            return _HEAD.match(fh.read(256)) is not None
+    except OSError:
+        return False
 
 
 def snapshot(path: str) -> DotGit:

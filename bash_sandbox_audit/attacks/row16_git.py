@@ -242,6 +242,11 @@ def _lefthook(env: AttackEnv, values: dict[str, Any]) -> None:
         fh.write("pre-commit:\n  commands: {}\n")
 
 
+def _bare_remote(env: AttackEnv, values: dict[str, Any]) -> None:
+    # A bare repository in the workspace used as a local remote: a host push runs its hooks.
+    git(env, env.root, "clone", "-q", "--bare", env.ws, os.path.join(env.ws, "remote.git"))
+
+
 def _info_guard(env: AttackEnv, values: dict[str, Any]) -> None:
     values["guards"] = {"ws/.git/info": os.path.join(env.ws, ".git", "info")}
 
@@ -583,6 +588,23 @@ ATTACKS: list[Attack] = [
         "echo '{{payload}} lefthook-chain' > lefthook-local.yml\n",
         host=(COMMIT,),
         premise=_lefthook,
+    ),
+    git_attack(
+        "row16-bare-repository",
+        "plant a post-receive hook and core.fsmonitor in a bare repository of the workspace, "
+        "and create a bare repository with one; the host pushes to both",
+        "".join(
+            f"{init}printf '#!/bin/sh\\n{{{{payload}}}} bare-hook\\n' > {d}/hooks/post-receive"
+            f" && chmod +x {d}/hooks/post-receive\n"
+            for init, d in (("", "remote.git"), ("git init -q --bare made.git && ", "made.git"))
+        )
+        + "printf '[core]\\n\\tfsmonitor = {{payload}} bare-config\\n' >> remote.git/config\n",
+        host=(
+            ("ws", ("push", "-q", "remote.git", "HEAD:refs/heads/pushed")),
+            ("ws", ("push", "-q", "made.git", "HEAD:refs/heads/pushed")),
+            ("ws/remote.git", ("log", "-1")),
+        ),
+        premise=_bare_remote,
     ),
     git_attack(
         "row16-rebase-exec",

@@ -262,3 +262,35 @@ async def test_the_hook_chain_protection_can_be_switched_off(
     result = await _run(ex, "echo 'npm test' >> .husky/pre-commit", workspace)
     assert result.exit_code == 0, result.stderr.text
     assert (workspace / ".husky/pre-commit").read_text() == "true\nnpm test\n"
+
+
+async def test_bare_repositories_in_the_workspace_run_nothing_the_command_planted(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A bare repository used as a local remote: a push from the host runs its hooks.
+    marker = tmp_path / "pwned"
+    _repo(workspace / "app")
+    host_git("clone", "-q", "--bare", str(workspace / "app"), str(workspace / "remote.git"),
+             cwd=workspace)  # fmt: skip
+    config = (workspace / "remote.git" / "config").read_bytes()
+    ex = make_executor(mode="workspace-write")
+    hook = (
+        f"printf '#!/bin/sh\\ntouch {marker}\\n' > %s/hooks/post-receive; "
+        "chmod +x %s/hooks/post-receive"
+    )
+    result = await _run(
+        ex,
+        f"{hook % ('remote.git', 'remote.git')}; "
+        f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' >> remote.git/config; "
+        f"git init -q --bare made.git && {hook % ('made.git', 'made.git')}",
+        workspace,
+    )
+    assert result.sandbox is not None
+    assert (workspace / "remote.git" / "config").read_bytes() == config
+    assert str(workspace / "made.git") in result.sandbox.nested_repositories
+    for remote in ("remote.git", "made.git"):
+        host_git(
+            "push", "-q", str(workspace / remote), "HEAD:refs/heads/pushed", cwd=workspace / "app"
+        )
+        host_git("--git-dir", str(workspace / remote), "log", "-1", "pushed", cwd=workspace)
+    assert not marker.exists()
