@@ -125,7 +125,7 @@ async def test_a_created_repository_comes_back_with_gits_default_control_plane(
     assert host_git("fsck", "--full", cwd=repo).returncode == 0
 
 
-async def test_clone_worktree_and_cargo_new_work_and_run_nothing_planted(
+async def test_clone_worktree_submodule_and_cargo_new_work_and_run_nothing_planted(
     make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
 ) -> None:
     marker = tmp_path / "pwned"
@@ -142,19 +142,26 @@ async def test_clone_worktree_and_cargo_new_work_and_run_nothing_planted(
     assert not [w for w in clean.sandbox.warnings if w.startswith("git:")]
     command = (
         f"git clone -q {origin} y && git -C y worktree add -q ../y-wt && "
+        f"git -C y -c protocol.file.allow=always submodule add -q {origin} sub && "
+        "git -C y commit -qm sub && "
         f"git -C y config core.pager 'touch {marker}; cat' && "
         f"git -C y-wt config --worktree core.fsmonitor 'touch {marker}' 2>/dev/null; "
         "git -C y config extensions.worktreeConfig true; true"
     )
-    if shutil.which("cargo"):
+    tools = [t for t in ("cargo", "uv") if shutil.which(t)]
+    if "cargo" in tools:
         command += " && cargo new -q --vcs git newcrate"
+    if "uv" in tools:
+        command += " && uv init -q --vcs git uvproj"
     result = await _run(ex, command, workspace)
     assert result.exit_code == 0, result.stderr.text
-    for repo in ("y", "y-wt", *(("newcrate",) if shutil.which("cargo") else ())):
+    made = {"cargo": "newcrate", "uv": "uvproj"}
+    for repo in ("y", "y-wt", "y/sub", *(made[t] for t in tools)):
         done = host_git("-c", "core.pager=cat", "status", cwd=workspace / repo)
         assert "warning" not in done.stderr.lower(), done.stderr
-    for repo in ("y", "y-wt"):
+    for repo in ("y", "y-wt", "y/sub"):
         host_git("log", "-1", "-p", cwd=workspace / repo)
+    host_git("submodule", "status", cwd=workspace / "y")
     assert not marker.exists()
     assert host_git("config", "remote.origin.url", cwd=workspace / "y").stdout.strip() == str(
         origin
