@@ -21,7 +21,9 @@ placeholder, their parents pinned) and a refused write names the hook:
 Protection here is a cover, never a copy: the host's own files stay where they are.
 `SandboxPolicy.protect_hook_chain` (on by default) turns it off. Not followed: husky 4,
 which reads its hooks from `package.json` (covering that file would stop ordinary work),
-and hooks that run workspace files in ways no manager above writes.
+hooks that run workspace files in ways no manager above writes, and the second link of a
+chain (`npm test` from `.husky/pre-commit`, a `make` target from an `entry:`): a hook that
+runs the project's own code runs what the command wrote there.
 """
 
 from __future__ import annotations
