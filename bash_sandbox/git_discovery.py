@@ -449,7 +449,7 @@ def after_command(
             continue
         behind = gitdirs_behind(path, roots)
         if not behind:
-            if now.kind in ("link", "file") and _leads_out(path, roots):
+            if now.kind in ("link", "file") and _leads_out(path, roots, overlaid):
                 # Host git would follow it to a repository the user never chose.
                 with contextlib.suppress(OSError):
                     os.unlink(path)
@@ -474,11 +474,14 @@ def after_command(
     return result
 
 
-def _leads_out(dotgit: str, roots: tuple[str, ...]) -> bool:
+def _leads_out(dotgit: str, roots: tuple[str, ...], overlaid: tuple[str, ...]) -> bool:
+    """Whether a `.git` link or gitfile leads out of the roots, to somewhere other than an
+    overlaid git dir (a submodule's git dir there appears on the host with the copy-back)."""
     if os.path.islink(dotgit):
-        return not within_any(os.path.realpath(dotgit), roots)
-    target = read_gitfile(dotgit)
-    return target is not None and not within_any(target, roots)
+        target: str | None = os.path.realpath(dotgit)
+    else:
+        target = read_gitfile(dotgit)
+    return target is not None and not within_any(target, (*roots, *overlaid))
 
 
 def _put_back(old: DotGit) -> bool:
