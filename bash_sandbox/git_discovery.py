@@ -28,6 +28,7 @@ the gitlinks (submodules) a command added, whatever the index version.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import stat
@@ -36,6 +37,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from bash_local.userdir import user_base_dir
 from bash_sandbox.backends.mount_plan import within, within_any
 from policies import SandboxPolicy
 
@@ -180,6 +182,20 @@ def _list(directory: str, now_ns: int) -> _Listing | None:
     return listing
 
 
+@functools.cache
+def executor_dirs() -> frozenset[str]:
+    """Where executors of this uid keep their state and spills (`state.py`): never searched.
+    An overlay's upper layer there looks like a bare repository, and is not the user's."""
+    uid = os.geteuid()
+    paths = (
+        user_base_dir(),
+        f"/var/tmp/bash-sandbox-{uid}",
+        f"/tmp/bash-sandbox-{uid}",
+        os.path.join(os.path.expanduser("~"), ".cache", "bash-sandbox"),
+    )
+    return frozenset(os.path.realpath(p) for p in paths)
+
+
 def find_dotgits(
     roots: tuple[str, ...], budget: int = DISCOVERY_BUDGET
 ) -> tuple[list[str], list[str]]:
@@ -188,6 +204,7 @@ def find_dotgits(
     breadth first, dependency directories after everything else; and the directories left
     unlisted when ``budget`` ran out (empty when the search was complete)."""
     now_ns = time.time_ns()
+    skip = executor_dirs()
     found: list[str] = []
     first: deque[str] = deque(roots)
     last: deque[str] = deque()
@@ -197,6 +214,8 @@ def find_dotgits(
         budget -= 1
         from_first = bool(first)
         directory = first.popleft() if from_first else last.popleft()
+        if directory in skip:
+            continue
         listing = _list(directory, now_ns)
         if listing is None:
             continue

@@ -111,3 +111,23 @@ def test_gitlinks_are_read_from_an_index_of_any_version(tmp_path: Path) -> None:
     index = repo / ".git" / "index"
     assert index.read_bytes()[4:8] == b"\0\0\0\x04"
     assert index_gitlinks(str(index), str(repo / ".git")) == {"deep/er/lib"}
+
+
+def test_bare_repositories_are_found_but_never_in_an_executors_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bash_sandbox import git_discovery
+
+    ws = tmp_path / "ws"
+    (ws / "fixtures").mkdir(parents=True)
+    _git("init", "-q", "--bare", str(ws / "fixtures" / "remote.git"), cwd=tmp_path)
+    # An overlay's upper layer holds git's layout too; the executors' state is not the user's.
+    upper = ws / "state" / "git" / "1" / "upper"
+    for name in ("objects", "refs"):
+        (upper / name).mkdir(parents=True)
+    (upper / "HEAD").write_text("ref: refs/heads/main\n")
+    (ws / "not-a-repo" / "objects").mkdir(parents=True)
+    (ws / "not-a-repo" / "refs").mkdir()
+    (ws / "not-a-repo" / "HEAD").write_text("a file named HEAD\n")
+    monkeypatch.setattr(git_discovery, "executor_dirs", lambda: frozenset({str(ws / "state")}))
+    assert find_dotgits((str(ws),)) == ([str(ws / "fixtures" / "remote.git")], [])
