@@ -19,11 +19,11 @@ placeholder, their parents pinned) and a refused write names the hook:
   `script:` lines name, and the `.lefthook/` script directories.
 
 Protection here is a cover, never a copy: the host's own files stay where they are.
-`SandboxPolicy.protect_hook_chain` (on by default) turns it off. Not followed: husky 4,
-which reads its hooks from `package.json` (covering that file would stop ordinary work),
-hooks that run workspace files in ways no manager above writes, and the second link of a
-chain (`npm test` from `.husky/pre-commit`, a `make` target from an `entry:`): a hook that
-runs the project's own code runs what the command wrote there.
+`SandboxPolicy.protect_hook_chain` (on by default) turns it off. Not covered: husky 4,
+which reads its hooks from `package.json` (covering that file would stop ordinary work; the
+run is `partial` and says so), hooks that run workspace files in ways no manager above
+writes, and the second link of a chain (`npm test` from `.husky/pre-commit`, a `make` target
+from an `entry:`): a hook that runs the project's own code runs what the command wrote there.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ class ChainLink:
     path: str
     is_dir: bool
     reason: str
+    covered: bool = True  # False: a link that cannot be covered, named in the run's partial
 
 
 def hooks_dir(gitdir: str) -> str:
@@ -123,6 +124,11 @@ def hook_chain(gitdir: str, roots: tuple[str, ...]) -> list[ChainLink]:
         link(os.path.dirname(hooks), True, f"hook chain: husky's hooks in {shown} run .husky/*")
     for name, text in _installed(hooks):
         hook = f"{shown}/{name}"
+        if within(hooks, gitdir) and b"husky" in text.lower():
+            # husky 4 runs what `package.json` says: covering it would stop ordinary work.
+            path = os.path.join(worktree, "package.json")
+            why = f"hook chain: {hook} (husky 4) runs what package.json names, which stays writable"
+            found.setdefault(path, ChainLink(path, False, why, covered=False))
         if b"hook-impl" in text and b"pre-commit" in text:
             match = _PRE_COMMIT_CONFIG.search(text)
             config = os.fsdecode(match.group(1)) if match else ".pre-commit-config.yaml"

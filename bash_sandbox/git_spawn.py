@@ -34,23 +34,25 @@ class GitInspection:
 
     @property
     def partial(self) -> tuple[str, ...]:
-        return self.discovery.partial
+        return (*self.discovery.partial, *(c.reason for c in self.chain if not c.covered))
 
     @property
     def chain_targets(self) -> list[tuple[str, bool]]:
         """(path, is_dir) to cover read-only, as the executor covers hooks paths."""
-        return [(c.path, c.is_dir) for c in self.chain]
+        return [(c.path, c.is_dir) for c in self.chain if c.covered]
 
     @property
     def guarded(self) -> dict[str, str]:
         """Covered path -> why, for the denial a refused write there becomes."""
-        return {c.path: c.reason for c in self.chain}
+        return {c.path: c.reason for c in self.chain if c.covered}
 
     def pins(self, roots: tuple[str, ...]) -> tuple[str, ...]:
         """Real directories between a root and each covered chain path: renaming one would
         carry the cover away and let the command put its own file at the old path."""
         pins: dict[str, None] = {}
         for c in self.chain:
+            if not c.covered:
+                continue
             root = next((r for r in roots if within(c.path, r)), None)
             if root is None:
                 continue

@@ -301,3 +301,17 @@ async def test_bare_repositories_in_the_workspace_run_nothing_the_command_plante
         )
         host_git("--git-dir", str(workspace / remote), "log", "-1", "pushed", cwd=workspace)
     assert not marker.exists()
+
+
+async def test_a_hook_chain_that_cannot_be_covered_makes_the_run_partial_and_names_it(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # husky 4: the installed hook runs what package.json says; package.json stays writable.
+    _repo(workspace)
+    _hook(workspace / ".git/hooks/pre-commit", '# husky\n. "$(dirname "$0")/husky.sh"\n')
+    (workspace / "package.json").write_text('{"husky": {"hooks": {"pre-commit": "true"}}}\n')
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "echo edited >> package.json", workspace)
+    assert result.exit_code == 0 and result.sandbox is not None
+    assert result.sandbox.enforcement == "partial"
+    assert any("husky 4" in w and "package.json" in w for w in result.sandbox.warnings)
