@@ -66,7 +66,7 @@ _NAMED_UNSEARCHED = 5
 _GITFILE_MAX = 1 << 16
 # A listing this close to the directory's last change is not cached (same-tick changes).
 _RACY_NS = 100_000_000
-_CACHE_MAX = 1_000_000
+_CACHE_MAX = 250_000  # listings kept (a few hundred bytes each)
 
 
 @dataclass(frozen=True)
