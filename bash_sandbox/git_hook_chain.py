@@ -7,7 +7,8 @@ files it runs, so the executor covers them read-only like the hook (missing ones
 placeholder, their parents pinned) and a refused write names the hook:
 
 - `core.hooksPath` (as host git reads it: system, global and local config with includes,
-  `git config --type=path`) pointing inside a writable root: the directory;
+  `git config --list --show-origin`) pointing inside a writable root: the directory; and
+  every config file git reads that lies inside a root (an include's target);
 - husky 9 (`core.hooksPath=.husky/_`, each hook sourcing `.husky/_/h`, which runs
   `.husky/<hook>`): the `.husky` directory; husky 5-8 (`core.hooksPath=.husky`) is the
   directory already;
@@ -84,13 +85,24 @@ class ChainLink:
     covered: bool = True  # False: a link that cannot be covered, named in the run's partial
 
 
-def hooks_dir(gitdir: str) -> str:
-    """The hooks directory host git uses for ``gitdir``: `core.hooksPath` as host git reads
-    it (relative to the worktree), else `<gitdir>/hooks`."""
+@dataclass(frozen=True)
+class HostConfig:
+    """What host git reads for a repository: every config file (system, global, local and
+    each include it follows, as git's own `--show-origin` names them) and `core.hooksPath`."""
+
+    files: tuple[str, ...]
+    hooks: str  # the hooks directory git runs hooks from
+
+
+def host_config(gitdir: str) -> HostConfig:
+    """Ask host git (its own config parser, includes and `includeIf` conditions evaluated for
+    ``gitdir``) which files it reads and where it runs hooks from. A relative hooks path is
+    relative to the worktree; without one, `<gitdir>/hooks`."""
+    default = HostConfig((), os.path.join(gitdir, "hooks"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     try:
         done = subprocess.run(
-            ["git", "--git-dir", gitdir, "config", "--type=path", "--get", "core.hooksPath"],
+            ["git", "--git-dir", gitdir, "config", "--list", "--show-origin", "-z"],
             env=env,
             cwd="/",
             capture_output=True,
@@ -98,18 +110,33 @@ def hooks_dir(gitdir: str) -> str:
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return os.path.join(gitdir, "hooks")
-    value = os.fsdecode(done.stdout.rstrip(b"\n"))
-    if done.returncode != 0 or not value:
-        return os.path.join(gitdir, "hooks")
-    return os.path.normpath(os.path.join(os.path.dirname(gitdir), value))
+        return default
+    if done.returncode != 0:
+        return default
+    files: dict[str, None] = {}
+    hooks = default.hooks
+    fields = done.stdout.split(b"\0")
+    for origin, record in zip(fields[::2], fields[1::2], strict=False):
+        if origin.startswith(b"file:"):
+            files.setdefault(os.path.normpath(os.fsdecode(origin[5:])), None)
+        key, _, value = record.partition(b"\n")
+        if key == b"core.hookspath" and value:
+            path = os.path.expanduser(os.fsdecode(value))  # git's `--type=path` expands ~
+            hooks = os.path.normpath(os.path.join(os.path.dirname(gitdir), path))
+    return HostConfig(tuple(files), hooks)
+
+
+def hooks_dir(gitdir: str) -> str:
+    """The hooks directory host git uses for ``gitdir``."""
+    return host_config(gitdir).hooks
 
 
 def hook_chain(gitdir: str, roots: tuple[str, ...]) -> list[ChainLink]:
     """The workspace files and directories the hooks installed for ``gitdir`` run, inside
     ``roots`` (the worktree is the git directory's parent)."""
     worktree = os.path.dirname(gitdir)
-    hooks = hooks_dir(gitdir)
+    read = host_config(gitdir)
+    hooks = read.hooks
     found: dict[str, ChainLink] = {}
 
     def link(path: str, is_dir: bool, reason: str) -> None:
@@ -118,6 +145,9 @@ def hook_chain(gitdir: str, roots: tuple[str, ...]) -> list[ChainLink]:
             found.setdefault(path, ChainLink(path, is_dir, reason))
 
     shown = _shown(hooks, worktree)
+    # A config file git includes from inside a root configures (and runs) the next git.
+    for path in read.files:
+        link(path, False, f"git config: host git reads {_shown(path, worktree)} (an include)")
     if not within(hooks, gitdir):
         link(hooks, True, f"hook chain: core.hooksPath is {shown}")
     if os.path.basename(hooks) == "_" and os.path.basename(os.path.dirname(hooks)) == ".husky":

@@ -315,3 +315,23 @@ async def test_a_hook_chain_that_cannot_be_covered_makes_the_run_partial_and_nam
     assert result.exit_code == 0 and result.sandbox is not None
     assert result.sandbox.enforcement == "partial"
     assert any("husky 4" in w and "package.json" in w for w in result.sandbox.warnings)
+
+
+async def test_an_include_git_reads_stays_read_only_however_it_is_spelled(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A value continued over two lines: git reads `../local.cfg`; a line-based reader does not.
+    marker = tmp_path / "pwned"
+    _repo(workspace)
+    with (workspace / ".git" / "config").open("a") as fh:
+        fh.write("[include]\n\tpath = ../lo\\\ncal.cfg\n")
+    (workspace / "local.cfg").write_text("[user]\n\tname = t\n")
+    assert "user.name" in host_git("config", "--list", "--show-origin", cwd=workspace).stdout
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex, f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' >> local.cfg", workspace
+    )
+    assert result.sandbox is not None and result.sandbox.denied
+    assert (workspace / "local.cfg").read_text() == "[user]\n\tname = t\n"
+    host_git("status", cwd=workspace)
+    assert not marker.exists()
