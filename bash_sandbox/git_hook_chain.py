@@ -126,11 +126,6 @@ def host_config(gitdir: str) -> HostConfig:
     return HostConfig(tuple(files), hooks)
 
 
-def hooks_dir(gitdir: str) -> str:
-    """The hooks directory host git uses for ``gitdir``."""
-    return host_config(gitdir).hooks
-
-
 def hook_chain(gitdir: str, roots: tuple[str, ...]) -> list[ChainLink]:
     """The workspace files and directories the hooks installed for ``gitdir`` run, inside
     ``roots`` (the worktree is the git directory's parent)."""
