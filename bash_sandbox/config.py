@@ -34,6 +34,8 @@ class SandboxBashConfig(LocalBashConfig):
     protected_paths: tuple[str, ...] = DEFAULT_PROTECTED_PATHS
     # Default protected names commands may write after all (e.g. ".vscode"): `policies.autorun`.
     unprotected_paths: tuple[str, ...] = ()
+    # The workspace files installed git hooks run (husky, pre-commit, lefthook) stay read-only.
+    protect_hook_chain: bool = True
     deny_read: tuple[str, ...] | None = None  # None: the policy's default credential stores
     # Egress allowlist (served by the executor's proxy under `isolated`) and named host sockets.
     allow_domains: tuple[str, ...] = ()

@@ -30,7 +30,8 @@ from bash_sandbox.egress_guards import egress_setting_problem
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
-from bash_sandbox.git_plane import MergeReport, merge_back, new_repositories
+from bash_sandbox.git_plane import MergeReport, merge_back
+from bash_sandbox.git_spawn import GitInspection, settle_git
 from bash_sandbox.linux.cover_watch import CoverWatchError
 from bash_sandbox.linux.limits import LimitsPlan, LimitsSetupError
 from bash_sandbox.linux.supervisor import (
@@ -108,6 +109,7 @@ class ConfinedSpawn(SpawnScope):
         self._nested: tuple[str, ...] = ()
         self._denials_seen: tuple[tuple[SandboxDenial, ...], int] = ((), 0)
         self._mirror_hosts: list[str] = []
+        self._git: GitInspection | None = None
 
     @classmethod
     def open(
@@ -200,7 +202,7 @@ class ConfinedSpawn(SpawnScope):
         """The host as it is now: overlays, placeholders, shadows, covers (`host_view.py`)."""
         survey = self._services.survey
         self.started_ns = time.time_ns()
-        view, held = survey.take(self.policy, self.backend.mounts, self._user_policy)
+        view, held, self._git = survey.take(self.policy, self.backend.mounts, self._user_policy)
         self._stack.callback(survey.release, held)
         for overlay in view.overlays:
             self._stack.callback(remove_tree, os.path.dirname(overlay.upper))
@@ -403,14 +405,15 @@ class ConfinedSpawn(SpawnScope):
         policy = self.policy
         if policy.mode is not SandboxMode.WORKSPACE_WRITE or not self.backend.mounts:
             return
-        gitdirs = tuple(o.gitdir for o in self.overlays)
         # The sandbox's own cache home holds tools' git checkouts (cargo): not the user's.
         roots = tuple(r for r in policy.all_writable_roots() if r != self.cache_home)
-        nested = (
-            new_repositories(roots, self.started_ns, overlaid=gitdirs)
-            if self._settings.collect_evidence
-            else []
-        )
+        nested: list[str] = []
+        if self._git is not None:
+            # Created repositories reset to git's default control plane, changed `.git`
+            # links put back (`git_spawn.py`): a boundary, so never skipped.
+            settled = settle_git(self._git, roots, self.overlays)
+            nested += settled.nested
+            self.warnings += settled.warnings
         for overlay in self.overlays:
             report = merge_back(overlay, self.started_ns)
             self._merges.append(report)
@@ -419,12 +422,6 @@ class ConfinedSpawn(SpawnScope):
             ]
             self.warnings += [f"git: not copied back: {c}" for c in report.conflicts]
         self._nested = tuple(dict.fromkeys(nested))
-        if self._nested:
-            self.warnings.append(
-                "the command created or changed git repositories (their config and hooks are "
-                "the command's; do not run git there before reviewing them): "
-                + ", ".join(self._nested)
-            )
 
     def _base_facts(self, **fields: Any) -> SandboxFacts:
         policy = self.policy
@@ -503,6 +500,8 @@ class ConfinedSpawn(SpawnScope):
                         names += [nested, *_leading_dirs(os.path.dirname(nested))]
             policy = policy.model_copy(update={"protected_paths": tuple(dict.fromkeys(names))})
         context: dict[str, Any] = {"policy": policy, "workdir": self._spec.workdir}
+        if self._git is not None:
+            context["guarded"] = self._git.guarded  # what the installed hooks run
         if backend.write_refusals is not None:
             context["write_refusals"] = backend.write_refusals
         if backend.scratch_is_private_tmpdir:

@@ -150,6 +150,7 @@ class SandboxBashExecutor(LocalBashExecutor):
                 "allow_unix_sockets": tuple(cfg.allow_unix_sockets),
                 # A credential's source file is never readable by a command.
                 "deny_read": (*policy.deny_read, *credential_files(cfg.credentials)),
+                "protect_hook_chain": cfg.protect_hook_chain,
             }
         )
 

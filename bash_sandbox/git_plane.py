@@ -23,17 +23,15 @@ under `refs/bash-sandbox/<run>/`; the result's `SandboxFacts.git` says which. A 
 point is rolled forward or back from a journal by the next executor before it sweeps
 anything (`git_import.recover`).
 
-Repositories nested in a root (a workspace that is a folder of repositories, a vendored
-checkout) get an overlay too: every `.git` up to three levels below a root, found breadth
-first within a budget of listed directories, skipping dependency and cache directories
-(`NOT_SEARCHED`); the directories leading to one are pinned, so it cannot be renamed away.
-
-What this cannot stop: a repository the command creates itself (a new `.git`, or a gitlink
-added to the index) carries whatever config the command wrote. `nested_repositories`
-reports those on the result; treat them as untrusted. A pre-existing repository deeper than
-the search, or inside a skipped directory, has no overlay; a search cut short by its budget
-makes the run's enforcement partial, and every `.git` an earlier search found is looked at
-again (`known`), so flooding a root with directories hides nothing found before.
+Which git directories get an overlay is `git_discovery.py`'s: every repository in a writable
+root at any depth (dependency directories searched last, `.git` symlinks and gitfiles
+followed as git follows them); the directories leading to one are pinned, so it cannot be
+renamed away. A search stopped by its budget makes the run partial and names what it did
+not list, and every `.git` an earlier search found is looked at again (`known`), so
+flooding a root with directories hides nothing found before. A repository the command
+creates has no overlay: after the command it is reset to git's default control plane
+(`git_created.py`) and reported in `nested_repositories`; the workspace files installed
+hooks run are covered like the hooks (`git_hook_chain.py`).
 """
 
 from __future__ import annotations
@@ -43,11 +41,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from bash_sandbox.git_discovery import (  # noqa: F401 - discovery's home; names kept here
+    DEPENDENCY_DIRS,
+    DISCOVERY_BUDGET,
+    GitDiscovery,
+    discover_gitdirs,
+    read_gitfile,
+)
 from bash_sandbox.git_import import begin, import_changes, load_snapshot, recover_overlay
 from bash_sandbox.view import GitOverlay
 from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
-from policies import SandboxPolicy
-from policies.paths import within, within_any
 
 MAX_DENIALS = 16
 
@@ -79,177 +82,6 @@ class MergeReport:
 
 
 # -- discovery -------------------------------------------------------------------------------
-
-
-def read_gitfile(path: str) -> str | None:
-    """The directory a `.git` file (linked worktree, submodule) points at, absolute."""
-    text = _read_small(path)
-    if text is None:
-        return None
-    match = re.match(r"gitdir:\s*(.+?)\s*$", text.splitlines()[0] if text else "")
-    if match is None:
-        return None
-    target = match.group(1)
-    if not os.path.isabs(target):
-        target = os.path.join(os.path.dirname(path), target)
-    return os.path.realpath(target)
-
-
-# Where a repository lies below a root: this many levels, at most this many directories
-# listed per root (breadth first, so the shallow ones are found first), never inside the
-# directories that hold installed dependencies or caches (a host user runs no git there).
-NESTED_DEPTH = 3
-NESTED_BUDGET = 1000
-NOT_SEARCHED = frozenset(
-    {
-        ".git",
-        "node_modules",
-        ".venv",
-        "venv",
-        "__pycache__",
-        ".tox",
-        ".nox",
-        ".mypy_cache",
-        ".pytest_cache",
-        ".ruff_cache",
-        ".cache",
-        ".gradle",
-        "target",
-    }
-)
-
-
-@dataclass(frozen=True)
-class GitDiscovery:
-    """The git directories a command could reach through the writable roots; ``unsearched``
-    names each root whose search stopped at the budget (deeper repositories there have no
-    overlay)."""
-
-    gitdirs: tuple[str, ...]
-    unsearched: tuple[str, ...] = ()
-    dotgits: tuple[str, ...] = ()  # the `.git` entries they came from (for ``known``)
-
-
-def discover_gitdirs(
-    policy: SandboxPolicy,
-    *,
-    depth: int = NESTED_DEPTH,
-    budget: int = NESTED_BUDGET,
-    known: tuple[str, ...] = (),
-) -> GitDiscovery:
-    """Git directories whose control plane a command could reach through a writable root:
-    each `.git` directory at a root or up to ``depth`` levels below it (a workspace that is
-    a folder of repositories, a vendored checkout); for a `.git` file (a linked worktree, a
-    submodule checkout), the directory it points at and that directory's common dir,
-    wherever they are: committing there writes them, and the overlay is what makes that safe
-    (only git's own state is copied back). ``known``: `.git` entries an earlier search of
-    this executor found, looked at again whatever this search reaches (a command cannot
-    hide a repository from later commands by flooding the search's budget)."""
-    found: dict[str, None] = {}
-    unsearched: list[str] = []
-    roots = policy.all_writable_roots()
-    entries: dict[str, None] = {}
-    for root in roots:
-        dotgits, complete = _find_dotgits(root, depth, budget)
-        if not complete:
-            unsearched.append(root)
-        entries.update(dict.fromkeys(dotgits))
-    entries.update(dict.fromkeys(d for d in known if within_any(d, roots)))
-    for dotgit in entries:
-        _add_gitdir(dotgit, found, roots)
-    # A git dir inside another one (a worktree's gitdir below the common dir, a submodule's
-    # below .git/modules) is covered by the outer overlay.
-    kept: list[str] = []
-    for d in sorted(found, key=lambda p: (p.count("/"), p)):
-        if not any(within(d, k) for k in kept):
-            kept.append(d)
-    return GitDiscovery(tuple(kept), tuple(unsearched), tuple(entries))
-
-
-def _find_dotgits(
-    root: str,
-    depth: int,
-    budget: int,
-    skip: frozenset[str] = NOT_SEARCHED,
-    *,
-    links: bool = False,
-) -> tuple[list[str], bool]:
-    """Every `.git` entry (a link too with ``links``) at ``root`` and up to ``depth``
-    levels below it, breadth first, never below a directory named in ``skip``; and whether
-    the search was complete within ``budget`` listings."""
-    found: list[str] = []
-    level = [root]
-    for current in range(depth + 1):
-        below: list[str] = []
-        for directory in level:
-            if budget <= 0:
-                return found, False
-            budget -= 1
-            try:
-                entries = list(os.scandir(directory))
-            except OSError:
-                continue
-            for entry in entries:
-                try:
-                    if entry.name == ".git":
-                        if links or not entry.is_symlink():
-                            found.append(entry.path)
-                    elif (
-                        current < depth
-                        and entry.name not in skip
-                        and entry.is_dir(follow_symlinks=False)
-                    ):
-                        below.append(entry.path)
-                except OSError:
-                    continue
-        level = sorted(below)
-    return found, True
-
-
-def _add_gitdir(dotgit: str, found: dict[str, None], roots: tuple[str, ...]) -> None:
-    """The git directories behind one `.git` entry. A `.git` file is the command's to write:
-    the directory it names is taken only inside a root, or when that directory points back
-    at this very `.git` file the way git itself links them (a linked worktree's `gitdir`, a
-    submodule's `core.worktree`); a common dir outside the roots only in git's own layout,
-    read where the command cannot write. Otherwise a command could name any host directory
-    (`/`, the home) and have the copy-back write git state there."""
-    if os.path.isdir(dotgit) and not os.path.islink(dotgit):
-        found.setdefault(os.path.realpath(dotgit), None)
-        return
-    if not os.path.isfile(dotgit) or os.path.islink(dotgit):
-        return
-    target = read_gitfile(dotgit)
-    if target is None or not os.path.isdir(target):
-        return
-    if not within_any(target, roots) and not _points_back(target, dotgit):
-        return
-    found.setdefault(target, None)
-    common = _read_small(os.path.join(target, "commondir"))
-    if common is not None:
-        main = os.path.realpath(os.path.join(target, common.strip()))
-        # Outside the roots, only git's own layout, read from a directory the command
-        # cannot write: the worktree's directory is `<common>/worktrees/<name>`.
-        layout = not within_any(target, roots) and os.path.dirname(target) == os.path.join(
-            main, "worktrees"
-        )
-        if os.path.isdir(main) and (within_any(main, roots) or layout):
-            found.setdefault(main, None)
-
-
-def _points_back(gitdir: str, dotgit: str) -> bool:
-    """Whether ``gitdir`` names ``dotgit``'s worktree as its own: a linked worktree's
-    `gitdir` file holds the path of the `.git` file; a submodule's config holds
-    `core.worktree`, relative to the git directory."""
-    own = os.path.realpath(dotgit)
-    back = (_read_small(os.path.join(gitdir, "gitdir")) or "").strip()
-    if back and os.path.realpath(os.path.join(gitdir, back)) == own:
-        return True
-    config = _read_small(os.path.join(gitdir, "config")) or ""
-    return any(
-        key == "core.worktree"
-        and os.path.realpath(os.path.join(gitdir, value)) == os.path.dirname(own)
-        for key, value in _config_values(config)
-    )
 
 
 def _read_small(path: str) -> str | None:
@@ -397,33 +229,3 @@ def merge_back(overlay: GitOverlay, started_ns: int) -> MergeReport:
             f"{'; '.join(reasons[:4])}{kept}"
         )
     return report
-
-
-# -- nested repositories ----------------------------------------------------------------------
-
-
-def new_repositories(
-    roots: tuple[str, ...],
-    started_ns: int,
-    *,
-    overlaid: tuple[str, ...] = (),
-    max_depth: int = 3,
-    budget: int = 4000,
-) -> list[str]:
-    """`.git` entries under ``roots`` created or written since ``started_ns`` (their ctime),
-    up to ``max_depth`` levels below each root (dependency directories included: a command
-    may plant a repository anywhere), except the overlaid git directories (whose writes never
-    reached the host). Bounded: at most ``budget`` directories are listed per root."""
-    found: list[str] = []
-    for root in roots:
-        dotgits, _complete = _find_dotgits(
-            root, max_depth, budget, skip=frozenset({".git"}), links=True
-        )
-        for path in dotgits:
-            try:
-                fresh = os.lstat(path).st_ctime_ns >= started_ns
-            except OSError:
-                continue
-            if fresh and os.path.realpath(path) not in overlaid:
-                found.append(path)
-    return sorted(found)

@@ -17,12 +17,8 @@ import os
 from bash_sandbox import git_import
 from bash_sandbox.backends.mount_plan import inspect_protected, tmp_tops, visible
 from bash_sandbox.backends.shadow_cache import ShadowCache
-from bash_sandbox.git_plane import (
-    NESTED_BUDGET,
-    config_path_targets,
-    discover_gitdirs,
-    prepare_placeholders,
-)
+from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
+from bash_sandbox.git_spawn import GitInspection, inspect_git
 from bash_sandbox.placeholders import Placeholders
 from bash_sandbox.state import ExecutorState
 from bash_sandbox.view import GitOverlay, HostView
@@ -47,17 +43,25 @@ class HostSurvey:
 
     def take(
         self, policy: SandboxPolicy, mounts: bool, user_policy: SandboxPolicy
-    ) -> tuple[HostView, tuple[str, ...]]:
-        """See `_take`; placeholders acquired before a failure are given back."""
+    ) -> tuple[HostView, tuple[str, ...], GitInspection | None]:
+        """See `_take`; placeholders acquired before a failure are given back. The git
+        inspection (None without mounts: nothing is overlaid) is what `settle_git` reads."""
         held: list[str] = []
+        found: list[GitInspection] = []
         try:
-            return self._take(policy, mounts, user_policy, held), tuple(held)
+            view = self._take(policy, mounts, user_policy, held, found)
         except BaseException:
             self.release(tuple(held))
             raise
+        return view, tuple(held), found[0] if found else None
 
     def _take(
-        self, policy: SandboxPolicy, mounts: bool, user_policy: SandboxPolicy, held: list[str]
+        self,
+        policy: SandboxPolicy,
+        mounts: bool,
+        user_policy: SandboxPolicy,
+        held: list[str],
+        found: list[GitInspection],
     ) -> HostView:
         """Inspect the host for one spawn: overlays, protected names, shadows, covers; and
         the host placeholders this spawn now holds (give them back with `release`).
@@ -71,16 +75,12 @@ class HostSurvey:
         private_tmp = True
         tops = tmp_tops((policy.workspace_root, *roots))
         # The user's roots: the sandbox's own cache home has no git dir or protected names.
-        discovery = discover_gitdirs(user_policy, known=tuple(self._known_dotgits))
-        self._known_dotgits.update(dict.fromkeys(discovery.dotgits))
-        gitdirs = discovery.gitdirs
-        # A search cut short: a repository it did not reach has a writable control plane.
-        partial += [
-            f"git: searched only the first {NESTED_BUDGET} directories of {root} for "
-            "repositories; one it did not reach has no overlay (its config and hooks are "
-            "writable)"
-            for root in discovery.unsearched
-        ]
+        git = inspect_git(user_policy, known=tuple(self._known_dotgits))
+        found.append(git)
+        self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
+        gitdirs = git.gitdirs
+        # A search cut short, a hook chain that cannot be covered: named, and partial.
+        partial += git.partial
         protected = inspect_protected(user_policy, gitdirs)
         overlays: list[GitOverlay] = []
         covers = list(protected.protect)
@@ -112,7 +112,8 @@ class HostSurvey:
         if protected.symlinked:
             partial.append("a protected name is a symlink inside a writable root")
         # Hooks paths and included configs inside a root run or configure the host's git.
-        for path, is_dir in self._git_config_targets(gitdirs, roots):
+        # And the workspace files the installed hooks run (`git_hook_chain.py`).
+        for path, is_dir in [*self._git_config_targets(gitdirs, roots), *git.chain_targets]:
             if os.path.lexists(path):
                 covers.append(os.path.realpath(path))
             elif self._placeholders.acquire(path, is_dir):
@@ -144,7 +145,7 @@ class HostSurvey:
             shadows=shadows,
             tmp_tops=tops,
             overlays=tuple(overlays),
-            pins=protected.pins,
+            pins=(*protected.pins, *git.pins(roots)),
             protect=tuple(dict.fromkeys(covers)),
             deny_dirs=deny_dirs,
             deny_files=deny_files,

@@ -216,7 +216,8 @@ class SandboxFacts(BaseModel):
     # A limit that stopped the command, if any, and how this host enforces the limits.
     limit_exceeded: LimitExceeded | None = None
     limits_enforcement: SandboxEnforcement | None = None
-    # Nested git repositories or gitlinks the command created: host git would trust them.
+    # Git repositories the command created (reset to git's default control plane after the
+    # command) and gitlinks it added to an index.
     nested_repositories: tuple[str, ...] = ()
     # Per repository whose git state the command changed: what the import did with it.
     git: tuple[GitImportOutcome, ...] = ()

@@ -162,6 +162,9 @@ class SandboxPolicy(BaseModel):
     # Names taken out of `protected_paths` (e.g. ".vscode" to let commands edit its settings):
     # the opt-out of a default without restating the whole list.
     unprotected_paths: tuple[str, ...] = ()
+    # Also keep read-only the workspace files installed git hooks run (husky, pre-commit,
+    # lefthook, a `core.hooksPath` directory): editing one is editing the hook.
+    protect_hook_chain: bool = True
     # Not resolved: the backends hide a denied symlink under both its names.
     deny_read: tuple[NormalPath, ...] = Field(default_factory=default_deny_read)
     # Destinations the egress proxy may reach under `isolated` (domains, `*.suffix`, `:port`).

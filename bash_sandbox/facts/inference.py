@@ -29,7 +29,7 @@ is pure: no filesystem access, so the same output and policy always give the sam
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from bash_sandbox.facts.dialects import UNSTATED, RefusalMessage, find_refusal_messages
 from bash_seam import DenialKind, HintSource, SandboxHint
@@ -94,7 +94,11 @@ def _is_refused_write(message: RefusalMessage, write_refusals: frozenset[str]) -
 
 
 def _protected_reason(
-    target: str, message: RefusalMessage, policy: SandboxPolicy, write_refusals: frozenset[str]
+    target: str,
+    message: RefusalMessage,
+    policy: SandboxPolicy,
+    write_refusals: frozenset[str],
+    guarded: Mapping[str, str],
 ) -> str | None:
     """Why the refused ``target`` inside a writable root is protected, if it is."""
     refused = _is_refused_write(message, write_refusals)
@@ -104,6 +108,9 @@ def _protected_reason(
     placeholder = (message.errno == "EISDIR" and message.access != "read") or (
         message.errno in ("ENOENT", "EBUSY") and message.access == "write"
     )
+    for path, why in guarded.items():
+        if within(target, path):
+            return why if refused or placeholder else None
     for root in policy.all_writable_roots():
         if not within(target, root):
             continue
@@ -135,6 +142,8 @@ def _judge(
     policy: SandboxPolicy,
     scratch_dirs: Sequence[str] | None,
     write_refusals: frozenset[str],
+    *,
+    guarded: Mapping[str, str],
 ) -> SandboxHint | None:
     def hint(kind: DenialKind, reason: str) -> SandboxHint:
         relative = not os.path.isabs(os.path.expanduser(message.path))
@@ -154,7 +163,7 @@ def _judge(
         return None
     roots = policy.all_writable_roots()
     if any(within(target, r) for r in roots):
-        reason = _protected_reason(target, message, policy, write_refusals)
+        reason = _protected_reason(target, message, policy, write_refusals, guarded)
         return hint(DenialKind.FILE_WRITE, reason) if reason else None
     if not _is_refused_write(message, write_refusals) or _in_scratch(target, policy, scratch_dirs):
         return None
@@ -174,6 +183,7 @@ def infer_file_hints(
     workdir: str,
     scratch_dirs: Sequence[str] | None = None,
     write_refusals: frozenset[str] = frozenset({"EROFS"}),
+    guarded: Mapping[str, str] | None = None,
 ) -> list[SandboxHint]:
     """File hints (source ``output``) that the output of one command points at.
 
@@ -186,6 +196,8 @@ def infer_file_hints(
     messages that do not say whether they read or wrote
     (bwrap and Landlock with a mount namespace: ``EROFS``; Landlock alone adds
     ``EACCES``; Seatbelt: ``EPERM``). Each (kind, target) is reported once, stderr first.
+    ``guarded`` maps covered paths inside a root that are not protected names (the files
+    installed git hooks run) to the reason a refused write there reports.
     Under danger-full-access nothing is a hint.
     """
     if not policy.confined:
@@ -194,7 +206,9 @@ def infer_file_hints(
     for text in (stderr, stdout):
         for message in find_refusal_messages(text):
             target = _resolve(message.path, workdir)
-            judged = _judge(message, target, policy, scratch_dirs, write_refusals)
+            judged = _judge(
+                message, target, policy, scratch_dirs, write_refusals, guarded=guarded or {}
+            )
             if judged is not None:
                 found.setdefault((judged.kind, judged.target), judged)
     return list(found.values())

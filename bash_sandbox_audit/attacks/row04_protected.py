@@ -61,9 +61,10 @@ def protected_attack(
 
 
 def reported_repository(entry: Attack) -> Attack:
-    """A repository the command makes itself (no `.git` before the run) has no path-based
-    fix: the must-hold is that the result names it (`nested_repositories`), so a harness
-    never runs git there unreviewed. Created and not reported is an escape."""
+    """A repository the command makes itself (no `.git` before the run) has no path to
+    cover: the must-hold is that it comes back with git's default control plane (no hook,
+    nothing of the command's in its config) and that the result names it
+    (`nested_repositories`). Created, kept as planted and not reported is an escape."""
     inner = entry.verify
 
     async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
@@ -72,7 +73,21 @@ def reported_repository(entry: Attack) -> Attack:
             return finding
         facts = outcome.result.sandbox if outcome.result is not None else None
         made = os.path.join(env.ws, ".git")
-        if facts is not None and made in facts.nested_repositories:
+        reported = facts is not None and made in facts.nested_repositories
+        hooks = os.path.join(made, "hooks")
+        planted = [
+            p
+            for p in (os.path.join(made, "config"), *_files_below(hooks))
+            if "pwned" in read_or_empty(p) or os.path.dirname(p) == hooks
+        ]
+        if reported and not planted:
+            return Finding(
+                Verdict.CONTAINED,
+                "a repository the command created: reported in nested_repositories and reset "
+                "to git's default control plane (no hooks, nothing planted in its config)",
+                finding.evidence,
+            )
+        if reported:
             return Finding(
                 Verdict.NOT_ENFORCEABLE,
                 "a repository the command creates carries its own config: reported in "
@@ -82,6 +97,13 @@ def reported_repository(entry: Attack) -> Attack:
         return finding
 
     return dataclasses.replace(entry, verify=verify)
+
+
+def _files_below(directory: str) -> list[str]:
+    found: list[str] = []
+    for top, _dirs, files in os.walk(directory):
+        found += [os.path.join(top, f) for f in files]
+    return found
 
 
 def _extra_root(env: AttackEnv) -> dict[str, Any]:

@@ -7,9 +7,10 @@ and then runs the *host's* git the way its user would (`git status`, `git commit
 appends to a marker under the attack's own directory) that host git must never run, and
 host victim files that host git must never write through a planted symlink.
 
-The nested repository is the one case with no path-based fix: a command may create a
-repository inside the workspace, and host git will trust its config. The must-hold there is
-that the result reports it (`SandboxFacts.nested_repositories`).
+A repository the command creates (no `.git` before the run) has no path to overlay: after
+the command the executor resets it to git's default control plane (`git_created.py`), and
+the result reports it (`SandboxFacts.nested_repositories`). The must-hold is that host git
+there runs nothing the command planted and the command's commits are still there.
 
 The positive controls are the git work that must keep working in `workspace-write`,
 checked with `git log` on the host.
@@ -188,6 +189,64 @@ def _nested_repositories(env: AttackEnv, values: dict[str, Any]) -> None:
         init_repo(env, os.path.join(env.ws, path))
 
 
+# Repositories the search once missed: deeper than three levels, where pip checks out an
+# editable VCS install, and behind a `.git` symlink to a git dir not named `.git`.
+DEEP, EDITABLE, LINKED = "deep/a/b/c/d/repo", ".venv/src/pkg", "linked"
+
+
+def _unusual_repositories(env: AttackEnv, values: dict[str, Any]) -> None:
+    init_repo(env, os.path.join(env.ws, DEEP))
+    init_repo(env, os.path.join(env.ws, EDITABLE))
+    store = os.path.join(env.ws, "store")
+    init_repo(env, store)
+    os.rename(os.path.join(store, ".git"), os.path.join(store, "real.git"))
+    os.makedirs(os.path.join(env.ws, LINKED))
+    os.symlink("../store/real.git", os.path.join(env.ws, LINKED, ".git"))
+    git(env, os.path.join(env.ws, LINKED), "config", "core.worktree", os.path.join(env.ws, LINKED))
+
+
+def _husky9(env: AttackEnv, values: dict[str, Any]) -> None:
+    # husky 9: core.hooksPath=.husky/_, whose hooks run the user's `.husky/<hook>`.
+    hook = os.path.join(env.ws, ".husky", "_", "pre-commit")
+    os.makedirs(os.path.dirname(hook))
+    with open(hook, "w") as fh:
+        fh.write('#!/bin/sh\nsh "$(dirname "$0")/../pre-commit"\n')
+    os.chmod(hook, 0o755)  # noqa: S103 - a hook git must run
+    with open(os.path.join(env.ws, ".husky", "pre-commit"), "w") as fh:
+        fh.write("true\n")
+    git(env, env.ws, "config", "core.hooksPath", ".husky/_")
+
+
+def _pre_commit(env: AttackEnv, values: dict[str, Any]) -> None:
+    # `pre-commit install`'s hook runs the config's local hook: scripts/check.sh.
+    hook = os.path.join(env.ws, ".git", "hooks", "pre-commit")
+    with open(hook, "w") as fh:
+        fh.write("#!/bin/sh\n# pre-commit hook-impl --config=.pre-commit-config.yaml\n"
+                 "sh scripts/check.sh\n")  # fmt: skip
+    os.chmod(hook, 0o755)  # noqa: S103 - a hook git must run
+    with open(os.path.join(env.ws, ".pre-commit-config.yaml"), "w") as fh:
+        fh.write("repos:\n- repo: local\n  hooks:\n  - id: c\n    entry: scripts/check.sh\n")
+    os.makedirs(os.path.join(env.ws, "scripts"))
+    with open(os.path.join(env.ws, "scripts", "check.sh"), "w") as fh:
+        fh.write("true\n")
+
+
+def _lefthook(env: AttackEnv, values: dict[str, Any]) -> None:
+    # lefthook's installed hook merges `lefthook-local.yml` in when it exists (here: sources it).
+    hook = os.path.join(env.ws, ".git", "hooks", "pre-commit")
+    with open(hook, "w") as fh:
+        fh.write("#!/bin/sh\n# lefthook run pre-commit\n"
+                 "[ -f lefthook-local.yml ] && sh lefthook-local.yml\nexit 0\n")  # fmt: skip
+    os.chmod(hook, 0o755)  # noqa: S103 - a hook git must run
+    with open(os.path.join(env.ws, "lefthook.yml"), "w") as fh:
+        fh.write("pre-commit:\n  commands: {}\n")
+
+
+def _bare_remote(env: AttackEnv, values: dict[str, Any]) -> None:
+    # A bare repository in the workspace used as a local remote: a host push runs its hooks.
+    git(env, env.root, "clone", "-q", "--bare", env.ws, os.path.join(env.ws, "remote.git"))
+
+
 def _info_guard(env: AttackEnv, values: dict[str, Any]) -> None:
     values["guards"] = {"ws/.git/info": os.path.join(env.ws, ".git", "info")}
 
@@ -327,13 +386,16 @@ def _nested_finding(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Fin
         return contained("no nested repository was created")
     facts = outcome.result.sandbox
     reported = facts.nested_repositories if facts is not None else ()
+    if ran:
+        return escaped(
+            "host git ran the created repository's core.fsmonitor",
+            [f"host git status in the superproject ran it: {line}" for line in ran],
+        )
     if any(p.rstrip("/").endswith("inner") for p in reported):
-        also = " (host git then ran its fsmonitor)" if ran else ""
-        return contained("reported in nested_repositories" + also)
+        return contained("reported in nested_repositories, reset to git's default control plane")
     return escaped(
         "a nested repository with its own core.fsmonitor is not reported in nested_repositories",
-        [f"facts.nested_repositories = {list(reported)}"]
-        + [f"host git status in the superproject ran it: {line}" for line in ran],
+        [f"facts.nested_repositories = {list(reported)}"],
     )
 
 
@@ -424,6 +486,18 @@ NESTED_HOST: Sequence[HostGit] = (
     ("ws/packages/api/vendor", ("status", "--porcelain")),
 )
 
+
+def _log_has(where: str, rev: str, *subjects: str) -> Check:
+    """Host `git log` of ``rev`` (in ``where``) shows every commit subject."""
+
+    def check(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
+        done = git(env, env.path(where), "log", "--format=%s", rev, "--", check=False)
+        shown = done.stdout.splitlines()
+        return [f"host git log {rev} lacks the commit {s!r}" for s in subjects if s not in shown]
+
+    return check
+
+
 ATTACKS: list[Attack] = [
     *(
         scenario(
@@ -465,6 +539,72 @@ ATTACKS: list[Attack] = [
         + " && cat lib/.git/config.new >> lib/.git/config\n",
         host=NESTED_HOST[:2],
         premise=_nested_repositories,
+    ),
+    git_attack(
+        "row16-deep-repository",
+        "write the config of repositories deeper than three levels, in .venv/src (pip's "
+        "editable checkouts) and behind a .git symlink",
+        "".join(
+            f"printf '[core]\\n\\tfsmonitor = {{{{payload}}}} {name}\\n' >> {path}/.git/config\n"
+            for name, path in (("deep", DEEP), ("venv-src", EDITABLE), ("git-symlink", LINKED))
+        ),
+        host=tuple(("ws/" + p, ("status", "--porcelain")) for p in (DEEP, EDITABLE, LINKED)),
+        premise=_unusual_repositories,
+    ),
+    git_attack(
+        "row16-created-repository",
+        "create a repository whose config (core.fsmonitor, an alias, hooksPath) and hooks run "
+        "code, with a commit the user keeps",
+        "git init -q made && git -C made config core.fsmonitor '{{payload}} created-fsmonitor' "
+        "&& git -C made config core.hooksPath .githooks && mkdir -p made/.githooks && "
+        "for d in made/.git/hooks made/.githooks; do "
+        "printf '#!/bin/sh\\n{{payload}} created-hook\\n' > $d/pre-commit; "
+        "chmod +x $d/pre-commit; done && "
+        "git -C made -c core.hooksPath=/dev/null -c user.name=a -c user.email=a@b "
+        "commit -q --allow-empty -m inside\n",
+        host=(
+            ("ws/made", ("status", "--porcelain")),
+            ("ws/made", ("commit", "-q", "--allow-empty", "-m", "host")),
+        ),
+        checks=(_log_has("ws/made", "HEAD", "host", "inside"),),
+    ),
+    git_attack(
+        "row16-hook-chain-husky",
+        "edit the file husky's installed hook runs (.husky/pre-commit behind .husky/_)",
+        "echo '{{payload}} husky-chain' >> .husky/pre-commit\n",
+        host=(COMMIT,),
+        premise=_husky9,
+    ),
+    git_attack(
+        "row16-hook-chain-pre-commit",
+        "edit the script a pre-commit local hook runs (entry: scripts/check.sh)",
+        "echo '{{payload}} pre-commit-chain' >> scripts/check.sh\n",
+        host=(COMMIT,),
+        premise=_pre_commit,
+    ),
+    git_attack(
+        "row16-hook-chain-lefthook",
+        "create the lefthook-local.yml lefthook's installed hook merges in (missing before)",
+        "echo '{{payload}} lefthook-chain' > lefthook-local.yml\n",
+        host=(COMMIT,),
+        premise=_lefthook,
+    ),
+    git_attack(
+        "row16-bare-repository",
+        "plant a post-receive hook and core.fsmonitor in a bare repository of the workspace, "
+        "and create a bare repository with one; the host pushes to both",
+        "".join(
+            f"{init}printf '#!/bin/sh\\n{{{{payload}}}} bare-hook\\n' > {d}/hooks/post-receive"
+            f" && chmod +x {d}/hooks/post-receive\n"
+            for init, d in (("", "remote.git"), ("git init -q --bare made.git && ", "made.git"))
+        )
+        + "printf '[core]\\n\\tfsmonitor = {{payload}} bare-config\\n' >> remote.git/config\n",
+        host=(
+            ("ws", ("push", "-q", "remote.git", "HEAD:refs/heads/pushed")),
+            ("ws", ("push", "-q", "made.git", "HEAD:refs/heads/pushed")),
+            ("ws/remote.git", ("log", "-1")),
+        ),
+        premise=_bare_remote,
     ),
     git_attack(
         "row16-rebase-exec",
@@ -561,17 +701,6 @@ ATTACKS: list[Attack] = [
 
 
 # -- positive controls: git work that must keep working in workspace-write -------------------
-
-
-def _log_has(where: str, rev: str, *subjects: str) -> Check:
-    """Host `git log` of ``rev`` (in ``where``) shows every commit subject."""
-
-    def check(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
-        done = git(env, env.path(where), "log", "--format=%s", rev, "--", check=False)
-        shown = done.stdout.splitlines()
-        return [f"host git log {rev} lacks the commit {s!r}" for s in subjects if s not in shown]
-
-    return check
 
 
 def git_control(

@@ -293,11 +293,13 @@ def test_exit_status_follows_the_shell_convention(
 def test_the_sandboxs_warnings_follow_the_output_on_stderr(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # A repository the command makes carries its own config and hooks: the CLI says so.
-    code = run(workspace, "--mode", "workspace-write", "--", "git init -q sub && echo made")
+    # A repository the command makes gets git's default control plane back: the CLI says
+    # what the reset took away.
+    command = "git init -q sub && git -C sub config core.fsmonitor true && echo made"
+    code = run(workspace, "--mode", "workspace-write", "--", command)
     out, err = capsys.readouterr()
     assert code == 0 and out == "made\n"
     assert (workspace / "sub" / ".git").is_dir()
     warning = err.splitlines()[-1]
-    assert warning.startswith("bash-sandbox: warning: the command created or changed git")
-    assert str(workspace / "sub") in warning
+    assert warning.startswith("bash-sandbox: warning: git: the command created git repositories")
+    assert str(workspace / "sub") in warning and "core.fsmonitor" in warning

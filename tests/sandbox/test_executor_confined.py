@@ -310,17 +310,16 @@ async def test_a_repository_nested_in_the_workspace_has_its_control_plane_protec
 async def test_a_flood_of_directories_hides_no_repository_from_later_commands(
     make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The search is bounded (here to 5 listings a root): a command can exhaust the bound
+    # The search is bounded (here to 5 listings): a command can exhaust the bound
     # with junk, but a repository found once stays overlaid for the executor's life, and
     # a search cut short makes the run's enforcement partial.
     import functools
 
-    from bash_sandbox import host_view as executor_module
-    from bash_sandbox.git_plane import discover_gitdirs
+    from bash_sandbox import git_spawn
+    from bash_sandbox.git_discovery import discover_gitdirs
 
-    monkeypatch.setattr(
-        executor_module, "discover_gitdirs", functools.partial(discover_gitdirs, budget=5)
-    )
+    small = functools.partial(discover_gitdirs, budget=5)
+    monkeypatch.setattr(git_spawn, "discover_gitdirs", small)
     repo = workspace / "zz-lib"
     repo.mkdir()
     _git("init", "-q", cwd=repo)
@@ -335,7 +334,8 @@ async def test_a_flood_of_directories_hides_no_repository_from_later_commands(
     )
     assert (repo / ".git" / "config").read_bytes() == config
     assert attack.sandbox is not None and attack.sandbox.enforcement == "partial"
-    assert any("searched only" in w for w in attack.sandbox.warnings)
+    # The warning names what the search did not list.
+    assert any("not searched: " + str(workspace / "aa") in w for w in attack.sandbox.warnings)
 
 
 async def test_a_commit_in_a_nested_repository_lands_on_the_host(

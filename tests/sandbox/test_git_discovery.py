@@ -24,17 +24,20 @@ def _policy(root: Path) -> SandboxPolicy:
     return SandboxPolicy(mode="workspace-write", workspace_root=str(root))
 
 
-def test_nested_repositories_are_found_breadth_first_and_dependency_dirs_are_skipped(
-    tmp_path: Path,
-) -> None:
+def test_repositories_are_found_at_any_depth_and_in_dependency_dirs(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
-    for path in (".git", "lib/.git", "a/b/c/.git", "a/b/c/d/.git", "node_modules/x/.git"):
+    deep = "a/b/c/d/e/f/g/.git"
+    for path in (".git", "lib/.git", deep, "node_modules/x/.git", ".venv/src/pkg/.git"):
         (ws / path).mkdir(parents=True)
     found = discover_gitdirs(_policy(ws))
-    assert found.gitdirs == (str(ws / ".git"), str(ws / "lib/.git"), str(ws / "a/b/c/.git"))
-    assert found.unsearched == ()
-    small = discover_gitdirs(_policy(ws), budget=2)
-    assert small.unsearched == (str(ws),)
+    assert set(found.gitdirs) == {
+        str(ws / p) for p in (".git", "lib/.git", deep, "node_modules/x/.git", ".venv/src/pkg/.git")
+    }
+    assert found.unsearched == () and found.partial == ()
+    # Dependency directories come last: a small budget names them, not the workspace's own.
+    small = discover_gitdirs(_policy(ws), budget=3)
+    assert small.unsearched_total > 0
+    assert any(str(ws / ".venv") in why or str(ws / "node_modules") in why for why in small.partial)
 
 
 def test_a_git_file_naming_a_host_directory_gets_no_overlay(tmp_path: Path) -> None:

@@ -276,6 +276,13 @@ DETECTOR_CANARIES = (
     "row16-commondir",
     "row16-symlink-commit-editmsg",
     "row16-config-lock-race",
+    "row16-deep-repository",
+    "row16-created-repository",
+    "row16-bare-repository",
+    "row16-hook-chain-husky",
+    "row16-hook-chain-pre-commit",
+    "row16-hook-chain-lefthook",
+    "row16-nested-repository",
 )
 
 

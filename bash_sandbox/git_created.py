@@ -1,0 +1,424 @@
+"""A repository the command created gets git's default control plane back.
+
+A `.git` that did not exist before the command (`git init`, `git clone`, `cargo new`, a
+worktree or submodule of a new repository) keeps its objects, refs, index and logs: that is
+the command's work. What makes host git run something is reset, on the host, after the
+command, so the user's next `git status` there runs nothing the command planted:
+
+- `config` is re-written from the keys git's own parser (`git config --list -z`) reads in
+  it, keeping only an allowlist of keys that configure data (`_KEPT`; remote and submodule
+  URLs without a `<transport>::` helper; `core.worktree` only inside the roots). Everything
+  else, known to run code or not (`core.fsmonitor`, `core.hooksPath`, `filter.*`,
+  `alias.*`, `include.*`, ...), is dropped;
+- `hooks/` is emptied; `info/` keeps only `exclude` and `sparse-checkout`;
+- `commondir` and `config.worktree` are removed, and so are legacy `remotes/` and
+  `branches/`, rebase and sequencer state (their todo lists run `exec` lines), and object
+  alternates leading out of the roots;
+- a linked worktree's directory (`worktrees/<name>`) keeps git's own `commondir` (`../..`)
+  only, and each submodule's git directory under `modules/` is reset the same way.
+
+Every step opens directories with O_NOFOLLOW from `/` down (the roots are canonical), and
+removes symlinks instead of following them: a link the command left in its `.git` cannot
+redirect a write of the executor's. The command has ended: nothing races these writes but
+its own leftover background processes, which O_NOFOLLOW keeps from redirecting them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+
+from bash_sandbox.git_discovery import SCRUBBED_GIT, SCRUBBED_GIT_ENV
+from policies.paths import within_any
+
+# Keys that only describe data; every other key is dropped.
+_KEPT = frozenset(
+    {
+        "core.repositoryformatversion",
+        "core.bare",
+        "core.filemode",
+        "core.logallrefupdates",
+        "core.ignorecase",
+        "core.precomposeunicode",
+        "core.symlinks",
+        "core.autocrlf",
+        "core.eol",
+        "core.sparsecheckout",
+        "core.sparsecheckoutcone",
+        "extensions.objectformat",
+        "extensions.refstorage",
+        "init.defaultbranch",
+        "user.name",
+        "user.email",
+    }
+)
+# (section, key) kept for any subsection: remote and branch tracking, submodule URLs.
+_KEPT_SUB = frozenset(
+    {
+        ("remote", "url"),
+        ("remote", "pushurl"),
+        ("remote", "fetch"),
+        ("branch", "remote"),
+        ("branch", "merge"),
+        ("submodule", "url"),
+        ("submodule", "active"),
+    }
+)
+_URL_KEYS = frozenset({"url", "pushurl"})
+# `<transport>::<address>` runs `git-remote-<transport>` (`ext::` runs a shell command).
+_HELPER_URL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9+.-]*::")
+_INFO_KEPT = frozenset({"exclude", "sparse-checkout"})
+_REMOVED = (
+    "commondir",
+    "config.worktree",
+    "remotes",
+    "branches",
+    "rebase-merge",
+    "rebase-apply",
+    "sequencer",
+)
+_CONFIG_MAX = 1 << 20
+_MODULES_DEPTH = 8
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def reset_control_plane(gitdir: str, roots: tuple[str, ...]) -> list[str]:
+    """Reset ``gitdir`` (a repository the command created, inside ``roots``) to git's
+    default control plane; returns what was dropped that could run code or redirect git,
+    relative to ``gitdir`` (empty for what `git init`, `git clone` or `cargo new` make)."""
+    dropped: list[str] = []
+    try:
+        fd = _open_path(gitdir)
+    except OSError:
+        return dropped
+    try:
+        _reset(fd, gitdir, roots, dropped, rel="", depth=0)
+    finally:
+        os.close(fd)
+    return dropped
+
+
+def _open_path(path: str) -> int:
+    """A directory descriptor for the absolute ``path``, no component followed as a link."""
+    fd = os.open("/", _O_DIR)
+    try:
+        for part in path.strip("/").split("/"):
+            if not part:
+                continue
+            nxt = os.open(part, _O_DIR, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _reset(
+    fd: int, gitdir: str, roots: tuple[str, ...], dropped: list[str], *, rel: str, depth: int
+) -> None:
+    def note(name: str) -> None:
+        dropped.append(os.path.join(rel, name))
+
+    keys = _config(fd, gitdir, roots)
+    if keys:
+        note(f"config ({', '.join(keys)})")
+    for name in _REMOVED:
+        if not _empty(fd, name) and _remove(fd, name):
+            note(name)
+    # git's own samples are never run: removed without a word, like an empty legacy dir.
+    for name in _empty_dir(fd, "hooks", keep=frozenset()):
+        if not name.endswith(".sample"):
+            note(f"hooks/{name}")
+    for name in _empty_dir(fd, "info", keep=_INFO_KEPT):
+        note(f"info/{name}")
+    _alternates(fd, gitdir, roots, dropped, rel)
+    for name, sub in _subdirs(fd, "worktrees"):
+        try:
+            _worktree(sub, dropped, os.path.join(rel, "worktrees", name))
+        finally:
+            os.close(sub)
+    if depth < _MODULES_DEPTH:
+        for name, sub in _subdirs(fd, "modules"):
+            try:
+                _module(sub, os.path.join(gitdir, "modules", name), roots, dropped,
+                        rel=os.path.join(rel, "modules", name), depth=depth + 1)  # fmt: skip
+            finally:
+                os.close(sub)
+
+
+def _module(
+    fd: int, path: str, roots: tuple[str, ...], dropped: list[str], *, rel: str, depth: int
+) -> None:
+    # A submodule named `a/b` lives in `modules/a/b`: a git directory has a HEAD.
+    if _lexists(fd, "HEAD"):
+        _reset(fd, path, roots, dropped, rel=rel, depth=depth)
+        return
+    if depth >= _MODULES_DEPTH:
+        return
+    for name, sub in _subdirs(fd, None):
+        try:
+            _module(sub, os.path.join(path, name), roots, dropped,
+                    rel=os.path.join(rel, name), depth=depth + 1)  # fmt: skip
+        finally:
+            os.close(sub)
+
+
+def _worktree(fd: int, dropped: list[str], rel: str) -> None:
+    for name in ("config.worktree", "rebase-merge", "rebase-apply", "sequencer"):
+        if _remove(fd, name):
+            dropped.append(os.path.join(rel, name))
+    # git's own layout: `<common>/worktrees/<name>/commondir` holds `../..`.
+    if _read(fd, "commondir") not in (None, b"../..\n", b"../.."):
+        _remove(fd, "commondir")
+        dropped.append(os.path.join(rel, "commondir"))
+
+
+def _subdirs(fd: int, name: str | None) -> Iterator[tuple[str, int]]:
+    """Real subdirectories of ``name`` (below ``fd``), each opened without following."""
+    try:
+        parent = os.open(name, _O_DIR, dir_fd=fd) if name is not None else os.dup(fd)
+    except OSError:
+        return
+    try:
+        for entry in sorted(os.listdir(parent)):
+            try:
+                sub = os.open(entry, _O_DIR, dir_fd=parent)
+            except OSError:
+                continue
+            yield entry, sub
+    finally:
+        os.close(parent)
+
+
+def _lexists(fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=fd)
+    except OSError:
+        return False
+    return True
+
+
+def _read(fd: int, name: str, limit: int = 4096) -> bytes | None:
+    """A regular file's first bytes, never through a link; None if it is not one."""
+    try:
+        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(f).st_mode):
+            return None
+        return os.read(f, limit)
+    finally:
+        os.close(f)
+
+
+def _remove(fd: int, name: str) -> bool:
+    """Remove ``name`` below ``fd`` whatever it is (a directory with all it holds)."""
+    try:
+        st = os.lstat(name, dir_fd=fd)
+    except OSError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            sub = os.open(name, _O_DIR, dir_fd=fd)
+        except OSError:
+            return False
+        try:
+            for entry in os.listdir(sub):
+                _remove(sub, entry)
+        finally:
+            os.close(sub)
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=fd)
+        return True
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=fd)
+    return True
+
+
+def _empty(fd: int, name: str) -> bool:
+    """Whether ``name`` is a real, empty directory (git init's `branches/`)."""
+    try:
+        sub = os.open(name, _O_DIR, dir_fd=fd)
+    except OSError:
+        return False
+    try:
+        return not os.listdir(sub)
+    finally:
+        os.close(sub)
+
+
+def _empty_dir(fd: int, name: str, keep: frozenset[str]) -> list[str]:
+    """Leave ``name`` a real directory holding only regular files named in ``keep``;
+    returns what was removed (``name`` itself when it was not a real directory)."""
+    try:
+        st = os.lstat(name, dir_fd=fd)
+    except OSError:
+        return []
+    if not stat.S_ISDIR(st.st_mode):
+        _remove(fd, name)
+        with contextlib.suppress(OSError):
+            os.mkdir(name, 0o755, dir_fd=fd)
+        return ["(not a directory)"]
+    removed: list[str] = []
+    try:
+        sub = os.open(name, _O_DIR, dir_fd=fd)
+    except OSError:
+        return []
+    try:
+        for entry in sorted(os.listdir(sub)):
+            if entry in keep and stat.S_ISREG(os.lstat(entry, dir_fd=sub).st_mode):
+                continue
+            if _remove(sub, entry):
+                removed.append(entry)
+    finally:
+        os.close(sub)
+    return removed
+
+
+def _alternates(fd: int, gitdir: str, roots: tuple[str, ...], dropped: list[str], rel: str) -> None:
+    try:
+        objects = os.open("objects", _O_DIR, dir_fd=fd)
+    except OSError:
+        return
+    try:
+        try:
+            info = os.open("info", _O_DIR, dir_fd=objects)
+        except OSError:
+            return
+        try:
+            if _remove_if(info, "http-alternates", lambda _: True):
+                dropped.append(os.path.join(rel, "objects/info/http-alternates"))
+            base = os.path.join(gitdir, "objects")
+
+            def leads_out(data: bytes) -> bool:
+                lines = [ln for ln in data.splitlines() if ln.strip() and not ln.startswith(b"#")]
+                return any(
+                    not within_any(os.path.realpath(os.path.join(base, os.fsdecode(ln))), roots)
+                    for ln in lines
+                )
+
+            if _remove_if(info, "alternates", leads_out):
+                dropped.append(os.path.join(rel, "objects/info/alternates"))
+        finally:
+            os.close(info)
+    finally:
+        os.close(objects)
+
+
+def _remove_if(fd: int, name: str, bad: Callable[[bytes], bool]) -> bool:
+    if not _lexists(fd, name):
+        return False
+    data = _read(fd, name, _CONFIG_MAX)
+    if data is not None and not bad(data):
+        return False
+    return _remove(fd, name)
+
+
+# -- config ----------------------------------------------------------------------------------
+
+
+def _config(fd: int, gitdir: str, roots: tuple[str, ...]) -> list[str]:
+    """Re-write `config` from its allowlisted keys; returns the keys dropped."""
+    if not _lexists(fd, "config"):
+        return []
+    data = _read(fd, "config", _CONFIG_MAX)
+    parsed = parse_config(data) if data is not None else None
+    pairs = parsed or []
+    kept = [(k, v) for k, v in pairs if _keep(k, v, gitdir, roots)]
+    dropped = [k for k, v in pairs if (k, v) not in kept]
+    if parsed is None:
+        dropped.insert(0, "not a config git reads")  # a link, a fifo, a malformed file
+    elif not dropped:
+        return []  # nothing to drop: the file stays byte for byte
+    _write(fd, "config", serialize_config(kept))
+    return list(dict.fromkeys(dropped))
+
+
+def parse_config(data: bytes) -> list[tuple[str, str | None]] | None:
+    """(key, value) pairs of a config file's bytes, read by git (`--list -z`, no includes);
+    a key without `=` has the value None. None when git cannot read it."""
+    with tempfile.TemporaryDirectory(prefix="bash-sandbox-config-") as tmp:
+        path = os.path.join(tmp, "config")
+        with open(path, "wb") as fh:
+            fh.write(data)
+        try:
+            done = subprocess.run(
+                [*SCRUBBED_GIT, "config", "--file", path, "--no-includes", "--list", "-z"],
+                env=SCRUBBED_GIT_ENV,
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+    if done.returncode != 0:
+        return None
+    pairs: list[tuple[str, str | None]] = []
+    for record in done.stdout.split(b"\0"):
+        if not record:
+            continue
+        key, sep, value = record.partition(b"\n")
+        pairs.append((os.fsdecode(key), os.fsdecode(value) if sep else None))
+    return pairs
+
+
+def _keep(key: str, value: str | None, gitdir: str, roots: tuple[str, ...]) -> bool:
+    section, _, rest = key.partition(".")
+    sub, _, name = rest.rpartition(".")
+    if key == "core.worktree":
+        return value is not None and within_any(
+            os.path.realpath(os.path.join(gitdir, value)), roots
+        )
+    if not sub:
+        return key in _KEPT
+    if (section, name) not in _KEPT_SUB:
+        return False
+    if name in _URL_KEYS:
+        return value is not None and not _HELPER_URL.match(value) and not value.startswith("-")
+    return True
+
+
+def _quote(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + escaped.replace("\n", "\\n").replace("\t", "\\t") + '"'
+
+
+def serialize_config(pairs: list[tuple[str, str | None]]) -> bytes:
+    """A config file holding ``pairs`` (as `--list` names them), grouped by section."""
+    sections: dict[tuple[str, str | None], list[tuple[str, str | None]]] = {}
+    for key, value in pairs:
+        section, _, rest = key.partition(".")
+        sub, _, name = rest.rpartition(".")
+        sections.setdefault((section, sub or None), []).append((name, value))
+    lines: list[str] = []
+    for (section, subsection), entries in sections.items():
+        head = section if subsection is None else f"{section} " + _quote(subsection)
+        lines.append(f"[{head}]")
+        lines += [f"\t{name} = {_quote(v) if v is not None else 'true'}" for name, v in entries]
+    return os.fsencode("\n".join(lines) + ("\n" if lines else ""))
+
+
+def _write(fd: int, name: str, data: bytes) -> None:
+    """Replace ``name`` below ``fd`` with ``data`` (a new file renamed over it)."""
+    tmp = f".{name}.bash-sandbox-{os.getpid()}"
+    with contextlib.suppress(OSError):
+        _remove(fd, tmp)
+    if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+        _remove(fd, name)
+    f = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                dir_fd=fd)  # fmt: skip
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(f, view) :]
+        os.fsync(f)
+    finally:
+        os.close(f)
+    os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)

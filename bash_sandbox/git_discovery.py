@@ -1,0 +1,543 @@
+"""Which git repositories a command can reach through its writable roots, found completely.
+
+Before a command, every `.git` entry in every writable root is found, at any depth, and
+every bare repository (a directory git's `is_git_directory` takes, under any name), so each
+git directory gets an overlay (`git_plane.py`): a directory, a `.git` symlink
+(followed, as git's `stat` follows it) or a gitfile (read with git's own rules: the exact
+`gitdir: ` prefix, trailing newlines cut, relative to the directory holding it). Dependency
+and cache directories (`DEPENDENCY_DIRS`: `.venv`, `node_modules`, ...) are searched too,
+last: pip puts editable VCS checkouts in `.venv/src/<pkg>`, and a host user may run git
+there. The search is breadth first and bounded (`DISCOVERY_BUDGET` directories per search),
+for pathological trees only; when the bound is hit the run is `partial` and the warning
+names the directories it did not list.
+
+Listing every directory before every command would cost a `scandir` per directory. A
+listing is cached by the directory's (device, inode, ctime): adding, removing or renaming an
+entry changes the ctime, and so does every `utimensat`, which a command cannot set back
+(ctime is the kernel's clock). A listing made within a clock tick of the directory's last
+change is not cached (a second change in the same tick would keep its ctime). A search
+whose directories did not change costs one `lstat` per directory.
+
+After the command, `after_command` searches again: a `.git` entry that was not there before
+is a repository the command created (its control plane is reset, `git_created.py`); a
+`.git` symlink or gitfile that was there and changed is put back as it was (its bytes are
+kept in the discovery). `index_gitlinks` reads an index with git's own parser to report
+the gitlinks (submodules) a command added, whatever the index version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import stat
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from bash_local.userdir import user_base_dir
+from policies import SandboxPolicy
+from policies.paths import within, within_any
+
+# Listed last (and below them, everything): installed dependencies and caches, where a
+# repository is rare but possible (`pip install -e git+...` checks out into `.venv/src`).
+DEPENDENCY_DIRS = frozenset(
+    {
+        "node_modules",
+        ".venv",
+        "venv",
+        "__pycache__",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".cache",
+        ".gradle",
+        "target",
+    }
+)
+# Directories visited per search (all roots together). Far above any real workspace (the
+# 100k-file benchmark has ~11k); a flood beyond it makes the run partial and is named.
+DISCOVERY_BUDGET = 200_000
+_NAMED_UNSEARCHED = 5
+_GITFILE_MAX = 1 << 16
+# A listing this close to the directory's last change is not cached (same-tick changes).
+_RACY_NS = 100_000_000
+_CACHE_MAX = 250_000  # listings kept (a few hundred bytes each)
+
+
+@dataclass(frozen=True)
+class _Listing:
+    key: tuple[int, int, int]  # st_dev, st_ino, st_ctime_ns
+    subdirs: tuple[str, ...]  # full paths, sorted
+    dependencies: tuple[str, ...]  # the subdirectories named in DEPENDENCY_DIRS
+    dotgit: bool
+    bare: bool  # the directory itself is a git directory (a bare repository)
+
+
+_LISTINGS: dict[str, _Listing] = {}
+
+
+@dataclass(frozen=True)
+class DotGit:
+    """One `.git` entry as found: its kind and, for a symlink or a gitfile, its content
+    (the link's target, the file's bytes) so a change can be undone."""
+
+    path: str
+    kind: str  # "dir", "link", "file", "other"
+    content: bytes | None = None
+
+
+@dataclass(frozen=True)
+class GitDiscovery:
+    """The git directories a command could reach through the writable roots.
+
+    ``unsearched`` names the first directories a search cut short by its budget did not
+    list (``unsearched_total`` counts them all); ``entries`` are the `.git` entries found,
+    as they were."""
+
+    gitdirs: tuple[str, ...]
+    unsearched: tuple[str, ...] = ()
+    unsearched_total: int = 0
+    entries: tuple[DotGit, ...] = ()
+    roots: tuple[str, ...] = ()
+
+    @property
+    def dotgits(self) -> tuple[str, ...]:
+        return tuple(e.path for e in self.entries)
+
+    @property
+    def partial(self) -> tuple[str, ...]:
+        """Why this search leaves the run partial, naming what it did not cover."""
+        if not self.unsearched_total:
+            return ()
+        more = self.unsearched_total - len(self.unsearched)
+        named = ", ".join(self.unsearched) + (f" and {more} more" if more > 0 else "")
+        return (
+            f"git: the repository search stopped after {DISCOVERY_BUDGET} directories; "
+            f"not searched: {named} (a repository there has no overlay: its config and hooks "
+            "are writable)",
+        )
+
+
+def read_gitfile(path: str) -> str | None:
+    """The directory a gitfile (linked worktree, submodule) names, absolute and resolved,
+    read as git's `read_gitfile_gently` reads it: `gitdir: ` exactly, the rest up to a NUL
+    with trailing CR/LF cut, relative to the directory of ``path``."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(_GITFILE_MAX)
+    except OSError:
+        return None
+    data = data.split(b"\0", 1)[0]
+    if not data.startswith(b"gitdir: "):
+        return None
+    target = os.fsdecode(data[8:].rstrip(b"\r\n"))
+    if not target:
+        return None
+    if not os.path.isabs(target):
+        target = os.path.join(os.path.dirname(path), target)
+    return os.path.realpath(target)
+
+
+def _list(directory: str, now_ns: int) -> _Listing | None:
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return None
+    key = (st.st_dev, st.st_ino, st.st_ctime_ns)
+    cached = _LISTINGS.get(directory)
+    if cached is not None and cached.key == key:
+        return cached
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    subdirs: list[str] = []
+    dependencies: list[str] = []
+    dotgit = False
+    layout = 0
+    prefix = directory.rstrip("/") + "/"
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if entry.name == ".git":
+                    dotgit = True
+                    continue
+                if entry.name in _BARE_LAYOUT:
+                    layout += 1
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        into = dependencies if entry.name in DEPENDENCY_DIRS else subdirs
+                        into.append(prefix + entry.name)
+    except OSError:
+        return None
+    bare = layout == len(_BARE_LAYOUT) and is_git_directory(directory)
+    listing = _Listing(key, tuple(sorted(subdirs)), tuple(sorted(dependencies)), dotgit, bare)
+    if st.st_ctime_ns < now_ns - _RACY_NS:
+        if len(_LISTINGS) >= _CACHE_MAX:
+            _LISTINGS.clear()
+        _LISTINGS[directory] = listing
+    return listing
+
+
+@functools.cache
+def executor_dirs() -> frozenset[str]:
+    """Where executors of this uid keep their state and spills (`state.py`): never searched.
+    An overlay's upper layer there looks like a bare repository, and is not the user's."""
+    uid = os.geteuid()
+    paths = (
+        user_base_dir(),
+        f"/var/tmp/bash-sandbox-{uid}",
+        f"/tmp/bash-sandbox-{uid}",
+        os.path.join(os.path.expanduser("~"), ".cache", "bash-sandbox"),
+    )
+    return frozenset(os.path.realpath(p) for p in paths)
+
+
+def find_dotgits(
+    roots: tuple[str, ...], budget: int = DISCOVERY_BUDGET
+) -> tuple[list[str], list[str]]:
+    """Every `.git` entry (any kind) at or below ``roots``, never below a `.git`, and every
+    bare repository (a directory git takes for a git directory, never searched below);
+    breadth first, dependency directories after everything else; and the directories left
+    unlisted when ``budget`` ran out (empty when the search was complete)."""
+    now_ns = time.time_ns()
+    skip = executor_dirs()
+    found: list[str] = []
+    first: deque[str] = deque(roots)
+    last: deque[str] = deque()
+    while first or last:
+        if budget <= 0:
+            return found, [*first, *last]
+        budget -= 1
+        from_first = bool(first)
+        directory = first.popleft() if from_first else last.popleft()
+        if directory in skip:
+            continue
+        listing = _list(directory, now_ns)
+        if listing is None:
+            continue
+        if listing.bare:
+            found.append(directory)  # git's own layout inside: nothing below to search
+            continue
+        if listing.dotgit:
+            found.append(directory.rstrip("/") + "/.git")
+        # Below a dependency directory everything is searched last too.
+        (first if from_first else last).extend(listing.subdirs)
+        last.extend(listing.dependencies)
+    return found, []
+
+
+_BARE_LAYOUT = frozenset({"HEAD", "objects", "refs"})
+_HEAD = re.compile(rb"^(ref: refs/|[0-9a-f]{40}(?:[0-9a-f]{24})?\s*$)")
+
+
+def is_git_directory(path: str) -> bool:
+    """Whether git takes ``path`` for a git directory, as its `is_git_directory` does: a
+    `HEAD` file holding a symbolic ref into `refs/` or an object id, `objects/` and `refs/`
+    directories. A bare repository (`git init --bare x.git`) is one, named as it likes."""
+    head = os.path.join(path, "HEAD")
+    try:
+        if not (
+            stat.S_ISREG(os.lstat(head).st_mode)
+            and os.path.isdir(os.path.join(path, "objects"))
+            and os.path.isdir(os.path.join(path, "refs"))
+        ):
+            return False
+        with open(head, "rb") as fh:
+            return _HEAD.match(fh.read(256)) is not None
+    except OSError:
+        return False
+
+
+def snapshot(path: str) -> DotGit:
+    """A `.git` entry as it is now (a link's target, a gitfile's bytes)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return DotGit(path, "other")
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            return DotGit(path, "link", os.fsencode(os.readlink(path)))
+        except OSError:
+            return DotGit(path, "link")
+    if stat.S_ISDIR(st.st_mode):
+        return DotGit(path, "dir")
+    if stat.S_ISREG(st.st_mode):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return DotGit(path, "file")
+        try:
+            return DotGit(path, "file", os.read(fd, _GITFILE_MAX))
+        finally:
+            os.close(fd)
+    return DotGit(path, "other")
+
+
+def gitdirs_behind(dotgit: str, roots: tuple[str, ...]) -> list[str]:
+    """The git directories a `.git` entry leads host git to, that a command could write.
+
+    A directory is itself; a symlink is followed (git's `stat` follows it) to a directory
+    or a gitfile. A gitfile's target is taken only inside a root, or when that directory
+    points back at this very `.git` file the way git links them (a linked worktree's
+    `gitdir`, a submodule's `core.worktree`); its common dir outside the roots only in
+    git's own layout. Otherwise a command could name any host directory (`/`, the home) and
+    have the copy-back write git state there. Outside the roots nothing needs an overlay:
+    the command cannot write there."""
+    try:
+        st = os.stat(dotgit)  # follows a symlink, as git does
+    except OSError:
+        return []
+    if stat.S_ISDIR(st.st_mode):
+        real = os.path.realpath(dotgit)
+        return [real] if within_any(real, roots) else []
+    if not stat.S_ISREG(st.st_mode):
+        return []
+    target = read_gitfile(dotgit)
+    if target is None or not os.path.isdir(target):
+        return []
+    if not within_any(target, roots) and not _points_back(target, dotgit):
+        return []
+    found = [target]
+    common = _read_small(os.path.join(target, "commondir"))
+    if common is not None:
+        main = os.path.realpath(os.path.join(target, common.strip()))
+        # Outside the roots, only git's own layout, read from a directory the command
+        # cannot write: the worktree's directory is `<common>/worktrees/<name>`.
+        layout = not within_any(target, roots) and os.path.dirname(target) == os.path.join(
+            main, "worktrees"
+        )
+        if os.path.isdir(main) and (within_any(main, roots) or layout):
+            found.append(main)
+    return found
+
+
+def _points_back(gitdir: str, dotgit: str) -> bool:
+    """Whether ``gitdir`` names ``dotgit``'s worktree as its own: a linked worktree's
+    `gitdir` file holds the path of the `.git` file; a submodule's config holds
+    `core.worktree`, relative to the git directory (read with git's parser)."""
+    own = os.path.realpath(dotgit)
+    back = (_read_small(os.path.join(gitdir, "gitdir")) or "").strip()
+    if back and os.path.realpath(os.path.join(gitdir, back)) == own:
+        return True
+    value = git_config_get(os.path.join(gitdir, "config"), "core.worktree")
+    return value is not None and os.path.realpath(os.path.join(gitdir, value)) == os.path.dirname(
+        own
+    )
+
+
+def _read_small(path: str) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4096).decode(errors="replace")
+    except OSError:
+        return None
+
+
+# git reading a file it is given, with nothing of the host's or the repository's config
+# that runs code: no system or global config, no hooks, no fsmonitor.
+SCRUBBED_GIT_ENV = {
+    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_TERMINAL_PROMPT": "0",
+    "HOME": "/nonexistent",
+    "LC_ALL": "C",
+}
+SCRUBBED_GIT = ("git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+
+
+def git_config_get(path: str, key: str) -> str | None:
+    """``key`` in the config file ``path`` as git reads it (no includes followed)."""
+    try:
+        done = subprocess.run(
+            [*SCRUBBED_GIT, "config", "--file", path, "--no-includes", "--get", key],
+            env=SCRUBBED_GIT_ENV,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return os.fsdecode(done.stdout.rstrip(b"\n"))
+
+
+def discover_gitdirs(
+    policy: SandboxPolicy,
+    *,
+    budget: int = DISCOVERY_BUDGET,
+    known: tuple[str, ...] = (),
+) -> GitDiscovery:
+    """Git directories whose control plane a command could reach through a writable root:
+    behind every `.git` entry at any depth below a root (`gitdirs_behind`). ``known``:
+    `.git` entries an earlier search of this executor found, looked at again whatever this
+    search reaches (a command cannot hide a repository from later commands by flooding the
+    search's budget)."""
+    roots = policy.all_writable_roots()
+    dotgits, unlisted = find_dotgits(roots, budget)
+    entries: dict[str, None] = dict.fromkeys(dotgits)
+    entries.update(dict.fromkeys(d for d in known if within_any(d, roots)))
+    found: dict[str, None] = {}
+    for dotgit in entries:
+        found.update(dict.fromkeys(gitdirs_behind(dotgit, roots)))
+    # A git dir inside another one (a worktree's gitdir below the common dir, a submodule's
+    # below .git/modules) is covered by the outer overlay.
+    kept: list[str] = []
+    for d in sorted(found, key=lambda p: (p.count("/"), p)):
+        if not any(within(d, k) for k in kept):
+            kept.append(d)
+    return GitDiscovery(
+        gitdirs=tuple(kept),
+        unsearched=tuple(unlisted[:_NAMED_UNSEARCHED]),
+        unsearched_total=len(unlisted),
+        entries=tuple(snapshot(p) for p in entries),
+        roots=roots,
+    )
+
+
+def index_gitlinks(index_path: str, git_dir: str) -> set[str]:
+    """Paths of the gitlink (submodule) entries of the index at ``index_path``, read by
+    git's own parser (every index version, v4's prefix compression included) as the
+    repository at ``git_dir`` (the host's: its object format) reads it."""
+    try:
+        done = subprocess.run(
+            [*SCRUBBED_GIT, "ls-files", "--stage", "-z"],
+            env={**SCRUBBED_GIT_ENV, "GIT_INDEX_FILE": index_path, "GIT_DIR": git_dir},
+            cwd="/",
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    links: set[str] = set()
+    for record in done.stdout.split(b"\0"):
+        meta, _, path = record.partition(b"\t")
+        if meta.startswith(b"160000 "):
+            links.add(os.fsdecode(path))
+    return links
+
+
+@dataclass
+class AfterCommand:
+    """What `after_command` found: repositories the command made (``created``: git
+    directories whose control plane must be reset), `.git` entries it changed and that were
+    put back (``restored``), gitfiles or symlinks leading out of the roots that were
+    removed (``removed``), and why anything could not be done (``warnings``)."""
+
+    created: list[str] = field(default_factory=list)
+    created_dotgits: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def after_command(
+    before: GitDiscovery,
+    roots: tuple[str, ...],
+    overlaid: tuple[str, ...],
+    *,
+    budget: int = DISCOVERY_BUDGET,
+) -> AfterCommand:
+    """Search ``roots`` again after a command: every `.git` entry that is new, or a `.git`
+    symlink or gitfile that changed, is a repository host git would trust and the command
+    controls. A changed one that was there before is put back; a new one's git directory
+    is listed in ``created`` (unless it is one of the ``overlaid`` ones, whose writes never
+    reached the host); a new one leading out of the roots is removed."""
+    result = AfterCommand()
+    dotgits, unlisted = find_dotgits(roots, budget)
+    if unlisted:
+        result.warnings.append(
+            "git: the search for repositories the command created stopped after "
+            f"{budget} directories; not searched: {', '.join(unlisted[:_NAMED_UNSEARCHED])}"
+        )
+    previous = {e.path: e for e in before.entries}
+    for path in dotgits:
+        now = snapshot(path)
+        old = previous.get(path)
+        if old is not None and old == now:
+            continue
+        changed = old is not None and {old.kind, now.kind} <= {"link", "file"}
+        if changed and old is not None and _put_back(old):
+            result.restored.append(path)
+            continue
+        behind = gitdirs_behind(path, roots)
+        if not behind:
+            if now.kind in ("link", "file") and _leads_out(path, roots, overlaid):
+                # Host git would follow it to a repository the user never chose.
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                    result.removed.append(path)
+            continue
+        # Behind a link or a gitfile, only a directory git would take for a repository.
+        fresh = [
+            g
+            for g in behind
+            if not within_any(g, overlaid)
+            and (now.kind == "dir" or os.path.lexists(os.path.join(g, "HEAD")))
+        ]
+        if fresh:
+            result.created_dotgits.append(path)
+            result.created += [g for g in fresh if g not in result.created]
+    # A linked worktree's or a submodule's git dir inside a created one is reset with it.
+    kept: list[str] = []
+    for d in sorted(result.created, key=lambda p: (p.count("/"), p)):
+        if not any(within(d, k) for k in kept):
+            kept.append(d)
+    result.created = kept
+    return result
+
+
+def _leads_out(dotgit: str, roots: tuple[str, ...], overlaid: tuple[str, ...]) -> bool:
+    """Whether a `.git` link or gitfile leads out of the roots, to somewhere other than an
+    overlaid git dir (a submodule's git dir there appears on the host with the copy-back)."""
+    if os.path.islink(dotgit):
+        target: str | None = os.path.realpath(dotgit)
+    else:
+        target = read_gitfile(dotgit)
+    return target is not None and not within_any(target, (*roots, *overlaid))
+
+
+def _put_back(old: DotGit) -> bool:
+    """Restore a `.git` symlink or gitfile as it was (by rename, never through a link)."""
+    if old.content is None:
+        return False
+    directory, name = os.path.split(old.path)
+    tmp = f".{name}.bash-sandbox-{os.getpid()}"
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        if old.kind == "link":
+            os.symlink(old.content, tmp, dir_fd=dir_fd)
+        else:
+            fd = os.open(
+                tmp,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
+                dir_fd=dir_fd,
+            )
+            try:
+                os.write(fd, old.content)
+            finally:
+                os.close(fd)
+        # A directory the command put there instead is not replaced: it is a new repository.
+        if stat.S_ISDIR(os.lstat(name, dir_fd=dir_fd).st_mode):
+            os.unlink(tmp, dir_fd=dir_fd)
+            return False
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        return False
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,222 @@
+"""What a repository's installed hooks run: the workspace files hook managers delegate to.
+
+The overlay keeps `.git/hooks` and `core.hooksPath` the host's, but a hook a hook manager
+installed runs a file in the worktree, which the command may write; the host's next
+`git commit` then runs the command's code. `hook_chain` follows each installed hook to the
+files it runs, so the executor covers them read-only like the hook (missing ones held by a
+placeholder, their parents pinned) and a refused write names the hook:
+
+- `core.hooksPath` (as host git reads it: system, global and local config with includes,
+  `git config --list --show-origin`) pointing inside a writable root: the directory; and
+  every config file git reads that lies inside a root (an include's target);
+- husky 9 (`core.hooksPath=.husky/_`, each hook sourcing `.husky/_/h`, which runs
+  `.husky/<hook>`): the `.husky` directory; husky 5-8 (`core.hooksPath=.husky`) is the
+  directory already;
+- pre-commit (a hook running `pre-commit hook-impl --config=<file>`): that config, whether
+  it exists or not (a missing one makes the hook skip; a planted one makes it run), and
+  the workspace files its `entry:` lines name (local hooks run them);
+- lefthook (a hook running `lefthook run`): `lefthook.yml` and its other names, the
+  `lefthook-local` files it merges in (existing or not), the files its `run:` and
+  `script:` lines name, and the `.lefthook/` script directories.
+
+Protection here is a cover, never a copy: the host's own files stay where they are.
+`SandboxPolicy.protect_hook_chain` (on by default) turns it off. Not covered: husky 4,
+which reads its hooks from `package.json` (covering that file would stop ordinary work; the
+run is `partial` and says so), hooks that run workspace files in ways no manager above
+writes, and the second link of a chain (`npm test` from `.husky/pre-commit`, a `make` target
+from an `entry:`): a hook that runs the project's own code runs what the command wrote there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+from dataclasses import dataclass
+
+from policies.paths import within, within_any
+
+# The hooks git runs on a client (githooks(5)).
+HOOK_NAMES = frozenset(
+    {
+        "applypatch-msg",
+        "pre-applypatch",
+        "post-applypatch",
+        "pre-commit",
+        "pre-merge-commit",
+        "prepare-commit-msg",
+        "commit-msg",
+        "post-commit",
+        "pre-rebase",
+        "post-checkout",
+        "post-merge",
+        "pre-push",
+        "post-rewrite",
+        "pre-auto-gc",
+        "reference-transaction",
+        "push-to-checkout",
+        "sendemail-validate",
+        "fsmonitor-watchman",
+        "post-index-change",
+    }
+)
+_LEFTHOOK_CONFIGS = tuple(
+    f"{dot}lefthook{local}.{ext}"
+    for dot in ("", ".")
+    for local in ("", "-local")
+    for ext in ("yml", "yaml", "toml", "json")
+)
+_LEFTHOOK_HELD = ("lefthook.yml", "lefthook-local.yml")  # held even when missing
+_LEFTHOOK_DIRS = (".lefthook", ".lefthook-local")
+_PRE_COMMIT_CONFIG = re.compile(rb"--config[= ]\s*['\"]?([^\s'\"]+)")
+_YAML_COMMAND = re.compile(r"(?:^|[\s{,])(?:entry|run|script)\s*:\s*(.+)$", re.M)
+_HOOK_MAX = 1 << 16
+_CONFIG_MAX = 1 << 20
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """A workspace path an installed hook runs (``is_dir``: a directory of them)."""
+
+    path: str
+    is_dir: bool
+    reason: str
+    covered: bool = True  # False: a link that cannot be covered, named in the run's partial
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """What host git reads for a repository: every config file (system, global, local and
+    each include it follows, as git's own `--show-origin` names them) and `core.hooksPath`."""
+
+    files: tuple[str, ...]
+    hooks: str  # the hooks directory git runs hooks from
+
+
+def host_config(gitdir: str) -> HostConfig:
+    """Ask host git (its own config parser, includes and `includeIf` conditions evaluated for
+    ``gitdir``) which files it reads and where it runs hooks from. A relative hooks path is
+    relative to the worktree; without one, `<gitdir>/hooks`."""
+    default = HostConfig((), os.path.join(gitdir, "hooks"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    try:
+        done = subprocess.run(
+            ["git", "--git-dir", gitdir, "config", "--list", "--show-origin", "-z"],
+            env=env,
+            cwd="/",
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return default
+    if done.returncode != 0:
+        return default
+    files: dict[str, None] = {}
+    hooks = default.hooks
+    fields = done.stdout.split(b"\0")
+    for origin, record in zip(fields[::2], fields[1::2], strict=False):
+        if origin.startswith(b"file:"):
+            files.setdefault(os.path.normpath(os.fsdecode(origin[5:])), None)
+        key, _, value = record.partition(b"\n")
+        if key == b"core.hookspath" and value:
+            path = os.path.expanduser(os.fsdecode(value))  # git's `--type=path` expands ~
+            hooks = os.path.normpath(os.path.join(os.path.dirname(gitdir), path))
+    return HostConfig(tuple(files), hooks)
+
+
+def hook_chain(gitdir: str, roots: tuple[str, ...]) -> list[ChainLink]:
+    """The workspace files and directories the hooks installed for ``gitdir`` run, inside
+    ``roots`` (the worktree is the git directory's parent)."""
+    worktree = os.path.dirname(gitdir)
+    read = host_config(gitdir)
+    hooks = read.hooks
+    found: dict[str, ChainLink] = {}
+
+    def link(path: str, is_dir: bool, reason: str) -> None:
+        path = os.path.normpath(path)
+        if within_any(os.path.realpath(path), roots) and not within(path, gitdir):
+            found.setdefault(path, ChainLink(path, is_dir, reason))
+
+    shown = _shown(hooks, worktree)
+    # A config file git includes from inside a root configures (and runs) the next git.
+    for path in read.files:
+        link(path, False, f"git config: host git reads {_shown(path, worktree)} (an include)")
+    if not within(hooks, gitdir):
+        link(hooks, True, f"hook chain: core.hooksPath is {shown}")
+    if os.path.basename(hooks) == "_" and os.path.basename(os.path.dirname(hooks)) == ".husky":
+        link(os.path.dirname(hooks), True, f"hook chain: husky's hooks in {shown} run .husky/*")
+    for name, text in _installed(hooks):
+        hook = f"{shown}/{name}"
+        if within(hooks, gitdir) and b"husky" in text.lower():
+            # husky 4 runs what `package.json` says: covering it would stop ordinary work.
+            path = os.path.join(worktree, "package.json")
+            why = f"hook chain: {hook} (husky 4) runs what package.json names, which stays writable"
+            found.setdefault(path, ChainLink(path, False, why, covered=False))
+        if b"hook-impl" in text and b"pre-commit" in text:
+            match = _PRE_COMMIT_CONFIG.search(text)
+            config = os.fsdecode(match.group(1)) if match else ".pre-commit-config.yaml"
+            path = os.path.join(worktree, config)
+            why = f"hook chain: {hook} (pre-commit) runs {config}"
+            link(path, False, why)
+            for target in _commands(path, worktree):
+                link(target, False, why)
+        if b"lefthook" in text:
+            why = f"hook chain: {hook} (lefthook) runs lefthook.yml"
+            for config in _LEFTHOOK_CONFIGS:
+                path = os.path.join(worktree, config)
+                if os.path.lexists(path) or config in _LEFTHOOK_HELD:
+                    link(path, False, why)
+                    for target in _commands(path, worktree):
+                        link(target, False, why)
+            for directory in _LEFTHOOK_DIRS:
+                if os.path.isdir(os.path.join(worktree, directory)):
+                    link(os.path.join(worktree, directory), True, why)
+    return list(found.values())
+
+
+def _shown(hooks: str, worktree: str) -> str:
+    return os.path.relpath(hooks, worktree) if within(hooks, worktree) else hooks
+
+
+def _installed(hooks: str) -> list[tuple[str, bytes]]:
+    """(name, first bytes) of each executable hook git would run from ``hooks``."""
+    try:
+        names = sorted(os.listdir(hooks))
+    except OSError:
+        return []
+    found: list[tuple[str, bytes]] = []
+    for name in names:
+        if name not in HOOK_NAMES:
+            continue
+        path = os.path.join(hooks, name)
+        try:
+            st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+                continue
+            with open(path, "rb") as fh:
+                found.append((name, fh.read(_HOOK_MAX)))
+        except OSError:
+            continue
+    return found
+
+
+def _commands(config: str, worktree: str) -> list[str]:
+    """Workspace files named by a hook manager's `entry:`/`run:`/`script:` lines: every
+    word that is an existing file below ``worktree`` (more than it runs, never less of what
+    a line names; the config itself is covered, so the list cannot grow during a run)."""
+    try:
+        with open(config, "rb") as fh:
+            text = fh.read(_CONFIG_MAX).decode(errors="replace")
+    except OSError:
+        return []
+    found: list[str] = []
+    for match in _YAML_COMMAND.finditer(text):
+        for word in re.split(r"[\s'\"`;|&(){}\[\],=]+", match.group(1)):
+            if not word or word.startswith("-"):
+                continue
+            path = os.path.normpath(os.path.join(worktree, word))
+            if within(path, worktree) and path != worktree and os.path.isfile(path):
+                found.append(path)
+    return found

@@ -1,0 +1,131 @@
+"""The git side of one confined spawn, before and after the command.
+
+Before (`inspect_git`): the repositories the writable roots reach (`git_discovery.py`),
+each to be overlaid, and the workspace files their installed hooks run
+(`git_hook_chain.py`), to be covered read-only with the reason a refusal reports.
+After (`settle_git`): repositories the command created get git's default control plane
+(`git_created.py`), changed `.git` links and gitfiles are put back, and the gitlinks the
+command added to an index are reported. The executor calls these two; the copy-back of the
+overlays themselves is `git_plane.py`'s.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from bash_sandbox.git_created import reset_control_plane
+from bash_sandbox.git_discovery import GitDiscovery, after_command, discover_gitdirs, index_gitlinks
+from bash_sandbox.git_hook_chain import ChainLink, hook_chain
+from bash_sandbox.view import GitOverlay
+from policies import SandboxPolicy
+from policies.paths import within, within_any
+
+
+@dataclass(frozen=True)
+class GitInspection:
+    """What one spawn found before the command ran."""
+
+    discovery: GitDiscovery
+    chain: tuple[ChainLink, ...] = ()
+
+    @property
+    def gitdirs(self) -> tuple[str, ...]:
+        return self.discovery.gitdirs
+
+    @property
+    def partial(self) -> tuple[str, ...]:
+        return (*self.discovery.partial, *(c.reason for c in self.chain if not c.covered))
+
+    @property
+    def chain_targets(self) -> list[tuple[str, bool]]:
+        """(path, is_dir) to cover read-only, as the executor covers hooks paths."""
+        return [(c.path, c.is_dir) for c in self.chain if c.covered]
+
+    @property
+    def guarded(self) -> dict[str, str]:
+        """Covered path -> why, for the denial a refused write there becomes."""
+        return {c.path: c.reason for c in self.chain if c.covered}
+
+    def pins(self, roots: tuple[str, ...]) -> tuple[str, ...]:
+        """Real directories between a root and each covered chain path: renaming one would
+        carry the cover away and let the command put its own file at the old path."""
+        pins: dict[str, None] = {}
+        for c in self.chain:
+            if not c.covered:
+                continue
+            root = next((r for r in roots if within(c.path, r)), None)
+            if root is None:
+                continue
+            cur = root
+            for part in os.path.relpath(c.path, root).split("/")[:-1]:
+                cur = os.path.join(cur, part)
+                if os.path.isdir(cur) and not os.path.islink(cur):
+                    pins[cur] = None
+        return tuple(p for p in pins if not within_any(p, self.gitdirs))
+
+
+def inspect_git(policy: SandboxPolicy, known: tuple[str, ...] = ()) -> GitInspection:
+    """Find the repositories ``policy``'s writable roots reach and what their hooks run."""
+    discovery = discover_gitdirs(policy, known=known)
+    chain: dict[str, ChainLink] = {}
+    if policy.protect_hook_chain:
+        roots = policy.all_writable_roots()
+        for gitdir in discovery.gitdirs:
+            for link in hook_chain(gitdir, roots):
+                chain.setdefault(link.path, link)
+    return GitInspection(discovery, tuple(chain.values()))
+
+
+@dataclass
+class GitSettlement:
+    """What `settle_git` did: repositories to report and warnings for the result."""
+
+    nested: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def settle_git(
+    inspection: GitInspection, roots: tuple[str, ...], overlays: tuple[GitOverlay, ...]
+) -> GitSettlement:
+    """After the command: reset what it created, put back what it changed, and report the
+    gitlinks it added (read from each overlay's new index with git's own parser)."""
+    done = GitSettlement()
+    after = after_command(inspection.discovery, roots, tuple(o.gitdir for o in overlays))
+    done.warnings += after.warnings
+    dropped: list[str] = []
+    for gitdir in after.created:
+        dropped += [os.path.join(gitdir, d) for d in reset_control_plane(gitdir, roots)]
+    # Listed in the facts either way; a warning only when the reset took something away
+    # (what `git init`, `git clone` or `cargo new` write is kept, and says nothing).
+    done.nested += after.created_dotgits
+    if dropped:
+        done.warnings.append(
+            "git: the command created git repositories; reset to git's default control "
+            "plane (objects, refs and index kept), dropped: " + ", ".join(dropped[:16])
+        )
+    if after.restored:
+        done.warnings.append("git: .git links or files put back as they were: " + ", ".join(
+            after.restored))  # fmt: skip
+    if after.removed:
+        done.warnings.append(
+            "git: removed .git links or files leading out of the writable roots: "
+            + ", ".join(after.removed)
+        )
+    for overlay in overlays:
+        new_index = os.path.join(overlay.upper, "index")
+        if not os.path.isfile(new_index) or os.path.islink(new_index):
+            continue
+        old_index = os.path.join(overlay.gitdir, "index")
+        added = index_gitlinks(new_index, overlay.gitdir) - index_gitlinks(
+            old_index, overlay.gitdir
+        )
+        worktree = os.path.dirname(overlay.gitdir)
+        links = [os.path.join(worktree, p) for p in sorted(added)]
+        done.nested += links
+        if links:
+            done.warnings.append(
+                "git: the command added gitlinks (submodules) to the index; review them "
+                "before `git submodule update`: " + ", ".join(links)
+            )
+    return done

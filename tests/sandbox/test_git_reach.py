@@ -1,0 +1,337 @@
+"""Every repository a command can reach, on the real kernel per Linux backend: deep ones,
+ones in dependency dirs or behind a `.git` symlink are overlaid; ones the command creates
+come back with git's default control plane; files installed hooks run stay read-only.
+Each attack is checked from the host: host git runs and the planted marker is absent."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox import SandboxBashExecutor
+from bash_seam import BashExecRequest, BashRunResult
+from tests.sandbox.conftest import ExecutorFactory
+
+_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@e",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@e",
+}
+
+
+async def _run(ex: SandboxBashExecutor, command: str, workdir: Path) -> BashRunResult:
+    return await ex.run(
+        ex.resolve(BashExecRequest(command=command, workdir=str(workdir), env=dict(_ENV)))
+    )
+
+
+def host_git(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """The host user's git, with the host's defaults (hooks and fsmonitor honoured)."""
+    env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1", **_ENV)
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=30
+    )
+    if check:
+        assert done.returncode == 0, (args, done.stderr)
+    return done
+
+
+def _repo(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    host_git("init", "-q", cwd=path)
+    (path / "a.txt").write_text("a\n")
+    host_git("add", "a.txt", cwd=path)
+    host_git("commit", "-qm", "first", cwd=path)
+
+
+async def test_deep_dependency_dir_and_symlinked_repositories_keep_the_hosts_config(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    deep = workspace / "a/b/c/d/e/f"
+    editable = workspace / ".venv/src/pkg"  # where `pip install -e git+...` checks out
+    _repo(deep)
+    _repo(editable)
+    # A `.git` symlink to a git directory elsewhere in the workspace: git follows it.
+    store, linked = workspace / "store", workspace / "linked"
+    _repo(store)
+    (store / ".git").rename(store / "real.git")
+    linked.mkdir()
+    os.symlink("../store/real.git", linked / ".git")
+    host_git("config", "core.worktree", str(linked), cwd=linked)
+    repos = (deep, editable, linked)
+    configs = {r: (r / ".git" / "config").read_bytes() for r in repos}
+    ex = make_executor(mode="workspace-write")
+    attack = "; ".join(
+        f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' >> {r}/.git/config" for r in repos
+    )
+    result = await _run(ex, attack, workspace)
+    assert result.sandbox is not None and result.sandbox.enforcement == "full"
+    for repo in repos:
+        assert (repo / ".git" / "config").read_bytes() == configs[repo]
+        host_git("status", "--short", cwd=repo)
+        host_git("commit", "-q", "--allow-empty", "-m", "host", cwd=repo)
+    assert not marker.exists()
+    # A `.git` symlink is the command's to write: repointed, it is put back as it was.
+    repoint = await _run(
+        ex,
+        f"git init -q planted && git -C planted config core.fsmonitor 'touch {marker}' && "
+        "ln -sfn ../planted/.git linked/.git",
+        workspace,
+    )
+    assert repoint.exit_code == 0, repoint.stderr.text
+    assert os.readlink(linked / ".git") == "../store/real.git"
+    host_git("status", "--short", cwd=linked)
+    host_git("status", "--short", cwd=workspace / "planted")
+    assert not marker.exists()
+
+
+async def test_a_created_repository_comes_back_with_gits_default_control_plane(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    ex = make_executor(mode="workspace-write")
+    plant = (
+        f"git init -q x && git -C x config core.fsmonitor 'touch {marker}' && "
+        f"git -C x config core.hooksPath hooks2 && git -C x config alias.st '!touch {marker}' && "
+        "git -C x config remote.origin.url https://example.invalid/r.git && "
+        f"mkdir -p x/hooks2 && for d in x/.git/hooks x/hooks2; do "
+        f"printf '#!/bin/sh\\ntouch {marker}\\n' > $d/pre-commit; chmod +x $d/pre-commit; done && "
+        "echo a > x/a.txt && git -C x add a.txt && git -C x -c core.hooksPath=/dev/null "
+        "commit -qm made-inside && echo 'gitdir: ../../elsewhere' > x/.git/commondir"
+    )
+    result = await _run(ex, plant, workspace)
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert str(workspace / "x" / ".git") in result.sandbox.nested_repositories
+    assert any("reset to git's default" in w for w in result.sandbox.warnings)
+    # From the host: git runs nothing the command planted, and its work is all there.
+    repo = workspace / "x"
+    host_git("status", cwd=repo)
+    host_git("st", cwd=repo, check=False)
+    (repo / "b.txt").write_text("b\n")
+    host_git("add", "b.txt", cwd=repo)
+    host_git("commit", "-qm", "host", cwd=repo)
+    assert not marker.exists()
+    assert host_git("log", "--format=%s", cwd=repo).stdout.split() == ["host", "made-inside"]
+    assert host_git("config", "remote.origin.url", cwd=repo).stdout.strip().endswith("r.git")
+    assert os.listdir(repo / ".git" / "hooks") == []
+    assert not (repo / ".git" / "commondir").exists()
+    assert host_git("fsck", "--full", cwd=repo).returncode == 0
+
+
+async def test_clone_worktree_submodule_and_cargo_new_work_and_run_nothing_planted(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    origin = tmp_path / "origin"
+    _repo(origin)
+    ex = make_executor(mode="workspace-write")
+    # Nothing planted: listed in the facts, and not a word of warning to learn to ignore.
+    clean = await _run(ex, f"git init -q plain && git clone -q {origin} copy", workspace)
+    assert clean.exit_code == 0 and clean.sandbox is not None, clean.stderr.text
+    assert set(clean.sandbox.nested_repositories) == {
+        str(workspace / "plain" / ".git"),
+        str(workspace / "copy" / ".git"),
+    }
+    assert not [w for w in clean.sandbox.warnings if w.startswith("git:")]
+    command = (
+        f"git clone -q {origin} y && git -C y worktree add -q ../y-wt && "
+        f"git -C y -c protocol.file.allow=always submodule add -q {origin} sub && "
+        "git -C y commit -qm sub && "
+        f"git -C y config core.pager 'touch {marker}; cat' && "
+        f"git -C y-wt config --worktree core.fsmonitor 'touch {marker}' 2>/dev/null; "
+        "git -C y config extensions.worktreeConfig true; true"
+    )
+    tools = [t for t in ("cargo", "uv") if shutil.which(t)]
+    if "cargo" in tools:
+        command += " && cargo new -q --vcs git newcrate"
+    if "uv" in tools:
+        command += " && uv init -q --vcs git uvproj"
+    result = await _run(ex, command, workspace)
+    assert result.exit_code == 0, result.stderr.text
+    made = {"cargo": "newcrate", "uv": "uvproj"}
+    for repo in ("y", "y-wt", "y/sub", *(made[t] for t in tools)):
+        done = host_git("-c", "core.pager=cat", "status", cwd=workspace / repo)
+        assert "warning" not in done.stderr.lower(), done.stderr
+    for repo in ("y", "y-wt", "y/sub"):
+        host_git("log", "-1", "-p", cwd=workspace / repo)
+    host_git("submodule", "status", cwd=workspace / "y")
+    assert not marker.exists()
+    assert host_git("config", "remote.origin.url", cwd=workspace / "y").stdout.strip() == str(
+        origin
+    )
+
+
+async def test_a_gitfile_leading_out_of_the_workspace_is_removed(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A repository elsewhere on the host whose config runs code: a gitfile the command
+    # plants would make the user's `git status` in the workspace run it.
+    marker = tmp_path / "pwned"
+    hostile = tmp_path / "downloads" / "evil"
+    _repo(hostile)
+    host_git("config", "core.fsmonitor", f"touch {marker}", cwd=hostile)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, f"mkdir sub && echo 'gitdir: {hostile}/.git' > sub/.git", workspace)
+    assert result.exit_code == 0
+    assert not (workspace / "sub" / ".git").exists()
+    host_git("status", cwd=workspace / "sub", check=False)
+    assert not marker.exists()
+
+
+async def test_a_gitlink_added_with_index_v4_is_reported(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    _repo(workspace)
+    head = host_git("rev-parse", "HEAD", cwd=workspace).stdout.strip()
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "git update-index --index-version 4 && "
+        f"git update-index --add --cacheinfo 160000,{head},vendor/lib",
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert str(workspace / "vendor" / "lib") in result.sandbox.nested_repositories
+
+
+def _hook(path: Path, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("manager", ["husky", "pre-commit", "lefthook"])
+async def test_files_an_installed_hook_runs_stay_read_only_and_the_denial_names_the_hook(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, manager: str
+) -> None:
+    marker = tmp_path / "pwned"
+    _repo(workspace)
+    if manager == "husky":  # husky 9: hooksPath .husky/_, each hook runs .husky/<hook>
+        host_git("config", "core.hooksPath", ".husky/_", cwd=workspace)
+        _hook(workspace / ".husky/_/pre-commit", 'sh "$(dirname "$0")/../pre-commit"\n')
+        (workspace / ".husky/pre-commit").write_text("true\n")
+        attack, target = f"echo 'touch {marker}' >> .husky/pre-commit", ".husky/pre-commit"
+    elif manager == "pre-commit":  # `pre-commit install`'s hook, running a local hook
+        _hook(
+            workspace / ".git/hooks/pre-commit",
+            "# pre-commit hook-impl --config=.pre-commit-config.yaml\nsh scripts/check.sh\n",
+        )
+        (workspace / ".pre-commit-config.yaml").write_text(
+            "repos:\n- repo: local\n  hooks:\n  - id: check\n    entry: scripts/check.sh\n"
+        )
+        (workspace / "scripts").mkdir()
+        (workspace / "scripts/check.sh").write_text("true\n")
+        attack, target = f"echo 'touch {marker}' >> scripts/check.sh", "scripts/check.sh"
+    else:  # lefthook: a local config, missing, is merged in when it appears
+        _hook(
+            workspace / ".git/hooks/pre-commit",
+            "# lefthook\n[ -f lefthook-local.yml ] && sh lefthook-local.yml\nexit 0\n",
+        )
+        (workspace / "lefthook.yml").write_text("pre-commit:\n  commands: {}\n")
+        attack, target = f"echo 'touch {marker}' > lefthook-local.yml", "lefthook-local.yml"
+    host_git("add", "-A", cwd=workspace)
+    host_git("commit", "-qm", "hooks", cwd=workspace)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, attack, workspace)
+    assert result.sandbox is not None and result.sandbox.denied
+    reasons = [d.reason for d in result.sandbox.denials if d.target == str(workspace / target)]
+    assert reasons and all("hook chain" in r and manager in r for r in reasons), (
+        result.sandbox.denials
+    )
+    # The host's next commit runs the hook: nothing the command wrote.
+    (workspace / "b.txt").write_text("b\n")
+    host_git("add", "b.txt", cwd=workspace)
+    host_git("commit", "-qm", "host", cwd=workspace)
+    assert not marker.exists()
+    if manager == "lefthook":
+        assert not (workspace / "lefthook-local.yml").exists()  # the placeholder is gone
+    # Ordinary work next to the chain still works.
+    ok = await _run(ex, "echo c > c.txt && git add c.txt && git commit -qm inside", workspace)
+    assert ok.exit_code == 0, ok.stderr.text
+
+
+async def test_the_hook_chain_protection_can_be_switched_off(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    _repo(workspace)
+    host_git("config", "core.hooksPath", ".husky/_", cwd=workspace)
+    _hook(workspace / ".husky/_/pre-commit", 'sh "$(dirname "$0")/../pre-commit"\n')
+    (workspace / ".husky/pre-commit").write_text("true\n")
+    ex = make_executor(mode="workspace-write", protect_hook_chain=False)
+    result = await _run(ex, "echo 'npm test' >> .husky/pre-commit", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    assert (workspace / ".husky/pre-commit").read_text() == "true\nnpm test\n"
+
+
+async def test_bare_repositories_in_the_workspace_run_nothing_the_command_planted(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A bare repository used as a local remote: a push from the host runs its hooks.
+    marker = tmp_path / "pwned"
+    _repo(workspace / "app")
+    host_git("clone", "-q", "--bare", str(workspace / "app"), str(workspace / "remote.git"),
+             cwd=workspace)  # fmt: skip
+    config = (workspace / "remote.git" / "config").read_bytes()
+    ex = make_executor(mode="workspace-write")
+    hook = (
+        f"printf '#!/bin/sh\\ntouch {marker}\\n' > %s/hooks/post-receive; "
+        "chmod +x %s/hooks/post-receive"
+    )
+    result = await _run(
+        ex,
+        f"{hook % ('remote.git', 'remote.git')}; "
+        f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' >> remote.git/config; "
+        f"git init -q --bare made.git && {hook % ('made.git', 'made.git')}",
+        workspace,
+    )
+    assert result.sandbox is not None
+    assert (workspace / "remote.git" / "config").read_bytes() == config
+    assert str(workspace / "made.git") in result.sandbox.nested_repositories
+    for remote in ("remote.git", "made.git"):
+        host_git(
+            "push", "-q", str(workspace / remote), "HEAD:refs/heads/pushed", cwd=workspace / "app"
+        )
+        host_git("--git-dir", str(workspace / remote), "log", "-1", "pushed", cwd=workspace)
+    assert not marker.exists()
+
+
+async def test_a_hook_chain_that_cannot_be_covered_makes_the_run_partial_and_names_it(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # husky 4: the installed hook runs what package.json says; package.json stays writable.
+    _repo(workspace)
+    _hook(workspace / ".git/hooks/pre-commit", '# husky\n. "$(dirname "$0")/husky.sh"\n')
+    (workspace / "package.json").write_text('{"husky": {"hooks": {"pre-commit": "true"}}}\n')
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "echo edited >> package.json", workspace)
+    assert result.exit_code == 0 and result.sandbox is not None
+    assert result.sandbox.enforcement == "partial"
+    assert any("husky 4" in w and "package.json" in w for w in result.sandbox.warnings)
+
+
+async def test_an_include_git_reads_stays_read_only_however_it_is_spelled(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A value continued over two lines: git reads `../local.cfg`; a line-based reader does not.
+    marker = tmp_path / "pwned"
+    _repo(workspace)
+    with (workspace / ".git" / "config").open("a") as fh:
+        fh.write("[include]\n\tpath = ../lo\\\ncal.cfg\n")
+    (workspace / "local.cfg").write_text("[user]\n\tname = t\n")
+    assert "user.name" in host_git("config", "--list", "--show-origin", cwd=workspace).stdout
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex, f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' >> local.cfg", workspace
+    )
+    assert result.sandbox is not None and result.sandbox.denied
+    assert (workspace / "local.cfg").read_text() == "[user]\n\tname = t\n"
+    host_git("status", cwd=workspace)
+    assert not marker.exists()
