@@ -110,6 +110,8 @@ class ConfinedSpawn(SpawnScope):
         self._denials_seen: tuple[tuple[SandboxDenial, ...], int] = ((), 0)
         self._mirror_hosts: list[str] = []
         self._git: GitInspection | None = None
+        # Loopback connects the command's own namespace refused (None: nobody watched).
+        self._loopback_refused: tuple[str, ...] | None = None
 
     @classmethod
     def open(
@@ -398,6 +400,7 @@ class ConfinedSpawn(SpawnScope):
         if supervised is not None:
             self._services.supervisor().unregister(supervised)
             self._denials_seen = supervised.snapshot()
+            self._loopback_refused = supervised.loopback_connects()
 
     def _copy_back(self) -> None:
         """Git's state back to the host (`git_plane.py`), and the repositories the command
@@ -459,6 +462,7 @@ class ConfinedSpawn(SpawnScope):
                 # The command's loopback is its own only in a network namespace of its own.
                 private_loopback=policy.network is NetworkMode.ISOLATED
                 and backend.network_namespace != "none",
+                loopback_connects=self._loopback_refused,
                 **self._inference_context(),
             )
             if self._settings.collect_evidence
