@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from bash_local.output import OutputCollector, decode
-from bash_local.spawn import SpawnOutcome, SpawnPlan, folded_signal
+from bash_local.spawn import LaunchedChild, SpawnOutcome, SpawnPlan, folded_signal
 from bash_seam import AbortSignal, BashProcess, BashProcessRead, ProcessStatus, SandboxFacts
 
 logger = logging.getLogger("bash_local")
@@ -114,7 +114,7 @@ class SpawnedCommand:
         self._grace_s = grace_s
         self._kill_group = kill_group
         self._on_settled = on_settled
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | LaunchedChild | None = None
         self.pid = 0
         self._pipes: dict[int, OutputCollector] = {}
         self._feeder: _StdinFeeder | None = None
@@ -159,20 +159,23 @@ class SpawnedCommand:
                 in_r, in_w = os.pipe()
                 opened += (in_r, in_w)
                 stdin_arg = in_r
-            self._proc = subprocess.Popen(
-                plan.argv,
-                stdin=stdin_arg,
-                stdout=out_w,
-                stderr=err_w,
-                cwd=plan.cwd,
-                env=dict(plan.env),
-                # A confining plan's pre-exec step; it calls only pre-bound syscalls.
-                preexec_fn=plan.preexec_fn,  # noqa: PLW1509
-                pass_fds=plan.pass_fds,
-                # Own session: the pid is the group id we kill, and there is no controlling tty.
-                start_new_session=True,
-                close_fds=True,
-            )
+            if plan.launcher is not None:
+                self._proc = plan.launcher.launch(plan, stdin=stdin_arg, stdout=out_w, stderr=err_w)
+            else:
+                self._proc = subprocess.Popen(
+                    plan.argv,
+                    stdin=stdin_arg,
+                    stdout=out_w,
+                    stderr=err_w,
+                    cwd=plan.cwd,
+                    env=dict(plan.env),
+                    # A confining plan's pre-exec step; it calls only pre-bound syscalls.
+                    preexec_fn=plan.preexec_fn,  # noqa: PLW1509
+                    pass_fds=plan.pass_fds,
+                    # Own session: the pid is the group id we kill, and there is no controlling tty.
+                    start_new_session=True,
+                    close_fds=True,
+                )
         except BaseException:
             for fd in opened:
                 with contextlib.suppress(OSError):
@@ -193,6 +196,9 @@ class SpawnedCommand:
         self._watch_leader_exit()
 
     def _watch_leader_exit(self) -> None:
+        if isinstance(self._proc, LaunchedChild):
+            self._proc.on_exit(self._on_leader_exit)  # its launcher is the parent
+            return
         try:
             self._pidfd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
