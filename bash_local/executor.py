@@ -276,7 +276,7 @@ class LocalBashExecutor(BashExecutor):
         except BaseException:
             scope.close()
             raise
-        return self._spawn(spec, scope, background=background, on_output=on_output)
+        return await self._spawn(spec, scope, background=background, on_output=on_output)
 
     def _check_launchable(self, spec: BashExecSpec) -> None:
         if self._closing:
@@ -285,7 +285,7 @@ class LocalBashExecutor(BashExecutor):
             raise AbortedBeforeStartError("the request was aborted before it started")
         check_workdir(spec.workdir)
 
-    def _spawn(
+    async def _spawn(
         self,
         spec: BashExecSpec,
         scope: SpawnScope,
@@ -313,7 +313,10 @@ class LocalBashExecutor(BashExecutor):
             on_settled=lambda done: self._on_settled(done, scope, process),
         )
         try:
-            spawned.spawn()
+            if plan.launcher is not None:
+                await spawned.spawn_launched(plan.launcher)  # a helper forks: the loop runs on
+            else:
+                spawned.spawn()
         except BaseException as exc:
             facts: SandboxFacts | None = None
             try:

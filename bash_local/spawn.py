@@ -71,6 +71,13 @@ class Launcher(abc.ABC):
     def launch(self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> LaunchedChild:
         """``stdin`` may be `subprocess.DEVNULL`."""
 
+    @abc.abstractmethod
+    async def launch_async(
+        self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int
+    ) -> LaunchedChild:
+        """`launch`, awaiting the answer instead of blocking the loop; a cancelled launch
+        leaves nothing running."""
+
 
 @dataclass(frozen=True)
 class SpawnOutcome:

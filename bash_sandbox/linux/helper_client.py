@@ -108,6 +108,11 @@ class SpawnHelper(Launcher):
             theirs.close()
         self._sock = ours
         self._children: dict[int, _HelperChild] = {}
+        # Requests sent: None until answered, then the answer ("started"/"failed").
+        self._pending: dict[int, tuple[object, ...] | None] = {}
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._abandoned: set[int] = set()
+        self._launched: dict[int, _HelperChild] = {}
         self._seq = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
@@ -135,12 +140,29 @@ class SpawnHelper(Launcher):
         return message
 
     def _dispatch(self, message: tuple[object, ...]) -> None:
+        if message[0] in ("started", "failed"):
+            seq = message[1]
+            assert isinstance(seq, int)
+            if seq in self._pending:
+                self._pending[seq] = message
+                if message[0] == "started":
+                    pid = message[2]
+                    assert isinstance(pid, int)
+                    # Known from now on: an "exit" may follow before the launcher returns.
+                    child = self._children[pid] = _HelperChild(self, pid)
+                    self._launched[seq] = child
+                if seq in self._abandoned:
+                    self._dispatch_abandoned(seq)
+                waiter = self._waiters.get(seq)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+            return
         if message[0] == "exit":
             pid, code = message[1], message[2]
             assert isinstance(pid, int) and isinstance(code, int)
-            child = self._children.pop(pid, None)
-            if child is not None:
-                child.exited(code)
+            ended = self._children.pop(pid, None)
+            if ended is not None:
+                ended.exited(code)
 
     def _on_readable(self) -> None:
         while True:
@@ -162,7 +184,8 @@ class SpawnHelper(Launcher):
 
     # -- Launcher ---------------------------------------------------------------------------
 
-    def launch(self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> LaunchedChild:
+    def _send_spawn(self, plan: SpawnPlan, stdin: int, stdout: int, stderr: int) -> int:
+        """Send one spawn request; its sequence number. Raises as `launch` does."""
         setup = plan.preexec_fn
         if not isinstance(setup, ChildSetup):
             raise subprocess.SubprocessError("the spawn helper runs ChildSetup steps only")
@@ -201,24 +224,70 @@ class SpawnHelper(Launcher):
             fds = [devnull if devnull is not None else stdin, stdout, stderr, *placed]
             self._sock.settimeout(_REPLY_TIMEOUT_S)
             socket.send_fds(self._sock, [marshal.dumps(request)], fds)
-            while True:
-                reply = self._receive(_REPLY_TIMEOUT_S)
-                if reply[0] in ("started", "failed") and reply[1] == seq:
-                    break
-                self._dispatch(reply)
         except OSError as exc:
             self._lost()
             raise subprocess.SubprocessError(f"the spawn helper failed: {exc}") from exc
         finally:
             if devnull is not None:
                 os.close(devnull)
+        self._pending[seq] = None
+        return seq
+
+    def launch(self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> LaunchedChild:
+        seq = self._send_spawn(plan, stdin, stdout, stderr)
+        try:
+            while self._pending.get(seq) is None:
+                self._dispatch(self._receive(_REPLY_TIMEOUT_S))
+        except OSError as exc:
+            self._pending.pop(seq, None)
+            self._lost()
+            raise subprocess.SubprocessError(f"the spawn helper failed: {exc}") from exc
+        return self._answer(plan, seq)
+
+    async def launch_async(
+        self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int
+    ) -> LaunchedChild:
+        seq = self._send_spawn(plan, stdin, stdout, stderr)
+        assert self._loop is not None
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiters[seq] = waiter
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), _REPLY_TIMEOUT_S)
+        except BaseException:
+            self._waiters.pop(seq, None)
+            # Nobody will watch what this request started: it dies as soon as it is known.
+            self._abandoned.add(seq)
+            if self._pending.get(seq) is not None:
+                self._dispatch_abandoned(seq)
+            raise
+        finally:
+            self._waiters.pop(seq, None)
+        if self.closed and self._pending.get(seq) is None:
+            self._pending.pop(seq, None)
+            raise subprocess.SubprocessError("the spawn helper is gone")
+        return self._answer(plan, seq)
+
+    def _answer(self, plan: SpawnPlan, seq: int) -> LaunchedChild:
+        reply = self._pending.pop(seq)
+        assert reply is not None
         if reply[0] == "failed":
             raise _failure(plan, reply)
-        pid = reply[2]
-        assert isinstance(pid, int)
-        child = _HelperChild(self, pid)
-        self._children[pid] = child
-        return child
+        return self._launched.pop(seq)
+
+    def _dispatch_abandoned(self, seq: int) -> None:
+        self._abandoned.discard(seq)
+        reply = self._pending.pop(seq, None)
+        if reply is None or reply[0] != "started":
+            return
+        child = self._launched.pop(seq)
+        if child.returncode is None:
+            with contextlib.suppress(OSError):
+                os.killpg(child.pid, 9)  # unreaped until we say so: still this command's group
+
+        def reap() -> None:
+            child.wait()
+
+        child.on_exit(reap)
 
     def reap(self, pid: int) -> None:
         if self.closed:
@@ -246,6 +315,9 @@ class SpawnHelper(Launcher):
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_result(None)  # answered "gone" by launch_async
         children, self._children = self._children, {}
         loop = self._loop
         for child in children.values():
