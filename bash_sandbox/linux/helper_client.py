@@ -96,6 +96,8 @@ class SpawnHelper(Launcher):
                     child_setup_module.__file__ or "",
                 ],
                 stdin=subprocess.DEVNULL,
+                # It needs none, so a process that could read its environ finds nothing.
+                env={},
                 pass_fds=(theirs.fileno(),),
                 close_fds=True,
                 # Not in the caller's terminal session: a Ctrl-C is the CLI's to handle.

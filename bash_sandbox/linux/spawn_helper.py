@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # never imported at run time: the helper stays lean
 
 _PR_SET_PDEATHSIG = 1
 _SIGKILL = 9
+_SIGCHLD = 17
 _MAX_MESSAGE = 1 << 22
 _MAX_FDS = 250
 _CLD_EXITED = 1
@@ -193,6 +194,9 @@ def main() -> None:
     sock_fd, parent, setup_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     child_setup = _load_child_setup(setup_path)
     lib = child_setup.libc()
+    # An ignored SIGCHLD (inherited through exec) would reap exited commands at once: the
+    # zombie that keeps a group id from reuse must stay until the executor says "reap".
+    lib.signal(_SIGCHLD, 0)
     # Die with the executor's thread that started us; it may have died already.
     lib.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
     if os.getppid() != parent:

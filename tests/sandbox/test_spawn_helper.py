@@ -7,6 +7,7 @@ runs on the helper path with ``BASH_SANDBOX_TEST_SPAWN_HELPER=1`` (tests/conftes
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -255,3 +256,38 @@ def test_helper_and_commands_die_with_a_killed_harness(backend: str) -> None:
             if _alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_cancelled_launch_leaves_nothing_running(tmp_path: Path) -> None:
+    helper = SpawnHelper()
+    out_r, out_w = os.pipe()
+    token = f"3{os.getpid() % 1000}.5"  # sleep's argument, unique to this test run
+    answers: list[object] = []
+    abandon = helper._dispatch_abandoned
+
+    def record(seq: int) -> None:
+        answers.append(helper._pending.get(seq))
+        abandon(seq)
+
+    helper._dispatch_abandoned = record  # type: ignore[method-assign]
+    try:
+        plan = SpawnPlan(
+            argv=("/bin/sleep", token), env={}, cwd=str(tmp_path), preexec_fn=ChildSetup()
+        )
+        task = asyncio.create_task(
+            helper.launch_async(plan, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+        )
+        await asyncio.sleep(0)  # the request is on its way
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        deadline = time.monotonic() + 10
+        while (not answers or _children(helper.pid)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        # It was started, then killed and reaped: the helper has no child left.
+        assert answers and isinstance(answers[0], tuple) and answers[0][0] == "started"
+        assert _children(helper.pid) == set()
+    finally:
+        helper.close()
+        os.close(out_r)
+        os.close(out_w)
