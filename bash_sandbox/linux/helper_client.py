@@ -309,7 +309,9 @@ class SpawnHelper(Launcher):
         self.closed = True
         if self._loop is not None:
             with contextlib.suppress(RuntimeError, ValueError):
-                if self._loop.is_running() and not self._loop.is_closed():
+                # Only on the loop's own thread (a finalizer may run anywhere): a reader left
+                # on a closed socket is dropped with the loop.
+                if asyncio.get_running_loop() is self._loop:
                     self._loop.remove_reader(self._sock.fileno())
         self._sock.close()
         try:
