@@ -253,8 +253,16 @@ class SpawnHelper(Launcher):
         assert self._loop is not None
         waiter: asyncio.Future[None] = self._loop.create_future()
         self._waiters[seq] = waiter
+
+        def too_late() -> None:
+            if not waiter.done():
+                waiter.set_exception(TimeoutError("the spawn helper did not answer"))
+
+        # Not `asyncio.wait_for`: on 3.11 it swallows a cancellation that arrives together
+        # with the answer, and the cancelled run would go on.
+        timer = self._loop.call_later(_REPLY_TIMEOUT_S, too_late)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), _REPLY_TIMEOUT_S)
+            await waiter
         except BaseException:
             self._waiters.pop(seq, None)
             # Nobody will watch what this request started: it dies as soon as it is known.
@@ -263,6 +271,7 @@ class SpawnHelper(Launcher):
                 self._dispatch_abandoned(seq)
             raise
         finally:
+            timer.cancel()
             self._waiters.pop(seq, None)
         if self.closed and self._pending.get(seq) is None:
             self._pending.pop(seq, None)

@@ -206,6 +206,8 @@ def main() -> None:
     _send(sock, "ready", os.getpid())
     try:
         helper.serve()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the executor closed its end while we answered: the same as end of file
     finally:
         helper.shutdown()
 
