@@ -291,3 +291,27 @@ async def test_a_cancelled_launch_leaves_nothing_running(tmp_path: Path) -> None
         helper.close()
         os.close(out_r)
         os.close(out_w)
+
+
+async def test_a_run_cancelled_just_as_it_starts_ends(make_executor: ExecutorFactory) -> None:
+    # The cancellation arrives together with the helper's answer: it must still cancel the
+    # run (and its command), not be swallowed while the command goes on.
+    ex = make_executor(spawn_helper=True)
+    helper = ex._services.spawn_helper()
+    assert helper is not None
+    task: asyncio.Future[object] | None = None
+    dispatch = helper._dispatch
+
+    def answer_then_cancel(message: tuple[object, ...]) -> None:
+        dispatch(message)
+        if message[0] == "started" and task is not None:
+            task.cancel()
+
+    helper._dispatch = answer_then_cancel  # type: ignore[method-assign]
+    task = asyncio.ensure_future(ex.run(ex.resolve(BashExecRequest(command="sleep 100"))))
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)  # a swallowed cancellation: TimeoutError here
+    deadline = time.monotonic() + 10
+    while _children(helper.pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert _children(helper.pid) == set()  # killed and reaped
