@@ -33,6 +33,7 @@ from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
 from bash_sandbox.git_plane import MergeReport, merge_back
 from bash_sandbox.git_spawn import GitInspection, settle_git
 from bash_sandbox.linux.cover_watch import CoverWatchError
+from bash_sandbox.linux.helper_client import helper_can_launch
 from bash_sandbox.linux.limits import LimitsPlan, LimitsSetupError
 from bash_sandbox.linux.supervisor import (
     ConnectPolicy,
@@ -298,8 +299,11 @@ class ConfinedSpawn(SpawnScope):
         if self._settings.degraded:
             self.warnings.append(self._settings.degraded)
         self.warnings += list(view.partial)
+        launcher = services.spawn_helper() if helper_can_launch(confined) else None
+        if services.helper_failure is not None:
+            self.warnings.append(f"{services.helper_failure}; spawned from the executor")
         # The stack owns the release; the plan that spawns carries none.
-        return dataclasses.replace(confined, release=None)
+        return dataclasses.replace(confined, release=None, launcher=launcher)
 
     # -- spawned, or not -------------------------------------------------------------------
 
