@@ -50,6 +50,7 @@ from bash_sandbox_audit.targets import poll_until
 from bash_seam import BashExecError, GitImportStatus
 
 CRASH_EXIT = 86  # what the hook exits with (`transaction.crash_point`)
+KILLED = "killed"  # not a write point: the executor SIGKILLed while the command runs
 HOST_LOCK_TEXT = "the host's git is mid-operation\n"
 
 
@@ -241,13 +242,18 @@ async def crash_in_the_import(env: AttackEnv, setup: AttackSetup) -> Outcome:
         config,
         # The audit's own temp dir: the helper's executor keeps its state where the next
         # executor (this process's) sweeps, as two executors of one user do.
-        {CRASH_ENV: setup.data["point"], "TMPDIR": tempfile.gettempdir()},
+        {"TMPDIR": tempfile.gettempdir(), **setup.data["process_env"]},
     )
     await poll_until(
         lambda: _helper_state_lock(helper.pid) is not None or helper.returncode is not None, 20
     )
     lock = _helper_state_lock(helper.pid)
     taking = asyncio.ensure_future(asyncio.to_thread(_take_over, lock)) if lock else None
+    if setup.data["point"] == KILLED:  # SIGKILL mid-command, once it committed
+        committed = os.path.join(env.ws, ".audit-committed")
+        await poll_until(lambda: os.path.exists(committed) or helper.returncode is not None, 20)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(helper.pid, signal.SIGKILL)
     try:
         stdout, stderr = await asyncio.wait_for(helper.communicate(), 40)
     except TimeoutError:
@@ -279,7 +285,7 @@ def _judge_crash(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Findin
         return audit_error(f"the next executor raised {type(outcome.error).__name__}")
     if not outcome.notes.get("held"):
         return audit_error("premise failed: the dead executor's state lock was never taken")
-    if outcome.notes.get("rc") != CRASH_EXIT:
+    if outcome.notes.get("rc") != setup.data["exit"]:
         return audit_error(
             f"premise failed: the import never reached {point} (exit {outcome.notes.get('rc')})",
             [str(outcome.notes.get("helper_stderr", ""))[-300:], *outcome.texts[-1:]],
@@ -311,25 +317,32 @@ def _judge_crash(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Findin
         found.append(f"HEAD is {head or 'unreadable'} after the recovery")
     if found:
         return escaped(found[0], found)
-    return contained(f"crash at {point}: fsck clean, commit kept ({head.rsplit('/', 1)[-1]})")
+    return contained(f"{point}: fsck clean, commit kept ({head.rsplit('/', 1)[-1]})")
 
 
 def _crash_attack(point: str) -> Attack:
+    killed = point == KILLED
+
     def extra(env: AttackEnv) -> dict[str, Any]:
         values = _repo(env)
         values["point"] = point
+        values["process_env"] = {} if killed else {CRASH_ENV: point}
+        values["exit"] = -signal.SIGKILL if killed else CRASH_EXIT
         return values
 
     def build(env: AttackEnv, render: Render) -> dict[str, Any]:
-        return {"command": render(BEGIN + "cd {{ws}}\n" + CRASH_COMMAND)}
+        command = CRASH_COMMAND + ("touch .audit-committed && sleep 5\n" if killed else "")
+        return {"command": render(BEGIN + "cd {{ws}}\n" + command)}
 
     async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
         return await asyncio.to_thread(_judge_crash, env, setup, outcome)
 
     return scenario(
-        f"row21-import-crash-{point}",
+        "row21-import-executor-killed" if killed else f"row21-import-crash-{point}",
         21,
-        f"the executor dies at the import's `{point}` write point (crash-injection hook)",
+        "the executor is SIGKILLed after the command committed, before any import"
+        if killed
+        else f"the executor dies at the import's `{point}` write point (crash-injection hook)",
         build,
         git="none",
         extra=extra,
@@ -343,4 +356,5 @@ ATTACKS: list[Attack] = [
     _lock_attack("index", "index.lock"),
     _lock_attack("ref", "refs/heads/main.lock"),
     *(_crash_attack(point) for point in WRITE_POINTS),
+    _crash_attack(KILLED),
 ]

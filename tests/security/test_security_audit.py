@@ -283,6 +283,10 @@ DETECTOR_CANARIES = (
     "row16-hook-chain-pre-commit",
     "row16-hook-chain-lefthook",
     "row16-nested-repository",
+    "row16-import-index-paths",
+    "row16-import-cache-tree",
+    "row16-import-planted-object",
+    "row16-import-sequencer-opts",
 )
 
 
