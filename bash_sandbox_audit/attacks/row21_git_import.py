@@ -86,7 +86,11 @@ def leftover_locks(env: AttackEnv) -> list[str]:
 
 # -- the host holds a lock while the command commits -----------------------------------------
 
-LOCK_COMMAND = "echo more >> README && git commit -qam more && echo READY && sleep 1\n"
+# Still running when the host takes its lock: it waits (at most 3 s) until it sees it.
+LOCK_COMMAND = (
+    "echo more >> README && git commit -qam more && echo READY"
+    " && for i in $(seq 60); do [ -e .git/{{lock_rel}} ] && break; sleep 0.05; done\n"
+)
 
 
 def _take_lock(path: str) -> None:
@@ -156,6 +160,7 @@ def _lock_attack(name: str, lock: str) -> Attack:
     def extra(env: AttackEnv) -> dict[str, Any]:
         values = _repo(env)
         values["lock"] = os.path.join(env.ws, ".git", lock)
+        values["lock_rel"] = lock
         return values
 
     def build(env: AttackEnv, render: Render) -> dict[str, Any]:
