@@ -24,6 +24,7 @@ import json
 import os
 import signal
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from bash_sandbox.errors import SandboxUnavailableError
@@ -31,6 +32,7 @@ from bash_sandbox.git_import import CRASH_ENV, KEEP_NAMESPACE, WRITE_POINTS
 from bash_sandbox.state import _hooks_done as state_hooks_done
 from bash_sandbox.state import remove_tree, state_parent
 from bash_sandbox_audit.attacks.common import BEGIN, Render, scenario
+from bash_sandbox_audit.checks import Check
 from bash_sandbox_audit.drives import executor_config, spawn_helper
 from bash_sandbox_audit.host_git import git, git_available, init_repo
 from bash_sandbox_audit.model import (
@@ -84,24 +86,36 @@ def leftover_locks(env: AttackEnv) -> list[str]:
     )]  # fmt: skip
 
 
-# -- the host holds a lock while the command commits -----------------------------------------
+# -- the host's git acts while the command commits -------------------------------------------
 
-# Still running when the host takes its lock: it waits (at most 3 s) until it sees it.
-LOCK_COMMAND = (
+# Still running when the host acts: it waits (at most 3 s) until it sees the act done.
+ACT_COMMAND = (
     "echo more >> README && git commit -qam more && echo READY"
-    " && for i in $(seq 60); do [ -e .git/{{lock_rel}} ] && break; sleep 0.05; done\n"
+    " && for i in $(seq 60); do [ -e {{seen}} ] && break; sleep 0.05; done\n"
 )
+HostAct = Callable[[AttackEnv, AttackSetup, Outcome], None]
 
 
-def _take_lock(path: str) -> None:
-    with open(path, "x") as fh:  # O_EXCL, as git takes it
+def _take_lock(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> None:
+    with open(setup.data["lock"], "x") as fh:  # O_EXCL, as git takes it
         fh.write(HOST_LOCK_TEXT)
 
 
-async def lock_while_committing(env: AttackEnv, setup: AttackSetup) -> Outcome:
-    """`start()` the command; once it committed (``READY``), take the host's lock as its git
-    would, and wait for the command (and its import) to finish."""
+def _host_commits(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> None:
+    with open(os.path.join(env.ws, "h.txt"), "w") as fh:
+        fh.write("host\n")
+    git(env, env.ws, "add", "h.txt")
+    git(env, env.ws, "commit", "-qm", "host")
+    outcome.notes["host_commit"] = git(env, env.ws, "rev-parse", "main").stdout.strip()
+    with open(os.path.join(env.ws, "host-done"), "w"):
+        pass
+
+
+async def act_while_committing(env: AttackEnv, setup: AttackSetup) -> Outcome:
+    """`start()` the command; once it committed (``READY``), let the host's git act (take
+    a lock, commit), and wait for the command (and its import) to finish."""
     outcome = Outcome()
+    act: HostAct = setup.data["host_act"]
     ex = env.executor(**setup.executor_kwargs)
     try:
         proc = await ex.start(ex.resolve(env.request(setup.command, timeout_ms=setup.timeout_ms)))
@@ -118,8 +132,8 @@ async def lock_while_committing(env: AttackEnv, setup: AttackSetup) -> Outcome:
     try:
         await poll_until(ready, 15)
         if "READY" in text:
-            await asyncio.to_thread(_take_lock, setup.data["lock"])
-            outcome.notes["locked"] = True
+            await asyncio.to_thread(act, env, setup, outcome)
+            outcome.notes["acted"] = True
         await asyncio.wait_for(proc.wait(), 20)
     except TimeoutError:
         proc.kill()
@@ -130,11 +144,7 @@ async def lock_while_committing(env: AttackEnv, setup: AttackSetup) -> Outcome:
     return outcome
 
 
-def _judge_lock(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
-    if outcome.error is not None:
-        return audit_error(f"the run raised {type(outcome.error).__name__}: {outcome.error}")
-    if not outcome.notes.get("locked"):
-        return audit_error("premise failed: the command never committed", outcome.texts[-1:])
+def _lock_kept(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
     lock: str = setup.data["lock"]
     found: list[str] = []
     with open(lock) as fh:
@@ -143,6 +153,22 @@ def _judge_lock(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding
     os.unlink(lock)  # the host's git is done: look at the repository as its user would
     if (now := git(env, env.ws, "rev-parse", "main").stdout.strip()) != setup.data["main_before"]:
         found.append(f"main moved to {now[:12]} under the host's lock")
+    return found
+
+
+def _host_commit_kept(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> list[str]:
+    now = git(env, env.ws, "rev-parse", "main").stdout.strip()
+    if now != outcome.notes["host_commit"]:
+        return [f"main is {now[:12]}, not the host's own commit made during the command"]
+    return []
+
+
+def _judge_act(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
+    if outcome.error is not None:
+        return audit_error(f"the run raised {type(outcome.error).__name__}: {outcome.error}")
+    if not outcome.notes.get("acted"):
+        return audit_error("premise failed: the command never committed", outcome.texts[-1:])
+    found: list[str] = setup.data["host_check"](env, setup, outcome)
     facts = outcome.notes.get("facts")
     outcomes = facts.git if facts is not None else ()
     if not outcomes or outcomes[0].status is not GitImportStatus.CONFLICT:
@@ -156,29 +182,41 @@ def _judge_lock(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding
     return escaped(found[0], found) if found else contained("conflict reported, commit kept")
 
 
-def _lock_attack(name: str, lock: str) -> Attack:
+def _act_attack(id: str, title: str, act: HostAct, check: Check, **values: str) -> Attack:
     def extra(env: AttackEnv) -> dict[str, Any]:
-        values = _repo(env)
-        values["lock"] = os.path.join(env.ws, ".git", lock)
-        values["lock_rel"] = lock
-        return values
+        premise = _repo(env)
+        premise.update(values, host_act=act, host_check=check)
+        if "lock" in values:
+            premise["lock"] = os.path.join(env.ws, ".git", values["lock"])
+        return premise
 
     def build(env: AttackEnv, render: Render) -> dict[str, Any]:
-        return {"command": render(BEGIN + "cd {{ws}}\n" + LOCK_COMMAND)}
+        return {"command": render(BEGIN + "cd {{ws}}\n" + ACT_COMMAND)}
 
     async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
-        return await asyncio.to_thread(_judge_lock, env, setup, outcome)
+        return await asyncio.to_thread(_judge_act, env, setup, outcome)
 
     return scenario(
-        f"row21-import-host-lock-{name}",
+        id,
         21,
-        f"the host's git holds .git/{lock} while the command commits",
+        title,
         build,
         git="none",
         extra=extra,
         modes=WORKSPACE_WRITE,
-        drive=lock_while_committing,
+        drive=act_while_committing,
         verify=verify,
+    )
+
+
+def _lock_attack(name: str, lock: str) -> Attack:
+    return _act_attack(
+        f"row21-import-host-lock-{name}",
+        f"the host's git holds .git/{lock} while the command commits",
+        _take_lock,
+        _lock_kept,
+        lock=lock,
+        seen=f".git/{lock}",
     )
 
 
@@ -360,6 +398,13 @@ def _crash_attack(point: str) -> Attack:
 ATTACKS: list[Attack] = [
     _lock_attack("index", "index.lock"),
     _lock_attack("ref", "refs/heads/main.lock"),
+    _act_attack(
+        "row21-import-host-commit",
+        "the host commits on main while the command commits on main",
+        _host_commits,
+        _host_commit_kept,
+        seen="host-done",
+    ),
     *(_crash_attack(point) for point in WRITE_POINTS),
     _crash_attack(KILLED),
 ]
