@@ -2,15 +2,17 @@
 
 Each attack starts from a real repository on ``main`` and a confined command that commits.
 
-* ``row21-import-host-lock-*``: the host's git holds ``index.lock`` or
-  ``refs/heads/main.lock`` while the command commits. Afterwards the host's lock is untouched,
-  nothing is applied, the command's commit is reachable at its keep-ref
-  (``refs/bash-sandbox/...``) and the result's `SandboxFacts.git` says ``conflict``.
+* ``row21-import-host-lock-*`` / ``row21-import-host-commit``: the host's git holds
+  ``index.lock`` or ``refs/heads/main.lock``, or commits on ``main``, while the command commits.
+  Afterwards the host's lock or commit is untouched, nothing is applied, the command's commit
+  is reachable at its keep-ref (``refs/bash-sandbox/...``) and the result's
+  `SandboxFacts.git` says ``conflict``.
 * ``row21-import-crash-<point>``: the executor runs in a helper process with the import's
   crash-injection hook (`git_import.CRASH_ENV`) naming one write point: it dies on the spot
-  there. The host repository must be `git fsck --full` clean right after, and again after a
-  fresh executor's start (its sweep recovers the dead one's journal), with the command's
-  commit reachable from a ref and no lock left behind.
+  there (``row21-import-executor-killed``: SIGKILLed after the command committed, before any
+  import). The host repository must be `git fsck --full` clean right after, and again once
+  the dead executor's state is recovered as the next executor's sweep does, with the
+  command's commit reachable from a ref and no lock left behind.
 
 Judged with the host's git from outside the sandbox.
 """
