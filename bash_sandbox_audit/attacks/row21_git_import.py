@@ -31,8 +31,7 @@ from typing import Any
 
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.git_import import CRASH_ENV, KEEP_NAMESPACE, WRITE_POINTS
-from bash_sandbox.state import _hooks_done as state_hooks_done
-from bash_sandbox.state import remove_tree, state_parent
+from bash_sandbox.state import recover_stale, remove_tree, state_parent
 from bash_sandbox_audit.attacks.common import BEGIN, Render, scenario
 from bash_sandbox_audit.checks import Check
 from bash_sandbox_audit.drives import executor_config, spawn_helper
@@ -263,7 +262,7 @@ def _recover_as_the_next_executor(held: tuple[int, str]) -> None:
     removal when they all succeeded."""
     fd, path = held
     try:
-        if state_hooks_done(path):
+        if recover_stale(path):
             remove_tree(path)
     finally:
         os.close(fd)
