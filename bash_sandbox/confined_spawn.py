@@ -369,6 +369,7 @@ class ConfinedSpawn(SpawnScope):
                 backend.binary,
                 view_mounts=backend.mounts,
                 scratch=(services.state.tmpdir_for(policy),),
+                guarded=self._git.guarded if self._git is not None else None,
             ),
         )
 
@@ -380,7 +381,8 @@ class ConfinedSpawn(SpawnScope):
         self._read_limits(outcome)
         self._unregister()
         # Git's processes and the host's disk: in a thread, so the loop keeps serving.
-        await asyncio.to_thread(self._copy_back)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._services.settle_pool(), self._copy_back)
         return self._facts(outcome)
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ executor, so the finalizer can run.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import os
@@ -79,6 +80,7 @@ class SandboxServices:
         self._watch_loop: asyncio.AbstractEventLoop | None = None
         self._helper: SpawnHelper | None = None
         self.helper_failure: str | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
 
     # -- lazy getters ----------------------------------------------------------------------
@@ -101,6 +103,15 @@ class SandboxServices:
         if self._supervisor is None:
             self._supervisor = SeccompSupervisor()
         return self._supervisor
+
+    def settle_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The executor's own threads for what settles a spawn off the loop (the git import):
+        gone with the executor, unlike the loop's default pool."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=2, thread_name_prefix="bash-sandbox-settle"
+            )
+        return self._pool
 
     def cover_watch(self) -> CoverWatch:
         """The executor's inotify watch, read on the running loop (made on first use)."""
@@ -178,6 +189,8 @@ class SandboxServices:
         """`close()`, with the loop-bound parts undone on the loop and the proxy's thread
         joined off it."""
         self.publications.close_all()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)  # idle by now: the executor awaited every settle
         if self._watch is not None and self._watch_loop is asyncio.get_running_loop():
             with contextlib.suppress(RuntimeError, ValueError):
                 self._watch_loop.remove_reader(self._watch.fd)
@@ -191,6 +204,8 @@ class SandboxServices:
             return
         self._closed = True
         self.publications.close_all()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         if self._watch is not None:
             self._watch.close()  # its reader was removed by aclose() where a loop still runs
         if self._proxy is not None:

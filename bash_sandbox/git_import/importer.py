@@ -812,6 +812,7 @@ def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_onl
         sub = Snapshot(**{**snap.modules[rel], "upper": sub_upper, "modules": {}})
         done = import_changes(sub, keep_only=keep_only, work_base=os.path.join(base, f"m{i}"))
         result.modules += [o for o in (done.outcome, *done.modules) if o is not None]
+        result.denials += _module_denials(rel, done.denials)
     for j, rel in enumerate(_module_dirs(modules_upper[: -len("/modules")])):
         host = os.path.join(snap.gitdir, "modules", rel)
         if rel in snap.modules or os.path.lexists(host) or keep_only:
@@ -824,6 +825,17 @@ def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_onl
             worktree_within=os.path.dirname(snap.gitdir),
         )
         result.modules += [o for o in (made.outcome, *made.modules) if o is not None]
+        result.denials += _module_denials(rel, made.denials)
+
+
+def _module_denials(rel: str, denials: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A submodule's discarded writes, named from the parent's git directory; git's own
+    `*.sample` hooks (written by every `git submodule add`, never run) are not refusals."""
+    return [
+        (f"modules/{rel}/{name}", why)
+        for name, why in denials
+        if not (name.startswith("hooks/") and name.endswith(".sample"))
+    ]
 
 
 def recover(state_dir: str) -> bool:

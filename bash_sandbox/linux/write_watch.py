@@ -28,7 +28,7 @@ import ctypes
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from bash_sandbox.linux.file_calls import (
@@ -50,6 +50,7 @@ from bash_sandbox.linux.proc_paths import (
 )
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 from policies import SandboxMode, SandboxPolicy
+from policies.autorun import protected_label
 from policies.paths import within
 
 # The same words as the facts' inference, so one marker serves both evidences.
@@ -91,6 +92,9 @@ class WritePolicy:
     # private TMPDIR), so the judge compares the paths with those instead.
     view_mounts: bool = True
     scratch: tuple[str, ...] = ()
+    # Covered files that are not protected names (what the installed git hooks run), each
+    # with the reason a refused write there reports.
+    guarded: tuple[tuple[str, str], ...] = ()
 
     def allows(self, path: str) -> bool:
         """Landlock alone: whether its rules let ``path`` be written."""
@@ -132,6 +136,7 @@ def write_policy(
     *,
     view_mounts: bool = True,
     scratch: tuple[str, ...] = (),
+    guarded: Mapping[str, str] | None = None,
 ) -> WritePolicy:
     """The judge's view of ``policy`` (a confined one); ``helper``: the backend's binary;
     ``view_mounts`` and ``scratch``: see `WritePolicy`."""
@@ -151,6 +156,7 @@ def write_policy(
         ),
         view_mounts=view_mounts,
         scratch=scratch,
+        guarded=tuple((guarded or {}).items()),
     )
 
 
@@ -360,10 +366,13 @@ def _reason(target: str, policy: WritePolicy) -> str:
         return REASON_OUTSIDE_ROOTS
     if policy.read_only:
         return REASON_READ_ONLY
+    for path, why in policy.guarded:
+        if within(target, path):
+            return why
     for root in roots:
         for name in policy.protected:
             if within(target, os.path.join(root, name)):
-                return f"protected name {name}"
+                return protected_label(name)
     return REASON_HELD_READ_ONLY
 
 
