@@ -105,9 +105,10 @@ class WritePolicy:
     def surely_writable(self, path: str) -> bool:
         """Whether the view lets ``path`` be written by construction, so judging it could
         find nothing (the cost of a trap is then only reading its path): inside a writable
-        root and clear of every protected name, `.git` (its overlay and placeholders) and
-        `deny_read` cover; the private /tmp and /dev/shm; the sinks. A wrong "no" only costs
-        time; a wrong "yes" loses a fact, never a refusal (the kernel decides either way)."""
+        root and clear of every protected name, `.git` (its overlay and placeholders),
+        `deny_read` cover and hook-chain cover; the private /tmp and /dev/shm; the sinks. A
+        wrong "no" only costs time; a wrong "yes" loses a fact, never a refusal (the kernel
+        decides either way)."""
         if not self.view_mounts:
             return self.allows(path)
         if path in _SINKS or within(path, "/dev/shm"):
@@ -123,6 +124,8 @@ class WritePolicy:
             if within(path, root):
                 if self.hidden and any(within(path, h) for h in self.hidden):
                     return False
+                if any(within(path, g) for g, _ in self.guarded):
+                    return False  # covered for a hook chain: judged, so its reason shows
                 rest = path[len(root) :].lstrip("/")
                 if rest == ".git" or rest.startswith(".git/") or "/.git/" in f"/{rest}/":
                     return False
