@@ -313,8 +313,9 @@ def _refused_by_rules(captured: Captured, policy: WritePolicy) -> bool:
     return not all(policy.allows(os.path.dirname(p.rstrip("/")) or "/") for p in captured.paths)
 
 
-def _refused(captured: Captured) -> bool:
-    """Whether the kernel answers this call EROFS in the caller's view (module doc)."""
+def _refused(captured: Captured, policy: WritePolicy | None = None) -> bool:
+    """Whether the kernel answers this call EROFS in the caller's view (module doc), or,
+    for a missing protected file held by a read-only placeholder directory, EISDIR."""
     call, root, flags = captured.call, captured.root, captured.flags
     kind = call.write
     if kind == "open":
@@ -325,6 +326,13 @@ def _refused(captured: Captured) -> bool:
                 return found.exists and _read_only(found.target)
             if found.exists:
                 writes = flags & (O_WRONLY | O_RDWR | O_TRUNC)
+                if (
+                    writes
+                    and stat.S_ISDIR(found.mode)
+                    and policy is not None
+                    and _placeholder_name(captured.paths[0], policy)
+                ):
+                    return _read_only(found.target)
                 # Devices, fifos and sockets open for writing on a read-only mount.
                 return bool(writes) and stat.S_ISREG(found.mode) and _read_only(found.target)
             return bool(flags & O_CREAT) and _read_only(found.parent)
@@ -363,6 +371,12 @@ def _refused(captured: Captured) -> bool:
         old.close()
 
 
+def _placeholder_name(path: str, policy: WritePolicy) -> bool:
+    """Whether ``path`` is a protected name itself (where a missing one is held by a
+    placeholder directory), not a file below one."""
+    return any(path == os.path.join(r, name) for r in policy.roots for name in policy.protected)
+
+
 def _reason(target: str, policy: WritePolicy) -> str:
     roots = [r for r in policy.roots if within(target, r)]
     if not roots:
@@ -392,7 +406,11 @@ def _is_helper(pid: int, policy: WritePolicy) -> bool:
 def judge(captured: Captured, policy: WritePolicy) -> SandboxDenial | None:
     """The denial this call is, if its view refuses it (closes ``captured``)."""
     try:
-        refused = _refused(captured) if policy.view_mounts else _refused_by_rules(captured, policy)
+        refused = (
+            _refused(captured, policy)
+            if policy.view_mounts
+            else _refused_by_rules(captured, policy)
+        )
     except OSError:
         refused = False  # the path is gone or unreachable: not a read-only mount's answer
     finally:
