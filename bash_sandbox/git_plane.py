@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -49,6 +50,7 @@ from bash_sandbox.git_discovery import (  # noqa: F401 - discovery's home; names
     read_gitfile,
 )
 from bash_sandbox.git_import import begin, import_changes, load_snapshot, recover_overlay
+from bash_sandbox.git_import.gitcmd import GIT_SAFE_OPTIONS, git_env
 from bash_sandbox.view import GitOverlay
 from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
 
@@ -217,6 +219,13 @@ def merge_back(overlay: GitOverlay, started_ns: int) -> MergeReport:
         report.refuse(os.path.join(overlay.gitdir, rel), why)
     report.new_gitlinks = sorted(result.new_gitlinks)
     report.outcomes = [o for o in (result.outcome, *result.modules) if o is not None]
+    if result.outcome is not None and result.outcome.status is GitImportStatus.APPLIED:
+        for path in report.new_gitlinks:
+            failure = init_submodule(overlay.gitdir, path)
+            if failure is not None:
+                report.conflicts.append(
+                    f"{overlay.gitdir}: submodule {path} not initialised: {failure}"
+                )
     for outcome in report.outcomes:
         report.applied += list(outcome.applied)
         if outcome.status is GitImportStatus.APPLIED:
@@ -229,3 +238,31 @@ def merge_back(overlay: GitOverlay, started_ns: int) -> MergeReport:
             f"{'; '.join(reasons[:4])}{kept}"
         )
     return report
+
+
+def init_submodule(gitdir: str, path: str) -> str | None:
+    """`git submodule init -- <path>` in the host repository for a gitlink the command added:
+    what the host user would run, so the submodule is usable at once. It is git's own reader
+    of `.gitmodules` (a worktree file, the command's to write anyway) and writes only the
+    submodule's `url` and `active` into the host's config (git refuses an `update` command
+    from `.gitmodules`); the host git runs without hooks or outside config. None when done,
+    else why not."""
+    worktree = os.path.dirname(gitdir)
+    modules = os.path.join(worktree, ".gitmodules")
+    if not os.path.isfile(modules) or os.path.islink(modules):
+        return "no regular .gitmodules"
+    argv = ["git", *GIT_SAFE_OPTIONS, f"--git-dir={gitdir}", f"--work-tree={worktree}"]
+    try:
+        done = subprocess.run(
+            [*argv, "submodule", "init", "--", path],
+            capture_output=True,
+            env=git_env(),
+            cwd=worktree,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode != 0:
+        return done.stderr.decode(errors="replace").strip()[-300:] or f"exit {done.returncode}"
+    return None

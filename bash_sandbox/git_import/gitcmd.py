@@ -29,6 +29,8 @@ _SAFE = (
     "-c", "safe.directory=*",
 )  # fmt: skip
 
+GIT_SAFE_OPTIONS = _SAFE  # for the host git the import runs in a worktree (`git_plane`)
+
 _KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 
 

@@ -56,7 +56,14 @@ CASES: dict[str, tuple[str, Callable[[Path], bool]]] = {
     "submodule add": (
         "git -c protocol.file.allow=always submodule add -q ./ sub >/dev/null 2>&1;"
         " git commit -qm 'add sub'",
-        lambda r: _subject(r) == "add sub" and _subject(r / "sub") == "start",
+        # Usable on the host at once: initialised (`git submodule status` has no `-`), and
+        # host git reaches into it.
+        lambda r: (
+            _subject(r) == "add sub"
+            and _subject(r / "sub") == "start"
+            and host_git(r, "submodule", "status").startswith(" ")
+            and host_git(r, "config", "--get", "submodule.sub.active").strip() == "true"
+        ),
     ),
 }
 
