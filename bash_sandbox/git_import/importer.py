@@ -813,6 +813,8 @@ def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_onl
         sub = Snapshot(**{**snap.modules[rel], "upper": sub_upper, "modules": {}})
         done = import_changes(sub, keep_only=keep_only, work_base=os.path.join(base, f"m{i}"))
         result.modules += [o for o in (done.outcome, *done.modules) if o is not None]
+        # What the submodule's import discarded (its hooks, config) is this result's denial.
+        result.denials += [(f"modules/{rel}/{path}", why) for path, why in done.denials]
     for j, rel in enumerate(_module_dirs(modules_upper[: -len("/modules")])):
         host = os.path.join(snap.gitdir, "modules", rel)
         if rel in snap.modules or os.path.lexists(host) or keep_only:
@@ -825,6 +827,7 @@ def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_onl
             worktree_within=os.path.dirname(snap.gitdir),
         )
         result.modules += [o for o in (made.outcome, *made.modules) if o is not None]
+        result.denials += [(f"modules/{rel}/{path}", why) for path, why in made.denials]
 
 
 def recover(state_dir: str) -> bool:
