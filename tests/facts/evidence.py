@@ -1,7 +1,7 @@
 """How a test checks that a refused file access was reported, in this build's terms.
 
 A denial needs evidence the command cannot forge. For a write refused by a read-only mount
-the only witness is the seccomp supervisor watching write-intent opens; until it does
+the only witness is the seccomp supervisor's write watch; without it
 (`WRITE_INTENT_WITNESSED`), what the tool printed about it is a *hint* and `denied` stays
 false for it. `file_refusal_reported` asks for the witnessed denial when the supervisor
 gives one,
@@ -11,12 +11,15 @@ result must name the refusal, so a test using it still fails when nothing does.
 
 from __future__ import annotations
 
-from bash_sandbox.linux import supervisor
+import importlib.util
+
 from bash_seam import DenialEvidence, DenialKind, SandboxFacts
 
-# The supervisor module says when it witnesses write-intent opens (the seccomp work of
-# issue 23); until then file refusals a tool prints are hints.
-WRITE_INTENT_WITNESSED: bool = bool(getattr(supervisor, "WITNESSES_FILE_WRITES", False))
+# The supervisor witnesses write-intent calls through its write watch (the seccomp work of
+# issue 23); without it, file refusals a tool prints are hints.
+WRITE_INTENT_WITNESSED: bool = (
+    importlib.util.find_spec("bash_sandbox.linux.write_watch") is not None
+)
 
 _FILE_KINDS = (DenialKind.FILE_WRITE, DenialKind.FILE_READ)
 
