@@ -1,4 +1,4 @@
-"""The user's package mirrors reach sandboxed pip and npm, without their credentials.
+"""The user's package mirrors reach sandboxed pip, uv and npm, without their credentials.
 
 The mirror is a real upstream on the host's 127.0.0.1, named `registry.test` by a temp hosts
 file; the user's pip.conf and .npmrc live in a temp HOME (with a password in the index URL
@@ -62,6 +62,40 @@ async def test_pip_uses_the_mirror_of_the_users_pip_conf_without_its_password(
     assert result.stdout.text.strip().endswith("0")  # the command's env never held it
     assert result.sandbox is not None
     assert any(w.startswith(f"PIP_INDEX_URL (from {conf})") for w in result.sandbox.warnings)
+
+
+def _uv() -> str | None:
+    """The uv of the test environment (a test extra), by absolute path."""
+    found = Path(sys.executable).with_name("uv")
+    return str(found) if found.exists() else shutil.which("uv")
+
+
+@pytest.mark.skipif(_uv() is None, reason="uv not installed")
+async def test_uv_uses_the_mirror_of_the_users_environment_without_its_password(
+    make_pinned_executor: ExecutorFactory,
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = tmp_path / "index"
+    wheel = make_simple_index(root)
+    with UpstreamServer(root) as index:
+        monkeypatch.setenv(
+            "UV_DEFAULT_INDEX", f"http://alice:{SECRET}@registry.test:{index.port}/simple/"
+        )
+        ws = tmp_path / "ws"
+        ex = make_pinned_executor(allow_domains=("registry.test",), mode="workspace-write")
+        argv = [str(_uv()), "pip", "install", "--no-deps", "--no-config", "--python"]
+        argv += [sys.executable, "--target", str(ws / "dest"), "egress-probe"]
+        command = shlex.join(argv) + '; env | grep -c "' + SECRET + '" || true'
+        result = await ex.run(ex.resolve(BashExecRequest(command=command, timeout_ms=90_000)))
+        paths = [r.path for r in index.requests]
+        assert "/simple/egress-probe/" in paths, result.stdout.text + result.stderr.text
+        assert all("authorization" not in r.headers for r in index.requests)
+        assert any(p.endswith(wheel) for p in paths)  # the wheel came from the mirror
+    assert result.stdout.text.strip().endswith("0")  # the command's env never held it
+    assert result.sandbox is not None
+    assert any(w.startswith("UV_DEFAULT_INDEX") for w in result.sandbox.warnings)
 
 
 @pytest.mark.skipif(shutil.which("npm") is None, reason="npm not installed")
