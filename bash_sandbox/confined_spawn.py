@@ -175,7 +175,6 @@ class ConfinedSpawn(SpawnScope):
                     "grant token under the executor's list: keep the executor's entries in a "
                     "per-call allowlist, or use an executor configured with the narrower list",
                 )
-        if policy.network is NetworkMode.ISOLATED and backend.mounts:
             problem = egress_setting_problem(
                 policy, credentials=self._settings.credentials, hosts_file=self._settings.hosts_file
             )
