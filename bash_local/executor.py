@@ -292,7 +292,7 @@ class LocalBashExecutor(BashExecutor):
         except BaseException:
             scope.close()
             raise
-        return self._spawn(spec, scope, background=background, on_output=on_output)
+        return await self._spawn(spec, scope, background=background, on_output=on_output)
 
     def _check_launchable(self, spec: BashExecSpec) -> None:
         if self._closing:
@@ -301,7 +301,7 @@ class LocalBashExecutor(BashExecutor):
             raise AbortedBeforeStartError("the request was aborted before it started")
         check_workdir(spec.workdir)
 
-    def _spawn(
+    async def _spawn(
         self,
         spec: BashExecSpec,
         scope: SpawnScope,
@@ -329,7 +329,10 @@ class LocalBashExecutor(BashExecutor):
             on_settled=lambda done: self._on_settled(done, scope, process),
         )
         try:
-            spawned.spawn()
+            if plan.launcher is not None:
+                await spawned.spawn_launched(plan.launcher)  # a helper forks: the loop runs on
+            else:
+                spawned.spawn()
         except BaseException as exc:
             try:
                 if not isinstance(exc, OSError | subprocess.SubprocessError):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from bash_local.output import OutputCollector, decode
-from bash_local.spawn import SpawnOutcome, SpawnPlan, folded_signal
+from bash_local.spawn import LaunchedChild, Launcher, SpawnOutcome, SpawnPlan, folded_signal
 from bash_seam import AbortSignal, BashProcess, BashProcessRead, ProcessStatus, SandboxFacts
 
 logger = logging.getLogger("bash_local")
@@ -92,6 +92,26 @@ class _StdinFeeder:
         os.close(fd)
 
 
+class _Stdio:
+    """The pipes of one spawn; ``opened`` lists every end, for closing on failure."""
+
+    def __init__(self) -> None:
+        self.opened: list[int] = []
+        self.out_r = self.out_w = self.err_r = self.err_w = -1
+        self.stdin: int = subprocess.DEVNULL
+        self.in_w: int | None = None
+
+    def pipe(self) -> tuple[int, int]:
+        r, w = os.pipe()
+        self.opened += (r, w)
+        return r, w
+
+    def close_all(self) -> None:
+        for fd in self.opened:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class SpawnedCommand:
     """Spawns one `SpawnPlan` in a new session and watches its process group until settled."""
 
@@ -114,7 +134,7 @@ class SpawnedCommand:
         self._grace_s = grace_s
         self._kill_group = kill_group
         self._on_settled = on_settled
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | LaunchedChild | None = None
         self.pid = 0
         self._pipes: dict[int, OutputCollector] = {}
         self._feeder: _StdinFeeder | None = None
@@ -148,52 +168,77 @@ class SpawnedCommand:
         scope owns them), so the caller can still read them to explain the failure.
         """
         plan = self.plan
-        opened: list[int] = []
+        stdio = self._open_stdio()
         try:
-            out_r, out_w = os.pipe()
-            opened += (out_r, out_w)
-            err_r, err_w = os.pipe()
-            opened += (err_r, err_w)
-            stdin_arg: int = subprocess.DEVNULL
-            in_w: int | None = None
-            if self._stdin is not None:
-                in_r, in_w = os.pipe()
-                opened += (in_r, in_w)
-                stdin_arg = in_r
-            self._proc = subprocess.Popen(
-                plan.argv,
-                stdin=stdin_arg,
-                stdout=out_w,
-                stderr=err_w,
-                cwd=plan.cwd,
-                env=dict(plan.env),
-                # A confining plan's pre-exec step; it calls only pre-bound syscalls.
-                preexec_fn=plan.preexec_fn,  # noqa: PLW1509
-                pass_fds=plan.pass_fds,
-                # Own session: the pid is the group id we kill, and there is no controlling tty.
-                start_new_session=True,
-                close_fds=True,
+            if plan.launcher is not None:
+                self._proc = plan.launcher.launch(
+                    plan, stdin=stdio.stdin, stdout=stdio.out_w, stderr=stdio.err_w
+                )
+            else:
+                self._proc = subprocess.Popen(
+                    plan.argv,
+                    stdin=stdio.stdin,
+                    stdout=stdio.out_w,
+                    stderr=stdio.err_w,
+                    cwd=plan.cwd,
+                    env=dict(plan.env),
+                    # A confining plan's pre-exec step; it calls only pre-bound syscalls.
+                    preexec_fn=plan.preexec_fn,  # noqa: PLW1509
+                    pass_fds=plan.pass_fds,
+                    # Own session: the pid is the group id we kill, and there is no controlling tty.
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except BaseException:
+            stdio.close_all()
+            raise
+        self._started(stdio)
+
+    async def spawn_launched(self, launcher: Launcher) -> None:
+        """`spawn()` through a launcher that forks elsewhere: the loop awaits its answer
+        instead of blocking on a fork. Same failures, same descriptors afterwards."""
+        stdio = self._open_stdio()
+        try:
+            self._proc = await launcher.launch_async(
+                self.plan, stdin=stdio.stdin, stdout=stdio.out_w, stderr=stdio.err_w
             )
         except BaseException:
-            for fd in opened:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            stdio.close_all()
             raise
+        self._started(stdio)
+
+    def _open_stdio(self) -> _Stdio:
+        stdio = _Stdio()
+        try:
+            stdio.out_r, stdio.out_w = stdio.pipe()
+            stdio.err_r, stdio.err_w = stdio.pipe()
+            if self._stdin is not None:
+                stdio.stdin, stdio.in_w = stdio.pipe()
+        except BaseException:
+            stdio.close_all()
+            raise
+        return stdio
+
+    def _started(self, stdio: _Stdio) -> None:
+        assert self._proc is not None
         self.pid = self._proc.pid
         # The child holds its ends now; ours must go, or EOF would never come.
-        for fd in opened:
-            if fd not in (out_r, err_r, in_w):
+        for fd in stdio.opened:
+            if fd not in (stdio.out_r, stdio.err_r, stdio.in_w):
                 os.close(fd)
-        for fd, collector in ((out_r, self.stdout), (err_r, self.stderr)):
+        for fd, collector in ((stdio.out_r, self.stdout), (stdio.err_r, self.stderr)):
             os.set_blocking(fd, False)
             self._pipes[fd] = collector
             self._loop.add_reader(fd, self._on_readable, fd)
-        if in_w is not None:
-            self._feeder = _StdinFeeder(self._loop, in_w, self._stdin or b"")
+        if stdio.in_w is not None:
+            self._feeder = _StdinFeeder(self._loop, stdio.in_w, self._stdin or b"")
             self._feeder.start()
         self._watch_leader_exit()
 
     def _watch_leader_exit(self) -> None:
+        if isinstance(self._proc, LaunchedChild):
+            self._proc.on_exit(self._on_leader_exit)  # its launcher is the parent
+            return
         try:
             self._pidfd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):

@@ -43,6 +43,40 @@ class SpawnPlan:
     # The program runs the command as a child and reports "killed by signal n" as exit
     # 128+n (bwrap does): when the executor killed the group, such an exit is read as n.
     folds_signals: bool = False
+    # Spawns the plan instead of `subprocess.Popen` (a confining executor's spawn helper).
+    launcher: Launcher | None = None
+
+
+class LaunchedChild(abc.ABC):
+    """A leader spawned by a `Launcher`, which is its parent and keeps it unreaped (so its
+    pid, the group id, is never reused) until `wait()`."""
+
+    pid: int
+
+    @abc.abstractmethod
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the loop once the leader has exited (not reaped)."""
+
+    @abc.abstractmethod
+    def wait(self) -> int:
+        """Reap the exited leader; its return code as `Popen.returncode` reads it."""
+
+
+class Launcher(abc.ABC):
+    """Spawns a plan in a new session with the given stdio descriptors, on the loop thread.
+    Raises as `subprocess.Popen` does (OSError with the failing filename, or
+    `subprocess.SubprocessError` for a failed pre-exec step): nothing runs then."""
+
+    @abc.abstractmethod
+    def launch(self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> LaunchedChild:
+        """``stdin`` may be `subprocess.DEVNULL`."""
+
+    @abc.abstractmethod
+    async def launch_async(
+        self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int
+    ) -> LaunchedChild:
+        """`launch`, awaiting the answer instead of blocking the loop; a cancelled launch
+        leaves nothing running."""
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,9 @@ class SandboxBashConfig(LocalBashConfig):
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     # workspace-write: the tools' cache variables point at the sandbox's own cache home.
     tool_caches: bool = True
+    # Spawn confined commands through a per-executor helper process instead of forking the
+    # harness (`linux/spawn_helper.py`); off by default (a measured prototype, see docs).
+    spawn_helper: bool = False
 
     @field_validator("allow_domains")
     @classmethod

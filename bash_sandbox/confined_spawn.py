@@ -33,6 +33,7 @@ from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
 from bash_sandbox.git_plane import MergeReport, merge_back
 from bash_sandbox.git_spawn import GitInspection, settle_git
 from bash_sandbox.linux.cover_watch import CoverWatchError
+from bash_sandbox.linux.helper_client import helper_can_launch
 from bash_sandbox.linux.limits import LimitsPlan, LimitsSetupError
 from bash_sandbox.linux.supervisor import (
     ConnectPolicy,
@@ -110,6 +111,8 @@ class ConfinedSpawn(SpawnScope):
         self._denials_seen: tuple[tuple[SandboxDenial, ...], int] = ((), 0)
         self._mirror_hosts: list[str] = []
         self._git: GitInspection | None = None
+        # Loopback connects the command's own namespace refused (None: nobody watched).
+        self._loopback_refused: tuple[str, ...] | None = None
 
     @classmethod
     def open(
@@ -296,8 +299,11 @@ class ConfinedSpawn(SpawnScope):
         if self._settings.degraded:
             self.warnings.append(self._settings.degraded)
         self.warnings += list(view.partial)
+        launcher = services.spawn_helper() if helper_can_launch(confined) else None
+        if services.helper_failure is not None:
+            self.warnings.append(f"{services.helper_failure}; spawned from the executor")
         # The stack owns the release; the plan that spawns carries none.
-        return dataclasses.replace(confined, release=None)
+        return dataclasses.replace(confined, release=None, launcher=launcher)
 
     # -- spawned, or not -------------------------------------------------------------------
 
@@ -363,6 +369,7 @@ class ConfinedSpawn(SpawnScope):
                 backend.binary,
                 view_mounts=backend.mounts,
                 scratch=(services.state.tmpdir_for(policy),),
+                guarded=self._git.guarded if self._git is not None else None,
             ),
         )
 
@@ -374,7 +381,8 @@ class ConfinedSpawn(SpawnScope):
         self._read_limits(outcome)
         self._unregister()
         # Git's processes and the host's disk: in a thread, so the loop keeps serving.
-        await asyncio.to_thread(self._copy_back)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._services.settle_pool(), self._copy_back)
         return self._facts(outcome)
 
     def close(self) -> None:
@@ -398,6 +406,7 @@ class ConfinedSpawn(SpawnScope):
         if supervised is not None:
             self._services.supervisor().unregister(supervised)
             self._denials_seen = supervised.snapshot()
+            self._loopback_refused = supervised.loopback_connects()
 
     def _copy_back(self) -> None:
         """Git's state back to the host (`git_plane.py`), and the repositories the command
@@ -459,6 +468,7 @@ class ConfinedSpawn(SpawnScope):
                 # The command's loopback is its own only in a network namespace of its own.
                 private_loopback=policy.network is NetworkMode.ISOLATED
                 and backend.network_namespace != "none",
+                loopback_connects=self._loopback_refused,
                 **self._inference_context(),
             )
             if self._settings.collect_evidence

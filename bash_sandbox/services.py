@@ -10,6 +10,7 @@ executor, so the finalizer can run.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import os
@@ -21,6 +22,7 @@ from bash_sandbox.cache_domains import CacheHolds
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.host_view import HostSurvey
 from bash_sandbox.linux.cover_watch import CoverWatch
+from bash_sandbox.linux.helper_client import SpawnHelper, SpawnHelperError
 from bash_sandbox.linux.limits import ExecutorLimits
 from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError, NamespaceFds
 from bash_sandbox.linux.supervisor import SeccompSupervisor
@@ -76,6 +78,9 @@ class SandboxServices:
         self._proxy: EgressProxy | None = None
         self._watch: CoverWatch | None = None
         self._watch_loop: asyncio.AbstractEventLoop | None = None
+        self._helper: SpawnHelper | None = None
+        self.helper_failure: str | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
 
     # -- lazy getters ----------------------------------------------------------------------
@@ -99,6 +104,15 @@ class SandboxServices:
             self._supervisor = SeccompSupervisor()
         return self._supervisor
 
+    def settle_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The executor's own threads for what settles a spawn off the loop (the git import):
+        gone with the executor, unlike the loop's default pool."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=2, thread_name_prefix="bash-sandbox-settle"
+            )
+        return self._pool
+
     def cover_watch(self) -> CoverWatch:
         """The executor's inotify watch, read on the running loop (made on first use)."""
         if self._watch is None:
@@ -111,6 +125,25 @@ class SandboxServices:
                 raise
             self._watch, self._watch_loop = watch, loop
         return self._watch
+
+    def spawn_helper(self) -> SpawnHelper | None:
+        """The executor's spawn helper when the config asks for one, started on first use on
+        the loop thread (its PDEATHSIG follows that thread); None when it is off or could not
+        start (`helper_failure` says why: spawns then fork the executor, as without it)."""
+        if not self._config.spawn_helper or self.helper_failure is not None:
+            return None
+        if self._helper is not None and self._helper.closed:
+            self._helper = None  # it died: its commands were reported killed; a fresh one
+        if self._helper is None:
+            try:
+                self._helper = SpawnHelper(self.helper_python)
+            except SpawnHelperError as exc:
+                self.helper_failure = str(exc)
+                return None
+        return self._helper
+
+    # The interpreter the helper runs on (None: this one); a test points it elsewhere.
+    helper_python: str | None = None
 
     def egress_grant(self, policy: SandboxPolicy, backend: SandboxBackend) -> ProxyGrant | None:
         """Under `isolated` with an allowlist: this command's grant on the executor's proxy,
@@ -156,6 +189,8 @@ class SandboxServices:
         """`close()`, with the loop-bound parts undone on the loop and the proxy's thread
         joined off it."""
         self.publications.close_all()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)  # idle by now: the executor awaited every settle
         if self._watch is not None and self._watch_loop is asyncio.get_running_loop():
             with contextlib.suppress(RuntimeError, ValueError):
                 self._watch_loop.remove_reader(self._watch.fd)
@@ -169,6 +204,8 @@ class SandboxServices:
             return
         self._closed = True
         self.publications.close_all()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         if self._watch is not None:
             self._watch.close()  # its reader was removed by aclose() where a loop still runs
         if self._proxy is not None:
@@ -176,6 +213,8 @@ class SandboxServices:
             # very thread (a collection there), close() stops the loop but cannot join it.
             with contextlib.suppress(RuntimeError):
                 self._proxy.close()
+        if self._helper is not None:
+            self._helper.close()  # end of file: it kills and reaps what is left, and exits
         if self._supervisor is not None:
             self._supervisor.close()
         self.limits.close()

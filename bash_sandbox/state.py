@@ -125,6 +125,12 @@ def _hooks_done(path: str) -> bool:
     return True
 
 
+def recover_stale(path: str) -> bool:
+    """Run the stale-state hooks on a dead executor's state dir, whose lock the caller holds
+    (what `sweep_stale` does before removing it); True when it may be removed."""
+    return _hooks_done(path)
+
+
 # A state dir without its lock file this old is a leftover from before locks (or a crash
 # between mkdtemp and the lock, which takes microseconds).
 _UNLOCKED_GRACE_S = 600

@@ -78,3 +78,12 @@ def needs_placeholder(name: str, root: str) -> bool:
 def directory_placeholder(name: str) -> bool:
     """Whether a missing ``name`` is held by a directory even when it names a file."""
     return autorun_reason(name) is not None
+
+
+def protected_label(name: str) -> str:
+    """The reason a refused write to protected ``name`` reports: an auto-run name says what
+    runs it and which key lifts it."""
+    why = autorun_reason(name)
+    if why is None:
+        return f"protected name {name}"
+    return f"protected name {name}: {why}; {UNPROTECT_KEY} lifts it"

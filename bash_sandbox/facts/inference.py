@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from bash_sandbox.facts.dialects import UNSTATED, RefusalMessage, find_refusal_messages
 from bash_seam import DenialKind, HintSource, SandboxHint
 from policies import SandboxMode, SandboxPolicy
-from policies.autorun import UNPROTECT_KEY, autorun_reason
+from policies.autorun import protected_label
 from policies.paths import within
 
 REASON_READ_ONLY = "read-only mode"
@@ -116,7 +116,7 @@ def _protected_reason(
             continue
         for name in policy.protected_paths:
             if within(target, os.path.join(root, name)):
-                return _protected_label(name) if refused or placeholder else None
+                return protected_label(name) if refused or placeholder else None
             # A missing protected name is held by a read-only directory at its first missing
             # component (`.git`), so writes below that component are refused with EROFS.
             parent = os.path.dirname(name)
@@ -125,15 +125,6 @@ def _protected_reason(
                     return f"protected name {name}, whose missing parent {parent} is held read-only"
                 parent = os.path.dirname(parent)
     return None
-
-
-def _protected_label(name: str) -> str:
-    """The reason of a refused write to protected ``name``: an auto-run name says what runs
-    it and which key lifts it."""
-    why = autorun_reason(name)
-    if why is None:
-        return f"protected name {name}"
-    return f"protected name {name}: {why}; {UNPROTECT_KEY} lifts it"
 
 
 def _judge(

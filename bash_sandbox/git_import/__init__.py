@@ -17,13 +17,13 @@ after it, `recover(state_dir)` before a dead executor's state is swept, and
 `import_created(source_gitdir, worktree)` for a repository the command created.
 """
 
-from bash_sandbox.git_import.created import import_created
 from bash_sandbox.git_import.importer import (
     KEEP_NAMESPACE,
     ImportResult,
     Snapshot,
     begin,
     import_changes,
+    import_created,
     load_snapshot,
     recover,
     recover_overlay,

@@ -39,6 +39,7 @@ from bash_sandbox.git_import.view import (
     scan_upper,
 )
 from bash_seam import GitImportOutcome, GitImportStatus, GitRefConflict
+from policies.paths import within as within_path
 
 IMPORT_DIR = "import"
 INTENT = "intent.json"
@@ -801,8 +802,6 @@ def import_changes(
 def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_only: bool) -> None:
     """Each submodule's git directory the command changed, imported on its own; one it
     created, into a new repository with git's default control plane (`import_created`)."""
-    from bash_sandbox.git_import.created import import_created
-
     modules_upper = os.path.join(snap.upper, "modules")
     if not os.path.isdir(modules_upper):
         return
@@ -813,8 +812,7 @@ def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_onl
         sub = Snapshot(**{**snap.modules[rel], "upper": sub_upper, "modules": {}})
         done = import_changes(sub, keep_only=keep_only, work_base=os.path.join(base, f"m{i}"))
         result.modules += [o for o in (done.outcome, *done.modules) if o is not None]
-        # What the submodule's import discarded (its hooks, config) is this result's denial.
-        result.denials += [(f"modules/{rel}/{path}", why) for path, why in done.denials]
+        result.denials += _module_denials(rel, done.denials)
     for j, rel in enumerate(_module_dirs(modules_upper[: -len("/modules")])):
         host = os.path.join(snap.gitdir, "modules", rel)
         if rel in snap.modules or os.path.lexists(host) or keep_only:
@@ -827,7 +825,17 @@ def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_onl
             worktree_within=os.path.dirname(snap.gitdir),
         )
         result.modules += [o for o in (made.outcome, *made.modules) if o is not None]
-        result.denials += [(f"modules/{rel}/{path}", why) for path, why in made.denials]
+        result.denials += _module_denials(rel, made.denials)
+
+
+def _module_denials(rel: str, denials: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A submodule's discarded writes, named from the parent's git directory; git's own
+    `*.sample` hooks (written by every `git submodule add`, never run) are not refusals."""
+    return [
+        (f"modules/{rel}/{name}", why)
+        for name, why in denials
+        if not (name.startswith("hooks/") and name.endswith(".sample"))
+    ]
 
 
 def recover(state_dir: str) -> bool:
@@ -866,3 +874,59 @@ def recover_overlay(upper: str) -> bool:
     except Exception:
         return False
     return True
+
+
+# -- a repository the command created ---------------------------------------------------------
+
+
+def import_created(
+    source_gitdir: str,
+    host_gitdir: str,
+    work: str,
+    *,
+    run_id: str,
+    worktree_within: str | None = None,
+) -> ImportResult:
+    """Make ``host_gitdir`` a new repository with git's default control plane (`git init`
+    with no template: no hooks, config git writes itself), then import ``source_gitdir``'s
+    objects, refs, HEAD and index into it as a command's changes over an empty repository.
+    ``source_gitdir`` is untrusted (the command's, moved aside by the caller); ``work`` is
+    an empty directory of the executor's (its view and journal go there); ``run_id`` names
+    the keep-refs. ``host_gitdir`` must not exist yet. A submodule's `core.worktree` (read
+    with git's config parser) is kept when it leads inside ``worktree_within``."""
+    os.makedirs(os.path.dirname(host_gitdir), exist_ok=True)
+    git(host_gitdir, "init", "--bare", "-q", "--template=", host_gitdir)
+    git(host_gitdir, "config", "core.bare", "false")
+    if worktree_within is not None:
+        _keep_worktree(source_gitdir, host_gitdir, worktree_within)
+    snap = Snapshot(
+        gitdir=host_gitdir,
+        upper=source_gitdir,
+        run_id=run_id,
+        refs=host_refs(host_gitdir),
+        heads={"": _head(host_gitdir)},
+        indexes={"": None},
+    )
+    os.makedirs(work, exist_ok=True)
+    return import_changes(snap, work_base=work)
+
+
+def _keep_worktree(source: str, host_gitdir: str, within: str) -> None:
+    got = git(
+        "/nonexistent",
+        "config",
+        "--file",
+        os.path.join(source, "config"),
+        "--get",
+        "core.worktree",
+        check=False,
+    )
+    value = got.stdout.decode(errors="replace").strip()
+    target = os.path.normpath(os.path.join(host_gitdir, value))
+    if value and "\n" not in value and within_path(target, within):
+        git(host_gitdir, "config", "core.worktree", value)
+
+
+def _head(gitdir: str) -> str | None:
+    with open(os.path.join(gitdir, "HEAD")) as fh:
+        return fh.read()

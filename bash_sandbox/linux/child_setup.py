@@ -23,6 +23,7 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Concatenate, ParamSpec, TypeVar
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -201,6 +202,33 @@ def last_cap() -> int:
         return 40
 
 
+# One step method's call as data: (method name, positional args, keyword args), every
+# argument a str, bytes, int, bool or None. Replayed on a fresh `ChildSetup` by the spawn
+# helper (`spawn_helper.py`), which thus runs exactly these steps, bound in its own memory.
+StepCall = tuple[str, tuple[object, ...], dict[str, object]]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _recorded(
+    method: Callable[Concatenate[ChildSetup, _P], _R],
+) -> Callable[Concatenate[ChildSetup, _P], _R]:
+    """Record the outermost step-method call (a method calling another records once)."""
+
+    @functools.wraps(method)
+    def record(self: ChildSetup, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        outer, self._recording = self._recording, False
+        if outer:
+            self._calls.append((method.__name__, args, dict(kwargs)))
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._recording = outer
+
+    return record  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class _Step:
     """One pre-bound call; `ok_errnos` are tolerated (e.g. EINVAL for an unknown cap)."""
@@ -222,6 +250,16 @@ class ChildSetup:
         self._steps: list[_Step] = []
         self._keep: list[object] = []
         self._report_fd = -1
+        self._calls: list[StepCall] = []
+        self._recording = True
+
+    def calls(self) -> tuple[StepCall, ...]:
+        """The step methods called, in order, as data (what the spawn helper replays)."""
+        return tuple(self._calls)
+
+    @property
+    def report_fd(self) -> int:
+        return self._report_fd
 
     def report_failures_to(self, fd: int) -> None:
         """The child writes the failing step here as (errno, name): subprocess only says
@@ -246,13 +284,16 @@ class ChildSetup:
         return buf
 
     # -- namespaces ---------------------------------------------------------------
+    @_recorded
     def join_ns(self, fd: int, nstype: int, name: str) -> None:
         """`setns`; joining a user namespace needs a single-threaded process: the child is."""
         self._add(f"setns({name})", self._lib.setns, fd, nstype)
 
+    @_recorded
     def unshare(self, flags: int) -> None:
         self._add("unshare", self._lib.unshare, flags)
 
+    @_recorded
     def write_file(self, path: str, data: bytes) -> None:
         """open/write/close, e.g. for /proc/self/uid_map after a user-namespace unshare."""
         self._add(
@@ -260,6 +301,7 @@ class ChildSetup:
             _WriteFile(self._lib, self._buf(path.encode()), self._buf(data), len(data)),
         )
 
+    @_recorded
     def map_ids(self, uid: int, gid: int) -> None:
         """Map ``uid``/``gid`` onto themselves in a user namespace this child just made."""
         self.write_file("/proc/self/setgroups", b"deny")
@@ -267,6 +309,7 @@ class ChildSetup:
         self.write_file("/proc/self/gid_map", f"{gid} {gid} 1".encode())
 
     # -- mounts -------------------------------------------------------------------
+    @_recorded
     def make_mounts_private(self) -> None:
         self._add(
             "mount(private)",
@@ -278,12 +321,14 @@ class ChildSetup:
             None,
         )
 
+    @_recorded
     def make_mounts_slave(self) -> None:
         """Host mount events still propagate in; nothing mounted here propagates out."""
         self._add(
             "mount(slave)", self._lib.mount, None, self._buf(b"/"), None, MS_REC | MS_SLAVE, None
         )
 
+    @_recorded
     def bind_read_only(self, source: str, target: str, *, optional: bool = False) -> None:
         """A read-only bind; ``optional``: a source that vanished is skipped (and so is the
         remount, which then finds no mount of its own at ``target``)."""
@@ -303,6 +348,7 @@ class ChildSetup:
             ok=(EINVAL,) if optional else (),
         )
 
+    @_recorded
     def bind(
         self, source: str, target: str, *, recursive: bool = False, optional: bool = False
     ) -> None:
@@ -313,6 +359,7 @@ class ChildSetup:
         missing = (ENOENT,) if optional else ()
         self._add("bind " + target, self._lib.mount, src, dst, None, flags, None, ok=missing)
 
+    @_recorded
     def remount(self, target: str, flags: int) -> None:
         """Change one mount's per-mount flags (MS_REMOUNT|MS_BIND keeps the filesystem's)."""
         self._add(
@@ -325,6 +372,7 @@ class ChildSetup:
             None,
         )
 
+    @_recorded
     def set_mount_attrs(
         self,
         target: str,
@@ -351,6 +399,7 @@ class ChildSetup:
             ok=(ENOENT,) if optional else (),
         )
 
+    @_recorded
     def move_mount(self, source: str, target: str) -> None:
         self._add(
             "move " + source,
@@ -362,6 +411,7 @@ class ChildSetup:
             None,
         )
 
+    @_recorded
     def mount_fs(self, fstype: str, target: str, flags: int, data: str) -> None:
         self._add(
             f"mount {fstype} {target}",
@@ -373,13 +423,16 @@ class ChildSetup:
             self._buf(data.encode()),
         )
 
+    @_recorded
     def unmount(self, target: str) -> None:
         """Detach a staging mount (lazily: binds taken from it stay)."""
         self._add("umount " + target, self._lib.umount2, self._buf(target.encode()), MNT_DETACH)
 
+    @_recorded
     def create_file(self, path: str, mode: int = 0o666) -> None:
         self._add("create " + path, _CreateFile(self._lib, self._buf(path.encode()), mode))
 
+    @_recorded
     def symlink(self, target: str, path: str) -> None:
         self._add(
             "symlink " + path,
@@ -388,15 +441,18 @@ class ChildSetup:
             self._buf(path.encode()),
         )
 
+    @_recorded
     def make_dir(self, path: str, mode: int = 0o755) -> None:
         """mkdir a mount point; EEXIST is fine (it may be there already)."""
         self._add("mkdir " + path, self._lib.mkdir, self._buf(path.encode()), mode, ok=(EEXIST,))
 
+    @_recorded
     def chdir(self, path: str) -> None:
         """Re-enter ``path``: a cwd taken before the mounts still points below them."""
         self._add("chdir " + path, self._lib.chdir, self._buf(path.encode()))
 
     # -- processes ----------------------------------------------------------------
+    @_recorded
     def die_with_parent(self) -> None:
         """PR_SET_PDEATHSIG, then make sure the parent had not already died before it was
         armed (the child would have been reparented and never get the signal)."""
@@ -404,25 +460,30 @@ class ChildSetup:
         self._add("pdeathsig", self._lib.prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
         self._add("parent alive", _ParentIs(self._lib, os.getpid()))
 
+    @_recorded
     def fork_waiter(self) -> None:
         """Fork: the parent waits and exits with the child's status (128+n for signal n);
         the child, PID 1 of a PID namespace unshared before, runs the remaining steps."""
         self._add("fork", _ForkWaiter(self._lib))
 
+    @_recorded
     def set_rlimit(self, resource: int, soft: int, hard: int) -> None:
         limit = _Rlimit(soft, hard)
         self._keep.append(limit)
         self._add(f"rlimit {resource}", self._lib.prlimit, 0, resource, ctypes.byref(limit), None)
 
+    @_recorded
     def hold_dir(self, path: str, fd: int) -> None:
         """Open ``path`` and keep it at descriptor ``fd`` (close-on-exec): later steps reach
         it as `/proc/self/fd/<fd>` even after its path has been mounted over."""
         self._add(f"hold {path}", _HoldDir(self._lib, self._buf(path.encode()), fd))
 
+    @_recorded
     def close_fd(self, fd: int) -> None:
         self._add(f"close {fd}", self._lib.close, fd)
 
     # -- privilege ----------------------------------------------------------------
+    @_recorded
     def drop_all_capabilities(self) -> None:
         """Empty the bounding and ambient sets, lock securebits, then clear the cap sets.
 
@@ -459,9 +520,11 @@ class ChildSetup:
             "capset", self._lib.syscall, _SYS_CAPSET, ctypes.byref(header), ctypes.byref(data)
         )
 
+    @_recorded
     def no_new_privs(self) -> None:
         self._add("no_new_privs", self._lib.prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 
+    @_recorded
     def landlock_allow(self, ruleset_fd: int, path: str, rights: int) -> None:
         """Add a path-beneath rule from inside the child: for what exists only in the
         child's own mount namespace (an overlay it mounted), the parent cannot open it."""
@@ -470,6 +533,7 @@ class ChildSetup:
             _LandlockAllow(self._lib, self._buf(path.encode()), ruleset_fd, rights),
         )
 
+    @_recorded
     def landlock_restrict(self, ruleset_fd: int) -> None:
         self._add(
             "landlock_restrict_self", self._lib.syscall, _SYS_LANDLOCK_RESTRICT_SELF, ruleset_fd, 0
@@ -481,6 +545,7 @@ class ChildSetup:
         self._keep.append(prog)
         return prog
 
+    @_recorded
     def seccomp(self, bpf: bytes) -> None:
         """Install a classic-BPF program (as exported by libseccomp) on this thread."""
         prog = self._prog(bpf)
@@ -494,6 +559,7 @@ class ChildSetup:
             0,
         )
 
+    @_recorded
     def seccomp_listener(self, bpf: bytes, sock_fd: int) -> None:
         """Install ``bpf`` with a user-notification listener and send the listener over
         ``sock_fd`` (SCM_RIGHTS), then close both: the command never holds either."""

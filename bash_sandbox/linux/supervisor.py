@@ -389,7 +389,7 @@ class SeccompSupervisor:
             if os.get_blocking(sock):
                 self._pool.submit(self._finish_connect, command, notif.id, sock, target, loopback)
             else:
-                self._finish_connect(command, notif.id, sock, target, loopback)
+                self._finish_connect(command, notif.id, sock, target, loopback, pid=notif.pid)
         except BaseException:
             os.close(sock)
             raise
@@ -401,6 +401,8 @@ class SeccompSupervisor:
         sock: int,
         target: bytes | _ViaInode,
         loopback: str | None = None,
+        *,
+        pid: int = 0,
     ) -> None:
         try:
             addr = target.address() if isinstance(target, _ViaInode) else target
@@ -411,7 +413,12 @@ class SeccompSupervisor:
             os.close(sock)
             if isinstance(target, _ViaInode):
                 os.close(target.fd)
-        if loopback is not None and err == errno.ECONNREFUSED:
+        # A non-blocking connect learns of the refusal later (curl, node): then the kernel's
+        # own table of the command's namespace says whether anything listens there.
+        if loopback is not None and (
+            err == errno.ECONNREFUSED
+            or (err == errno.EINPROGRESS and not _loopback_listening(pid, loopback))
+        ):
             command.record_refused_loopback(loopback)
         self._respond(command, notif_id, rc if rc < 0 else 0, err)
 
@@ -617,6 +624,23 @@ def _loopback_label(family: int, raw: bytes) -> str | None:
     if not host.is_loopback:
         return None
     return f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+
+
+def _loopback_listening(pid: int, label: str) -> bool:
+    """Whether a TCP socket of ``pid``'s network namespace listens on ``label``'s port
+    (`/proc/<pid>/net/tcp{,6}`, state 0A); True when that cannot be read (no record)."""
+    port = f":{int(label.rsplit(':', 1)[1]):04X}"
+    try:
+        for name in ("tcp", "tcp6"):
+            with open(f"/proc/{pid}/net/{name}") as fh:
+                next(fh, None)
+                for line in fh:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == "0A" and fields[1].endswith(port):
+                        return True
+    except (OSError, ValueError):
+        return True
+    return False
 
 
 def receive_listener(sock: socket.socket) -> int:

@@ -28,7 +28,7 @@ import ctypes
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from bash_sandbox.linux.file_calls import (
@@ -50,6 +50,7 @@ from bash_sandbox.linux.proc_paths import (
 )
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 from policies import SandboxMode, SandboxPolicy
+from policies.autorun import protected_label
 from policies.paths import within
 
 # The same words as the facts' inference, so one marker serves both evidences.
@@ -91,6 +92,9 @@ class WritePolicy:
     # private TMPDIR), so the judge compares the paths with those instead.
     view_mounts: bool = True
     scratch: tuple[str, ...] = ()
+    # Covered files that are not protected names (what the installed git hooks run), each
+    # with the reason a refused write there reports.
+    guarded: tuple[tuple[str, str], ...] = ()
 
     def allows(self, path: str) -> bool:
         """Landlock alone: whether its rules let ``path`` be written."""
@@ -101,9 +105,10 @@ class WritePolicy:
     def surely_writable(self, path: str) -> bool:
         """Whether the view lets ``path`` be written by construction, so judging it could
         find nothing (the cost of a trap is then only reading its path): inside a writable
-        root and clear of every protected name, `.git` (its overlay and placeholders) and
-        `deny_read` cover; the private /tmp and /dev/shm; the sinks. A wrong "no" only costs
-        time; a wrong "yes" loses a fact, never a refusal (the kernel decides either way)."""
+        root and clear of every protected name, `.git` (its overlay and placeholders),
+        `deny_read` cover and hook-chain cover; the private /tmp and /dev/shm; the sinks. A
+        wrong "no" only costs time; a wrong "yes" loses a fact, never a refusal (the kernel
+        decides either way)."""
         if not self.view_mounts:
             return self.allows(path)
         if path in _SINKS or within(path, "/dev/shm"):
@@ -119,6 +124,8 @@ class WritePolicy:
             if within(path, root):
                 if self.hidden and any(within(path, h) for h in self.hidden):
                     return False
+                if any(within(path, g) for g, _ in self.guarded):
+                    return False  # covered for a hook chain: judged, so its reason shows
                 rest = path[len(root) :].lstrip("/")
                 if rest == ".git" or rest.startswith(".git/") or "/.git/" in f"/{rest}/":
                     return False
@@ -132,6 +139,7 @@ def write_policy(
     *,
     view_mounts: bool = True,
     scratch: tuple[str, ...] = (),
+    guarded: Mapping[str, str] | None = None,
 ) -> WritePolicy:
     """The judge's view of ``policy`` (a confined one); ``helper``: the backend's binary;
     ``view_mounts`` and ``scratch``: see `WritePolicy`."""
@@ -151,6 +159,7 @@ def write_policy(
         ),
         view_mounts=view_mounts,
         scratch=scratch,
+        guarded=tuple((guarded or {}).items()),
     )
 
 
@@ -304,8 +313,9 @@ def _refused_by_rules(captured: Captured, policy: WritePolicy) -> bool:
     return not all(policy.allows(os.path.dirname(p.rstrip("/")) or "/") for p in captured.paths)
 
 
-def _refused(captured: Captured) -> bool:
-    """Whether the kernel answers this call EROFS in the caller's view (module doc)."""
+def _refused(captured: Captured, policy: WritePolicy | None = None) -> bool:
+    """Whether the kernel answers this call EROFS in the caller's view (module doc), or,
+    for a missing protected file held by a read-only placeholder directory, EISDIR."""
     call, root, flags = captured.call, captured.root, captured.flags
     kind = call.write
     if kind == "open":
@@ -316,6 +326,13 @@ def _refused(captured: Captured) -> bool:
                 return found.exists and _read_only(found.target)
             if found.exists:
                 writes = flags & (O_WRONLY | O_RDWR | O_TRUNC)
+                if (
+                    writes
+                    and stat.S_ISDIR(found.mode)
+                    and policy is not None
+                    and _placeholder_name(captured.paths[0], policy)
+                ):
+                    return _read_only(found.target)
                 # Devices, fifos and sockets open for writing on a read-only mount.
                 return bool(writes) and stat.S_ISREG(found.mode) and _read_only(found.target)
             return bool(flags & O_CREAT) and _read_only(found.parent)
@@ -354,16 +371,25 @@ def _refused(captured: Captured) -> bool:
         old.close()
 
 
+def _placeholder_name(path: str, policy: WritePolicy) -> bool:
+    """Whether ``path`` is a protected name itself (where a missing one is held by a
+    placeholder directory), not a file below one."""
+    return any(path == os.path.join(r, name) for r in policy.roots for name in policy.protected)
+
+
 def _reason(target: str, policy: WritePolicy) -> str:
     roots = [r for r in policy.roots if within(target, r)]
     if not roots:
         return REASON_OUTSIDE_ROOTS
     if policy.read_only:
         return REASON_READ_ONLY
+    for path, why in policy.guarded:
+        if within(target, path):
+            return why
     for root in roots:
         for name in policy.protected:
             if within(target, os.path.join(root, name)):
-                return f"protected name {name}"
+                return protected_label(name)
     return REASON_HELD_READ_ONLY
 
 
@@ -380,7 +406,11 @@ def _is_helper(pid: int, policy: WritePolicy) -> bool:
 def judge(captured: Captured, policy: WritePolicy) -> SandboxDenial | None:
     """The denial this call is, if its view refuses it (closes ``captured``)."""
     try:
-        refused = _refused(captured) if policy.view_mounts else _refused_by_rules(captured, policy)
+        refused = (
+            _refused(captured, policy)
+            if policy.view_mounts
+            else _refused_by_rules(captured, policy)
+        )
     except OSError:
         refused = False  # the path is gone or unreachable: not a read-only mount's answer
     finally:

@@ -33,9 +33,11 @@ from bash_sandbox_audit.attacks import (
     row14_helpers,
     row15_trust,
     row16_git,
+    row16_git_import,
     row18_terminal,
     row19_setid,
     row20_shared_state,
+    row21_git_import,
 )
 from bash_sandbox_audit.model import Attack
 
@@ -58,9 +60,11 @@ _ROWS = (
     row14_helpers,
     row15_trust,
     row16_git,
+    row16_git_import,
     row18_terminal,
     row19_setid,
     row20_shared_state,
+    row21_git_import,
 )
 ATTACKS: tuple[Attack, ...] = (
     *controls.ATTACKS,

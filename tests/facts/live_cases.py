@@ -392,6 +392,17 @@ HINTS_AND_GROUPS: tuple[LiveCase, ...] = (
         tool="curl",
     ),
     LiveCase(
+        # Nothing listens on the sandbox's own loopback; the host does on that port. Python
+        # prints no address: the supervisor's record of the refused connect names it.
+        "ww-python-loopback-the-host-serves",
+        "workspace-write",
+        "{py} -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=3)'",
+        (_hint("network-connect", "127.0.0.1:{port}"),),
+        shows=(("stderr", "Connection refused"),),
+        serves="tcp",
+        tool="python3",
+    ),
+    LiveCase(
         # The supervisor saw the resolver refused; the output names what was looked up.
         "ww-curl-resolve-names-the-host",
         "workspace-write",
@@ -407,16 +418,6 @@ HINTS_AND_GROUPS: tuple[LiveCase, ...] = (
 )
 
 LOOK_ALIKES: tuple[LiveCase, ...] = (
-    LiveCase(
-        # Nothing listens on the sandbox's own loopback; the host's listener on the same
-        # port is another namespace's.
-        "ww-loopback-connection-refused",
-        "workspace-write",
-        "{py} -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=3)'",
-        shows=(("stderr", "Connection refused"),),
-        serves="tcp",
-        tool="python3",
-    ),
     LiveCase(
         "ro-system-exit-permission-denied",
         "read-only",

@@ -97,7 +97,9 @@ def test_fork_bomb_stops_at_the_process_limit_and_leaves_no_process(
     # it (the backend's waiter and wrapper processes take a few of the 64).
     assert 64 - 6 <= r["observed"] <= 64, r["observed"]
     assert r["after"] == 0
-    assert r["sandbox"]["limit_exceeded"] == "processes"
+    # Named only on the kernel's evidence (the pids cgroup's counter): an rlimit, all an
+    # unprivileged executor has, leaves none, and the command's text is no evidence.
+    assert r["sandbox"]["limit_exceeded"] == ("processes" if identity == "root" else None)
     assert r["sandbox"]["limits_enforcement"] == enforcement_here(identity)
     seen = r["seen"]
     if identity == "root":
@@ -121,7 +123,8 @@ def test_allocation_past_the_memory_limit_is_stopped_and_reported(
         limits={"memory_bytes": 128 * MiB},
     )
     assert "allocated" not in r["stdout"]
-    assert r["sandbox"]["limit_exceeded"] == "memory"
+    # The OOM counter is the evidence; an rlimit's MemoryError is only the command's text.
+    assert r["sandbox"]["limit_exceeded"] == ("memory" if identity == "root" else None)
     assert r["sandbox"]["limits_enforcement"] == enforcement_here(identity)
     if identity == "root":
         # The cgroup's OOM killer, not the allocation failing in the process itself.
@@ -149,7 +152,7 @@ def test_a_limit_on_one_command_does_not_affect_others_running_meanwhile(
         probe_processes=64,
         probe_forks=40,
     )
-    assert r["bomb"]["sandbox"]["limit_exceeded"] == "processes"
+    assert r["bomb"]["sandbox"]["limit_exceeded"] == ("processes" if identity == "root" else None)
     # While the bomb sat at its limit, a command of another executor forked all 40.
     other = r["other_executor"]
     assert other["exit_code"] == 0, other["stderr"]
@@ -162,7 +165,6 @@ def test_a_limit_on_one_command_does_not_affect_others_running_meanwhile(
         # one executor share the count. Fails loudly once that is fixed.
         if same["exit_code"] == 0:
             pytest.fail("same-executor commands no longer share RLIMIT_NPROC: drop this branch")
-        assert same["sandbox"]["limit_exceeded"] == "processes"
         pytest.xfail("RLIMIT_NPROC is shared by the commands of one unprivileged executor")
     # ... and so did a command of the same executor with its own (per-call) limits.
     assert same["exit_code"] == 0, same["stderr"]

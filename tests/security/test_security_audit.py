@@ -29,7 +29,7 @@ from policies import SandboxMode
 from tests.sandbox.conftest import probe
 
 # Row 17 (resource limits) is audited by the limits work, not by this catalog.
-THREAT_MODEL_ROWS = {*range(1, 17), 18, 19, 20}
+THREAT_MODEL_ROWS = {*range(1, 17), 18, 19, 20, 21}
 COVERAGE_DOC = Path(__file__).resolve().parents[2] / "docs" / "threat-model-coverage.md"
 
 
@@ -283,6 +283,10 @@ DETECTOR_CANARIES = (
     "row16-hook-chain-pre-commit",
     "row16-hook-chain-lefthook",
     "row16-nested-repository",
+    "row16-import-index-paths",
+    "row16-import-cache-tree",
+    "row16-import-planted-object",
+    "row16-import-sequencer-opts",
 )
 
 

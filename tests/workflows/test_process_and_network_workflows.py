@@ -91,9 +91,10 @@ async def test_ps_shows_only_the_commands_own_processes(plain_workflow: Workflow
     [
         ("npm", "npm view left-pad version"),
         # As an agent runs it: pip reads the sandbox's settings from the environment (a
-        # `--isolated` pip ignores them and retries for ~10 s). The host's pip.conf, which may
-        # name an index with credentials, is a default deny_read entry, hidden anyway.
-        ("pip", "python3 -m pip download --no-deps -d /tmp/dl six"),
+        # `--isolated` pip ignores them and retries for ~10 s). The host's index settings
+        # pass through without credentials (a local mirror may serve the command offline),
+        # so the package is one no mirror has: pip must ask the network for it.
+        ("pip", "python3 -m pip download --no-deps -d /tmp/dl bash-sandbox-no-such-package"),
     ],
 )
 async def test_package_managers_fail_fast_under_isolated_and_say_network_denied(

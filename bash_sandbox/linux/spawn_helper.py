@@ -1,0 +1,216 @@
+"""The spawn helper: a small per-executor process that forks, sets up and execs commands.
+
+Run as ``python -I -S spawn_helper.py <socket fd> <executor pid> <child_setup.py>``; it
+imports only built-in modules (os, socket, select, fcntl, marshal, types, sys) and
+`child_setup.py` (ctypes), loaded by path: a fork of it is a fork of a few MiB, never of
+the harness. The executor's client is `helper_client.py`.
+
+Protocol (one SOCK_SEQPACKET socket, marshal-encoded tuples, trusted both ways: the
+executor made the socket pair and started this process):
+
+- ``("spawn", seq, argv, env, cwd, targets, inheritable, calls, report_fd)`` with the
+  descriptors ``stdin, stdout, stderr, *targets`` (SCM_RIGHTS). The child replays ``calls``
+  on a fresh `ChildSetup` (built here, before the fork, in this process's memory), places
+  each target descriptor at the number it had in the executor (the steps and bwrap's
+  ``--seccomp N`` name them so), runs the steps and execs. Answer: ``("started", seq,
+  pid)`` once the exec succeeded, or ``("failed", seq, where, errno)`` with ``where`` one
+  of ``cwd``, ``step`` (the step's own record is on the report pipe) or ``exec``.
+- ``("exit", pid, returncode)``, unsolicited, when a command's leader exits. The leader is
+  NOT reaped then (``WNOWAIT``): it stays a zombie, so its pid, which is its process group
+  id, cannot be reused while the executor still signals that group.
+- ``("reap", pid)`` from the executor once it has settled the command: reaped now.
+
+On end of file (the executor closed it, or died) every command's group is killed and
+reaped, and the helper exits. It also dies with the executor's thread that started it
+(PR_SET_PDEATHSIG), and each command dies with it (the command's own PDEATHSIG step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import marshal
+import os
+import select
+import socket
+import sys
+import types
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # never imported at run time: the helper stays lean
+    from typing import Any, NoReturn
+
+_PR_SET_PDEATHSIG = 1
+_SIGKILL = 9
+_SIGCHLD = 17
+_MAX_MESSAGE = 1 << 22
+_MAX_FDS = 250
+_CLD_EXITED = 1
+
+
+def _load_child_setup(path: str) -> Any:
+    module = types.ModuleType("child_setup")
+    module.__file__ = path
+    sys.modules["child_setup"] = module  # dataclasses looks the module up
+    with open(path, "rb") as fh:
+        exec(compile(fh.read(), path, "exec"), module.__dict__)  # noqa: S102 - our own module
+    return module
+
+
+def _send(sock: socket.socket, *message: Any) -> None:
+    sock.sendall(marshal.dumps(message))
+
+
+def _child(request: Any, fds: list[int], err_w: int, setup: Any) -> NoReturn:
+    """In the forked child: never returns."""
+    _, _, argv, env, cwd, targets, inheritable, _, _ = request
+    where = b"cwd"
+    try:
+        os.setsid()
+        high = max((2, err_w, *targets)) + 1
+        err_w = fcntl.fcntl(err_w, fcntl.F_DUPFD_CLOEXEC, high)
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high) for fd in fds]
+        for number, fd in enumerate(moved[:3]):
+            os.dup2(fd, number)
+        for target, fd in zip(targets, moved[3:], strict=True):
+            os.dup2(fd, target, inheritable=target in inheritable)
+        keep = sorted({0, 1, 2, err_w, *targets})
+        low = 0
+        for fd in keep:
+            if fd > low:
+                os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 1 << 20)
+        os.chdir(cwd)
+        # This process ignores SIGPIPE (Python does); a command starts with the default.
+        setup._lib.signal(13, 0)
+        setup._lib.signal(25, 0)
+        where = b"step"
+        setup()
+        where = b"exec"
+        os.execve(argv[0], argv, env)  # noqa: S606 - the plan's argv, as Popen would
+    except OSError as exc:
+        code = exc.errno or 0
+        os.write(err_w, where + b":" + str(code).encode())
+    finally:
+        os._exit(255)
+
+
+class Helper:
+    def __init__(self, sock: socket.socket, child_setup: Any) -> None:
+        self.sock = sock
+        self.cs = child_setup
+        self.poll = select.poll()
+        self.poll.register(sock.fileno(), select.POLLIN)
+        self.running: dict[int, int] = {}  # pidfd -> pid
+        self.zombies: set[int] = set()
+
+    def spawn(self, request: Any, fds: list[int]) -> None:
+        _, seq, _, _, _, _, _, calls, report_fd = request
+        try:
+            setup = self.cs.ChildSetup()
+            for name, args, kwargs in calls:
+                getattr(setup, name)(*args, **kwargs)
+            setup.report_failures_to(report_fd)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        except Exception as exc:  # a request this helper cannot replay: nothing forked
+            for fd in fds:
+                os.close(fd)
+            _send(self.sock, "failed", seq, "helper", 0, repr(exc))
+            return
+        pid = os.fork()
+        if pid == 0:
+            _child(request, fds, err_w, setup)
+        os.close(err_w)
+        for fd in fds:
+            os.close(fd)
+        data = b""
+        while True:
+            chunk = os.read(err_r, 64)
+            if not chunk:
+                break
+            data += chunk
+        os.close(err_r)
+        if data:
+            os.waitpid(pid, 0)
+            where, _, code = data.partition(b":")
+            _send(self.sock, "failed", seq, where.decode(), int(code or 0), "")
+            return
+        pidfd = os.pidfd_open(pid)
+        self.running[pidfd] = pid
+        self.poll.register(pidfd, select.POLLIN)
+        _send(self.sock, "started", seq, pid)
+
+    def exited(self, pidfd: int) -> None:
+        pid = self.running.pop(pidfd)
+        self.poll.unregister(pidfd)
+        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT)
+        os.close(pidfd)
+        self.zombies.add(pid)
+        if info is None:  # pragma: no cover - cannot happen without WNOHANG
+            code = 255
+        elif info.si_code == _CLD_EXITED:
+            code = info.si_status
+        else:
+            code = -info.si_status
+        _send(self.sock, "exit", pid, code)
+
+    def reap(self, pid: int) -> None:
+        if pid in self.zombies:
+            self.zombies.discard(pid)
+            os.waitpid(pid, 0)
+
+    def shutdown(self) -> None:
+        """The executor is gone: every group it had dies, then is reaped."""
+        pids = [*self.running.values(), *self.zombies]
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, _SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+
+    def serve(self) -> None:
+        sock_fd = self.sock.fileno()
+        while True:
+            for fd, _ in self.poll.poll():
+                if fd != sock_fd:
+                    self.exited(fd)
+                    continue
+                try:
+                    data, fds, _, _ = socket.recv_fds(self.sock, _MAX_MESSAGE, _MAX_FDS)
+                except OSError:
+                    data = b""
+                if not data:
+                    return
+                request = marshal.loads(data)  # noqa: S302 - from our own executor
+                if request[0] == "spawn":
+                    self.spawn(request, fds)
+                elif request[0] == "reap":
+                    self.reap(request[1])
+
+
+def main() -> None:
+    sock_fd, parent, setup_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    child_setup = _load_child_setup(setup_path)
+    lib = child_setup.libc()
+    # An ignored SIGCHLD (inherited through exec) would reap exited commands at once: the
+    # zombie that keeps a group id from reuse must stay until the executor says "reap".
+    lib.signal(_SIGCHLD, 0)
+    # Die with the executor's thread that started us; it may have died already.
+    lib.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+    sock = socket.socket(fileno=sock_fd)
+    helper = Helper(sock, child_setup)
+    _send(sock, "ready", os.getpid())
+    try:
+        helper.serve()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the executor closed its end while we answered: the same as end of file
+    finally:
+        helper.shutdown()
+
+
+if __name__ == "__main__":
+    main()

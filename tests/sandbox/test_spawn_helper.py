@@ -1,0 +1,317 @@
+"""The spawn helper (`SandboxBashConfig.spawn_helper`, `linux/spawn_helper.py`), for real.
+
+Every judgement is made from outside the sandbox: the host's /proc (who is whose parent,
+which processes are left), files the command tried to write. The whole confinement suite
+runs on the helper path with ``BASH_SANDBOX_TEST_SPAWN_HELPER=1`` (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from bash_local.spawn import SpawnPlan
+from bash_sandbox.backends.bwrap import BwrapBackend
+from bash_sandbox.backends.child_failure import read_child_failure
+from bash_sandbox.backends.landlock import LandlockBackend
+from bash_sandbox.backends.linux_child import probe_context
+from bash_sandbox.linux.child_setup import ChildSetup
+from bash_sandbox.linux.helper_client import SpawnHelper
+from bash_seam import BashExecRequest
+from policies import NetworkMode, SandboxMode, SandboxPolicy
+from tests.sandbox.conftest import ExecutorFactory, require_backend
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no PPid for {pid}")
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                found |= {int(p) for p in fh.read().split()}
+    return found
+
+
+def _state(pid: int) -> str | None:
+    """The process state letter (``Z`` for a zombie), None once the pid is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, or a pid gone, counts as dead)."""
+    return _state(pid) not in (None, "Z", "X")
+
+
+def _gone_eventually(pid: int, parent: int) -> bool:
+    """The helper reaps on the executor's word, a moment after the run settled."""
+    deadline = time.monotonic() + 5
+    while pid in _children(parent) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return pid not in _children(parent)
+
+
+async def test_commands_are_children_of_the_helper_and_confined(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    ex = make_executor(mode="workspace-write", spawn_helper=True)
+    outside = tmp_path / "outside"
+    result = await ex.run(
+        ex.resolve(
+            BashExecRequest(
+                command=f"echo in > inside; echo out > {outside}; exit 3", workdir=str(workspace)
+            )
+        )
+    )
+    assert result.exit_code == 3
+    assert (workspace / "inside").read_text() == "in\n"
+    assert not outside.exists()
+    assert result.sandbox is not None and result.sandbox.denied
+    helper = ex._services.spawn_helper()
+    assert helper is not None
+    process = await ex.start(ex.resolve(BashExecRequest(command="sleep 30")))
+    spawned = process._spawned  # type: ignore[attr-defined]
+    assert spawned is not None
+    # The harness forked nothing: the command's leader is the helper's child.
+    assert _ppid(spawned.pid) == helper.pid
+    assert os.getpgid(spawned.pid) == spawned.pid
+    assert process.kill()
+    await process.wait()
+    # Settled: reaped by the helper on the executor's word, nothing left behind.
+    assert _gone_eventually(spawned.pid, helper.pid)
+
+
+async def test_every_group_kill_finds_the_leader_unreaped(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # pid == pgid is safe to signal only while the leader is not reaped (a reaped pid can be
+    # reused): the helper keeps it a zombie until the executor has sent its last killpg.
+    ex = make_executor(spawn_helper=True)
+    seen: list[tuple[int, str | None]] = []
+    original = ex._kill_group
+
+    def kill_group(pid: int, sig: int) -> None:
+        seen.append((sig, _state(pid)))
+        original(pid, sig)
+
+    ex._kill_group = kill_group  # type: ignore[method-assign]
+    for command in ("exit 0", "sleep 20 & exit 7"):
+        await ex.run(ex.resolve(BashExecRequest(command=command, timeout_ms=20_000)))
+    process = await ex.start(ex.resolve(BashExecRequest(command="sleep 30")))
+    process.kill()
+    await process.wait()
+    assert len(seen) >= 4
+    assert all(state is not None for _, state in seen), seen
+    assert (signal.SIGKILL, "Z") in seen  # the final kill of an exited leader
+
+
+@pytest.mark.parametrize("name", ["bwrap", "landlock"])
+def test_replayed_steps_are_the_same_steps(name: str, tmp_path: Path) -> None:
+    """What the helper replays (the recorded calls) yields exactly the harness's steps."""
+    require_backend(name)
+    backend = BwrapBackend() if name == "bwrap" else LandlockBackend()
+    with probe_context(True) as (tmp, ctx):
+        ws = os.path.join(tmp, "ws")
+        os.mkdir(ws)
+        policy = SandboxPolicy(
+            mode=SandboxMode.WORKSPACE_WRITE, workspace_root=ws, network=NetworkMode.ISOLATED
+        )
+        plan = backend.wrap(policy, SpawnPlan(argv=("/bin/true",), env={}, cwd=ws), ctx)
+        try:
+            setup = plan.preexec_fn
+            assert isinstance(setup, ChildSetup)
+            replay = ChildSetup()
+            for method, args, kwargs in setup.calls():
+                getattr(replay, method)(*args, **kwargs)
+            assert len(setup.step_names()) > 20
+            assert replay.step_names() == setup.step_names()
+        finally:
+            if plan.release is not None:
+                plan.release()
+
+
+async def test_a_failed_step_reports_errno_and_step(tmp_path: Path) -> None:
+    helper = SpawnHelper()
+    report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    out_r, out_w = os.pipe()
+    try:
+        setup = ChildSetup()
+        setup.chdir(str(tmp_path / "missing"))
+        setup.report_failures_to(report_w)
+        plan = SpawnPlan(argv=("/bin/true",), env={}, cwd=str(tmp_path), preexec_fn=setup)
+        with pytest.raises(subprocess.SubprocessError):
+            helper.launch(plan, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+        failure = read_child_failure(report_r)
+        assert failure is not None
+        assert (failure.step, failure.errno) == (f"chdir {tmp_path}/missing", errno.ENOENT)
+        # An exec failure is the OSError Popen raises, naming the program.
+        plan = SpawnPlan(argv=(str(tmp_path / "nope"),), env={}, cwd=str(tmp_path))
+        plan = SpawnPlan(argv=plan.argv, env={}, cwd=plan.cwd, preexec_fn=ChildSetup())
+        with pytest.raises(FileNotFoundError) as caught:
+            helper.launch(plan, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+        assert caught.value.filename == str(tmp_path / "nope")
+        assert _children(helper.pid) == set()  # failed children are reaped at once
+    finally:
+        helper.close()
+        for fd in (report_r, report_w, out_r, out_w):
+            os.close(fd)
+    assert not _alive(helper.pid)
+
+
+async def test_fallback_when_the_helper_cannot_start(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    ex = make_executor(mode="workspace-write", spawn_helper=True)
+    ex._services.helper_python = str(tmp_path / "no-python")
+    outside = tmp_path / "outside"
+    result = await ex.run(
+        ex.resolve(
+            BashExecRequest(
+                command=f"echo in > inside; echo out > {outside}", workdir=str(workspace)
+            )
+        )
+    )
+    assert (workspace / "inside").read_text() == "in\n"
+    assert not outside.exists()
+    assert result.sandbox is not None
+    assert any("spawn helper could not be started" in w for w in result.sandbox.warnings)
+    assert ex._services.spawn_helper() is None
+    # Spawned from the executor itself, as without the switch.
+    process = await ex.start(ex.resolve(BashExecRequest(command="sleep 30")))
+    spawned = process._spawned  # type: ignore[attr-defined]
+    assert spawned is not None and _ppid(spawned.pid) == os.getpid()
+    process.kill()
+    await process.wait()
+
+
+async def test_aclose_ends_the_helper(make_executor: ExecutorFactory) -> None:
+    ex = make_executor(spawn_helper=True)
+    await ex.start(ex.resolve(BashExecRequest(command="sleep 30")))
+    helper = ex._services.spawn_helper()
+    assert helper is not None and _alive(helper.pid)
+    await ex.aclose()
+    assert not _alive(helper.pid)
+
+
+_HARNESS = textwrap.dedent(
+    """
+    import asyncio, sys
+    from bash_sandbox import SandboxBashExecutor
+    from bash_seam import BashExecRequest
+
+    async def main():
+        ex = SandboxBashExecutor(backend=sys.argv[1], spawn_helper=True)
+        process = await ex.start(ex.resolve(BashExecRequest(command="sleep 300")))
+        helper = ex._services.spawn_helper()
+        print(helper.pid, process._spawned.pid, flush=True)
+        await asyncio.sleep(300)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_helper_and_commands_die_with_a_killed_harness(backend: str) -> None:
+    harness = subprocess.Popen(
+        [sys.executable, "-c", _HARNESS, backend], stdout=subprocess.PIPE, text=True
+    )
+    pids: list[int] = []
+    try:
+        assert harness.stdout is not None
+        pids = [int(p) for p in harness.stdout.readline().split()]
+        assert len(pids) == 2, "the harness did not start its command"
+        helper, command = pids
+        assert _alive(helper) and _alive(command)
+        harness.kill()  # SIGKILL: no aclose, no finalizer
+        harness.wait()
+        deadline = time.monotonic() + 10
+        while (_alive(helper) or _alive(command)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(helper), "the helper outlived its executor"
+        assert not _alive(command), "the command outlived its executor"
+    finally:
+        harness.kill()
+        harness.wait()
+        for pid in pids:
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_cancelled_launch_leaves_nothing_running(tmp_path: Path) -> None:
+    helper = SpawnHelper()
+    out_r, out_w = os.pipe()
+    token = f"3{os.getpid() % 1000}.5"  # sleep's argument, unique to this test run
+    answers: list[object] = []
+    abandon = helper._dispatch_abandoned
+
+    def record(seq: int) -> None:
+        answers.append(helper._pending.get(seq))
+        abandon(seq)
+
+    helper._dispatch_abandoned = record  # type: ignore[method-assign]
+    try:
+        plan = SpawnPlan(
+            argv=("/bin/sleep", token), env={}, cwd=str(tmp_path), preexec_fn=ChildSetup()
+        )
+        task = asyncio.create_task(
+            helper.launch_async(plan, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+        )
+        await asyncio.sleep(0)  # the request is on its way
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        deadline = time.monotonic() + 10
+        while (not answers or _children(helper.pid)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        # It was started, then killed and reaped: the helper has no child left.
+        assert answers and isinstance(answers[0], tuple) and answers[0][0] == "started"
+        assert _children(helper.pid) == set()
+    finally:
+        helper.close()
+        os.close(out_r)
+        os.close(out_w)
+
+
+async def test_a_run_cancelled_just_as_it_starts_ends(make_executor: ExecutorFactory) -> None:
+    # The cancellation arrives together with the helper's answer: it must still cancel the
+    # run (and its command), not be swallowed while the command goes on.
+    ex = make_executor(spawn_helper=True)
+    helper = ex._services.spawn_helper()
+    assert helper is not None
+    task: asyncio.Future[object] | None = None
+    dispatch = helper._dispatch
+
+    def answer_then_cancel(message: tuple[object, ...]) -> None:
+        dispatch(message)
+        if message[0] == "started" and task is not None:
+            task.cancel()
+
+    helper._dispatch = answer_then_cancel  # type: ignore[method-assign]
+    task = asyncio.ensure_future(ex.run(ex.resolve(BashExecRequest(command="sleep 100"))))
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)  # a swallowed cancellation: TimeoutError here
+    deadline = time.monotonic() + 10
+    while _children(helper.pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert _children(helper.pid) == set()  # killed and reaped
