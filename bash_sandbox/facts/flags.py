@@ -43,20 +43,25 @@ def derive_facts_flags(
     return bool(kinds & _SANDBOX_KINDS), bool(kinds & _NETWORK_KINDS)
 
 
+# Which source's word wins when two report the same (kind, target): the overlay saw the
+# write land and be discarded (so the kernel did not refuse it), then the witnesses, then the
+# output (old results only).
+_RANK = {DenialEvidence.OVERLAY: 0, DenialEvidence.INFERRED: 2}
+
+
 def bounded_denials(
     denials: Iterable[SandboxDenial], limit: int = DENIALS_LIMIT
 ) -> tuple[tuple[SandboxDenial, ...], int]:
     """The first ``limit`` distinct denials and how many distinct ones there were.
 
-    Denials of the same (kind, target) count once. When a source that saw the refusal
-    (supervisor, overlay, proxy, kernel) and the output inference both report it, the
-    witnessed one is kept in the inferred one's place.
+    Denials of the same (kind, target) count once, in the place of the first; the one kept
+    is the overlay's when it reported it (a write that landed and was discarded), else a
+    witness's (supervisor, proxy, kernel) over an inferred one.
     """
     distinct: dict[tuple[DenialKind, str], SandboxDenial] = {}
     for d in denials:
         known = distinct.get((d.kind, d.target))
-        witnessed = d.evidence is not DenialEvidence.INFERRED
-        if known is None or (witnessed and known.evidence is DenialEvidence.INFERRED):
+        if known is None or _RANK.get(d.evidence, 1) < _RANK.get(known.evidence, 1):
             distinct[(d.kind, d.target)] = d
     values = tuple(distinct.values())
     return values[:limit], len(values)

@@ -76,6 +76,15 @@ def test_a_witnessed_denial_replaces_the_inferred_one_in_place() -> None:
     assert total == 2
 
 
+def test_the_overlays_word_wins_for_a_write_it_saw_land_and_discarded() -> None:
+    seen = _denial(DenialKind.FILE_WRITE, "/ws/.git/config.worktree", "held read-only",
+                   DenialEvidence.SUPERVISOR)  # fmt: skip
+    overlay = _denial(DenialKind.FILE_WRITE, "/ws/.git/config.worktree",
+                      "git control plane (config.worktree)", DenialEvidence.OVERLAY)  # fmt: skip
+    assert bounded_denials([seen, overlay]) == ((overlay,), 1)
+    assert bounded_denials([overlay, seen]) == ((overlay,), 1)
+
+
 def test_markers_name_what_why_and_the_next_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", "/home/u")
     assert denial_marker(WRITE, "workspace-write", "isolated") == (
