@@ -106,8 +106,11 @@ class HostSurvey:
             git_import.begin(gitdir, upper.upper)  # the refs the import compares with
             overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
         # A missing protected name outside git: a placeholder of the right kind, covered,
-        # removed once no command of this uid needs it (`placeholders.py`).
-        held += self._placeholders.acquire_all(protected.missing)  # one ledger transaction
+        # removed once no command of this uid needs it (`placeholders.py`). An existing one
+        # may be a placeholder an earlier command still holds: held too, so that command's
+        # end cannot remove it under this one (the cover watch would stop this command).
+        existing = [(path, os.path.isdir(path)) for path in protected.protect]
+        held += self._placeholders.acquire_all([*protected.missing, *existing])
         covers += [path for path, _ in protected.missing]
         if protected.symlinked:
             partial.append("a protected name is a symlink inside a writable root")

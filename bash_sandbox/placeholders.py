@@ -198,7 +198,9 @@ class Placeholders:
         return bool(self.acquire_all(((path, is_dir),)))
 
     def acquire_all(self, wanted: Iterable[tuple[str, bool]]) -> list[str]:
-        """`acquire` for each (path, is_dir), in one ledger transaction; the paths held."""
+        """`acquire` for each (path, is_dir), in one ledger transaction; the paths held. An
+        existing path is held only when it is a placeholder the ledger knows (another
+        command's); any other existing name is not ours and is left out."""
         held: list[str] = []
         with _ledger(self._base) as ledger:
             new: list[tuple[str, bool, dict[str, object]]] = []

@@ -8,6 +8,7 @@ placeholder is left on the host or in a commit.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -161,3 +162,37 @@ def test_defaults_and_the_opt_out_key(tmp_path: Path) -> None:
     service = SandboxPolicyService("workspace-write", tmp_path, unprotected_paths=[".envrc"])
     assert ".envrc" not in service.resolve().protected_paths
     assert autorun.autorun_reason(".envrc") == "direnv runs it on entering the directory"
+
+
+async def test_a_command_outliving_the_one_that_made_the_placeholders_keeps_running(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # The first command makes the missing auto-run names' placeholders; a second one finds
+    # them existing. When the first ends, the placeholders must stay for the second: removing
+    # them would end its covers, and the cover watch would stop it (it did, before each
+    # command held the existing placeholders too).
+    ex = make_executor(mode="workspace-write")
+    gate = workspace / "go"
+    os.mkfifo(gate)
+    first = await ex.start(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
+    second = await ex.start(
+        ex.resolve(
+            BashExecRequest(command="echo up > up; : < go; echo done > out", workdir=str(workspace))
+        )
+    )
+    await first.wait()
+    for _ in range(200):
+        if (workspace / "up").exists():
+            break
+        await asyncio.sleep(0.05)
+    assert (workspace / ".vscode").is_dir()  # still held by the second command
+    writer = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        await asyncio.wait_for(second.wait(), timeout=60)
+    finally:
+        os.close(writer)
+    assert second.exit_code == 0, (second.signal, second.sandbox)
+    assert (workspace / "out").read_text() == "done\n"
+    assert second.sandbox is not None and not any("stopped" in w for w in second.sandbox.warnings)
+    await ex.aclose()
+    assert not (workspace / ".vscode").exists()  # nothing left once nobody holds it
