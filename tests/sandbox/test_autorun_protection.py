@@ -9,6 +9,7 @@ placeholder is left on the host or in a commit.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import subprocess
 from pathlib import Path
@@ -186,7 +187,16 @@ async def test_a_command_outliving_the_one_that_made_the_placeholders_keeps_runn
             break
         await asyncio.sleep(0.05)
     assert (workspace / ".vscode").is_dir()  # still held by the second command
-    writer = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+    writer = -1
+    for _ in range(200):  # until the second command has the FIFO open for reading
+        try:
+            writer = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            await asyncio.sleep(0.05)
+    assert writer >= 0, "the second command never waited on the FIFO"
     try:
         await asyncio.wait_for(second.wait(), timeout=60)
     finally:
