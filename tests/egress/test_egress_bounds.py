@@ -204,6 +204,19 @@ class ThreadedResolver:
         return Resolution((address,), pinned=True)
 
 
+def _join_once_started(thread: threading.Thread, timeout: float) -> None:
+    # enumerate() lists a thread from inside its start(), before join() accepts it.
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            return
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def test_close_leaves_no_fd_no_thread_and_no_listener(site: UpstreamServer, tmp_path: Path) -> None:
     threads_before = set(threading.enumerate())
     fds_before = _fds()
@@ -230,7 +243,7 @@ def test_close_leaves_no_fd_no_thread_and_no_listener(site: UpstreamServer, tmp_
     assert left == {t for t in threads_before if "process_request_thread" not in t.name}
     for thread in threading.enumerate():
         if "process_request_thread" in thread.name and thread not in threads_before:
-            thread.join(timeout=10)
+            _join_once_started(thread, timeout=10)
     assert _fds() == fds_before
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
