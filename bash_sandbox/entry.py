@@ -1,0 +1,33 @@
+"""The `bash-sandbox` console script: through the warm daemon when asked for, else the CLI.
+
+Imports nothing heavy before it knows which (the warm path's point is to skip the CLI's
+imports).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    from bash_sandbox.warm import client
+
+    if client.wanted(argv):
+        status = client.run(argv)
+        if isinstance(status, client.Signalled):
+            # Die of the same signal, as the fresh process would have.
+            signal.signal(status.signum, signal.SIG_DFL)
+            os.kill(os.getpid(), status.signum)
+            return 128 + status.signum
+        if status is not None:
+            return status
+    from bash_sandbox.cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""The warm CLI's client: `bash-sandbox run` through this uid's daemon (`daemon.py`).
+
+Built-in modules only before it connects (the point is to skip the CLI's imports). It
+sends the arguments, the environment, the umask and four descriptors (stdin, stdout,
+stderr, the working directory), forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to the run, and
+exits with the run's status. `run()` returns None whenever the daemon cannot take the
+call (none yet and none could be started, its code changed, another uid's socket), and the
+caller then runs fresh, as without the daemon: the daemon is a cache, never a requirement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from typing import NamedTuple
+
+from bash_sandbox.warm import wire
+
+_START_WAIT_S = 5.0
+
+
+class Signalled(NamedTuple):
+    """The run's process died of ``signum``."""
+
+    signum: int
+
+
+def wanted(argv: list[str]) -> bool:
+    """Whether this call goes through the daemon: asked for, and a `run`."""
+    return os.environ.get(wire.ENABLE_ENV) == "1" and bool(argv) and argv[0] == "run"
+
+
+def _connect(path: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        with wire.reachable(path) as address:
+            sock.connect(address)
+        if wire.peer_uid(sock) != os.geteuid():
+            raise PermissionError("the daemon runs as another user")
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _start_daemon(path: str) -> None:
+    """A detached daemon (its own session, stdio on /dev/null, reparented to init)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+            null = os.open(os.devnull, os.O_RDWR)
+            log = os.open(
+                f"{path}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600
+            )
+            for fd, to in ((null, 0), (null, 1), (log, 2)):  # its stderr: what went wrong
+                os.dup2(fd, to)
+            # Nothing of the caller's: an inherited pipe held by a daemon that outlives
+            # the call would keep its reader waiting for an end of file.
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            argv = [sys.executable, "-I", "-m", "bash_sandbox.warm.daemon", path]
+            os.execv(sys.executable, argv)  # noqa: S606 (our own interpreter, no shell)
+        finally:
+            os._exit(127)
+    os.waitpid(pid, 0)
+
+
+def _connect_or_start() -> socket.socket | None:
+    directory = wire.private_dir()
+    if directory is None:
+        return None
+    path = os.path.join(directory, wire.socket_name())
+    sock = _connect(path)
+    if sock is not None:
+        return sock
+    _start_daemon(path)
+    deadline = time.monotonic() + _START_WAIT_S
+    delay = 0.002
+    while time.monotonic() < deadline:
+        sock = _connect(path)
+        if sock is not None:
+            return sock
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return None
+
+
+def run(argv: list[str]) -> int | Signalled | None:
+    """The run's exit status (or its signal), or None: run fresh instead (nothing ran)."""
+    sock = _connect_or_start()
+    if sock is None:
+        return None
+    cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    umask = os.umask(0)
+    os.umask(umask)
+    request = {"argv": argv, "env": dict(os.environ), "umask": umask}
+    try:
+        wire.send_frame(sock, request, [0, 1, 2, cwd])
+    except OSError:
+        sock.close()
+        return None
+    finally:
+        os.close(cwd)
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):
+            wire.send_frame(sock, {"signal": signum})
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, forward)
+    try:
+        reply = wire.recv_frame(sock)
+    except OSError:
+        reply = None
+    finally:
+        sock.close()
+    if reply is None:
+        # The daemon died under the run (killed): the run is gone with it.
+        sys.stderr.write("bash-sandbox: the warm daemon went away during the run\n")
+        return 70
+    if "stale" in reply:
+        return None
+    if "signal" in reply:
+        return Signalled(int(reply["signal"]))
+    return int(reply["exit"])

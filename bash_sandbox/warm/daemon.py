@@ -1,0 +1,314 @@
+"""The warm CLI's daemon: a per-user process that has imported the CLI once and forks a
+copy of itself for each `bash-sandbox run`.
+
+What a call shares with the calls before it: only the modules imported at the daemon's
+start (code, never state: no executor, no config, no probe result is made before the
+fork). The fork then becomes the client's process as far as the run can tell: the client's
+stdin, stdout and stderr (dup'ed onto 0, 1 and 2), its working directory (a descriptor, so
+a rename in between cannot redirect it), its umask and its whole environment; then it runs
+the same `main()` a fresh `bash-sandbox` runs. So the config file, the session log, the
+probe cache and every policy are read as a fresh process reads them.
+
+The daemon serves only its own uid (SO_PEERCRED), from a socket in the uid's private
+directory; it forwards the client's interrupt signals to the fork, SIGKILLs the fork if
+the client goes away (whose commands then die with it, as with a killed fresh process),
+and exits after `IDLE_ENV` seconds without a call, or at once when its own code changed on
+disk (the client then runs fresh).
+
+    python -I -m bash_sandbox.warm.daemon SOCKET_PATH
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import gc
+import importlib
+import io
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bash_sandbox.warm import wire
+
+# Imported before any fork: everything `bash-sandbox run` loads on its way to the spawn.
+_PRELOAD = (
+    "bash_sandbox.cli.main",
+    "bash_sandbox.executor",
+    "bash_sandbox.confined_spawn",
+    "bash_sandbox.backends.bwrap",
+    "bash_sandbox.backends.landlock",
+    "bash_sandbox.backends.landlock_only",
+    "bash_sandbox.linux.supervisor",
+    "bash_sandbox.git_spawn",
+    "bash_sandbox.mirrors",
+    "ipaddress",
+    "landlockpy",
+    "pyseccomp",
+)
+_PREFIXES = ("bash_sandbox", "bash_local", "bash_seam", "policies")
+_REQUEST_TIMEOUT_S = 10.0
+_FORWARDED = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+
+
+@dataclass
+class _Call:
+    conn: socket.socket
+    pid: int
+
+
+@dataclass
+class _Daemon:
+    listener: socket.socket
+    path: str
+    idle_s: float
+    lock: int  # the flock that makes this the socket's one daemon
+    selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
+    wake: tuple[int, int] = (-1, -1)
+    retiring: bool = False  # its code changed: serves its running calls, takes no new ones
+    code: dict[str, int] = field(default_factory=dict)  # module file -> mtime at start
+    calls: dict[int, _Call] = field(default_factory=dict)  # fork pid -> call
+    last_active: float = field(default_factory=time.monotonic)
+
+    def retire(self) -> None:
+        """Let a daemon of the new code take the socket; exit once the running calls end."""
+        self.retiring = True
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(self.listener)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        self.listener.close()
+        os.close(self.lock)
+
+    def close_in_fork(self, conn: socket.socket) -> None:
+        """The daemon's own descriptors, in a fork that is about to become the client's."""
+        self.selector.close()
+        self.listener.close()
+        conn.close()
+        for call in self.calls.values():
+            call.conn.close()
+        for fd in (*self.wake, self.lock):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def code_changed(self) -> bool:
+        for path, mtime in self.code.items():
+            try:
+                if os.stat(path).st_mtime_ns != mtime:
+                    return True
+            except OSError:
+                return True
+        return False
+
+
+def _loaded_code() -> dict[str, int]:
+    code: dict[str, int] = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and name.split(".")[0] in _PREFIXES:
+            with contextlib.suppress(OSError):
+                code[path] = os.stat(path).st_mtime_ns
+    return code
+
+
+def _warm_up() -> None:
+    """Import what a run imports on its way, and build the parser once (its lazy imports);
+    nothing a run reads from the host or the environment is computed here."""
+    for name in _PRELOAD:
+        with contextlib.suppress(ImportError):  # landlockpy, pyseccomp: Linux only
+            importlib.import_module(name)
+    from bash_sandbox.cli.arguments import build_parser
+
+    build_parser("warm-up")
+
+
+def _become_client(request: dict[str, Any], fds: list[int]) -> None:
+    """In the fork: take the client's descriptors, directory, umask and environment."""
+    stdin, stdout, stderr, cwd = fds
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+    os.fchdir(cwd)
+    for fd in fds:
+        os.close(fd)
+    os.umask(int(request["umask"]))
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=os.isatty(1)
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+
+
+def _run_fork(
+    daemon: _Daemon, conn: socket.socket, request: dict[str, Any], fds: list[int]
+) -> None:
+    """The forked call: never returns."""
+    code = 70
+    try:
+        signal.set_wakeup_fd(-1)
+        daemon.close_in_fork(conn)
+        for sig in (*_FORWARDED, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it
+        _become_client(request, fds)
+        argv = [str(word) for word in request["argv"]]
+        sys.argv = ["bash-sandbox", *argv]
+        from bash_sandbox.cli.main import main
+
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException as exc:  # the fork must never return into the daemon's loop
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"bash-sandbox: warm run failed: {exc!r}\n")
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _accept(daemon: _Daemon) -> None:
+    try:
+        conn, _ = daemon.listener.accept()
+    except BlockingIOError:
+        return
+    daemon.last_active = time.monotonic()
+    try:
+        if wire.peer_uid(conn) != os.geteuid():
+            conn.close()  # another user: never served, told nothing
+            return
+        conn.settimeout(_REQUEST_TIMEOUT_S)
+        request, fds = wire.recv_request(conn, max_fds=4)
+    except OSError:
+        conn.close()
+        return
+    stale = daemon.code_changed()
+    if len(fds) != 4 or stale:
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            wire.send_frame(conn, {"stale": stale})
+        conn.close()
+        if stale:
+            daemon.retire()
+        return
+    pid = os.fork()
+    if pid == 0:
+        _run_fork(daemon, conn, request, fds)
+    for fd in fds:
+        os.close(fd)
+    daemon.calls[pid] = _Call(conn, pid)
+    daemon.selector.register(conn, selectors.EVENT_READ, pid)
+
+
+def _from_client(daemon: _Daemon, pid: int) -> None:
+    call = daemon.calls.get(pid)
+    if call is None:
+        return
+    try:
+        message = wire.recv_frame(call.conn)
+    except OSError:
+        message = None
+    if message is None:
+        # The client is gone: stop the run as a killed fresh process would be stopped.
+        daemon.selector.unregister(call.conn)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return
+    signum = message.get("signal")
+    if isinstance(signum, int) and signum in _FORWARDED:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def _reap(daemon: _Daemon) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        call = daemon.calls.pop(pid, None)
+        if call is None:
+            continue
+        daemon.last_active = time.monotonic()
+        with contextlib.suppress(KeyError, ValueError):
+            daemon.selector.unregister(call.conn)
+        reply: dict[str, int] = (
+            {"signal": os.WTERMSIG(status)}
+            if os.WIFSIGNALED(status)
+            else {"exit": os.WEXITSTATUS(status)}
+        )
+        with contextlib.suppress(OSError):
+            wire.send_frame(call.conn, reply)
+        call.conn.close()
+
+
+def serve(path: str, idle_s: float, lock: int) -> None:
+    """Serve on ``path`` until idle; ``lock``: the daemon lock, held."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with wire.reachable(path) as address:
+        listener.bind(address)
+    listener.listen(64)
+    listener.setblocking(False)
+    _warm_up()
+    daemon = _Daemon(listener, path, idle_s, lock, code=_loaded_code())
+    gc.freeze()  # the forks share these pages instead of copying them on the first collection
+    daemon.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(daemon.wake[1])
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    daemon.selector.register(listener, selectors.EVENT_READ, "listen")
+    daemon.selector.register(daemon.wake[0], selectors.EVENT_READ, "wake")
+    try:
+        while daemon.calls or not daemon.retiring:
+            timeout = max(0.0, daemon.last_active + idle_s - time.monotonic())
+            if not daemon.calls and timeout == 0:
+                return
+            for key, _ in daemon.selector.select(None if daemon.calls else timeout):
+                if key.data == "listen":
+                    _accept(daemon)
+                elif key.data == "wake":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(daemon.wake[0], 512)
+                else:
+                    _from_client(daemon, int(key.data))
+            _reap(daemon)
+    finally:
+        if not daemon.retiring:
+            # Unlinked under the lock: a client that finds no socket starts a new daemon.
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            listener.close()
+
+
+def main(argv: list[str]) -> int:
+    path = argv[0]
+    idle_s = float(os.environ.get(wire.IDLE_ENV) or wire.DEFAULT_IDLE_S)
+    lock = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0  # another daemon serves this socket
+    os.ftruncate(lock, 0)
+    os.write(lock, f"{os.getpid()}\n".encode())
+    serve(path, idle_s, lock)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,138 @@
+"""What the warm CLI's client and daemon share: where the socket is, and the frames on it.
+
+Imported by the client before it connects, so only built-in modules: no pydantic, no
+asyncio, nothing of the sandbox.
+
+The socket lives in this uid's private directory (`bash_local.userdir`: `<tmp>/bash-sandbox-
+<uid>`, 0700, owned by the uid), named after the interpreter and the package directory, so
+two installations never share a daemon. Frames are a 4-byte big-endian length and a JSON
+object; the request's first frame carries the client's descriptors (stdin, stdout, stderr
+and its working directory) as SCM_RIGHTS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+import struct
+import sys
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+ENABLE_ENV = "BASH_SANDBOX_DAEMON"  # "1": `bash-sandbox run` goes through the daemon
+IDLE_ENV = "BASH_SANDBOX_DAEMON_IDLE_S"  # seconds the daemon stays without a client
+DEFAULT_IDLE_S = 600.0
+MAX_FRAME = 64 << 20  # a request carries the whole command and environment
+_HEADER = struct.Struct(">I")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class WireError(OSError):
+    """The other end broke the protocol or went away mid-frame."""
+
+
+def private_dir(uid: int | None = None) -> str | None:
+    """This uid's existing private directory, or None (the daemon makes it, never the
+    client: a client only trusts a directory that only its uid could have filled)."""
+    uid = os.geteuid() if uid is None else uid
+    name = f"bash-sandbox-{uid}"
+    for parent in dict.fromkeys((os.environ.get("TMPDIR") or "/tmp", "/tmp", "/var/tmp")):
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+            return os.path.realpath(path)
+    return None
+
+
+def socket_name() -> str:
+    """One daemon per interpreter and installation."""
+    key = f"{os.path.realpath(sys.executable)}\0{_PACKAGE}".encode()
+    return f"warm-{zlib.crc32(key):08x}.sock"
+
+
+_SUN_PATH_MAX = 100  # sockaddr_un holds 108 bytes with the terminator; a margin
+
+
+@contextlib.contextmanager
+def reachable(path: str) -> Iterator[str]:
+    """``path`` as `bind`/`connect` can take it: a deep temp dir makes it longer than a
+    socket address holds, so then through a descriptor of its directory."""
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        yield path
+        return
+    directory, name = os.path.split(path)
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{name}"
+    finally:
+        os.close(fd)
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    data = _HEADER.pack(len(body)) + body
+    if fds:
+        sent = socket.send_fds(sock, [data], fds)
+        data = data[sent:]
+    sock.sendall(data)
+
+
+def _read_exact(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(min(size - len(chunks), 1 << 20))
+        if not chunk:
+            raise WireError("connection closed mid-frame")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _decode(body: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(body)
+    except ValueError as exc:
+        raise WireError(f"bad frame: {exc}") from exc
+    if not isinstance(message, dict):
+        raise WireError("bad frame: not an object")
+    return message
+
+
+def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
+    """The next frame, or None at a clean end of file."""
+    first = sock.recv(_HEADER.size)
+    if not first:
+        return None
+    head = first + _read_exact(sock, _HEADER.size - len(first))
+    (size,) = _HEADER.unpack(head)
+    if size > MAX_FRAME:
+        raise WireError(f"frame of {size} bytes")
+    return _decode(_read_exact(sock, size))
+
+
+def recv_request(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], list[int]]:
+    """The first frame and the descriptors that came with it."""
+    head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, max_fds)
+    try:
+        if not head:
+            raise WireError("no request")
+        head += _read_exact(sock, _HEADER.size - len(head))
+        (size,) = _HEADER.unpack(head)
+        if size > MAX_FRAME:
+            raise WireError(f"request of {size} bytes")
+        return _decode(_read_exact(sock, size)), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def peer_uid(sock: socket.socket) -> int:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])

@@ -1,0 +1,295 @@
+"""The warm CLI (`BASH_SANDBOX_DAEMON=1`): `bash-sandbox run` through a per-user daemon.
+
+Each test's daemon lives in the test's private temp dir (its socket in `<TMPDIR>/bash-
+sandbox-<uid>/`) and is killed by the pid in its lock file at teardown. That a call was
+served by the daemon, not run fresh, is told by the client itself (`client.run` returns
+None when it was not), written on a descriptor of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cli_probes import (
+    HAS_BWRAP,
+    HAS_LANDLOCK,
+    host_pids_with_argv,
+    is_alive,
+    kill_if_alive,
+    wait_until,
+)
+
+from bash_sandbox.warm import daemon as warm_daemon
+from bash_sandbox.warm import wire
+
+pytestmark = pytest.mark.skipif(
+    not (HAS_BWRAP or HAS_LANDLOCK) or sys.platform != "linux", reason="no Linux backend"
+)
+
+# The client as the console script runs it, reporting whether the daemon served on a
+# descriptor of its own.
+_DRIVER = """
+import os, sys
+from bash_sandbox.warm import client
+if "WARM_UMASK" in os.environ:
+    os.umask(int(os.environ["WARM_UMASK"], 8))
+status = client.run(sys.argv[1:])
+os.write(int(os.environ["WARM_SERVED_FD"]), repr(status).encode())
+sys.exit(status if isinstance(status, int) else 99)
+"""
+
+
+class Warm:
+    def __init__(self, env: dict[str, str], private: Path) -> None:
+        self.env = env
+        self.private = private
+        self.started: list[subprocess.Popen[bytes]] = []
+        self.readers: list[int] = []  # every "served" pipe, open until teardown
+
+    def daemon_pids(self) -> list[int]:
+        pids = []
+        for lock in self.private.glob("warm-*.sock.lock"):
+            with contextlib.suppress(ValueError, OSError):
+                pids.append(int(lock.read_text().split()[0]))
+        return pids
+
+    def start(
+        self, *args: str, cwd: Path, stdin: int | None = None
+    ) -> tuple[subprocess.Popen[bytes], int]:
+        served_r, served_w = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _DRIVER, *args],
+            stdin=stdin if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(self.env, WARM_SERVED_FD=str(served_w)),
+            cwd=cwd,
+            pass_fds=(served_w,),
+        )
+        os.close(served_w)
+        self.started.append(proc)
+        self.readers.append(served_r)
+        return proc, served_r
+
+    def run(self, *args: str, cwd: Path, stdin: int | None = None) -> tuple[int, bytes, bytes, str]:
+        proc, served_r = self.start(*args, cwd=cwd, stdin=stdin)
+        out, err = proc.communicate(timeout=60)
+        served = os.read(served_r, 256).decode()
+        return proc.returncode, out, err, served
+
+
+@pytest.fixture
+def warm(private_tempdir: Path, config_home: Path) -> Iterator[Warm]:
+    private = private_tempdir / f"bash-sandbox-{os.geteuid()}"
+    private.mkdir(mode=0o700)
+    env = dict(
+        os.environ,
+        TMPDIR=str(private_tempdir),
+        XDG_CONFIG_HOME=str(config_home),
+        **{wire.ENABLE_ENV: "1", wire.IDLE_ENV: "60"},
+    )
+    helper = Warm(env, private)
+    try:
+        yield helper
+    finally:
+        for proc in helper.started:
+            kill_if_alive(proc.pid)
+        for pid in helper.daemon_pids():
+            kill_if_alive(pid)
+        for fd in helper.readers:
+            os.close(fd)
+
+
+def _fresh(env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "bash_sandbox.cli", *args],
+        check=False,
+        env=dict(env, **{wire.ENABLE_ENV: "0"}),
+        cwd=cwd,
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
+
+
+def test_a_warm_run_answers_as_a_fresh_run_does(warm: Warm, workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    args = ("run", "--json", "--mode", "read-only", "--", "cd sub && echo hi && echo x > f")
+    fresh = _fresh(warm.env, *args, cwd=workspace)
+    first = warm.run(*args, cwd=workspace)  # starts the daemon, then is served by it
+    code, out, _, served = warm.run(*args, cwd=workspace)
+
+    assert served == "1" and first[3] == "1"
+    assert warm.daemon_pids() and all(is_alive(p) for p in warm.daemon_pids())
+    assert code == fresh.returncode == 1
+    got, want = json.loads(out), json.loads(fresh.stdout)
+    assert got["stdout"]["text"] == want["stdout"]["text"] == "hi\n"
+    assert got["sandbox"]["denied"] is want["sandbox"]["denied"] is True
+    targets = [d["target"] for d in got["sandbox"]["denials"]]
+    assert targets == [d["target"] for d in want["sandbox"]["denials"]]
+    assert targets == [str(workspace / "sub" / "f")]
+    assert not (workspace / "sub" / "f").exists()
+
+
+def test_the_client_gives_its_own_cwd_environment_and_umask(warm: Warm, workspace: Path) -> None:
+    (workspace / "here").mkdir()
+    command = 'pwd; echo "$LANG"; umask'
+    # The first call starts the daemon with its environment; the second's must win.
+    for lang, umask in (("C", "0022"), ("C.UTF-8", "0027")):
+        warm.env["LANG"] = lang  # the sandbox passes the locale on (and scrubs others)
+        warm.env["WARM_UMASK"] = umask
+        _, out, err, served = warm.run(
+            "run", "--mode", "workspace-write", "--", command, cwd=workspace / "here"
+        )
+    assert served == "0", err
+    lines = out.decode().splitlines()
+    fresh = _fresh(
+        warm.env, "run", "--mode", "workspace-write", "--", "pwd", cwd=workspace / "here"
+    )
+    assert lines[0] == fresh.stdout.decode().strip() == str(workspace / "here")
+    assert lines[1] == "C.UTF-8"
+    assert lines[2] == "0027"
+
+
+def test_sigterm_to_the_client_stops_the_command(warm: Warm, workspace: Path) -> None:
+    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)  # daemon up
+    seconds = f"30.{os.getpid()}7"
+    proc, _ = warm.start(
+        "run",
+        "--mode",
+        "workspace-write",
+        "--workspace",
+        str(workspace),
+        "--",
+        f"sleep {seconds} & wait",
+        cwd=workspace,
+    )
+    wait_until(lambda: bool(host_pids_with_argv(["sleep", seconds])), timeout=20, what="sleep up")
+    sleepers = host_pids_with_argv(["sleep", seconds])
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 143, err
+        assert b"SIGTERM: the command's process group was killed" in err
+        for pid in sleepers:
+            wait_until(lambda pid=pid: not is_alive(pid), timeout=10, what=f"sleep {pid} gone")
+    finally:
+        for pid in sleepers:
+            kill_if_alive(pid)
+
+
+def test_a_killed_client_takes_its_run_with_it(warm: Warm, workspace: Path) -> None:
+    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
+    seconds = f"30.{os.getpid()}8"
+    proc, _ = warm.start(
+        "run",
+        "--mode",
+        "workspace-write",
+        "--workspace",
+        str(workspace),
+        "--",
+        f"sleep {seconds} & wait",
+        cwd=workspace,
+    )
+    wait_until(lambda: bool(host_pids_with_argv(["sleep", seconds])), timeout=20, what="sleep up")
+    sleepers = host_pids_with_argv(["sleep", seconds])
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        for pid in sleepers:
+            wait_until(lambda pid=pid: not is_alive(pid), timeout=10, what=f"sleep {pid} gone")
+        assert all(is_alive(p) for p in warm.daemon_pids())  # the daemon serves on
+    finally:
+        for pid in sleepers:
+            kill_if_alive(pid)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a second uid")
+def test_another_uid_is_never_served(warm: Warm, workspace: Path, tmp_path: Path) -> None:
+    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
+    sock_path = next(warm.private.glob("warm-*.sock"))
+    # Open the socket itself to others for the test (its directory stays 0700).
+    os.chmod(sock_path, 0o777)
+    marker = tmp_path / "marker"
+    request = {
+        "argv": ["run", "--mode", "danger-full-access", "--", f"touch {marker}"],
+        "env": {"PATH": "/usr/bin:/bin"},
+        "umask": 0o022,
+    }
+    # The socket reached through a descriptor: the test's parent directories are 0700.
+    way = os.open(sock_path, os.O_PATH)
+    report_r, report_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports on the pipe, then exits
+        answer = "error"
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            sock.connect(f"/proc/self/fd/{way}")
+            cwd = os.open("/", os.O_PATH)
+            wire.send_frame(sock, request, [0, 1, 2, cwd])
+            answer = repr(wire.recv_frame(sock))
+        except BaseException as exc:
+            answer = repr(exc)
+        finally:
+            os.write(report_w, answer.encode())
+            os._exit(0)
+    os.close(way)
+    os.close(report_w)
+    os.waitpid(pid, 0)
+    with os.fdopen(report_r, "rb") as fh:
+        answer = fh.read().decode()
+    # Closed without an answer (before or after the request was written).
+    assert answer in ("None", repr(BrokenPipeError(32, "Broken pipe")))
+    assert not marker.exists()
+    assert all(is_alive(p) for p in warm.daemon_pids())
+
+
+def test_an_idle_daemon_exits_and_removes_its_socket(warm: Warm, workspace: Path) -> None:
+    warm.env[wire.IDLE_ENV] = "1"
+    code, _, _, served = warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
+    assert (code, served) == (0, "0")
+    pids = warm.daemon_pids()
+    assert pids
+    for pid in pids:
+        wait_until(lambda pid=pid: not is_alive(pid), timeout=20, what="idle daemon gone")
+    assert not list(warm.private.glob("warm-*.sock"))
+
+
+def test_a_daemon_whose_code_changed_is_stale(tmp_path: Path) -> None:
+    module = tmp_path / "module.py"
+    module.write_text("x = 1\n")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        daemon = warm_daemon._Daemon(
+            listener, str(tmp_path / "s"), 1.0, -1, code={str(module): module.stat().st_mtime_ns}
+        )
+        assert not daemon.code_changed()
+        os.utime(module, ns=(0, module.stat().st_mtime_ns + 1))
+        assert daemon.code_changed()
+    finally:
+        listener.close()
+
+
+def test_the_client_imports_nothing_heavy() -> None:
+    probe = (
+        "import sys; import bash_sandbox.entry, bash_sandbox.warm.client; "
+        "heavy = [m for m in sys.modules if m.split('.')[0] in "
+        "('pydantic', 'asyncio', 'bash_local', 'policies', 'bash_seam') "
+        "or m.startswith('bash_sandbox.cli')]; print(heavy)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    assert out.strip() == "[]"
