@@ -303,6 +303,50 @@ async def test_bare_repositories_in_the_workspace_run_nothing_the_command_plante
     assert not marker.exists()
 
 
+async def test_a_bare_repository_git_takes_for_one_however_its_head_is_spelled_is_reset(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # git's `is_git_directory` takes `ref:refs/...` (no blank), a HEAD symlink into refs/,
+    # and `objects`/`refs` found through a `commondir` file; a HEAD rewritten in place by a
+    # later command leaves its directory's ctime (the search's cache key) as it was; a
+    # repository inside a bare one is found first by host git run below it.
+    marker = tmp_path / "pwned"
+    _repo(workspace / "app")
+    hook = (
+        f"printf '#!/bin/sh\\ntouch {marker}\\n' > %s/hooks/post-receive"
+        " && chmod +x %s/hooks/post-receive"
+    )
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        " && ".join(
+            (
+                f"git init -q --bare nospace.git && {hook % ('nospace.git', 'nospace.git')}",
+                "printf 'ref:refs/heads/master' > nospace.git/HEAD",
+                f"git init -q --bare link.git && {hook % ('link.git', 'link.git')}",
+                "ln -sf refs/heads/master link.git/HEAD",
+                f"git init -q --bare common.git && {hook % ('common.git', 'common.git')}",
+                "rm common.git/HEAD && mkdir viacommon.git",
+                "echo 'ref: refs/heads/master' > viacommon.git/HEAD",
+                "echo ../common.git > viacommon.git/commondir",
+                "git init -q --bare outer.git && git init -q outer.git/sub",
+                f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' >> outer.git/sub/.git/config",
+                f"git init -q --bare later.git && {hook % ('later.git', 'later.git')}",
+                "echo not-yet > later.git/HEAD && sleep 0.5",
+            )
+        ),
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    result = await _run(ex, "echo 'ref: refs/heads/master' > later.git/HEAD", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    for remote in ("nospace.git", "link.git", "viacommon.git", "later.git"):
+        host_git("push", "-q", str(workspace / remote), "HEAD:refs/heads/pushed",
+                 cwd=workspace / "app", check=False)  # fmt: skip
+    host_git("status", cwd=workspace / "outer.git" / "sub")
+    assert not marker.exists()
+
+
 async def test_a_hook_chain_that_cannot_be_covered_makes_the_run_partial_and_names_it(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
