@@ -5,6 +5,7 @@ Each attack is checked from the host: host git runs and the planted marker is ab
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -345,6 +346,42 @@ async def test_a_bare_repository_git_takes_for_one_however_its_head_is_spelled_i
                  cwd=workspace / "app", check=False)  # fmt: skip
     host_git("status", cwd=workspace / "outer.git" / "sub")
     assert not marker.exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a repository the command creates is reset only after the command ends "
+    "(settle_git); while a start()ed command runs, host git there (an editor's status "
+    "poll, a shell prompt) obeys its planted config. Needs the write watch to give a new "
+    "`.git` (or bare layout) an overlay from its mkdir on, or to hold it from host git",
+)
+async def test_host_git_in_a_repository_a_running_command_created_runs_nothing_planted(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    _repo(workspace)
+    ex = make_executor(mode="workspace-write")
+    proc = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="git init -q sub && printf '[core]\\n\\tfsmonitor = touch "
+                f"{marker}\\n' >> sub/.git/config && touch sub/ready && sleep 60",
+                workdir=str(workspace),
+                env=dict(_ENV),
+            )
+        )
+    )
+    try:
+        for _ in range(400):
+            if (workspace / "sub" / "ready").exists():
+                break
+            await asyncio.sleep(0.05)
+        assert (workspace / "sub" / "ready").exists()
+        host_git("status", "--short", cwd=workspace / "sub")  # a host tool's poll
+        assert not marker.exists()
+    finally:
+        proc.kill()
+        await asyncio.wait_for(proc.wait(), 20)
 
 
 async def test_a_hook_chain_that_cannot_be_covered_makes_the_run_partial_and_names_it(
