@@ -9,7 +9,7 @@ runs nothing the command planted:
 
 - `config` is re-written from the keys git's own parser (`git config --list -z`) reads in
   it, keeping only an allowlist of keys that configure data (`_KEPT`; remote and submodule
-  URLs without a `<transport>::` helper; `core.worktree` only inside the roots). Everything
+  URLs without a `<transport>::` helper; `core.worktree` only as git's default). Everything
   else, known to run code or not (`core.fsmonitor`, `core.hooksPath`, `filter.*`,
   `alias.*`, `include.*`, ...), is dropped;
 - `hooks/` is emptied; `info/` keeps only `exclude` and `sparse-checkout`;
@@ -448,8 +448,18 @@ def _keep(key: str, value: str | None, gitdir: str, roots: tuple[str, ...]) -> b
     section, _, rest = key.partition(".")
     sub, _, name = rest.rpartition(".")
     if key == "core.worktree":
-        return value is not None and within_any(
-            os.path.realpath(os.path.join(gitdir, value)), roots
+        # Only git's own default, spelled out: the directory holding `.git`, reached without
+        # a link. Anything else is a directory a later command can swap for a symlink
+        # (`../../link` -> `/`), and the user's `git checkout -- .` there writes through
+        # it; an ancestor holds names the command may not write (`.vscode/`, `.envrc`).
+        if value is None:
+            return False
+        target = os.path.normpath(os.path.join(gitdir, value))
+        return (
+            os.path.basename(gitdir) == ".git"
+            and target == os.path.dirname(gitdir)
+            and os.path.realpath(target) == target
+            and within_any(target, roots)
         )
     if not sub:
         return key in _KEPT

@@ -384,6 +384,31 @@ async def test_host_git_in_a_repository_a_running_command_created_runs_nothing_p
         await asyncio.wait_for(proc.wait(), 20)
 
 
+async def test_a_created_repos_worktree_behind_a_link_swapped_later_writes_nothing_outside(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # `core.worktree = ../../link`, inside the workspace when the repository was reset; the
+    # next command points `link` at a host directory; the user's `git checkout -- .` (or
+    # `reset --hard`) in the repository then wrote its files there.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "mkdir real && ln -s real link && git init -q made"
+        " && git -C made config core.worktree ../../link && echo owned > real/planted.txt"
+        " && git -C made add planted.txt && git -C made commit -qm c",
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    result = await _run(ex, f"rm link && ln -s {outside} link", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    for args in (("checkout", "--", "."), ("reset", "-q", "--hard")):
+        host_git(*args, cwd=workspace / "made", check=False)
+    assert list(outside.iterdir()) == []
+    assert host_git("log", "--format=%s", cwd=workspace / "made").stdout.split() == ["c"]
+
+
 async def test_a_hook_chain_that_cannot_be_covered_makes_the_run_partial_and_names_it(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
