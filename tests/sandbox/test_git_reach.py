@@ -409,6 +409,37 @@ async def test_a_created_repos_worktree_behind_a_link_swapped_later_writes_nothi
     assert host_git("log", "--format=%s", cwd=workspace / "made").stdout.split() == ["c"]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="import_created keeps a new submodule git dir's core.worktree when it is "
+    "lexically inside the workspace (_keep_worktree: normpath); behind a link a later "
+    "command re-points, the user's `git checkout -- .` in the submodule writes through it. "
+    "Fix: drop core.worktree there (the gitfile gives git the worktree) or keep it only "
+    "when no component can be swapped",
+)
+async def test_a_new_submodules_worktree_behind_a_link_swapped_later_writes_nothing_outside(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _repo(workspace)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "mkdir real x && ln -s real link && git init -q --bare .git/modules/x"
+        " && git --git-dir=.git/modules/x config core.bare false"
+        " && git --git-dir=.git/modules/x config core.worktree ../../../link"
+        " && echo 'gitdir: ../.git/modules/x' > x/.git && echo owned > real/planted.txt"
+        " && cd x && git add planted.txt && git commit -qm c",
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    result = await _run(ex, f"rm link && ln -s {outside} link", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    host_git("checkout", "--", ".", cwd=workspace / "x", check=False)
+    assert list(outside.iterdir()) == []
+
+
 async def test_a_hook_chain_that_cannot_be_covered_makes_the_run_partial_and_names_it(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
