@@ -409,14 +409,6 @@ async def test_a_created_repos_worktree_behind_a_link_swapped_later_writes_nothi
     assert host_git("log", "--format=%s", cwd=workspace / "made").stdout.split() == ["c"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="import_created keeps a new submodule git dir's core.worktree when it is "
-    "lexically inside the workspace (_keep_worktree: normpath); behind a link a later "
-    "command re-points, the user's `git checkout -- .` in the submodule writes through it. "
-    "Fix: drop core.worktree there (the gitfile gives git the worktree) or keep it only "
-    "when no component can be swapped",
-)
 async def test_a_new_submodules_worktree_behind_a_link_swapped_later_writes_nothing_outside(
     make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
 ) -> None:
