@@ -2,12 +2,14 @@
 
 A `.git` that did not exist before the command (`git init`, `git clone`, `cargo new`, a
 worktree or submodule of a new repository) keeps its objects, refs, index and logs: that is
-the command's work. What makes host git run something is reset, on the host, after the
-command, so the user's next `git status` there runs nothing the command planted:
+the command's work (an index holding a path git refuses to check out, `.git/config` or
+`../x`, is removed: the user's `git restore .` would write it). What makes host git run
+something is reset, on the host, after the command, so the user's next `git status` there
+runs nothing the command planted:
 
 - `config` is re-written from the keys git's own parser (`git config --list -z`) reads in
   it, keeping only an allowlist of keys that configure data (`_KEPT`; remote and submodule
-  URLs without a `<transport>::` helper; `core.worktree` only inside the roots). Everything
+  URLs without a `<transport>::` helper; `core.worktree` only as git's default). Everything
   else, known to run code or not (`core.fsmonitor`, `core.hooksPath`, `filter.*`,
   `alias.*`, `include.*`, ...), is dropped;
 - `hooks/` is emptied; `info/` keeps only `exclude` and `sparse-checkout`;
@@ -138,9 +140,13 @@ def _reset(
     for name in _empty_dir(fd, "info", keep=_INFO_KEPT):
         note(f"info/{name}")
     _alternates(fd, gitdir, roots, dropped, rel)
+    if _refused_index(fd, gitdir):
+        note("index (paths git refuses to check out)")
     for name, sub in _subdirs(fd, "worktrees"):
         try:
             _worktree(sub, dropped, os.path.join(rel, "worktrees", name))
+            if _refused_index(sub, gitdir):
+                dropped.append(os.path.join(rel, "worktrees", name, "index"))
         finally:
             os.close(sub)
     if depth < _MODULES_DEPTH:
@@ -177,6 +183,75 @@ def _worktree(fd: int, dropped: list[str], rel: str) -> None:
     if _read(fd, "commondir") not in (None, b"../..\n", b"../.."):
         _remove(fd, "commondir")
         dropped.append(os.path.join(rel, "commondir"))
+
+
+def _refused_index(fd: int, gitdir: str) -> bool:
+    """Remove the `index` below ``fd`` when it holds an entry git's own path rules refuse
+    (`.git/config`, `../x`, `.GIT/...`): git checks names when it adds an entry, not when it
+    reads an index, so the user's `git restore .` there would write them (the config that
+    then runs, a file outside the workspace). Judged by git itself: the entries, as
+    `ls-files` reads them, given to `update-index --index-info` in a scratch index, which
+    drops each path `verify_path` refuses. Returns whether it was removed."""
+    if not _lexists(fd, "index"):
+        return False
+    with tempfile.TemporaryDirectory(prefix="bash-sandbox-index-") as tmp:
+        copy, scratch = os.path.join(tmp, "index"), os.path.join(tmp, "scratch")
+        if not _copy_regular(fd, "index", copy):
+            return _remove(fd, "index")  # a link, a fifo: not an index git would read as one
+        env = {**SCRUBBED_GIT_ENV, "GIT_DIR": gitdir}
+        try:
+            listed = subprocess.run(
+                [*SCRUBBED_GIT, "ls-files", "--stage", "-z"],
+                env={**env, "GIT_INDEX_FILE": copy},
+                cwd="/",
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+            if listed.returncode != 0:
+                return False  # host git cannot read it either
+            entries = [e for e in listed.stdout.split(b"\0") if e]
+            if not entries:
+                return False
+            subprocess.run(
+                [*SCRUBBED_GIT, "update-index", "-z", "--index-info"],
+                env={**env, "GIT_INDEX_FILE": scratch},
+                cwd="/",
+                input=listed.stdout,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+            kept = subprocess.run(
+                [*SCRUBBED_GIT, "ls-files", "--stage", "-z"],
+                env={**env, "GIT_INDEX_FILE": scratch},
+                cwd="/",
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return _remove(fd, "index")
+    if kept.returncode == 0 and len([e for e in kept.stdout.split(b"\0") if e]) == len(entries):
+        return False
+    return _remove(fd, "index")
+
+
+def _copy_regular(fd: int, name: str, dest: str) -> bool:
+    """Copy the regular file ``name`` below ``fd`` (never through a link) to ``dest``."""
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            return False
+        with open(dest, "wb") as out:
+            while chunk := os.read(src, 1 << 20):
+                out.write(chunk)
+        return True
+    finally:
+        os.close(src)
 
 
 def _subdirs(fd: int, name: str | None) -> Iterator[tuple[str, int]]:
@@ -373,8 +448,18 @@ def _keep(key: str, value: str | None, gitdir: str, roots: tuple[str, ...]) -> b
     section, _, rest = key.partition(".")
     sub, _, name = rest.rpartition(".")
     if key == "core.worktree":
-        return value is not None and within_any(
-            os.path.realpath(os.path.join(gitdir, value)), roots
+        # Only git's own default, spelled out: the directory holding `.git`, reached without
+        # a link. Anything else is a directory a later command can swap for a symlink
+        # (`../../link` -> `/`), and the user's `git checkout -- .` there writes through
+        # it; an ancestor holds names the command may not write (`.vscode/`, `.envrc`).
+        if value is None:
+            return False
+        target = os.path.normpath(os.path.join(gitdir, value))
+        return (
+            os.path.basename(gitdir) == ".git"
+            and target == os.path.dirname(gitdir)
+            and os.path.realpath(target) == target
+            and within_any(target, roots)
         )
     if not sub:
         return key in _KEPT

@@ -75,7 +75,7 @@ class _Listing:
     subdirs: tuple[str, ...]  # full paths, sorted
     dependencies: tuple[str, ...]  # the subdirectories named in DEPENDENCY_DIRS
     dotgit: bool
-    bare: bool  # the directory itself is a git directory (a bare repository)
+    bare: bool  # names git's layout (HEAD, objects and refs, or HEAD and commondir)
 
 
 _LISTINGS: dict[str, _Listing] = {}
@@ -157,7 +157,7 @@ def _list(directory: str, now_ns: int) -> _Listing | None:
     subdirs: list[str] = []
     dependencies: list[str] = []
     dotgit = False
-    layout = 0
+    names: set[str] = set()
     prefix = directory.rstrip("/") + "/"
     try:
         with os.scandir(directory) as it:
@@ -165,15 +165,17 @@ def _list(directory: str, now_ns: int) -> _Listing | None:
                 if entry.name == ".git":
                     dotgit = True
                     continue
-                if entry.name in _BARE_LAYOUT:
-                    layout += 1
+                if entry.name in _BARE_NAMES:
+                    names.add(entry.name)
                 with contextlib.suppress(OSError):
                     if entry.is_dir(follow_symlinks=False):
                         into = dependencies if entry.name in DEPENDENCY_DIRS else subdirs
                         into.append(prefix + entry.name)
     except OSError:
         return None
-    bare = layout == len(_BARE_LAYOUT) and is_git_directory(directory)
+    # Names only: what they hold (HEAD's bytes, a commondir's target) changes without the
+    # directory's ctime, so `is_git_directory` is asked afresh on every search.
+    bare = "HEAD" in names and (names >= {"objects", "refs"} or "commondir" in names)
     listing = _Listing(key, tuple(sorted(subdirs)), tuple(sorted(dependencies)), dotgit, bare)
     if st.st_ctime_ns < now_ns - _RACY_NS:
         if len(_LISTINGS) >= _CACHE_MAX:
@@ -200,7 +202,7 @@ def find_dotgits(
     roots: tuple[str, ...], budget: int = DISCOVERY_BUDGET
 ) -> tuple[list[str], list[str]]:
     """Every `.git` entry (any kind) at or below ``roots``, never below a `.git`, and every
-    bare repository (a directory git takes for a git directory, never searched below);
+    bare repository (a directory git takes for a git directory, searched below too);
     breadth first, dependency directories after everything else; and the directories left
     unlisted when ``budget`` ran out (empty when the search was complete)."""
     now_ns = time.time_ns()
@@ -219,9 +221,10 @@ def find_dotgits(
         listing = _list(directory, now_ns)
         if listing is None:
             continue
-        if listing.bare:
-            found.append(directory)  # git's own layout inside: nothing below to search
-            continue
+        if listing.bare and is_git_directory(directory):
+            # Searched below too: host git run in a directory below it finds a `.git` there
+            # first (a repository the command made inside a bare one is its to reset).
+            found.append(directory)
         if listing.dotgit:
             found.append(directory.rstrip("/") + "/.git")
         # Below a dependency directory everything is searched last too.
@@ -230,24 +233,40 @@ def find_dotgits(
     return found, []
 
 
-_BARE_LAYOUT = frozenset({"HEAD", "objects", "refs"})
-_HEAD = re.compile(rb"^(ref: refs/|[0-9a-f]{40}(?:[0-9a-f]{24})?\s*$)")
+_BARE_NAMES = frozenset({"HEAD", "objects", "refs", "commondir"})
+# git's `validate_headref`: `ref:`, any blanks, `refs/`; or an object id (SHA-1 or SHA-256,
+# hex of either case; git reads no further than the id).
+_HEAD = re.compile(rb"^(ref:\s*refs/|[0-9a-fA-F]{40})")
 
 
 def is_git_directory(path: str) -> bool:
-    """Whether git takes ``path`` for a git directory, as its `is_git_directory` does: a
-    `HEAD` file holding a symbolic ref into `refs/` or an object id, `objects/` and `refs/`
-    directories. A bare repository (`git init --bare x.git`) is one, named as it likes."""
+    """Whether git may take ``path`` for a git directory, as its `is_git_directory` does,
+    erring towards yes: a `HEAD` that `validate_headref` accepts (a symbolic ref into
+    `refs/`, with any blanks after `ref:`; an object id; a symlink, which git accepts when
+    it points into `refs/`), and `objects` and `refs` in the directory or, with a
+    `commondir` file, in the directory it names (taken as present: they can appear there
+    later without this directory changing). A bare repository (`git init --bare x.git`) is
+    one, named as it likes."""
     head = os.path.join(path, "HEAD")
     try:
+        st = os.lstat(head)
+        if stat.S_ISDIR(st.st_mode):
+            return False
         if not (
-            stat.S_ISREG(os.lstat(head).st_mode)
-            and os.path.isdir(os.path.join(path, "objects"))
-            and os.path.isdir(os.path.join(path, "refs"))
+            os.path.lexists(os.path.join(path, "commondir"))
+            or (
+                os.path.lexists(os.path.join(path, "objects"))
+                and os.path.lexists(os.path.join(path, "refs"))
+            )
         ):
             return False
-        with open(head, "rb") as fh:
-            return _HEAD.match(fh.read(256)) is not None
+        if not stat.S_ISREG(st.st_mode):
+            return True  # a symlink (git reads its target), a fifo: taken as git's
+        fd = os.open(head, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            return _HEAD.match(os.read(fd, 256)) is not None
+        finally:
+            os.close(fd)
     except OSError:
         return False
 
@@ -484,10 +503,12 @@ def after_command(
         if fresh:
             result.created_dotgits.append(path)
             result.created += [g for g in fresh if g not in result.created]
-    # A linked worktree's or a submodule's git dir inside a created one is reset with it.
+    # A linked worktree's or a submodule's git dir inside a created one is reset with it;
+    # any other repository below one (`x.git/sub/.git`) is reset on its own.
     kept: list[str] = []
     for d in sorted(result.created, key=lambda p: (p.count("/"), p)):
-        if not any(within(d, k) for k in kept):
+        inner = (os.path.join(k, sub) for k in kept for sub in ("worktrees", "modules"))
+        if not any(within(d, i) for i in inner):
             kept.append(d)
     result.created = kept
     return result

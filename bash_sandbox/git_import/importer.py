@@ -893,7 +893,8 @@ def import_created(
     ``source_gitdir`` is untrusted (the command's, moved aside by the caller); ``work`` is
     an empty directory of the executor's (its view and journal go there); ``run_id`` names
     the keep-refs. ``host_gitdir`` must not exist yet. A submodule's `core.worktree` (read
-    with git's config parser) is kept when it leads inside ``worktree_within``."""
+    with git's config parser) is kept when it leads inside ``worktree_within`` to a real
+    directory, no symlink on the way."""
     os.makedirs(os.path.dirname(host_gitdir), exist_ok=True)
     git(host_gitdir, "init", "--bare", "-q", "--template=", host_gitdir)
     git(host_gitdir, "config", "core.bare", "false")
@@ -923,7 +924,15 @@ def _keep_worktree(source: str, host_gitdir: str, within: str) -> None:
     )
     value = got.stdout.decode(errors="replace").strip()
     target = os.path.normpath(os.path.join(host_gitdir, value))
-    if value and "\n" not in value and within_path(target, within):
+    # Only a real directory reached without a symlink: a link inside the workspace that a
+    # later command re-points would carry the user's checkouts there wherever it points.
+    if (
+        value
+        and "\n" not in value
+        and within_path(target, within)
+        and os.path.isdir(target)
+        and os.path.realpath(target) == target
+    ):
         git(host_gitdir, "config", "core.worktree", value)
 
 

@@ -80,6 +80,40 @@ async def test_an_index_naming_git_config_and_a_path_outside_changes_nothing_on_
     fsck_clean(repo)
 
 
+async def test_an_index_naming_git_config_in_a_repository_the_command_created_writes_nothing(
+    make_executor: ExecutorFactory, tmp_path: Path, workspace: Path
+) -> None:
+    # A repository the command creates keeps its index; host git checks entry names when it
+    # adds one, not when it reads an index: `git restore .` wrote `.git/config` (which then
+    # ran) and `../../outside/x`.
+    (workspace / "craft.py").write_text(CRAFT)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    marker = tmp_path / "pwned"
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "git init -q made && cd made && echo ok > ok.txt && git add ok.txt && git commit -qm c"
+        f" && cfg=$(printf '[core]\\n\\tfsmonitor = touch {marker}\\n'"
+        " | git hash-object -w --stdin)"
+        " && out=$(echo owned | git hash-object -w --stdin)"
+        ' && python3 ../craft.py .git/index ".git/config=$cfg" "../../outside/x=$out"'
+        " && git ls-files && cd .. && git init -q good && cd good && echo a > a.txt"
+        " && git add a.txt",
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert ".git/config" in result.stdout.text  # the sandbox's git read the crafted index
+    made = workspace / "made"
+    for args in (("restore", "."), ("checkout", "--", "."), ("status",), ("diff",)):
+        host_git(made, *args, check=False)
+    assert b"fsmonitor" not in (made / ".git" / "config").read_bytes()
+    assert not (outside / "x").exists()
+    assert not marker.exists()
+    # An index git's path rules accept is the command's work, kept as it is.
+    assert host_git(workspace / "good", "diff", "--cached", "--name-only").split() == ["a.txt"]
+
+
 async def test_a_crafted_cache_tree_never_puts_an_unstaged_file_in_the_hosts_commit(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:

@@ -5,6 +5,7 @@ Each attack is checked from the host: host git runs and the planted marker is ab
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -301,6 +302,134 @@ async def test_bare_repositories_in_the_workspace_run_nothing_the_command_plante
         )
         host_git("--git-dir", str(workspace / remote), "log", "-1", "pushed", cwd=workspace)
     assert not marker.exists()
+
+
+async def test_a_bare_repository_git_takes_for_one_however_its_head_is_spelled_is_reset(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # git's `is_git_directory` takes `ref:refs/...` (no blank), a HEAD symlink into refs/,
+    # and `objects`/`refs` found through a `commondir` file; a HEAD rewritten in place by a
+    # later command leaves its directory's ctime (the search's cache key) as it was; a
+    # repository inside a bare one is found first by host git run below it.
+    marker = tmp_path / "pwned"
+    _repo(workspace / "app")
+    hook = (
+        f"printf '#!/bin/sh\\ntouch {marker}\\n' > %s/hooks/post-receive"
+        " && chmod +x %s/hooks/post-receive"
+    )
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        " && ".join(
+            (
+                f"git init -q --bare nospace.git && {hook % ('nospace.git', 'nospace.git')}",
+                "printf 'ref:refs/heads/master' > nospace.git/HEAD",
+                f"git init -q --bare link.git && {hook % ('link.git', 'link.git')}",
+                "ln -sf refs/heads/master link.git/HEAD",
+                f"git init -q --bare common.git && {hook % ('common.git', 'common.git')}",
+                "rm common.git/HEAD && mkdir viacommon.git",
+                "echo 'ref: refs/heads/master' > viacommon.git/HEAD",
+                "echo ../common.git > viacommon.git/commondir",
+                "git init -q --bare outer.git && git init -q outer.git/sub",
+                f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' >> outer.git/sub/.git/config",
+                f"git init -q --bare later.git && {hook % ('later.git', 'later.git')}",
+                "echo not-yet > later.git/HEAD && sleep 0.5",
+            )
+        ),
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    result = await _run(ex, "echo 'ref: refs/heads/master' > later.git/HEAD", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    for remote in ("nospace.git", "link.git", "viacommon.git", "later.git"):
+        host_git("push", "-q", str(workspace / remote), "HEAD:refs/heads/pushed",
+                 cwd=workspace / "app", check=False)  # fmt: skip
+    host_git("status", cwd=workspace / "outer.git" / "sub")
+    assert not marker.exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a repository the command creates is reset only after the command ends "
+    "(settle_git); while a start()ed command runs, host git there (an editor's status "
+    "poll, a shell prompt) obeys its planted config. Needs the write watch to give a new "
+    "`.git` (or bare layout) an overlay from its mkdir on, or to hold it from host git",
+)
+async def test_host_git_in_a_repository_a_running_command_created_runs_nothing_planted(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    _repo(workspace)
+    ex = make_executor(mode="workspace-write")
+    proc = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="git init -q sub && printf '[core]\\n\\tfsmonitor = touch "
+                f"{marker}\\n' >> sub/.git/config && touch sub/ready && sleep 60",
+                workdir=str(workspace),
+                env=dict(_ENV),
+            )
+        )
+    )
+    try:
+        for _ in range(400):
+            if (workspace / "sub" / "ready").exists():
+                break
+            await asyncio.sleep(0.05)
+        assert (workspace / "sub" / "ready").exists()
+        host_git("status", "--short", cwd=workspace / "sub")  # a host tool's poll
+        assert not marker.exists()
+    finally:
+        proc.kill()
+        await asyncio.wait_for(proc.wait(), 20)
+
+
+async def test_a_created_repos_worktree_behind_a_link_swapped_later_writes_nothing_outside(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # `core.worktree = ../../link`, inside the workspace when the repository was reset; the
+    # next command points `link` at a host directory; the user's `git checkout -- .` (or
+    # `reset --hard`) in the repository then wrote its files there.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "mkdir real && ln -s real link && git init -q made"
+        " && git -C made config core.worktree ../../link && echo owned > real/planted.txt"
+        " && git -C made add planted.txt && git -C made commit -qm c",
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    result = await _run(ex, f"rm link && ln -s {outside} link", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    for args in (("checkout", "--", "."), ("reset", "-q", "--hard")):
+        host_git(*args, cwd=workspace / "made", check=False)
+    assert list(outside.iterdir()) == []
+    assert host_git("log", "--format=%s", cwd=workspace / "made").stdout.split() == ["c"]
+
+
+async def test_a_new_submodules_worktree_behind_a_link_swapped_later_writes_nothing_outside(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _repo(workspace)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "mkdir real x && ln -s real link && git init -q --bare .git/modules/x"
+        " && git --git-dir=.git/modules/x config core.bare false"
+        " && git --git-dir=.git/modules/x config core.worktree ../../../link"
+        " && echo 'gitdir: ../.git/modules/x' > x/.git && echo owned > real/planted.txt"
+        " && cd x && git add planted.txt && git commit -qm c",
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    result = await _run(ex, f"rm link && ln -s {outside} link", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    host_git("checkout", "--", ".", cwd=workspace / "x", check=False)
+    assert list(outside.iterdir()) == []
 
 
 async def test_a_hook_chain_that_cannot_be_covered_makes_the_run_partial_and_names_it(
