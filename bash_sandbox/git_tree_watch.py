@@ -12,10 +12,11 @@ every search: git's verdict on them can change with no name changing. So after a
 the `.git` entries it made are the ones in the directories its events named.
 
 Any doubt answers with `find_dotgits` itself, never with the kept tree: the queue
-overflowed, a watch could not be set (the user's watch limit, this executor's share of it,
-a directory it may not read), the roots nest, a root was replaced, more directories than
-the search's budget. A root replaced or an overflow rebuilds the tree at once; the others
-wait `_RETRY_AFTER` searches before trying again. Without inotify (macOS) every search is
+overflowed, the mounts changed, a watch could not be set (the user's watch limit, this
+executor's share of it, a directory it may not read, a filesystem whose changes may not
+all pass through this kernel), the roots nest, a root was replaced, more directories than
+the search's budget. A root replaced, an overflow or a mount rebuilds the tree at once; the
+others wait `_RETRY_AFTER` searches before trying again. Without inotify (macOS) every search is
 `find_dotgits`.
 """
 
@@ -123,7 +124,7 @@ class GitTreeWatch:
             changes = self._watch.drain()
         except InotifyError as exc:
             raise _Doubt(retry_now=False) from exc
-        if changes.overflow:
+        if changes.lost:
             raise _Doubt(retry_now=True)  # which names changed is lost
         for path in changes.moved:
             if path in self._roots:

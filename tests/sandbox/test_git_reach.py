@@ -369,7 +369,7 @@ async def test_a_repository_made_deep_in_a_watched_tree_is_overlaid_for_the_next
     host_git("commit", "-q", "--allow-empty", "-m", "host", cwd=repo)
     assert not marker.exists()
     tree = ex._services.git_tree
-    assert tree.walked == 0 and tree.answered >= 6, "every search answered by the kept tree"
+    assert tree.walked == 0 and tree.rebuilt == 0 and tree.answered >= 6, "kept tree, drained"
 
 
 async def test_a_gitfile_rewritten_in_place_in_a_watched_tree_is_put_back(
@@ -399,4 +399,4 @@ async def test_a_gitfile_rewritten_in_place_in_a_watched_tree_is_put_back(
     host_git("status", cwd=worktree)
     assert not marker.exists()
     tree = ex._services.git_tree
-    assert tree.walked == 0 and tree.answered >= 4
+    assert tree.walked == 0 and tree.rebuilt == 0 and tree.answered >= 4

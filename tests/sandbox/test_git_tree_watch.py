@@ -4,6 +4,7 @@ after every kind of change it answers what a fresh walk finds, and where it cann
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -16,6 +17,8 @@ import pytest
 from bash_sandbox import git_discovery
 from bash_sandbox.git_discovery import find_dotgits
 from bash_sandbox.git_tree_watch import GitTreeWatch
+from bash_sandbox.linux.dir_watch import DirectoryWatch
+from bash_sandbox.linux.inotify import InotifyError
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify")
 
@@ -238,3 +241,51 @@ def test_a_tree_seen_through_a_bind_mount_is_watched_by_inode(tmp_path: Path) ->
         assert _kept(tree, ws) == [str(ws / "a" / "b" / "c" / "d" / ".git")]
     finally:
         tree.close()
+
+
+def test_a_filesystem_whose_changes_may_bypass_this_kernel_is_not_watched() -> None:
+    # procfs here; NFS, 9p, virtiofs, FUSE alike: a change made elsewhere makes no event.
+    watch = DirectoryWatch()
+    try:
+        with pytest.raises(InotifyError) as info:
+            watch.add("/proc/sys")
+        assert info.value.errno == errno.EXDEV
+        assert len(watch) == 0
+    finally:
+        watch.close()
+
+
+_MOUNT_CHILD = """
+import sys
+from pathlib import Path
+import subprocess
+from bash_sandbox.git_tree_watch import GitTreeWatch
+from bash_sandbox.linux.dir_watch import DirectoryWatch
+from bash_sandbox.linux.inotify import InotifyError
+ws = Path(sys.argv[1])
+tree = GitTreeWatch()
+assert tree.find_dotgits((str(ws),)) == ([], [])
+# A mount covers a watched directory: no inotify event says so.
+subprocess.run(["mount", "-t", "tmpfs", "none", str(ws / "sub")], check=True)
+(ws / "sub" / "x" / ".git").mkdir(parents=True)
+found = tree.find_dotgits((str(ws),))
+assert found == ([str(ws / "sub" / "x" / ".git")], []), found
+assert tree.rebuilt == 1 and tree.walked == 0, (tree.rebuilt, tree.walked)
+print("ok")
+"""
+
+
+def test_a_mount_over_a_watched_directory_rebuilds_the_tree(tmp_path: Path) -> None:
+    # In a mount namespace of its own (the host's mount table is left alone).
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--map-root-user",
+         sys.executable, "-c", _MOUNT_CHILD, str(ws)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 and "unshare" in done.stderr and "ok" not in done.stdout:
+        pytest.skip(f"no private mount namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
