@@ -419,7 +419,8 @@ class ConfinedSpawn(SpawnScope):
         if self._git is not None:
             # Created repositories reset to git's default control plane, changed `.git`
             # links put back (`git_spawn.py`): a boundary, so never skipped.
-            settled = settle_git(self._git, roots, self.overlays)
+            search = self._services.survey.search
+            settled = settle_git(self._git, roots, self.overlays, search)
             nested += settled.nested
             self.warnings += settled.warnings
         for overlay in self.overlays:

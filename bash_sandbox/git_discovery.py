@@ -15,8 +15,11 @@ Listing every directory before every command would cost a `scandir` per director
 listing is cached by the directory's (device, inode, ctime): adding, removing or renaming an
 entry changes the ctime, and so does every `utimensat`, which a command cannot set back
 (ctime is the kernel's clock). A listing made within a clock tick of the directory's last
-change is not cached (a second change in the same tick would keep its ctime). A search
-whose directories did not change costs one `lstat` per directory.
+change is not cached (a second change in the same tick would keep its ctime), nor one of a
+directory with git's layout (its `HEAD` rewritten in place changes no ctime). A search
+whose directories did not change costs one `lstat` per directory. An executor answers the
+same search from a tree inotify keeps current (`git_tree_watch.py`), and with this walk
+whenever it cannot show that tree is current.
 
 After the command, `after_command` searches again: a `.git` entry that was not there before
 is a repository the command created (its control plane is reset, `git_created.py`); a
@@ -36,6 +39,7 @@ import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bash_local.userdir import user_base_dir
 from policies import SandboxPolicy
@@ -70,15 +74,20 @@ _CACHE_MAX = 250_000  # listings kept (a few hundred bytes each)
 
 
 @dataclass(frozen=True)
-class _Listing:
-    key: tuple[int, int, int]  # st_dev, st_ino, st_ctime_ns
+class Listing:
+    """What the search takes from one directory."""
+
     subdirs: tuple[str, ...]  # full paths, sorted
     dependencies: tuple[str, ...]  # the subdirectories named in DEPENDENCY_DIRS
     dotgit: bool
-    bare: bool  # names git's layout (HEAD, objects and refs, or HEAD and commondir)
+    bare: bool  # the directory itself is a git directory (a bare repository)
+    # `HEAD` with `objects` and `refs`, or with `commondir`: git's verdict can change with
+    # no name changing (HEAD rewritten in place, a symlink retargeted), so never kept.
+    layout: bool = False
 
 
-_LISTINGS: dict[str, _Listing] = {}
+EMPTY_LISTING = Listing((), (), False, False)
+_LISTINGS: dict[str, tuple[tuple[int, int, int], Listing]] = {}  # st_dev, st_ino, st_ctime_ns
 
 
 @dataclass(frozen=True)
@@ -143,17 +152,36 @@ def read_gitfile(path: str) -> str | None:
     return os.path.realpath(target)
 
 
-def _list(directory: str, now_ns: int) -> _Listing | None:
+def _list(directory: str, now_ns: int) -> Listing | None:
     try:
         st = os.lstat(directory)
     except OSError:
         return None
     key = (st.st_dev, st.st_ino, st.st_ctime_ns)
     cached = _LISTINGS.get(directory)
-    if cached is not None and cached.key == key:
-        return cached
+    if cached is not None and cached[0] == key:
+        return cached[1]
     if not stat.S_ISDIR(st.st_mode):
         return None
+    listing = _scan(directory)
+    if listing is not None and not listing.layout and st.st_ctime_ns < now_ns - _RACY_NS:
+        if len(_LISTINGS) >= _CACHE_MAX:
+            _LISTINGS.clear()
+        _LISTINGS[directory] = (key, listing)
+    return listing
+
+
+def scan_directory(directory: str) -> Listing | None:
+    """``directory`` listed now (None when it is not a directory, or cannot be listed)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            return None
+    except OSError:
+        return None
+    return _scan(directory)
+
+
+def _scan(directory: str) -> Listing | None:
     subdirs: list[str] = []
     dependencies: list[str] = []
     dotgit = False
@@ -173,15 +201,10 @@ def _list(directory: str, now_ns: int) -> _Listing | None:
                         into.append(prefix + entry.name)
     except OSError:
         return None
-    # Names only: what they hold (HEAD's bytes, a commondir's target) changes without the
-    # directory's ctime, so `is_git_directory` is asked afresh on every search.
-    bare = "HEAD" in names and (names >= {"objects", "refs"} or "commondir" in names)
-    listing = _Listing(key, tuple(sorted(subdirs)), tuple(sorted(dependencies)), dotgit, bare)
-    if st.st_ctime_ns < now_ns - _RACY_NS:
-        if len(_LISTINGS) >= _CACHE_MAX:
-            _LISTINGS.clear()
-        _LISTINGS[directory] = listing
-    return listing
+    # HEAD with objects and refs, or with a commondir naming where they are.
+    has_layout = "HEAD" in names and (names >= {"objects", "refs"} or "commondir" in names)
+    bare = has_layout and is_git_directory(directory)
+    return Listing(tuple(sorted(subdirs)), tuple(sorted(dependencies)), dotgit, bare, has_layout)
 
 
 @functools.cache
@@ -221,7 +244,7 @@ def find_dotgits(
         listing = _list(directory, now_ns)
         if listing is None:
             continue
-        if listing.bare and is_git_directory(directory):
+        if listing.bare:
             # Searched below too: host git run in a directory below it finds a `.git` there
             # first (a repository the command made inside a bare one is its to reset).
             found.append(directory)
@@ -231,6 +254,14 @@ def find_dotgits(
         (first if from_first else last).extend(listing.subdirs)
         last.extend(listing.dependencies)
     return found, []
+
+
+class DotGitSearch(Protocol):
+    """`find_dotgits`, or an executor's watched tree answering the same (`git_tree_watch.py`)."""
+
+    def __call__(
+        self, roots: tuple[str, ...], budget: int = DISCOVERY_BUDGET
+    ) -> tuple[list[str], list[str]]: ...
 
 
 _BARE_NAMES = frozenset({"HEAD", "objects", "refs", "commondir"})
@@ -391,6 +422,7 @@ def discover_gitdirs(
     *,
     budget: int = DISCOVERY_BUDGET,
     known: tuple[str, ...] = (),
+    search: DotGitSearch = find_dotgits,
 ) -> GitDiscovery:
     """Git directories whose control plane a command could reach through a writable root:
     behind every `.git` entry at any depth below a root (`gitdirs_behind`). ``known``:
@@ -398,7 +430,7 @@ def discover_gitdirs(
     search reaches (a command cannot hide a repository from later commands by flooding the
     search's budget)."""
     roots = policy.all_writable_roots()
-    dotgits, unlisted = find_dotgits(roots, budget)
+    dotgits, unlisted = search(roots, budget)
     entries: dict[str, None] = dict.fromkeys(dotgits)
     entries.update(dict.fromkeys(d for d in known if within_any(d, roots)))
     found: dict[str, None] = {}
@@ -462,6 +494,7 @@ def after_command(
     overlaid: tuple[str, ...],
     *,
     budget: int = DISCOVERY_BUDGET,
+    search: DotGitSearch = find_dotgits,
 ) -> AfterCommand:
     """Search ``roots`` again after a command: every `.git` entry that is new, or a `.git`
     symlink or gitfile that changed, is a repository host git would trust and the command
@@ -469,7 +502,7 @@ def after_command(
     is listed in ``created`` (unless it is one of the ``overlaid`` ones, whose writes never
     reached the host); a new one leading out of the roots is removed."""
     result = AfterCommand()
-    dotgits, unlisted = find_dotgits(roots, budget)
+    dotgits, unlisted = search(roots, budget)
     if unlisted:
         result.warnings.append(
             "git: the search for repositories the command created stopped after "

@@ -15,7 +15,14 @@ import os
 from dataclasses import dataclass, field
 
 from bash_sandbox.git_created import reset_control_plane
-from bash_sandbox.git_discovery import GitDiscovery, after_command, discover_gitdirs, index_gitlinks
+from bash_sandbox.git_discovery import (
+    DotGitSearch,
+    GitDiscovery,
+    after_command,
+    discover_gitdirs,
+    find_dotgits,
+    index_gitlinks,
+)
 from bash_sandbox.git_hook_chain import ChainLink, hook_chain
 from bash_sandbox.view import GitOverlay
 from policies import SandboxPolicy
@@ -65,9 +72,11 @@ class GitInspection:
         return tuple(p for p in pins if not within_any(p, self.gitdirs))
 
 
-def inspect_git(policy: SandboxPolicy, known: tuple[str, ...] = ()) -> GitInspection:
+def inspect_git(
+    policy: SandboxPolicy, known: tuple[str, ...] = (), search: DotGitSearch = find_dotgits
+) -> GitInspection:
     """Find the repositories ``policy``'s writable roots reach and what their hooks run."""
-    discovery = discover_gitdirs(policy, known=known)
+    discovery = discover_gitdirs(policy, known=known, search=search)
     chain: dict[str, ChainLink] = {}
     if policy.protect_hook_chain:
         roots = policy.all_writable_roots()
@@ -86,12 +95,16 @@ class GitSettlement:
 
 
 def settle_git(
-    inspection: GitInspection, roots: tuple[str, ...], overlays: tuple[GitOverlay, ...]
+    inspection: GitInspection,
+    roots: tuple[str, ...],
+    overlays: tuple[GitOverlay, ...],
+    search: DotGitSearch = find_dotgits,
 ) -> GitSettlement:
     """After the command: reset what it created, put back what it changed, and report the
     gitlinks it added (read from each overlay's new index with git's own parser)."""
     done = GitSettlement()
-    after = after_command(inspection.discovery, roots, tuple(o.gitdir for o in overlays))
+    overlaid = tuple(o.gitdir for o in overlays)
+    after = after_command(inspection.discovery, roots, overlaid, search=search)
     done.warnings += after.warnings
     dropped: list[str] = []
     for gitdir in after.created:

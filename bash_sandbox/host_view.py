@@ -17,6 +17,7 @@ import os
 from bash_sandbox import git_import
 from bash_sandbox.backends.mount_plan import inspect_protected, tmp_tops, visible
 from bash_sandbox.backends.shadow_cache import ShadowCache
+from bash_sandbox.git_discovery import DotGitSearch
 from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
 from bash_sandbox.git_spawn import GitInspection, inspect_git
 from bash_sandbox.placeholders import Placeholders
@@ -29,10 +30,11 @@ from policies.paths import within, within_any
 class HostSurvey:
     """One executor's surveys: its placeholders, its shadow cache, the `.git` entries
     earlier spawns found (looked at again by every later one, so flooding a root with
-    directories hides nothing found before)."""
+    directories hides nothing found before), and its repository search."""
 
-    def __init__(self, state: ExecutorState) -> None:
+    def __init__(self, state: ExecutorState, search: DotGitSearch) -> None:
         self._state = state
+        self.search = search
         self._placeholders = Placeholders()
         self._shadows = ShadowCache()
         self._known_dotgits: dict[str, None] = {}
@@ -75,7 +77,7 @@ class HostSurvey:
         private_tmp = True
         tops = tmp_tops((policy.workspace_root, *roots))
         # The user's roots: the sandbox's own cache home has no git dir or protected names.
-        git = inspect_git(user_policy, known=tuple(self._known_dotgits))
+        git = inspect_git(user_policy, known=tuple(self._known_dotgits), search=self.search)
         found.append(git)
         self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
         gitdirs = git.gitdirs

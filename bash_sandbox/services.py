@@ -1,7 +1,8 @@
 """`SandboxServices`: what every confined spawn of one executor shares, and its one `close()`.
 
 The executor's namespaces, its private state, its cgroup parents, the seccomp supervisor,
-the egress proxy and the cover watch live as long as the executor; each is made when a spawn
+the egress proxy, the cover watch and the repository search's watched tree live as long
+as the executor; each is made when a spawn
 first needs it (the getters) and given back together by `close()`, which `weakref.finalize`
 calls when an executor is dropped without `aclose()`. Nothing here refers back to the
 executor, so the finalizer can run.
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 from bash_sandbox.backends.base import SandboxBackend
 from bash_sandbox.cache_domains import CacheHolds
 from bash_sandbox.errors import SandboxUnavailableError
+from bash_sandbox.git_tree_watch import GitTreeWatch
 from bash_sandbox.host_view import HostSurvey
 from bash_sandbox.linux.cover_watch import CoverWatch
 from bash_sandbox.linux.helper_client import SpawnHelper, SpawnHelperError
@@ -67,7 +69,8 @@ class SandboxServices:
             shm_bytes=config.limits.shm_bytes,
         )
         self.limits = ExecutorLimits()
-        self.survey = HostSurvey(self.state)
+        self.git_tree = GitTreeWatch()  # the repository search, kept current by inotify
+        self.survey = HostSurvey(self.state, self.git_tree.find_dotgits)
         self.nameservers = resolv_nameservers()
         self.spawn_ids = itertools.count(1)
         self.publications = Publications()
@@ -208,6 +211,7 @@ class SandboxServices:
             self._pool.shutdown(wait=False)
         if self._watch is not None:
             self._watch.close()  # its reader was removed by aclose() where a loop still runs
+        self.git_tree.close()
         if self._proxy is not None:
             # Its thread holds the listener, which holds the network namespace. Called on that
             # very thread (a collection there), close() stops the loop but cannot join it.

@@ -22,34 +22,22 @@ executor reading the event (the event loop's latency, well under a millisecond w
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
-import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from bash_sandbox.linux.child_setup import libc
-
-IN_CREATE = 0x100
-IN_DELETE = 0x200
-IN_MOVED_FROM = 0x40
-IN_MOVED_TO = 0x80
-IN_DELETE_SELF = 0x400
-IN_MOVE_SELF = 0x800
-IN_Q_OVERFLOW = 0x4000
-IN_IGNORED = 0x8000
-IN_ONLYDIR = 0x01000000
-IN_NONBLOCK = os.O_NONBLOCK
-IN_CLOEXEC = os.O_CLOEXEC
-# A name made, renamed onto, renamed away or removed: each one ends a cover on it.
-NAME_CHANGES = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
-# The watched directory itself renamed or removed: every name below it has moved on.
-SELF_CHANGES = IN_MOVE_SELF | IN_DELETE_SELF
-_EVENT = struct.Struct("iIII")
+from bash_sandbox.linux.inotify import (
+    IN_IGNORED,
+    IN_ONLYDIR,
+    IN_Q_OVERFLOW,
+    NAME_CHANGES,
+    SELF_CHANGES,
+    Inotify,
+    InotifyError,
+)
 
 
-class CoverWatchError(OSError):
+class CoverWatchError(InotifyError):
     """inotify is unavailable or exhausted: the names cannot be watched."""
 
 
@@ -69,11 +57,11 @@ class CoverWatch:
     every spawn: adding and removing them each time costs more than keeping them)."""
 
     def __init__(self) -> None:
-        fd = libc().inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise CoverWatchError(err, f"inotify_init1: {os.strerror(err)}")
-        self.fd: int = fd
+        try:
+            self._inotify = Inotify()
+        except InotifyError as exc:
+            raise CoverWatchError(exc.errno, exc.strerror) from exc
+        self.fd: int = self._inotify.fd
         self._wd_of: dict[str, int] = {}
         self._dir_of: dict[int, str] = {}
         self._tickets: list[WatchTicket] = []
@@ -102,42 +90,25 @@ class CoverWatch:
         """Drain the queue; call each affected ticket's ``on_replaced`` once per name."""
         changed: set[str] = set()
         overflow = False
-        while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
-                raise
-            if not data:
-                break
-            offset = 0
-            while offset + _EVENT.size <= len(data):
-                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-                raw = data[offset + _EVENT.size : offset + _EVENT.size + length]
-                offset += _EVENT.size + length
-                if mask & IN_Q_OVERFLOW:
-                    overflow = True
-                    continue
-                if mask & IN_IGNORED:  # the directory is gone: its watch with it
-                    self._forget(wd)
-                    continue
-                directory = self._dir_of.get(wd)
-                if directory is None:
-                    continue
-                if mask & SELF_CHANGES:
-                    # The path now leads elsewhere: what was watched there has changed, and
-                    # the next watch of this path must be on whatever is there now.
-                    changed.add(directory)
-                    self._forget(wd)
-                    libc().inotify_rm_watch(self.fd, wd)
-                    continue
-                if not mask & NAME_CHANGES:
-                    continue
-                name = raw.split(b"\0", 1)[0].decode(errors="surrogateescape")
-                changed.add(os.path.join(directory, name))
+        for event in self._inotify.read_events():
+            if event.mask & IN_Q_OVERFLOW:
+                overflow = True
+                continue
+            if event.mask & IN_IGNORED:  # the directory is gone: its watch with it
+                self._forget(event.wd)
+                continue
+            directory = self._dir_of.get(event.wd)
+            if directory is None:
+                continue
+            if event.mask & SELF_CHANGES:
+                # The path now leads elsewhere: what was watched there has changed, and
+                # the next watch of this path must be on whatever is there now.
+                changed.add(directory)
+                self._forget(event.wd)
+                self._inotify.rm_watch(event.wd)
+                continue
+            if event.mask & NAME_CHANGES:
+                changed.add(os.path.join(directory, event.name))
         for ticket in list(self._tickets):
             hits = [n for n in sorted(ticket.names) if overflow or _affected(n, changed)]
             for name in hits:
@@ -148,9 +119,8 @@ class CoverWatch:
                     ticket.on_replaced(name)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self._inotify.close()
+        self.fd = -1
         self._tickets.clear()
         self._wd_of.clear()
         self._dir_of.clear()
@@ -158,11 +128,10 @@ class CoverWatch:
     def _add(self, directory: str) -> None:
         if directory in self._wd_of:
             return
-        mask = NAME_CHANGES | SELF_CHANGES | IN_ONLYDIR
-        wd = libc().inotify_add_watch(self.fd, os.fsencode(directory), mask)
-        if wd < 0:
-            err = ctypes.get_errno()
-            raise CoverWatchError(err, f"inotify_add_watch {directory}: {os.strerror(err)}")
+        try:
+            wd = self._inotify.add_watch(directory, NAME_CHANGES | SELF_CHANGES | IN_ONLYDIR)
+        except InotifyError as exc:
+            raise CoverWatchError(exc.errno, exc.strerror) from exc
         self._wd_of[directory] = wd
         self._dir_of[wd] = directory
 

@@ -464,3 +464,68 @@ async def test_an_include_git_reads_stays_read_only_however_it_is_spelled(
     assert (workspace / "local.cfg").read_text() == "[user]\n\tname = t\n"
     host_git("status", cwd=workspace)
     assert not marker.exists()
+
+
+async def test_a_repository_made_deep_in_a_watched_tree_is_overlaid_for_the_next_command(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # The executor keeps the workspace's tree with inotify (`git_tree_watch.py`): what a
+    # command makes through the sandbox's own mounts must reach the next command's search.
+    marker = tmp_path / "pwned"
+    for i in range(50):
+        (workspace / "src" / f"p{i}" / "q").mkdir(parents=True)
+    ex = make_executor(mode="workspace-write")
+    first = await _run(ex, "true", workspace)
+    assert first.sandbox is not None and first.sandbox.enforcement == "full"
+    made = await _run(ex, "mkdir -p src/p7/q/a/b/c/d && git init -q src/p7/q/a/b/c/d", workspace)
+    assert made.exit_code == 0, made.stderr.text
+    repo = workspace / "src/p7/q/a/b/c/d"
+    assert made.sandbox is not None
+    assert str(repo / ".git") in made.sandbox.nested_repositories
+    config = (repo / ".git" / "config").read_bytes()
+    hooks = sorted(os.listdir(repo / ".git" / "hooks"))
+    plant = (
+        f"printf '#!/bin/sh\\ntouch {marker}\\n' > {repo}/.git/hooks/pre-commit; "
+        f"chmod +x {repo}/.git/hooks/pre-commit; "
+        f"git -C {repo} config core.fsmonitor 'touch {marker}'"
+    )
+    attack = await _run(ex, plant, workspace)
+    assert attack.sandbox is not None and attack.sandbox.enforcement == "full"
+    # Overlaid: nothing the command wrote to the repository's control plane is on the host.
+    assert (repo / ".git" / "config").read_bytes() == config
+    assert sorted(os.listdir(repo / ".git" / "hooks")) == hooks
+    host_git("status", cwd=repo)
+    host_git("commit", "-q", "--allow-empty", "-m", "host", cwd=repo)
+    assert not marker.exists()
+    tree = ex._services.git_tree
+    assert tree.walked == 0 and tree.rebuilt == 0 and tree.answered >= 6, "kept tree, drained"
+
+
+async def test_a_gitfile_rewritten_in_place_in_a_watched_tree_is_put_back(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # Rewritten in place, a gitfile changes no name in its directory: no event says so.
+    # Every search reads each `.git` entry it keeps, so the change is still seen.
+    marker = tmp_path / "pwned"
+    hostile = tmp_path / "downloads" / "evil"
+    _repo(hostile)
+    host_git("config", "core.fsmonitor", f"touch {marker}", cwd=hostile)
+    main = workspace / "main"
+    _repo(main)
+    worktree = workspace / "deep" / "er" / "wt"
+    host_git("worktree", "add", "-q", str(worktree), cwd=main)
+    gitfile = worktree / ".git"
+    before = gitfile.read_bytes()
+    ex = make_executor(mode="workspace-write")
+    first = await _run(ex, "true", workspace)
+    assert first.exit_code == 0, first.stderr.text
+    # `>` truncates and writes the same inode: no name event in its directory.
+    result = await _run(ex, f"printf 'gitdir: {hostile}/.git\\n' > {gitfile}", workspace)
+    assert gitfile.read_bytes() == before
+    assert result.sandbox is not None
+    assert result.exit_code == 0, result.stderr.text
+    assert any("put back" in w for w in result.sandbox.warnings), result.sandbox.warnings
+    host_git("status", cwd=worktree)
+    assert not marker.exists()
+    tree = ex._services.git_tree
+    assert tree.walked == 0 and tree.rebuilt == 0 and tree.answered >= 4

@@ -100,6 +100,23 @@ def test_a_cached_search_sees_a_repository_made_after_it(
     assert find_dotgits((str(ws),)) == ([str(ws / "a" / "b" / ".git")], [])
 
 
+def test_a_cached_search_sees_a_head_rewritten_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bash_sandbox import git_discovery
+
+    monkeypatch.setattr(git_discovery, "_RACY_NS", -(10**12))  # cache every listing
+    ws = tmp_path / "ws"
+    (ws / "x" / "objects").mkdir(parents=True)
+    (ws / "x" / "refs").mkdir()
+    (ws / "x" / "HEAD").write_text("not a ref\n")
+    assert find_dotgits((str(ws),)) == ([], [])
+    # The same inode rewritten: the directory's ctime stays, and x is a bare repository now.
+    with open(ws / "x" / "HEAD", "r+") as fh:
+        fh.write("ref: refs/heads/main\n")
+    assert find_dotgits((str(ws),)) == ([str(ws / "x")], [])
+
+
 def test_gitlinks_are_read_from_an_index_of_any_version(tmp_path: Path) -> None:
     repo = tmp_path / "r"
     repo.mkdir()
