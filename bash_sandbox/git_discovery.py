@@ -181,6 +181,29 @@ def scan_directory(directory: str) -> Listing | None:
     return _scan(directory)
 
 
+def _entries(directory: str) -> list[os.DirEntry[str]]:
+    """What `os.scandir` lists; a directory this uid owns and may enter but not list (`chmod 0311`,
+    a command's way to hide a repository from the search while host git, which only needs to
+    enter it, still finds it) gets its owner's read permission back first."""
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except PermissionError:
+        fd = os.open(directory, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            mode = os.fstat(fd)
+            if mode.st_uid != os.geteuid() or mode.st_mode & stat.S_IRUSR:
+                raise
+            if not mode.st_mode & stat.S_IXUSR:
+                raise  # not enterable: git cannot reach below it either
+            # Through the descriptor: a name swapped for a symlink meanwhile changes nothing.
+            os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(mode.st_mode) | stat.S_IRUSR)
+        finally:
+            os.close(fd)
+        with os.scandir(directory) as it:
+            return list(it)
+
+
 def _scan(directory: str) -> Listing | None:
     subdirs: list[str] = []
     dependencies: list[str] = []
@@ -188,19 +211,19 @@ def _scan(directory: str) -> Listing | None:
     names: set[str] = set()
     prefix = directory.rstrip("/") + "/"
     try:
-        with os.scandir(directory) as it:
-            for entry in it:
-                if entry.name == ".git":
-                    dotgit = True
-                    continue
-                if entry.name in _BARE_NAMES:
-                    names.add(entry.name)
-                with contextlib.suppress(OSError):
-                    if entry.is_dir(follow_symlinks=False):
-                        into = dependencies if entry.name in DEPENDENCY_DIRS else subdirs
-                        into.append(prefix + entry.name)
+        entries = _entries(directory)
     except OSError:
         return None
+    for entry in entries:
+        if entry.name == ".git":
+            dotgit = True
+            continue
+        if entry.name in _BARE_NAMES:
+            names.add(entry.name)
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                into = dependencies if entry.name in DEPENDENCY_DIRS else subdirs
+                into.append(prefix + entry.name)
     # HEAD with objects and refs, or with a commondir naming where they are.
     has_layout = "HEAD" in names and (names >= {"objects", "refs"} or "commondir" in names)
     bare = has_layout and is_git_directory(directory)

@@ -10,8 +10,8 @@ the same `main()` a fresh `bash-sandbox` runs. So the config file, the session l
 probe cache and every policy are read as a fresh process reads them.
 
 The daemon serves only its own uid (SO_PEERCRED), from a socket in the uid's private
-directory; it forwards the client's interrupt signals to the fork, SIGKILLs the fork if
-the client goes away (whose commands then die with it, as with a killed fresh process),
+directory; it forwards the client's interrupt signals to the fork, hangs the fork up if the
+client goes away (SIGHUP: it stops its command and cleans up; SIGKILL after a grace period),
 and exits after `IDLE_ENV` seconds without a call, or at once when its own code changed on
 disk (the client then runs fresh).
 
@@ -53,6 +53,7 @@ _PRELOAD = (
 )
 _PREFIXES = ("bash_sandbox", "bash_local", "bash_seam", "policies")
 _REQUEST_TIMEOUT_S = 10.0
+_HANGUP_GRACE_S = 5.0
 _FORWARDED = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
 
 
@@ -73,6 +74,7 @@ class _Daemon:
     retiring: bool = False  # its code changed: serves its running calls, takes no new ones
     code: dict[str, int] = field(default_factory=dict)  # module file -> mtime at start
     calls: dict[int, _Call] = field(default_factory=dict)  # fork pid -> call
+    doomed: dict[int, float] = field(default_factory=dict)  # hung up: pid -> SIGKILL time
     last_active: float = field(default_factory=time.monotonic)
 
     def retire(self) -> None:
@@ -222,10 +224,12 @@ def _from_client(daemon: _Daemon, pid: int) -> None:
     except OSError:
         message = None
     if message is None:
-        # The client is gone: stop the run as a killed fresh process would be stopped.
+        # The client is gone: hang the run up (it stops its command and cleans up, as on a
+        # terminal's hangup), and SIGKILL it if it is still there after a grace period.
         daemon.selector.unregister(call.conn)
+        daemon.doomed[pid] = time.monotonic() + _HANGUP_GRACE_S
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGHUP)
         return
     signum = message.get("signal")
     if isinstance(signum, int) and signum in _FORWARDED:
@@ -241,6 +245,7 @@ def _reap(daemon: _Daemon) -> None:
             return
         if pid == 0:
             return
+        daemon.doomed.pop(pid, None)
         call = daemon.calls.pop(pid, None)
         if call is None:
             continue
@@ -255,6 +260,15 @@ def _reap(daemon: _Daemon) -> None:
         with contextlib.suppress(OSError):
             wire.send_frame(call.conn, reply)
         call.conn.close()
+
+
+def _kill_overdue(daemon: _Daemon) -> None:
+    now = time.monotonic()
+    for pid, deadline in list(daemon.doomed.items()):
+        if deadline <= now:
+            del daemon.doomed[pid]
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def serve(path: str, idle_s: float, lock: int) -> None:
@@ -279,7 +293,11 @@ def serve(path: str, idle_s: float, lock: int) -> None:
             timeout = max(0.0, daemon.last_active + idle_s - time.monotonic())
             if not daemon.calls and timeout == 0:
                 return
-            for key, _ in daemon.selector.select(None if daemon.calls else timeout):
+            if daemon.doomed:
+                timeout = max(0.0, min(daemon.doomed.values()) - time.monotonic())
+            for key, _ in daemon.selector.select(
+                timeout if daemon.doomed or not daemon.calls else None
+            ):
                 if key.data == "listen":
                     _accept(daemon)
                 elif key.data == "wake":
@@ -288,6 +306,7 @@ def serve(path: str, idle_s: float, lock: int) -> None:
                 else:
                     _from_client(daemon, int(key.data))
             _reap(daemon)
+            _kill_overdue(daemon)
     finally:
         if not daemon.retiring:
             # Unlinked under the lock: a client that finds no socket starts a new daemon.

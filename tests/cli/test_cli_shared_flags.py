@@ -171,11 +171,15 @@ def test_the_cycle_finder_finds_a_circle() -> None:
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+# The front doors above the CLI: the console script and the warm daemon that runs it.
+ABOVE_THE_CLI = frozenset({"entry.py", "warm/daemon.py"})
+
+
 def test_nothing_below_the_cli_imports_it() -> None:
     root = CLI_DIR.parent
     upward = []
     for path in root.rglob("*.py"):
-        if CLI_DIR in path.parents:
+        if CLI_DIR in path.parents or str(path.relative_to(root)) in ABOVE_THE_CLI:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and _cli_module(node.module):

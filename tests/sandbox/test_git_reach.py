@@ -529,3 +529,34 @@ async def test_a_gitfile_rewritten_in_place_in_a_watched_tree_is_put_back(
     assert not marker.exists()
     tree = ex._services.git_tree
     assert tree.walked == 0 and tree.rebuilt == 0 and tree.answered >= 4
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="root lists any directory (the unprivileged leg runs this)"
+)
+@pytest.mark.parametrize("made_by", ["command", "host"])
+async def test_a_repository_in_a_directory_its_owner_cannot_list_runs_nothing_planted(
+    made_by: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # chmod 0311: enterable, not listable. Host git only enters it to reach the repository;
+    # the search must reach it too, or the repository keeps what the command planted.
+    marker = tmp_path / "pwned"
+    repo = workspace / "d" / "sub"
+    hook = f"printf '#!/bin/sh\\ntouch {marker}\\n' > d/sub/.git/hooks/pre-commit"
+    if made_by == "host":
+        _repo(repo)
+        os.chmod(workspace / "d", 0o311)
+        plant = f"{hook}; chmod +x d/sub/.git/hooks/pre-commit; true"
+    else:
+        plant = (
+            f"mkdir -p d/sub && git init -q d/sub && {hook} && "
+            "chmod +x d/sub/.git/hooks/pre-commit && chmod 0311 d"
+        )
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, plant, workspace)
+    assert result.exit_code == 0, result.stderr.text
+    (repo / "b.txt").write_text("b\n")
+    host_git("add", "b.txt", cwd=repo)
+    host_git("commit", "-qm", "host", cwd=repo)
+    assert not marker.exists()
+    assert host_git("log", "-1", "--format=%s", cwd=repo).stdout.strip() == "host"
