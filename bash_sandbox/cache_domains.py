@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import threading
 import time
 import uuid
@@ -27,12 +28,15 @@ import uuid
 from bash_sandbox.state import remove_tree
 from bash_sandbox.trust_domain import domain_fields, domain_key
 from policies import SandboxPolicy
+from policies.paths import within, within_any
 
 CACHE_MAX_DOMAINS = 32
 CACHE_MAX_AGE_S = 30 * 24 * 3600
 # A stamp is refreshed at most this often (one utime per spawn would be wasted work).
 _STAMP_EVERY_S = 60
 _LOCKS = ".locks"
+# A refused write there (a root holding them): another project's caches.
+REASON_CACHE_HOMES = "the sandbox's tool cache homes: every project's package caches"
 _TRASH = ".trash-"
 
 # When each domain was stamped, and which cache bases this process swept.
@@ -56,9 +60,38 @@ def _owned_dir(path: str) -> bool:
 
 
 def cache_base() -> str:
-    """Where the per-domain cache homes of this user live."""
+    """Where the per-domain cache homes of this user live. Only the user's cache directory
+    is resolved: `bash-sandbox/caches` below it must be real directories (`_real_base`),
+    never links a command left there to lead the sweep elsewhere."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.realpath(os.path.join(base, "bash-sandbox", "caches"))
+    return os.path.join(os.path.realpath(base), "bash-sandbox", "caches")
+
+
+def cache_top() -> str:
+    """The sandbox's directory in the user's cache (`~/.cache/bash-sandbox`)."""
+    return os.path.dirname(cache_base())
+
+
+def exposed_to(policy: SandboxPolicy) -> bool:
+    """Whether a writable root of ``policy`` holds the cache homes (a workspace that is
+    the user's home, a root `~/.cache`) or lies inside them: its commands could plant
+    code in every other domain's cache and links for the sweep, so that policy gets no
+    cache home there, and its view covers the directory read-only (`host_view.py`)."""
+    top = cache_top()
+    roots = policy.all_writable_roots()
+    return within_any(top, roots) or any(within(r, top) for r in roots)
+
+
+def ensure_cache_base() -> bool:
+    """Make the cache base (real directories of ours); False when a link or a stranger's
+    directory is in the way."""
+    with _mutex:
+        return _real_base(cache_base())
+
+
+def _real_base(base: str) -> bool:
+    """``base`` and its parent are directories of ours, not links (created if missing)."""
+    return _owned_dir(os.path.dirname(base)) and _owned_dir(base)
 
 
 class CacheHolds:
@@ -81,8 +114,10 @@ def tool_cache_home(policy: SandboxPolicy, holds: CacheHolds) -> str | None:
     stay in the call's private /tmp."""
     base = cache_base()
     key = domain_key(policy)
+    if exposed_to(policy):
+        return None
     with _mutex:
-        if not _owned_dir(base) or not _owned_dir(os.path.join(base, _LOCKS)):
+        if not _real_base(base) or not _owned_dir(os.path.join(base, _LOCKS)):
             return None
         if base not in _swept:
             _swept.add(base)
@@ -128,6 +163,8 @@ def sweep_caches(
     """Remove the domains unused for ``max_age_s``, then the least recently used beyond
     ``max_domains``, skipping any a live process holds; returns the keys removed. Also the
     old shared home and the trash of an interrupted sweep."""
+    if not _real_base(base):
+        return []  # a link where the base should be: never swept through
     parent = os.path.dirname(base)
     legacy = os.path.join(parent, "tools")
     if os.path.isdir(legacy) and not os.path.islink(legacy):
@@ -138,12 +175,13 @@ def sweep_caches(
         return []
     for name in names:
         if name.startswith(_TRASH):  # a deletion the process's exit cut short
+            # (remove_tree removes a link as a link: never what it points at)
             threading.Thread(
                 target=remove_tree, args=(os.path.join(base, name),), daemon=True
             ).start()
     used: list[tuple[float, str]] = []
     for name in names:
-        if name.startswith(".") or not os.path.isdir(os.path.join(base, name)):
+        if name.startswith(".") or not _is_real_dir(os.path.join(base, name)):
             continue
         try:
             mtime = os.stat(os.path.join(base, _LOCKS, name + ".json")).st_mtime
@@ -174,6 +212,13 @@ def sweep_caches(
         finally:
             os.close(fd)
     return removed
+
+
+def _is_real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _discard(path: str, base: str) -> None:

@@ -26,6 +26,7 @@ from bash_local.environment import build_command_env
 from bash_local.spawn import SpawnOutcome, SpawnPlan, SpawnScope
 from bash_sandbox.backends.base import BackendContext, ConfinedPlan, SandboxBackend
 from bash_sandbox.backends.child_failure import child_error, read_child_failure
+from bash_sandbox.cache_domains import REASON_CACHE_HOMES, cache_top, exposed_to
 from bash_sandbox.egress_guards import egress_setting_problem
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
@@ -190,6 +191,13 @@ class ConfinedSpawn(SpawnScope):
             return
         # Per trust domain, held until the executor closes (`cache_domains.py`).
         self.cache_home = tool_cache_home(policy, self._services.cache_holds)
+        if self.cache_home is None and exposed_to(policy):
+            self.warnings.append(
+                "the tool cache homes (~/.cache/bash-sandbox) lie inside a writable root, "
+                "where a command could plant code for other projects: read-only here, and "
+                "package caches live in this call's private /tmp"
+            )
+            return
         if self.cache_home is None:
             self.warnings.append(
                 "no tool cache home under ~/.cache (not writable): package caches "
@@ -368,9 +376,17 @@ class ConfinedSpawn(SpawnScope):
                 backend.binary,
                 view_mounts=backend.mounts,
                 scratch=(services.state.tmpdir_for(policy),),
-                guarded=self._git.guarded if self._git is not None else None,
+                guarded=self._guarded(),
             ),
         )
+
+    def _guarded(self) -> dict[str, str] | None:
+        """Covered paths inside a root that are not protected names, with their reasons:
+        what the installed git hooks run, and the cache homes a root holds."""
+        guarded = dict(self._git.guarded) if self._git is not None else {}
+        if self.backend.mounts and exposed_to(self._user_policy):
+            guarded[cache_top()] = REASON_CACHE_HOMES
+        return guarded or None
 
     # -- settled ---------------------------------------------------------------------------
 
@@ -510,8 +526,9 @@ class ConfinedSpawn(SpawnScope):
                         names += [nested, *_leading_dirs(os.path.dirname(nested))]
             policy = policy.model_copy(update={"protected_paths": tuple(dict.fromkeys(names))})
         context: dict[str, Any] = {"policy": policy, "workdir": self._spec.workdir}
-        if self._git is not None:
-            context["guarded"] = self._git.guarded  # what the installed hooks run
+        guarded = self._guarded()
+        if guarded is not None:
+            context["guarded"] = guarded  # what the installed hooks run, the cache homes
         if backend.write_refusals is not None:
             context["write_refusals"] = backend.write_refusals
         if backend.scratch_is_private_tmpdir:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 
 from bash_sandbox import git_import
-from bash_sandbox.backends.mount_plan import inspect_protected, tmp_tops, visible
+from bash_sandbox.backends.mount_plan import _pins_between, inspect_protected, tmp_tops, visible
 from bash_sandbox.backends.shadow_cache import ShadowCache
+from bash_sandbox.cache_domains import cache_top, ensure_cache_base
 from bash_sandbox.git_discovery import DotGitSearch
 from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
 from bash_sandbox.git_spawn import GitInspection, inspect_git
@@ -116,6 +117,10 @@ class HostSurvey:
         covers += [path for path, _ in protected.missing]
         if protected.symlinked:
             partial.append("a protected name is a symlink inside a writable root")
+        # A root holding the sandbox's cache homes (a workspace that is the user's home):
+        # read-only here, its path pinned, so no command plants code in another domain's
+        # cache or links for the sweep (`cache_domains.exposed_to`).
+        cache_pins = self._cover_cache_homes(roots, covers)
         # Hooks paths and included configs inside a root run or configure the host's git.
         # And the workspace files the installed hooks run (`git_hook_chain.py`).
         for path, is_dir in [*self._git_config_targets(gitdirs, roots), *git.chain_targets]:
@@ -150,7 +155,7 @@ class HostSurvey:
             shadows=shadows,
             tmp_tops=tops,
             overlays=tuple(overlays),
-            pins=(*protected.pins, *git.pins(roots)),
+            pins=(*protected.pins, *git.pins(roots), *cache_pins),
             protect=tuple(dict.fromkeys(covers)),
             deny_dirs=deny_dirs,
             deny_files=deny_files,
@@ -159,6 +164,19 @@ class HostSurvey:
             watched=tuple(dict.fromkeys(watched)),
         )
         return view
+
+    @staticmethod
+    def _cover_cache_homes(roots: tuple[str, ...], covers: list[str]) -> list[str]:
+        """Cover the cache homes' directory when a root holds it; the pins on its way."""
+        top = cache_top()
+        owner = next((r for r in roots if within(top, r)), None)
+        if owner is None:
+            return []
+        # Made now if missing: a command must not be the one that creates it.
+        if not ensure_cache_base() or not os.path.isdir(top) or os.path.islink(top):
+            return []  # a link there: no process uses caches under it (`_real_base`)
+        covers.append(top)
+        return _pins_between(owner, top)
 
     @staticmethod
     def _git_config_targets(

@@ -72,13 +72,27 @@ def state_parent(roots: tuple[str, ...]) -> str:
 
 
 def remove_tree(path: str) -> None:
-    """Delete a state tree, including mode-000 placeholders and overlay work dirs."""
-    if not os.path.lexists(path):
+    """Delete a state tree, including mode-000 placeholders and overlay work dirs.
+
+    Its contents may be a command's (a git overlay's upper layer, a tool cache): a link,
+    at the top or anywhere below, is removed as a link and never followed, so nothing
+    outside the tree is ever chmodded or deleted. (`os.chmod(..., follow_symlinks=False)`
+    raises NotImplementedError on Linux for a link: one planted link used to abort every
+    later cleanup and sweep.)"""
+    try:
+        top = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISDIR(top.st_mode):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         return
     for dirpath, dirnames, _ in os.walk(path):
         for name in dirnames:
+            child = os.path.join(dirpath, name)
             with contextlib.suppress(OSError):
-                os.chmod(os.path.join(dirpath, name), 0o700, follow_symlinks=False)
+                if stat.S_ISDIR(os.lstat(child).st_mode):
+                    os.chmod(child, 0o700)
     with contextlib.suppress(OSError):
         os.chmod(path, 0o700)
     shutil.rmtree(path, ignore_errors=True)

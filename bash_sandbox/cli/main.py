@@ -37,8 +37,9 @@ from bash_sandbox.cli.config_file import (
 from bash_sandbox.cli.egress_flags import run_published
 from bash_sandbox.cli.exit_codes import EXIT_CANNOT_START, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 from bash_sandbox.cli.plugins import SubcommandMissingError
+from bash_sandbox.cli.render import render_visible
 from bash_sandbox.cli.settings import package_version, shared_config, workspace_dir
-from bash_sandbox.cli.stream import LiveOutput
+from bash_sandbox.cli.stream import LiveOutput, is_terminal
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.executor import SandboxBashExecutor
@@ -464,7 +465,8 @@ def _print_error(
     if live is not None:
         live.write_notes([line])  # on a line of its own after the streamed output
     else:
-        sys.stderr.write(line + "\n")
+        # An error may name a path a command made earlier: inert on a terminal too.
+        sys.stderr.write((render_visible(line) if is_terminal(sys.stderr) else line) + "\n")
         sys.stderr.flush()
     if getattr(args, "json", False):
         _write_json_error(error.code, str(error), error.exit_code, extra)

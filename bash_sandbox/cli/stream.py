@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from typing import TextIO
 
-from bash_sandbox.cli.render import TerminalRenderer
+from bash_sandbox.cli.render import TerminalRenderer, render_visible
 
 
 def is_terminal(stream: TextIO) -> bool:
@@ -72,9 +72,11 @@ class StreamSink:
             self.ends_line = tail.endswith("\n")
 
     def write_note(self, text: str) -> None:
-        """The CLI's own lines (markers, notes): never rendered, always after the output."""
+        """The CLI's own lines (markers, notes, warnings), always after the output. They
+        name paths the command chose (a refused file, a repository it made): on a terminal
+        they are rendered like the output, so a name cannot carry an escape sequence."""
         if not self.closed:
-            self._write_text(text)
+            self._write_text(render_visible(text) if self._renderer is not None else text)
             self.ends_line = text.endswith("\n")
 
     def _write_text(self, text: str) -> None:

@@ -264,3 +264,24 @@ def test_streaming_works_on_each_linux_backend(
         assert proc.wait(timeout=20) == 0
     finally:
         kill_if_alive(proc.pid)
+
+
+def test_a_refused_name_in_a_marker_reaches_a_terminal_only_as_visible_text(
+    cli: CliRunner, workspace: Path
+) -> None:
+    """Threat-model row 18: the CLI's own markers name paths the command chose. A refused
+    write to a file named with OSC 52 (clipboard) and a title sequence must not hand those
+    to the terminal through the denial line."""
+    name = "/etc/x\\033]52;c;cHduZWQ=\\007\\033]0;pwned\\007"
+    command = f'touch "$(printf "{name}")"; exit 3'
+    with raw_pty() as (master, slave):
+        proc = start_run(cli, workspace, command, stderr=slave)
+        os.close(slave)
+        try:
+            shown = read_to_end(master, bytearray())
+            assert proc.wait(timeout=20) == 3
+        finally:
+            kill_if_alive(proc.pid)
+    assert b"\x1b" not in shown and b"\x07" not in shown, shown
+    # The denial line is there, with the name shown inert.
+    assert b"[sandbox: write to /etc/x^[]52;c;cHduZWQ=^G^[]0;pwned^G denied" in shown, shown

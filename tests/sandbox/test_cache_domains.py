@@ -112,3 +112,112 @@ def test_sweep_removes_old_and_surplus_domains_but_never_a_held_one(
     # Too old is removed whatever the count.
     os.utime(os.path.join(base, ".locks", keys[1] + ".json"), (0, 0))
     assert sweep_caches(base, max_domains=10, max_age_s=5 * 3600) == [keys[1]]
+
+
+def _victim_tree(root: Path) -> list[Path]:
+    """Directories outside every writable root, 0755, each with a file."""
+    made = []
+    for name in ("keep1", "keep2/deeper"):
+        path = root / name
+        path.mkdir(parents=True)
+        (path / "file").write_text("data")
+        made.append(path)
+    for path in (root, *root.rglob("*")):
+        if path.is_dir():
+            path.chmod(0o755)
+    return made
+
+
+PLANTS = {
+    # A domain-named entry and a trash entry that lead outside: the sweep followed them
+    # (chmod 0700 of every directory there, recursively).
+    "entries": (
+        'B="$XDG_HOME_CACHE/bash-sandbox/caches"; mkdir -p "$B"; '
+        'ln -s "$VICTIM" "$B/.trash-planted"; '
+        'ln -s "$VICTIM" "$B/0123456789abcdef0123456789abcdef"'
+    ),
+    # The cache base itself replaced by a link: every directory there was swept away.
+    "base": (
+        'mv "$XDG_HOME_CACHE/bash-sandbox" "$XDG_HOME_CACHE/moved" && '
+        'mkdir -p "$XDG_HOME_CACHE/bash-sandbox" && '
+        'ln -s "$VICTIM" "$XDG_HOME_CACHE/bash-sandbox/caches"'
+    ),
+}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+async def test_a_cache_home_inside_a_root_never_redirects_the_executor(
+    make_executor: ExecutorFactory,
+    tmp_path: Path,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    plant: str,
+) -> None:
+    """Threat-model rows 1 and 15: a workspace that is the user's home (or holds
+    `~/.cache`) holds the sandbox's cache home. What a command plants there must never
+    lead the executor (its sweep, the next process's cache home) outside the roots: it
+    removed or chmodded whatever directory a planted link named."""
+    xdg = workspace / ".cache"
+    xdg.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    victim = tmp_path / "victim"
+    kept = _victim_tree(victim)
+    first = make_executor(mode="workspace-write")
+    await _run(first, "true", workspace)  # the cache home exists, as after any earlier run
+    command = PLANTS[plant].replace("$XDG_HOME_CACHE", str(xdg)).replace("$VICTIM", str(victim))
+    await _run(first, command, workspace)
+    await first.aclose()
+    # The next process (its first cache use sweeps the base), for another project.
+    monkeypatch.setattr("bash_sandbox.cache_domains._swept", set())
+    other = tmp_path / "other"
+    other.mkdir()
+    second = make_executor(mode="workspace-write", workspace_root=str(other))
+    result = await _run(second, 'echo "$PIP_CACHE_DIR"', other)
+    assert result.exit_code == 0, result.stderr.text
+    time.sleep(0.5)  # the sweep deletes in a background thread
+    for path in kept:
+        assert (path / "file").read_text() == "data", path
+    for path in (victim, *kept):
+        assert os.stat(path).st_mode & 0o777 == 0o755, path
+    assert not result.stdout.text.startswith(str(victim))
+
+
+async def test_a_root_holding_the_cache_home_cannot_write_other_domains(
+    make_executor: ExecutorFactory, tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row 20: project B (outside A's roots) keeps its cache in the shared cache home; A's
+    root holds that home (A's workspace is the user's home). A must not plant code in B's
+    cache, and its own cache is not kept there."""
+    xdg = workspace / ".cache"
+    xdg.mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    b = tmp_path / "b"
+    b.mkdir()
+    ex_b = make_executor(mode="workspace-write", workspace_root=str(b))
+    made = await _run(ex_b, 'mkdir -p "$PIP_CACHE_DIR" && echo "$PIP_CACHE_DIR"', b)
+    b_cache = made.stdout.text.strip()
+    assert made.exit_code == 0 and b_cache.startswith(str(xdg)), made.stderr.text
+    ex_a = make_executor(mode="workspace-write")
+    result = await _run(ex_a, f'echo planted > "{b_cache}/evil"; echo "$PIP_CACHE_DIR"', workspace)
+    assert not os.path.exists(os.path.join(b_cache, "evil"))
+    assert not result.stdout.text.strip().startswith(str(xdg / "bash-sandbox"))
+
+
+def test_the_sweep_never_follows_a_link_in_the_cache_base(cache_home: Path, tmp_path: Path) -> None:
+    """Links in the base (left by a command whose root held it, before it was covered):
+    a domain-named link, a trash link, the base itself a link. Nothing they name changes."""
+    victim = tmp_path / "victim"
+    kept = _victim_tree(victim)
+    base = cache_base()
+    os.makedirs(os.path.join(base, ".locks"))
+    os.symlink(victim, os.path.join(base, "0123456789abcdef0123456789abcdef"))
+    os.symlink(victim, os.path.join(base, ".trash-planted"))
+    assert sweep_caches(base, max_domains=0, max_age_s=0) == []
+    os.rename(base, base + "-moved")
+    os.symlink(victim, base)
+    assert sweep_caches(base, max_domains=0, max_age_s=0) == []
+    time.sleep(0.3)  # the trash is deleted in a background thread
+    for path in kept:
+        assert (path / "file").read_text() == "data", path
+    for path in (victim, *kept):
+        assert os.stat(path).st_mode & 0o777 == 0o755, path

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 from bash_sandbox.state import ExecutorState, sweep_stale
+from bash_seam import BashExecRequest
+from tests.sandbox.conftest import ExecutorFactory
 
 OLD = time.time() - 3600
 
@@ -89,3 +91,50 @@ def test_a_killed_executors_state_is_swept_by_the_next_executor() -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+def test_remove_tree_removes_links_as_links_and_never_follows_them(tmp_path: Path) -> None:
+    """A state tree holds what commands wrote (a git overlay's upper layer): a link to a
+    directory there made `os.chmod(follow_symlinks=False)` raise NotImplementedError, which
+    aborted the cleanup, `aclose()`, and every later executor's sweep of the dead state.
+    A link at the top is removed, never followed (the cache sweep's trash)."""
+    from bash_sandbox.state import remove_tree
+
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub" / "file").write_text("data")
+    outside.chmod(0o755)
+    tree = tmp_path / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    (tree / "dirlink").symlink_to(outside)
+    (tree / "a" / "b" / "deeper").symlink_to(outside / "sub")
+    (tree / "a" / "locked").mkdir()
+    (tree / "a" / "locked").chmod(0)
+    remove_tree(str(tree))
+    assert not os.path.lexists(tree)
+    top_link = tmp_path / "top-link"
+    top_link.symlink_to(outside)
+    remove_tree(str(top_link))
+    assert not os.path.lexists(top_link)
+    assert (outside / "sub" / "file").read_text() == "data"
+    assert os.stat(outside).st_mode & 0o777 == 0o755
+
+
+async def test_a_link_a_command_leaves_in_git_never_breaks_the_cleanup(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    """`ln -s / .git/dirlink` in a repository: the overlay's upper layer held the link, its
+    removal raised, the CLI crashed after the command with a traceback and no result, and
+    the dead state broke every later executor's start (its sweep raised the same way)."""
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    ex = make_executor(mode="workspace-write")
+    spec = ex.resolve(
+        BashExecRequest(command="ln -s / .git/dirlink && echo planted", workdir=str(workspace))
+    )
+    result = await ex.run(spec)
+    assert result.stdout.text == "planted\n", result.stderr.text
+    await ex.aclose()  # raised NotImplementedError
+    later = make_executor(mode="workspace-write")
+    again = await later.run(later.resolve(BashExecRequest(command="echo ok")))
+    assert again.stdout.text == "ok\n"
+    assert os.path.isdir("/") and not os.path.lexists(workspace / ".git" / "dirlink")
