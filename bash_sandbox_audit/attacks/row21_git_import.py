@@ -288,8 +288,9 @@ async def crash_in_the_import(env: AttackEnv, setup: AttackSetup) -> Outcome:
         # executor (this process's) sweeps, as two executors of one user do.
         {"TMPDIR": tempfile.gettempdir(), **setup.data["process_env"]},
     )
+    # Generous: the helper imports the runtime and starts an executor on a loaded machine.
     await poll_until(
-        lambda: _helper_state_lock(helper.pid) is not None or helper.returncode is not None, 20
+        lambda: _helper_state_lock(helper.pid) is not None or helper.returncode is not None, 60
     )
     lock = _helper_state_lock(helper.pid)
     taking = asyncio.ensure_future(asyncio.to_thread(_take_over, lock)) if lock else None
@@ -328,7 +329,11 @@ def _judge_crash(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Findin
     if outcome.error is not None:
         return audit_error(f"the next executor raised {type(outcome.error).__name__}")
     if not outcome.notes.get("held"):
-        return audit_error("premise failed: the dead executor's state lock was never taken")
+        return audit_error(
+            "premise failed: the dead executor's state lock was never taken "
+            f"(helper exit {outcome.notes.get('rc')})",
+            [str(outcome.notes.get("helper_stderr", ""))[-300:]],
+        )
     if outcome.notes.get("rc") != setup.data["exit"]:
         return audit_error(
             f"premise failed: the import never reached {point} (exit {outcome.notes.get('rc')})",
