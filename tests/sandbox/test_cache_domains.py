@@ -221,3 +221,35 @@ def test_the_sweep_never_follows_a_link_in_the_cache_base(cache_home: Path, tmp_
         assert (path / "file").read_text() == "data", path
     for path in (victim, *kept):
         assert os.stat(path).st_mode & 0o777 == 0o755, path
+
+
+@pytest.fixture
+def linked_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A home whose `~/.cache` is a link to a folder elsewhere (a dotfile manager, a cache
+    on another disk); no XDG_CACHE_HOME, so the sandbox finds its cache through the link."""
+    home, real = tmp_path / "home", tmp_path / "disk" / "cache"
+    home.mkdir()
+    real.mkdir(parents=True)
+    (home / ".cache").symlink_to(real)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    return home, real
+
+
+async def test_a_cache_folder_behind_a_link_is_used_through_it(
+    make_executor: ExecutorFactory, workspace: Path, linked_cache: tuple[Path, Path]
+) -> None:
+    """The view shadowed `~/.cache` by its link too (a secret lies below it), stacking an
+    empty tmpfs over the real folder: every workspace-write run failed at the cache bind."""
+    _, real = linked_cache
+    first = make_executor(mode="workspace-write")
+    write = 'mkdir -p "$PIP_CACHE_DIR" && echo hit > "$PIP_CACHE_DIR/w" && echo "$PIP_CACHE_DIR"'
+    made = await _run(first, write, workspace)
+    assert made.exit_code == 0, made.stderr.text
+    pip_dir = made.stdout.text.strip()
+    assert pip_dir.startswith(str(real / "bash-sandbox" / "caches"))
+    assert Path(pip_dir, "w").read_text() == "hit\n"  # on the host, through the real path
+    second = make_executor(mode="workspace-write")
+    found = await _run(second, 'cat "$PIP_CACHE_DIR/w"', workspace)
+    assert found.stdout.text == "hit\n", found.stderr.text
+
