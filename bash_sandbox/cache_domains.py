@@ -12,12 +12,19 @@ process's lifetime; a sweeper removes only what it can lock exclusively). `.lock
 says which policy a domain is, and its mtime is the LRU stamp. The old shared home
 (`~/.cache/bash-sandbox/tools`, one for every project) is removed on first use: it may hold
 code planted by any project.
+
+Where: the real folder `$XDG_CACHE_HOME` (or `~/.cache`) led to when this uid first used it,
+recorded in the per-uid directory no confined command sees (`user_base_dir()/cache-folders`)
+and never resolved again. `~/.cache` may be a link, and a link in a writable root (a home
+that is a workspace) is a command's to replace: following it anew each time let one
+project move every later project's cache into its own workspace, pre-filled.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import stat
@@ -25,6 +32,7 @@ import threading
 import time
 import uuid
 
+from bash_local.userdir import user_base_dir
 from bash_sandbox.state import remove_tree
 from bash_sandbox.trust_domain import domain_fields, domain_key
 from policies import SandboxPolicy
@@ -35,6 +43,8 @@ CACHE_MAX_AGE_S = 30 * 24 * 3600
 # A stamp is refreshed at most this often (one utime per spawn would be wasted work).
 _STAMP_EVERY_S = 60
 _LOCKS = ".locks"
+# In the per-uid directory: the real cache folder each named one led to at first use.
+_RECORDS = "cache-folders"
 # A refused write there (a root holding them): another project's caches.
 REASON_CACHE_HOMES = "the sandbox's tool cache homes: every project's package caches"
 _TRASH = ".trash-"
@@ -59,17 +69,98 @@ def _owned_dir(path: str) -> bool:
     )
 
 
-def cache_base() -> str:
-    """Where the per-domain cache homes of this user live. Only the user's cache directory
-    is resolved: `bash-sandbox/caches` below it must be real directories (`_real_base`),
+def named_cache_folder() -> str:
+    """The user's cache folder as the environment names it (`$XDG_CACHE_HOME`, `~/.cache`)."""
+    named = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.normpath(named)
+
+
+def _record_of(named: str) -> str:
+    digest = hashlib.sha256(named.encode()).hexdigest()[:32]
+    return os.path.join(user_base_dir(), _RECORDS, digest)
+
+
+def cache_folder() -> str | None:
+    """The real folder ``named_cache_folder()`` led to when this uid first used it (recorded
+    then, read since: a link replaced later moves nothing), or None when it cannot be
+    recorded or is no longer a folder of ours that nobody else may write (`_trusted`)."""
+    named = named_cache_folder()
+    try:
+        record = _record_of(named)
+        recorded = _read_record(record)
+        if recorded is None:
+            _write_record(record, os.path.realpath(named))
+            recorded = _read_record(record)
+    except OSError:
+        return None
+    return recorded if recorded is not None and _trusted(recorded) else None
+
+
+def _read_record(record: str) -> str | None:
+    try:
+        fd = os.open(record, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        text = fh.read(8192).decode(errors="replace")
+    return text if text.startswith("/") and "\n" not in text else None
+
+
+def _write_record(record: str, folder: str) -> None:
+    """Write ``record`` unless another process did first (a link never replaces a file)."""
+    parent = os.path.dirname(record)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(parent, 0o700)
+    tmp = f"{record}.{uuid.uuid4().hex}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, folder.encode())
+    finally:
+        os.close(fd)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, record)
+    finally:
+        os.unlink(tmp)
+
+
+def _trusted(folder: str) -> bool:
+    """``folder`` is still reached without a link, and is a directory of this uid that others
+    may not write. Its group may (umask 002 is common): a name swapped in by someone else is
+    theirs, and `_real_base` takes only directories of ours."""
+    with contextlib.suppress(OSError):
+        os.makedirs(folder, 0o700, exist_ok=True)
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return (
+        os.path.realpath(folder) == folder
+        and stat.S_ISDIR(st.st_mode)
+        and st.st_uid == os.geteuid()
+        and not st.st_mode & 0o002
+    )
+
+
+def cache_moved() -> str | None:
+    """Where the user's cache folder leads now, when that is not the recorded folder."""
+    now = os.path.realpath(named_cache_folder())
+    recorded = cache_folder()
+    return now if recorded is not None and now != recorded else None
+
+
+def cache_base() -> str | None:
+    """Where the per-domain cache homes of this user live (None: nowhere we trust). Below
+    the recorded folder, `bash-sandbox/caches` must be real directories (`_real_base`),
     never links a command left there to lead the sweep elsewhere."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(os.path.realpath(base), "bash-sandbox", "caches")
+    folder = cache_folder()
+    return os.path.join(folder, "bash-sandbox", "caches") if folder is not None else None
 
 
-def cache_top() -> str:
+def cache_top() -> str | None:
     """The sandbox's directory in the user's cache (`~/.cache/bash-sandbox`)."""
-    return os.path.dirname(cache_base())
+    base = cache_base()
+    return os.path.dirname(base) if base is not None else None
 
 
 def exposed_to(policy: SandboxPolicy) -> bool:
@@ -79,14 +170,17 @@ def exposed_to(policy: SandboxPolicy) -> bool:
     cache home there, and its view covers the directory read-only (`host_view.py`)."""
     top = cache_top()
     roots = policy.all_writable_roots()
+    if top is None:
+        return False  # no cache homes at all
     return within_any(top, roots) or any(within(r, top) for r in roots)
 
 
 def ensure_cache_base() -> bool:
     """Make the cache base (real directories of ours); False when a link or a stranger's
     directory is in the way."""
+    base = cache_base()
     with _mutex:
-        return _real_base(cache_base())
+        return base is not None and _real_base(base)
 
 
 def _real_base(base: str) -> bool:
@@ -114,7 +208,7 @@ def tool_cache_home(policy: SandboxPolicy, holds: CacheHolds) -> str | None:
     stay in the call's private /tmp."""
     base = cache_base()
     key = domain_key(policy)
-    if exposed_to(policy):
+    if base is None or exposed_to(policy):
         return None
     with _mutex:
         if not _real_base(base) or not _owned_dir(os.path.join(base, _LOCKS)):

@@ -26,7 +26,13 @@ from bash_local.environment import build_command_env
 from bash_local.spawn import SpawnOutcome, SpawnPlan, SpawnScope
 from bash_sandbox.backends.base import BackendContext, ConfinedPlan, SandboxBackend
 from bash_sandbox.backends.child_failure import child_error, read_child_failure
-from bash_sandbox.cache_domains import REASON_CACHE_HOMES, cache_top, exposed_to
+from bash_sandbox.cache_domains import (
+    REASON_CACHE_HOMES,
+    cache_moved,
+    cache_top,
+    exposed_to,
+    named_cache_folder,
+)
 from bash_sandbox.egress_guards import egress_setting_problem
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
@@ -204,6 +210,13 @@ class ConfinedSpawn(SpawnScope):
                 "live in this call's private /tmp"
             )
             return
+        moved = cache_moved()
+        if moved is not None:
+            # Replaced by the user, or by a command whose root holds the link: never followed.
+            self.warnings.append(
+                f"{named_cache_folder()} now leads to {moved}; the tool caches stay in "
+                f"{self.cache_home}, below where it led when bash-sandbox first used it"
+            )
         self.policy = policy.model_copy(
             update={"writable_roots": (*policy.writable_roots, self.cache_home)}
         )
@@ -384,8 +397,9 @@ class ConfinedSpawn(SpawnScope):
         """Covered paths inside a root that are not protected names, with their reasons:
         what the installed git hooks run, and the cache homes a root holds."""
         guarded = dict(self._git.guarded) if self._git is not None else {}
-        if self.backend.mounts and exposed_to(self._user_policy):
-            guarded[cache_top()] = REASON_CACHE_HOMES
+        top = cache_top()
+        if self.backend.mounts and top is not None and exposed_to(self._user_policy):
+            guarded[top] = REASON_CACHE_HOMES
         return guarded or None
 
     # -- settled ---------------------------------------------------------------------------

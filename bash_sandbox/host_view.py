@@ -169,8 +169,8 @@ class HostSurvey:
     def _cover_cache_homes(roots: tuple[str, ...], covers: list[str]) -> list[str]:
         """Cover the cache homes' directory when a root holds it; the pins on its way."""
         top = cache_top()
-        owner = next((r for r in roots if within(top, r)), None)
-        if owner is None:
+        owner = next((r for r in roots if top is not None and within(top, r)), None)
+        if top is None or owner is None:
             return []
         # Made now if missing: a command must not be the one that creates it.
         if not ensure_cache_base() or not os.path.isdir(top) or os.path.islink(top):

@@ -216,7 +216,9 @@ def survey_shadows(denied: Iterable[str], roots: tuple[str, ...]) -> ShadowSurve
     candidates: list[str] = []
     for path in sorted(frozen):
         resolved.update(dict.fromkeys(_resolution_paths(path)))
-        parent = _nearest_existing(os.path.dirname(path))
+        # The real directory: a tmpfs mounted through a link (`~/.cache` -> elsewhere) lands
+        # on its target, over that target's own shadow, and its entries come back empty.
+        parent = os.path.realpath(_nearest_existing(os.path.dirname(path)))
         inside = within_any(path, roots) or within_any(parent, roots)
         if not inside and parent not in UNSHADOWED and not any(within(r, path) for r in roots):
             listed.setdefault(parent, None)

@@ -16,7 +16,9 @@ import pytest
 
 from bash_sandbox import SandboxBashExecutor
 from bash_sandbox.cache_domains import cache_base, sweep_caches
+from bash_sandbox.trust_domain import domain_key
 from bash_seam import BashExecRequest, BashRunResult
+from policies.paths import within
 from tests.sandbox.conftest import ExecutorFactory
 
 _PNPM = "$XDG_CACHE_HOME/node/corepack/v1/pnpm/9.0.0/bin/pnpm"
@@ -221,3 +223,88 @@ def test_the_sweep_never_follows_a_link_in_the_cache_base(cache_home: Path, tmp_
         assert (path / "file").read_text() == "data", path
     for path in (victim, *kept):
         assert os.stat(path).st_mode & 0o777 == 0o755, path
+
+
+@pytest.fixture
+def linked_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A home whose `~/.cache` is a link to a folder elsewhere (a dotfile manager, a cache
+    on another disk); no XDG_CACHE_HOME, so the sandbox finds its cache through the link."""
+    home, real = tmp_path / "home", tmp_path / "disk" / "cache"
+    home.mkdir()
+    real.mkdir(parents=True)
+    (home / ".cache").symlink_to(real)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    return home, real
+
+
+async def test_a_cache_folder_behind_a_link_is_used_through_it(
+    make_executor: ExecutorFactory, workspace: Path, linked_cache: tuple[Path, Path]
+) -> None:
+    """The view shadowed `~/.cache` by its link too (a secret lies below it), stacking an
+    empty tmpfs over the real folder: every workspace-write run failed at the cache bind."""
+    _, real = linked_cache
+    first = make_executor(mode="workspace-write")
+    write = 'mkdir -p "$PIP_CACHE_DIR" && echo hit > "$PIP_CACHE_DIR/w" && echo "$PIP_CACHE_DIR"'
+    made = await _run(first, write, workspace)
+    assert made.exit_code == 0, made.stderr.text
+    pip_dir = made.stdout.text.strip()
+    assert pip_dir.startswith(str(real / "bash-sandbox" / "caches"))
+    assert Path(pip_dir, "w").read_text() == "hit\n"  # on the host, through the real path
+    second = make_executor(mode="workspace-write")
+    found = await _run(second, 'cat "$PIP_CACHE_DIR/w"', workspace)
+    assert found.stdout.text == "hit\n", found.stderr.text
+
+
+@pytest.mark.parametrize("layout", ["link", "dir"])
+async def test_a_root_holding_the_cache_path_cannot_move_another_projects_cache(
+    make_executor: ExecutorFactory,
+    tmp_path: Path,
+    linked_cache: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    layout: str,
+) -> None:
+    """Row 20: project A's workspace is the user's home, so `~/.cache` (a link out of it,
+    or the real folder) is A's to replace. A points it into its own workspace and plants
+    project B's cache there (B's key is predictable). B's next process must neither keep
+    its cache in A's workspace nor read anything A planted."""
+    home, real = linked_cache
+    if layout == "dir":
+        (home / ".cache").unlink()
+        (home / ".cache").mkdir()
+        real = home / ".cache"
+    b = tmp_path / "b"
+    b.mkdir()
+    ex_b = make_executor(mode="workspace-write", workspace_root=str(b))
+    spec = ex_b.resolve(BashExecRequest(command="true", workdir=str(b)))
+    assert spec.sandbox_policy is not None
+    key_b = domain_key(spec.sandbox_policy)
+    used = await _run(ex_b, 'mkdir -p "$PIP_CACHE_DIR" && echo "$PIP_CACHE_DIR"', b)
+    assert used.exit_code == 0 and used.stdout.text.startswith(str(real)), used.stderr.text
+    await ex_b.aclose()
+    evil = home / "ws" / "evil"
+    caches = evil / "bash-sandbox" / "caches"
+    attack = (
+        f'mkdir -p "{caches}/{key_b}/xdg" "{caches}/.locks"; '
+        f'echo planted > "{caches}/{key_b}/xdg/marker"; '
+        f'echo "{{}}" > "{caches}/.locks/{key_b}.json"; '
+        # A real folder has to be moved away first (it is pinned in A's view).
+        + (f'mv -T "{home}/.cache" "{home}/.cache-old"; ' if layout == "dir" else "")
+        + f'ln -s "{evil}" "{home}/newlink" && mv -T "{home}/newlink" "{home}/.cache"'
+    )
+    ex_a = make_executor(mode="workspace-write", workspace_root=str(home))
+    await _run(ex_a, attack, home)
+    await ex_a.aclose()
+    # B's next process (its first cache use sweeps and resolves again).
+    monkeypatch.setattr("bash_sandbox.cache_domains._swept", set())
+    again = make_executor(mode="workspace-write", workspace_root=str(b))
+    probe = 'cat "$XDG_CACHE_HOME/marker" 2>/dev/null || echo cold; echo "$PIP_CACHE_DIR"'
+    result = await _run(again, probe, b)
+    assert result.exit_code == 0, result.stderr.text
+    marker, pip_dir = result.stdout.text.split()
+    assert marker == "cold"
+    # Where it was: in the folder B used before, never anywhere A made.
+    assert within(os.path.realpath(pip_dir), str(real)), pip_dir
+    if os.path.realpath(home / ".cache") == str(evil):  # the link was replaced: said so
+        assert result.sandbox is not None
+        assert any("now leads to" in w for w in result.sandbox.warnings)

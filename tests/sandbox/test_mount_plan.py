@@ -124,6 +124,20 @@ def test_a_missing_secret_shadows_its_nearest_existing_directory(tmp_path: Path)
     assert shadows[0].entries == (ShadowEntry("pip", "dir"),)
 
 
+def test_a_secret_behind_a_linked_directory_shadows_only_the_real_directory(
+    tmp_path: Path,
+) -> None:
+    """`~/.cache` a link elsewhere: a tmpfs mounted at the link lands on its target, over
+    the target's own shadow, and its entries came back empty (the cache home's bind failed)."""
+    real = tmp_path / "disk" / "cache"
+    (real / "pip").mkdir(parents=True)
+    (tmp_path / "home").mkdir()
+    os.symlink(real, tmp_path / "home" / ".cache")
+    shadows, _, _ = inspect_shadows((str(tmp_path / "home/.cache/huggingface/token"),), ())
+    assert [s.directory for s in shadows] == [str(real)]
+    assert shadows[0].entries == (ShadowEntry("pip", "dir"),)
+
+
 def test_secrets_inside_a_writable_root_are_covered_where_they_lie(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     (ws / "keys").mkdir(parents=True)
