@@ -31,6 +31,14 @@ AUTORUN_PATHS: MappingProxyType[str, str] = MappingProxyType(
         ".mcp.json": "agent tools start the MCP servers it names",
         ".claude": "Claude Code runs its hooks and loads its commands, agents and MCP servers",
         ".cursor": "Cursor starts the MCP servers it names and follows its rules",
+        ".gemini": "Gemini CLI runs its hooks and starts the MCP servers its settings name",
+        "opencode.json": "opencode starts the MCP servers it names",
+        ".continue": "Continue starts the MCP servers its workspace blocks name",
+        ".roo": "Roo Code starts the MCP servers its mcp.json names",
+        ".amazonq": "Amazon Q starts the MCP servers its workspace configuration names",
+        ".kiro": "Kiro runs its agent hooks on file events",
+        ".zed": "Zed starts the language servers its settings name when a file opens",
+        ".aider.conf.yml": "aider runs the lint and test commands it names after its edits",
     }
 )
 

@@ -47,6 +47,11 @@ ATTACKS = {
         ".devcontainer",
     ),
     ".idea": ("mkdir -p .idea && echo x > .idea/workspace.xml", ".idea"),
+    ".gemini": ("mkdir -p .gemini && echo '{\"hooks\":{}}' > .gemini/settings.json", ".gemini"),
+    "opencode.json": ("echo '{\"mcp\":{}}' > opencode.json", "opencode.json"),
+    ".zed": ("mkdir -p .zed && echo '{\"lsp\":{}}' > .zed/settings.json", ".zed"),
+    ".aider.conf.yml": ("echo 'lint-cmd: sh evil.sh' > .aider.conf.yml", ".aider.conf.yml"),
+    ".kiro": ("mkdir -p .kiro/hooks && echo '{}' > .kiro/hooks/x.kiro.hook", ".kiro"),
 }
 
 
