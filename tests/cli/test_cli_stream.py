@@ -137,12 +137,14 @@ def test_large_output_streams_whole_without_a_spill_file(
     out = capsys.readouterr().out
     assert code == 0
     assert out == "a" * 300_000
-    # The probe cache's verdict and the placeholder ledger stay (by design: this uid's
-    # state, not the command's); nothing of the output is left behind.
+    # The probe cache's verdict, the placeholder ledger and the cache folder's record stay
+    # (by design: this uid's state, not the command's); nothing of the output is left behind.
     spilled = [
         p
         for p in private_tempdir.rglob("*")
-        if p.is_file() and p.parent.name != "probe-cache" and p.name != "placeholders.json"
+        if p.is_file()
+        and p.parent.name not in ("probe-cache", "cache-folders")
+        and p.name != "placeholders.json"
     ]
     assert spilled == []
 
