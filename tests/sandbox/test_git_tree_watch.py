@@ -281,10 +281,16 @@ def test_a_mount_over_a_watched_directory_rebuilds_the_tree(tmp_path: Path) -> N
         pytest.skip("no unshare")
     ws = tmp_path / "ws"
     (ws / "sub").mkdir(parents=True)
+    # A temp dir of the test's own: as an unprivileged user the namespace's root is the
+    # user mapped, and the host's per-uid directory of uid 0 (owned by the real root) is
+    # nobody's there.
+    private = tmp_path / "tmp"
+    private.mkdir()
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "--map-root-user",
          sys.executable, "-c", _MOUNT_CHILD, str(ws)],
         capture_output=True, text=True, timeout=60, check=False,
+        env=dict(os.environ, TMPDIR=str(private)),
     )  # fmt: skip
     if done.returncode != 0 and "unshare" in done.stderr and "ok" not in done.stdout:
         pytest.skip(f"no private mount namespace here: {done.stderr.strip()}")
