@@ -433,3 +433,41 @@ def test_a_client_never_talks_to_a_confined_listener(
         assert served in ("0", "None") and code == 0 and out == b"real\n", err
     finally:
         kill_if_alive(squatter.pid)
+
+
+def test_a_later_call_does_not_inherit_the_first_callers_environment(
+    warm: Warm, workspace: Path
+) -> None:
+    git_env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
+    subprocess.run(["git", "init", "-q", "-b", "main", str(workspace)], check=True, env=git_env)
+    subprocess.run(
+        ["git", "-C", str(workspace), "commit", "-q", "--allow-empty", "-m", "host"],
+        check=True,
+        env=git_env,
+    )
+    # The call that starts the daemon names the git import's crash-injection point.
+    warm.env["BASH_SANDBOX_GIT_IMPORT_CRASH"] = "objects"
+    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
+    del warm.env["BASH_SANDBOX_GIT_IMPORT_CRASH"]
+    code, _, err, served = warm.run(
+        "run",
+        "--mode",
+        "workspace-write",
+        "--",
+        "git -c user.name=c -c user.email=c@c commit -q --allow-empty -m from-the-command",
+        cwd=workspace,
+    )
+    assert served == "0" and code == 0, err
+    log = subprocess.run(
+        ["git", "-C", str(workspace), "log", "--format=%s"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert log == ["from-the-command", "host"]
