@@ -146,7 +146,14 @@ class LandlockOnlyBackend(LandlockBackend):
         setup.drop_all_capabilities()
         setup.no_new_privs()
         setup.landlock_restrict(rs.fileno())  # type: ignore[attr-defined]
-        setup.seccomp(compile_seccomp(SeccompOptions(block_metadata=True)))
+        setup.seccomp(
+            compile_seccomp(
+                SeccompOptions(
+                    block_metadata=True,
+                    block_fastopen=policy.network is not NetworkMode.HOST,
+                )
+            )
+        )
         supervise(setup, ctx)
         env = dict(plan.env)
         env["TMPDIR"] = ctx.private_tmpdir

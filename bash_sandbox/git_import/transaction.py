@@ -32,7 +32,9 @@ from dataclasses import asdict, dataclass, field
 from bash_sandbox.git_import.gitcmd import GitError, git
 
 CRASH_ENV = "BASH_SANDBOX_GIT_IMPORT_CRASH"
-CRASH_POINT: str | None = os.environ.get(CRASH_ENV) or None
+# Set by tests in-process; the environment variable is read at each write point, never at
+# import (the warm daemon imports this once, with the environment of whoever started it).
+CRASH_POINT: str | None = None
 WRITE_POINTS = (
     "objects",  # after the fetch: objects and keep-refs on the host
     "journal",
@@ -50,7 +52,7 @@ ZERO = "0" * 40
 
 def crash_point(name: str) -> None:
     """Exit on the spot when the crash-injection hook names this write point."""
-    if name == CRASH_POINT:
+    if name == (CRASH_POINT or os.environ.get(CRASH_ENV) or None):
         os._exit(86)
 
 

@@ -57,6 +57,7 @@ TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 CLONE_NEWUSER = 0x10000000
 AF_UNIX = 1
+MSG_FASTOPEN = 0x20000000
 AF_INET = 2
 AF_INET6 = 10
 AF_NETLINK = 16
@@ -95,6 +96,9 @@ class SeccompOptions:
 
     # Landlock without a mount namespace: nothing else stops chmod/chown/utimes outside roots.
     block_metadata: bool = False
+    # Landlock without a network namespace under `isolated`: a TCP Fast Open send connects
+    # without connect() (neither Landlock's connect hook nor the supervisor sees it).
+    block_fastopen: bool = False
 
 
 _METADATA_CALLS = (
@@ -189,6 +193,17 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
         rules += [
             SeccompRule(name, eperm, (), "metadata outside the roots, unscoped here")
             for name in _METADATA_CALLS
+        ]
+    if options.block_fastopen:
+        # sendto(fd, buf, len, flags, ...), sendmsg(fd, msg, flags), sendmmsg(fd, v, n, flags)
+        rules += [
+            SeccompRule(
+                name,
+                eperm,
+                (ArgCheck(index, MSG_FASTOPEN, MSG_FASTOPEN),),
+                "a TCP Fast Open send connects without connect()",
+            )
+            for name, index in (("sendto", 3), ("sendmsg", 2), ("sendmmsg", 3))
         ]
     return tuple(rules)
 

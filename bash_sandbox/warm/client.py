@@ -39,8 +39,11 @@ def _connect(path: str) -> socket.socket | None:
     try:
         with wire.reachable(path) as address:
             sock.connect(address)
-        if wire.peer_uid(sock) != os.geteuid():
+        pid, uid = wire.peer_creds(sock)
+        if uid != os.geteuid():
             raise PermissionError("the daemon runs as another user")
+        if not wire.unconfined_peer(pid):
+            raise PermissionError("the socket's listener is a confined command")
     except OSError:
         sock.close()
         return None

@@ -192,12 +192,14 @@ def _accept(daemon: _Daemon) -> None:
             conn.close()  # another user: never served, told nothing
             return
         conn.settimeout(_REQUEST_TIMEOUT_S)
-        request, fds = wire.recv_request(conn, max_fds=4)
+        request, fds, sender = wire.recv_request(conn, max_fds=4)
     except OSError:
         conn.close()
         return
     stale = daemon.code_changed()
-    if len(fds) != 4 or stale:
+    # The request's sender, not the connector: a confined command's connect is made for it
+    # by its executor (whose credentials the socket then carries), its frames are its own.
+    if len(fds) != 4 or stale or not wire.unconfined_peer(sender):
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
@@ -276,6 +278,7 @@ def serve(path: str, idle_s: float, lock: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # inherited by each call
     with wire.reachable(path) as address:
         listener.bind(address)
     listener.listen(64)

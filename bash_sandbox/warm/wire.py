@@ -28,6 +28,7 @@ IDLE_ENV = "BASH_SANDBOX_DAEMON_IDLE_S"  # seconds the daemon stays without a cl
 DEFAULT_IDLE_S = 600.0
 MAX_FRAME = 64 << 20  # a request carries the whole command and environment
 _HEADER = struct.Struct(">I")
+_UCRED = struct.Struct("3i")  # pid, uid, gid
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -116,23 +117,76 @@ def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
     return _decode(_read_exact(sock, size))
 
 
-def recv_request(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], list[int]]:
-    """The first frame and the descriptors that came with it."""
-    head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, max_fds)
+def recv_request(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], list[int], int | None]:
+    """The first frame, the descriptors that came with it, and the pid of the process that
+    sent it (from the kernel's SCM_CREDENTIALS: ``sock`` has SO_PASSCRED; None when none
+    came)."""
+    int_size = struct.calcsize("i")
+    head, ancillary, _, _ = sock.recvmsg(
+        _HEADER.size, socket.CMSG_SPACE(max_fds * int_size) + socket.CMSG_SPACE(_UCRED.size)
+    )
+    fds: list[int] = []
+    sender: int | None = None
+    for level, kind, data in ancillary:
+        if level != socket.SOL_SOCKET:
+            continue
+        if kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % int_size
+            fds += struct.unpack(f"{usable // int_size}i", data[:usable])
+        elif kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+            sender = _UCRED.unpack(data[: _UCRED.size])[0]
     try:
+        if len(fds) > max_fds:
+            raise WireError(f"{len(fds)} descriptors")
         if not head:
             raise WireError("no request")
         head += _read_exact(sock, _HEADER.size - len(head))
         (size,) = _HEADER.unpack(head)
         if size > MAX_FRAME:
             raise WireError(f"request of {size} bytes")
-        return _decode(_read_exact(sock, size)), fds
+        return _decode(_read_exact(sock, size)), fds, sender
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
 
 
+def peer_creds(sock: socket.socket) -> tuple[int, int]:
+    """The pid (0: not in this pid namespace) and uid of the socket's peer."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, _ = _UCRED.unpack(creds)
+    return int(pid), int(uid)
+
+
 def peer_uid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+    return peer_creds(sock)[1]
+
+
+def _restrictions(pid: int | str) -> tuple[int, int, int, int]:
+    """The mount namespace of ``pid`` and how restricted it is (no_new_privs, seccomp
+    filters)."""
+    ns = os.stat(f"/proc/{pid}/ns/mnt")
+    fields = {"NoNewPrivs": 0, "Seccomp_filters": 0}
+    with open(f"/proc/{pid}/status", "rb") as fh:
+        for line in fh:
+            key, _, value = line.decode(errors="replace").partition(":")
+            if key in fields:
+                fields[key] = int(value.strip() or 0)
+    return ns.st_dev, ns.st_ino, fields["NoNewPrivs"], fields["Seccomp_filters"]
+
+
+def unconfined_peer(pid: int | None) -> bool:
+    """Whether process ``pid`` is as free as this one: the same mount namespace, and not
+    no_new_privs or more seccomp filters where this process is not. A confined command
+    never is (its own mount namespace, or, under Landlock alone, no_new_privs and the
+    sandbox's filters): a socket in a directory some command can write (another TMPDIR's
+    private directory inside a writable root) must not let it reach an unconfined daemon,
+    nor let it pose as one."""
+    if not pid or pid < 0:
+        return False
+    try:
+        dev, ino, nnp, filters = _restrictions(pid)
+        own_dev, own_ino, own_nnp, own_filters = _restrictions("self")
+    except (OSError, ValueError):
+        return False
+    return (dev, ino) == (own_dev, own_ino) and nnp <= own_nnp and filters <= own_filters

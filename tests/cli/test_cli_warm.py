@@ -315,3 +315,159 @@ def test_the_client_imports_nothing_heavy() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30
     ).stdout
     assert out.strip() == "[]"
+
+
+# A confined command whose writable root holds another TMPDIR's private directory (a shell's
+# TMPDIR=~/tmp while the harness's executor, started elsewhere, runs with workspace ~) sees
+# the warm daemon's socket: sockets inside a writable root are the command's to reach, and
+# the connect its executor makes for it carries the executor's credentials.
+_FAKE_CLIENT = """
+import glob, json, os, socket, struct, sys
+sock_path, cwd_dir, marker = sys.argv[1:]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sock_path)
+cwd = os.open(cwd_dir, os.O_PATH | os.O_DIRECTORY)
+request = {
+    "argv": ["run", "--mode", "danger-full-access", "--", f"echo escaped > {marker}"],
+    "env": {"PATH": "/usr/bin:/bin"},
+    "umask": 0o022,
+}
+body = json.dumps(request).encode()
+socket.send_fds(s, [struct.pack(">I", len(body)) + body], [0, 1, 2, cwd])
+head = s.recv(4)
+print("reply:", s.recv(struct.unpack(">I", head)[0]).decode() if len(head) == 4 else None)
+"""
+
+
+def test_a_confined_command_cannot_have_the_daemon_run_it_unconfined(
+    warm: Warm, workspace: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    for _ in range(2):  # the first call starts the daemon, the second is served by it
+        _, _, err, served = warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
+    assert served == "0", err
+    sock_path = next(warm.private.glob("warm-*.sock"))
+    other_tmp = tmp_path_factory.mktemp("harness-tmp")  # the harness's TMPDIR: elsewhere
+    marker = other_tmp / "escaped"  # outside every writable root of the attack
+    (tmp_path / "attack.py").write_text(_FAKE_CLIENT)
+    attack = _fresh(
+        dict(warm.env, TMPDIR=str(other_tmp)),
+        "run",
+        "--mode",
+        "workspace-write",
+        "--workspace",
+        str(tmp_path),  # holds the warm private directory
+        "--",
+        f"{sys.executable} attack.py {sock_path} {workspace} {marker}",
+        cwd=tmp_path,
+    )
+    # The premise: the command reached the socket and the daemon answered it.
+    assert b"reply:" in attack.stdout, attack.stderr
+    assert not marker.exists(), attack.stdout
+    assert b"escaped" not in attack.stdout
+
+
+_FAKE_DAEMON = """
+import os, socket, sys
+sock_path, record = sys.argv[1:]
+if os.path.exists(sock_path):
+    os.unlink(sock_path)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sock_path)
+s.listen(8)
+open(record + ".ready", "w").close()
+s.settimeout(40)
+conn, _ = s.accept()
+conn.settimeout(10)
+got = b""
+try:
+    while chunk := conn.recv(1 << 16):
+        got += chunk
+except OSError:
+    pass
+with open(record, "wb") as fh:
+    fh.write(got)
+"""
+
+
+def test_a_client_never_talks_to_a_confined_listener(
+    warm: Warm, workspace: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
+    sock_path = next(warm.private.glob("warm-*.sock"))  # the path the client will use
+    for pid in warm.daemon_pids():
+        kill_if_alive(pid)
+    other_tmp = tmp_path_factory.mktemp("harness-tmp")
+    record = tmp_path / "received"
+    (tmp_path / "listen.py").write_text(_FAKE_DAEMON)
+    squatter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bash_sandbox.cli",
+            "run",
+            "--mode",
+            "workspace-write",
+            "--workspace",
+            str(tmp_path),
+            "--timeout-ms",
+            "60000",
+            "--",
+            f"{sys.executable} listen.py {sock_path} {record}",
+        ],
+        env=dict(warm.env, TMPDIR=str(other_tmp), **{wire.ENABLE_ENV: "0"}),
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(lambda: Path(f"{record}.ready").exists(), timeout=30, what="listener up")
+        warm.env["WARM_SECRET"] = "s3cret-for-the-daemon-only"
+        code, out, err, served = warm.run(
+            "run", "--mode", "read-only", "--", "echo real", cwd=workspace
+        )
+        _, squat_err = squatter.communicate(timeout=60)
+        assert record.exists(), squat_err  # the premise: the listener saw the connection
+        assert record.read_bytes() == b""  # sent nothing: no environment, no descriptors
+        # Refused, then run by a daemon of its own (it took the path over) or fresh.
+        assert served in ("0", "None") and code == 0 and out == b"real\n", err
+    finally:
+        kill_if_alive(squatter.pid)
+
+
+def test_a_later_call_does_not_inherit_the_first_callers_environment(
+    warm: Warm, workspace: Path
+) -> None:
+    git_env = dict(
+        os.environ,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
+    subprocess.run(["git", "init", "-q", "-b", "main", str(workspace)], check=True, env=git_env)
+    subprocess.run(
+        ["git", "-C", str(workspace), "commit", "-q", "--allow-empty", "-m", "host"],
+        check=True,
+        env=git_env,
+    )
+    # The call that starts the daemon names the git import's crash-injection point.
+    warm.env["BASH_SANDBOX_GIT_IMPORT_CRASH"] = "objects"
+    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
+    del warm.env["BASH_SANDBOX_GIT_IMPORT_CRASH"]
+    code, _, err, served = warm.run(
+        "run",
+        "--mode",
+        "workspace-write",
+        "--",
+        "git -c user.name=c -c user.email=c@c commit -q --allow-empty -m from-the-command",
+        cwd=workspace,
+    )
+    assert served == "0" and code == 0, err
+    log = subprocess.run(
+        ["git", "-C", str(workspace), "log", "--format=%s"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert log == ["from-the-command", "host"]
