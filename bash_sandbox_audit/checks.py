@@ -25,6 +25,7 @@ from bash_sandbox_audit.model import (
     audit_error,
     contained,
     escaped,
+    skipped,
 )
 from bash_sandbox_audit.targets import CountingServer, Victim
 
@@ -154,6 +155,14 @@ def verify_attack(
                 f"premise failed: the attack did not run ({missing[0]} missing)",
                 [tail] if tail else [],
             )
+        if "PY-BEGIN" in wanted and "Traceback (most recent call last)" in text:
+            # The program stopped at an exception: the attempts after it never ran, and an
+            # attempt that never ran proves nothing contained.
+            tail = shorten(env, outcome.stderr.strip()[-300:])
+            return audit_error("premise failed: the attack program died before it finished", [tail])
+        untried = [line for line in text.splitlines() if line.startswith("UNTRIED ")]
+        if untried:
+            return skipped(f"not tried on this host: {untried[0].removeprefix('UNTRIED ')}"[:300])
         evidence: list[str] = []
         await asyncio.sleep(SETTLE_S)  # signals reach a victim's handler at its next tick
         for check in checks:

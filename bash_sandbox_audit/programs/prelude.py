@@ -1,13 +1,14 @@
 """Prepended to every Python attack (run inside the sandbox by the host's python3).
 
-`attempt` prints "ESCAPE <what>" when a forbidden call succeeded and "denied <what>: <error>"
-otherwise; only the first is evidence. The attack's own body follows this text, which is
-why the imports below look unused here.
+`attempt` prints "ESCAPE <what>" when a forbidden call succeeded, "denied <what>: <error>"
+when it was refused, and "UNTRIED <what>" when it cannot be made here (the cell is then
+skipped, never contained); only the first is evidence. The attack's own body follows this
+text, which is why the imports below look unused here.
 """
 
 import ctypes
 import ctypes.util
-import errno
+import errno  # noqa: F401 - used by attack bodies
 import fcntl  # noqa: F401 - used by attack bodies
 import os
 import signal  # noqa: F401 - used by attack bodies
@@ -50,10 +51,14 @@ NR.update(pidfd_send_signal=424, pidfd_open=434, pidfd_getfd=438)
 Result = TypeVar("Result")
 
 
+class Untried(Exception):
+    """The attempt cannot be made here (no syscall number on this architecture)."""
+
+
 def sys_call(name: str, *args: object) -> int:
     """A raw syscall by name; raises OSError like the os module does."""
     if name not in NR:
-        raise OSError(errno.ENOSYS, f"no syscall number for {name} on {ARCH}")
+        raise Untried(f"no syscall number for {name} on {ARCH}")
     r: int = libc.syscall(NR[name], *args)
     if r == -1:
         e = ctypes.get_errno()
@@ -65,6 +70,9 @@ def attempt(name: str, fn: Callable[[], Result]) -> Result | None:
     """Try a forbidden operation; print whether it was denied or escaped."""
     try:
         result = fn()
+    except Untried as exc:
+        print(f"UNTRIED {name}: {exc}", flush=True)  # never "denied": nothing was tried
+        return None
     except OSError as exc:
         print(f"denied {name}: {exc}", flush=True)
         return None
