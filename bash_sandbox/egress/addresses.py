@@ -10,6 +10,7 @@ address inside them too, since a dual-stack kernel or a translator delivers to t
 from __future__ import annotations
 
 import ipaddress
+import socket
 from typing import Final
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -104,3 +105,20 @@ def forbidden_address_reason(address: IPAddress, *, loopback_named: bool = False
     if category == "loopback" and loopback_named:
         return None
     return category
+
+
+def is_own_address(address: IPAddress) -> bool:
+    """Whether ``address`` is one of this host's own (of the network namespace calling):
+    the kernel routes it locally, so a connection there reaches the host's services bound to
+    every interface, as loopback would. Asked of the routing table with an unsent UDP
+    connect: only for a local destination is the chosen source the destination itself."""
+    if address.is_loopback or address.is_unspecified:
+        return True
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((str(address), 9))
+            source = str(probe.getsockname()[0]).split("%")[0]
+    except OSError:
+        return False  # no route: nothing of the host's is reached there either
+    return ipaddress.ip_address(source) == address

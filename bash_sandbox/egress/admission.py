@@ -12,8 +12,9 @@ The order matters:
    range. A DNS answer must be public unicast (`forbidden_address_reason`), except a private
    one (RFC 1918, ULA, CGNAT, ...) for a name in `allow_private_domains`; loopback,
    link-local and cloud-metadata answers only ever by a pin (`needs_pin`), or loopback by a
-   rule naming ``localhost``. One refused answer refuses the whole name: a mixed answer is
-   how rebinding attacks look.
+   rule naming ``localhost``. So is an address of this host itself (`is_own_address`: its
+   LAN or public address, where services bound to every interface answer as on loopback).
+   One refused answer refuses the whole name: a mixed answer is how rebinding attacks look.
 
 The proxy then connects to exactly these addresses and nothing else.
 """
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from bash_sandbox.egress.addresses import forbidden_address_reason, needs_pin
+from bash_sandbox.egress.addresses import forbidden_address_reason, is_own_address, needs_pin
 from bash_sandbox.egress.resolver import IPAddress, Resolver
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 from policies.egress import (
@@ -193,9 +194,12 @@ async def admit(
     private_ok = match_egress_rule(private, destination, port) is not None
     for address in addresses:
         why = forbidden_address_reason(address, loopback_named=rule.names_localhost)
+        pin_only = needs_pin(address)
+        if not pin_only and is_own_address(address):
+            why, pin_only = "an address of this host", True
         if why is None:
             continue
-        if needs_pin(address):
+        if pin_only:
             code, reason = EgressDenialCode.FORBIDDEN_ADDRESS, "only a pin allows it"
         elif private_ok:
             continue

@@ -6,11 +6,13 @@ command is given the placeholder only: in the credential's variable and, for a c
 with a ``username``, as the password a git credential helper answers for
 ``https://<domain>`` (configured through ``GIT_CONFIG_COUNT``, no file). The proxy
 terminates TLS for the credential domains only (`intercept.py`) and, on each request there,
-replaces the domain's own placeholders with their secrets in the request headers, including
-inside ``Authorization: Basic`` credentials. A request carrying any *other* domain's
-placeholder, or any placeholder over plain HTTP, is refused (403) and recorded: a
-command cannot use the proxy to send a credential where it does not belong, and the secret
-itself never crosses into the sandbox (not in its environment, its files, or its memory).
+replaces the domain's own placeholders with their secrets in the request headers that carry
+credentials (`CREDENTIAL_HEADERS`: ``Authorization``, including inside ``Basic`` credentials,
+``PRIVATE-TOKEN``, ``X-API-Key``, ...; never ``Host``, ``Origin`` or others a server echoes).
+A request carrying any *other* domain's placeholder, or any placeholder over plain HTTP, is
+refused (403) and recorded: a command cannot use the proxy to send a credential where it does
+not belong, and the secret itself never crosses into the sandbox (not in its environment, its
+files, or its memory).
 
 The CA bundle the sandbox trusts (the system's roots plus the executor's CA) is written
 into the executor's private ``/tmp`` (``/tmp/.bash-sandbox-egress-ca.pem``), rewritten
@@ -47,6 +49,20 @@ _CA_VARIABLES = (
     "npm_config_cafile",
 )
 _MAX_SECRET_BYTES = 16 * 1024
+# The only request headers a secret is put into: those that carry credentials. Never the
+# rest (Host, Origin, Referer, User-Agent, Cookie, X-Anything): servers echo those back (CORS
+# reflects Origin, redirects and error pages name the Host), which would hand the secret to
+# the sandbox that asked for it.
+CREDENTIAL_HEADERS = frozenset(
+    {
+        b"authorization",
+        b"private-token",  # GitLab
+        b"job-token",  # GitLab CI
+        b"x-api-key",
+        b"api-key",
+        b"x-auth-token",
+    }
+)
 
 
 class CredentialError(ValueError):
@@ -193,11 +209,15 @@ class CredentialVault:
     def inject(
         self, domain: str, headers: Sequence[tuple[bytes, bytes]]
     ) -> list[tuple[bytes, bytes]]:
-        """``headers`` with ``domain``'s placeholders replaced by their secrets."""
+        """``headers`` with ``domain``'s placeholders replaced by their secrets, in the
+        `CREDENTIAL_HEADERS` only (elsewhere the placeholder goes out as it is)."""
         own = [e for e in self._entries if e.spec.domain == domain]
         out: list[tuple[bytes, bytes]] = []
         for name, value in headers:
             new = value
+            if name.lower() not in CREDENTIAL_HEADERS:
+                out.append((name, new))
+                continue
             for entry in own:
                 needle, secret = entry.placeholder.encode(), entry.secret.encode()
                 new = new.replace(needle, secret)

@@ -79,6 +79,20 @@ class ScratchPaths:
     domain: str = ""
 
 
+# One inode per this many bytes of a private tmpfs's size. Without `nr_inodes` the kernel
+# allows half the host's RAM pages, whatever `size` says: empty files cost no space, yet each
+# pins about 1 KiB of kernel memory, so a command could hold gigabytes (more on a bigger host)
+# in a "4 GiB" /tmp, and keep them there for the executor's next commands.
+TMPFS_BYTES_PER_INODE = 4096
+_MIN_TMPFS_INODES = 1024
+
+
+def tmpfs_options(size: int) -> str:
+    """The mount options of a private tmpfs of ``size`` bytes: its inodes bounded by it."""
+    inodes = max(size // TMPFS_BYTES_PER_INODE, _MIN_TMPFS_INODES)
+    return f"size={size},nr_inodes={inodes},mode=1777"
+
+
 class _Holder:
     """The holder child's whole job, pre-bound: unshare, mount, open, send, exit."""
 
@@ -103,8 +117,8 @@ class _Holder:
             buf(paths.pts.encode()),
         )
         self._tmpfs, self._devpts = buf(b"tmpfs"), buf(b"devpts")
-        self._tmp_opts = buf(f"size={tmp_bytes},mode=1777".encode())
-        self._shm_opts = buf(f"size={shm_bytes},mode=1777".encode())
+        self._tmp_opts = buf(tmpfs_options(tmp_bytes).encode())
+        self._shm_opts = buf(tmpfs_options(shm_bytes).encode())
         self._pts_opts = buf(b"newinstance,ptmxmode=0666,mode=0620")
         self._slash = buf(b"/")
         self._maps = [

@@ -24,7 +24,9 @@ result:
   with EPERM and recorded (`setid.py`); a `setxattr` of `security.capability`: refused
   and recorded, any other name continues to the kernel.
 
-A blocking connect runs on a small pool so one slow destination never stalls the others.
+A blocking connect runs on a small pool of its command's own (threads made on demand), so one
+slow destination never stalls the others, and a command that keeps its connects blocked (a
+full listen backlog of its own, a destination that drops SYNs) never stalls another command's.
 The peer of an emulated unix connect sees the executor's credentials (`SO_PEERCRED`).
 """
 
@@ -72,6 +74,8 @@ _RESOLVE_IN_ROOT = 0x10
 _MAX_SYMLINKS = 40
 MAX_DENIALS = 16
 _READ_MAX = 4096
+# Blocking connects one command may have in flight at once (each holds a thread).
+CONNECT_WORKERS = 16
 # Refused writes are recorded from the kernel's view (`write_watch.py`), not from output.
 WITNESSES_FILE_WRITES = True
 
@@ -163,6 +167,29 @@ class SupervisedCommand:
     refused_loopback: list[str] = field(default_factory=list)
     total: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # This command's blocking connects (made on first use): a pool per command, so one that
+    # keeps all its workers blocked delays only its own calls.
+    connects: concurrent.futures.ThreadPoolExecutor | None = None
+    unregistered: bool = False
+
+    def connect_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
+        """The pool for this command's blocking connects; None once it is unregistered."""
+        with self.lock:
+            if self.unregistered:
+                return None
+            if self.connects is None:
+                self.connects = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=CONNECT_WORKERS, thread_name_prefix="bash-sandbox-connect"
+                )
+            return self.connects
+
+    def close_connect_pool(self) -> None:
+        """Blocked connects end on their own (their caller is gone); queued ones never run."""
+        with self.lock:
+            self.unregistered = True
+            pool = self.connects
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def record(self, denial: SandboxDenial, *, write: bool = False) -> None:
         kept = self.writes if write else self.denials
@@ -214,9 +241,6 @@ class SeccompSupervisor:
         self._epoll.register(self._wake_r, select.EPOLLIN)
         self._commands: dict[int, SupervisedCommand] = {}
         self._lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=16, thread_name_prefix="bash-sandbox-connect"
-        )
         self._closed = False
         self._thread = threading.Thread(
             target=self._loop, name="bash-sandbox-supervisor", daemon=True
@@ -242,6 +266,7 @@ class SeccompSupervisor:
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.unregister(command.listener)
             os.close(command.listener)
+        command.close_connect_pool()
 
     def close(self) -> None:
         with self._lock:
@@ -253,7 +278,6 @@ class SeccompSupervisor:
             self.unregister(command)
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=5)
-        self._pool.shutdown(wait=False, cancel_futures=True)
         self._epoll.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -387,7 +411,15 @@ class SeccompSupervisor:
                 else None
             )
             if os.get_blocking(sock):
-                self._pool.submit(self._finish_connect, command, notif.id, sock, target, loopback)
+                pool = command.connect_pool()
+                try:
+                    if pool is None:
+                        raise RuntimeError("unregistered")
+                    pool.submit(self._finish_connect, command, notif.id, sock, target, loopback)
+                except RuntimeError:  # unregistered meanwhile: nobody waits for an answer
+                    os.close(sock)
+                    if isinstance(target, _ViaInode):
+                        os.close(target.fd)
             else:
                 self._finish_connect(command, notif.id, sock, target, loopback, pid=notif.pid)
         except BaseException:

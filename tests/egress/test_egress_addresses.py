@@ -73,3 +73,11 @@ def test_localhost_rule_allows_loopback_only() -> None:
         assert forbidden_address_reason(ipaddress.ip_address(loopback), loopback_named=True) is None
     for other in ("10.0.0.1", "169.254.169.254", "::ffff:127.0.0.1"):
         assert forbidden_address_reason(ipaddress.ip_address(other), loopback_named=True)
+
+
+def test_own_addresses_are_told_from_others_by_the_routing_table() -> None:
+    from bash_sandbox.egress.addresses import is_own_address
+
+    assert is_own_address(ipaddress.ip_address("127.0.0.1"))
+    assert is_own_address(ipaddress.ip_address("::1"))
+    assert not is_own_address(ipaddress.ip_address("203.0.113.7"))  # TEST-NET-3: nobody's

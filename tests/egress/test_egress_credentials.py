@@ -277,3 +277,62 @@ async def test_git_push_over_https_with_basic_auth_gets_the_secret_only_on_the_w
     assert all(
         PLACEHOLDER_PREFIX not in base64.b64decode(a[6:] or b"").decode() for a in handler.seen if a
     )
+
+
+class _ReflectingApi(http.server.BaseHTTPRequestHandler):
+    """An API as many are: CORS reflects the request's Origin, a redirect its Host, an error
+    page its User-Agent. Only Authorization is what it checks."""
+
+    seen: list[dict[str, str]] = []
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.seen.append({k.lower(): v for k, v in self.headers.items()})
+        body = f"hello {self.headers.get('User-Agent', '')}\n".encode()
+        self.send_response(200)
+        self.send_header("Access-Control-Allow-Origin", self.headers.get("Origin", "*"))
+        self.send_header("Location", f"https://{self.headers.get('Host', '')}/next")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+async def test_the_secret_goes_only_into_credential_headers_never_ones_an_upstream_echoes(
+    make_pinned_executor: ExecutorFactory, executor_kw: dict[str, object], ca: ThrowawayCA
+) -> None:
+    # The placeholder in Origin, Host or User-Agent came back as the secret in the
+    # response headers and body (CORS reflection, redirects): the sandbox read it.
+    handler = type("Handler", (_ReflectingApi,), {"seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.socket = ca.server_context(["registry.test"]).wrap_socket(
+        server.socket, server_side=True
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ex = make_pinned_executor(**executor_kw)
+        url = f"https://registry.test:{server.server_address[1]}/api"
+        echoed = curl(
+            url,
+            "-i",
+            "-H",
+            '"Authorization: Bearer $TOKEN"',
+            "-H",
+            '"Origin: https://$TOKEN"',
+            "-H",
+            '"User-Agent: $TOKEN"',
+        )
+        host = curl(url, "-i", "-H", '"Host: $TOKEN"')
+        result = await sh(ex, f"{echoed}; echo; {host}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    seen = handler.seen
+    assert len(seen) == 2, result.stdout.text + result.stderr.text
+    assert seen[0]["authorization"] == f"Bearer {SECRET}"  # still injected where it belongs
+    assert SECRET not in result.stdout.text + result.stderr.text
+    for headers in seen:
+        for name in ("origin", "user-agent", "host"):
+            assert SECRET not in headers.get(name, ""), (name, headers)

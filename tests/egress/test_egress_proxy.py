@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -321,3 +323,79 @@ def test_register_validates_the_allowlist(make_proxy: ProxyFactory) -> None:
     proxy = make_proxy()
     with pytest.raises(EgressRuleError):
         proxy.register(("http://pkg.test/",))
+
+
+_OWN_ADDRESS_DRIVER = r"""
+import http.server, json, os, socket, subprocess, sys, threading
+from bash_sandbox.egress import EgressProxy, StaticResolver
+
+# This network namespace is the test's own: 10.200.0.1 is an address of "the host" here.
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+subprocess.run(["ip", "addr", "add", "10.200.0.1/32", "dev", "lo"], check=True)
+hits = []
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        hits.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "12")
+        self.end_headers()
+        self.wfile.write(b"HOST-SECRET\n")
+
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("10.200.0.1", 0), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+listen = socket.socket()
+listen.bind(("127.0.0.1", 0))
+listen.listen()
+dns = StaticResolver({"mirror.corp.test": "10.200.0.1", "pkg.test": "10.200.0.1"}, pinned=False)
+proxy = EgressProxy(
+    listen, allow=("mirror.corp.test", "pkg.test"), resolver=dns,
+    allow_private=("mirror.corp.test",),
+)
+proxy.start()
+grant = proxy.register(("mirror.corp.test", "pkg.test"))
+out = {}
+for name in ("mirror.corp.test", "pkg.test"):
+    run = subprocess.run(
+        ["curl", "-sS", "--max-time", "10", f"http://{name}:{server.server_address[1]}/x"],
+        env=dict(os.environ, **grant.environment()), capture_output=True, text=True,
+    )
+    out[name] = run.stdout
+out["hits"] = hits
+out["codes"] = [d.code.value for d in grant.denials()]
+proxy.close()
+server.shutdown()
+print(json.dumps(out))
+"""
+
+
+def test_a_dns_answer_naming_the_hosts_own_address_is_refused_like_loopback(
+    tmp_path: Path,
+) -> None:
+    # A service bound to every interface answers on the host's LAN (or public) address as it
+    # does on loopback: a name (even one in allow_private_domains) whose DNS answer was the
+    # host's own address reached it. Played in a network namespace of the test's own.
+    probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, check=False)
+    if probe.returncode != 0 or not shutil.which("ip") or not shutil.which("curl"):
+        pytest.skip("needs unshare -rn, ip and curl")
+    driver = tmp_path / "driver.py"
+    driver.write_text(_OWN_ADDRESS_DRIVER)
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        ["unshare", "-rn", sys.executable, str(driver)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=repo,
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out["hits"] == []
+    assert "HOST-SECRET" not in out["mirror.corp.test"] + out["pkg.test"]
+    assert "an address of this host" in out["mirror.corp.test"]
+    assert out["codes"] == ["forbidden-address", "forbidden-address"]

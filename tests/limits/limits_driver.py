@@ -236,7 +236,12 @@ def tmpfs_of(pid: int, path: str) -> dict[str, int] | None:
         st = os.statvfs(f"/proc/{pid}/root{path}")
     except OSError:
         return None
-    return {"size": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
+    return {
+        "size": st.f_blocks * st.f_frsize,
+        "free": st.f_bavail * st.f_frsize,
+        "inodes": st.f_files,
+        "free_inodes": st.f_favail,
+    }
 
 
 def cpu_of(pid: int) -> dict[str, float] | None:

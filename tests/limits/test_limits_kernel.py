@@ -348,6 +348,29 @@ def test_a_full_private_tmp_or_shm_is_reported_and_never_the_hosts(
     assert not Path(f"/dev/shm/fill-{token}-1").exists()
 
 
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+def test_empty_files_in_the_private_tmp_stop_at_a_bound_its_size_sets(
+    identity: str, backend: str, mode: str, workspace: Path
+) -> None:
+    # Empty files take no space: with the kernel's default inode count (half the host's RAM
+    # pages) a "8 MiB" /tmp took millions of them, each pinning kernel memory that outlived
+    # the command in the executor's tmpfs.
+    flood = (
+        "i=0; while [ $i -lt 20000 ] && : > /tmp/e$i 2>/dev/null; do i=$((i+1)); done; "
+        "echo made $i; {hold}; [ $i -ge 20000 ]"
+    )
+    limits = {"tmp_bytes": 8 * MiB, "shm_bytes": 8 * MiB}
+    step = held(identity, backend, workspace, command=flood, limits=limits, mode=mode)
+    made = int(step["stdout"].split()[1])
+    # Seen from outside, through /proc/<pid>/root: the tmpfs holds one inode per 4 KiB.
+    seen = step["seen"]["tmpfs"]["/tmp"]
+    assert seen is not None and seen["inodes"] <= 8 * MiB // 4096, seen
+    assert seen["free_inodes"] == 0, seen
+    assert made < 8 * MiB // 4096, step["stdout"]
+    assert step["exit_code"] == 1, step["stderr"]  # stopped: no space left on device
+    assert step["sandbox"]["limit_exceeded"] == "tmp-space"
+
+
 def test_a_daemonised_grandchild_dies_with_its_command(
     identity: str, backend: str, workspace: Path
 ) -> None:

@@ -6,6 +6,7 @@ of its own, and counts what reached it; the verdict comes from those counters, n
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -282,3 +283,53 @@ async def test_aclose_leaves_no_namespace_mount_or_process(backend: str, workspa
     assert bound_after == bound_before
     with open("/proc/self/mountinfo") as fh:
         assert "bash-sandbox" not in fh.read()
+
+
+_HOG = f"""{PY} - <<'EOF'
+import socket, threading, time
+server = socket.socket(socket.AF_UNIX)
+server.bind("/tmp/hog.sock")
+server.listen(0)  # never accepted: every connect past the backlog blocks
+def connect():
+    with socket.socket(socket.AF_UNIX) as c:
+        c.connect("/tmp/hog.sock")
+        time.sleep(600)
+for _ in range(40):
+    threading.Thread(target=connect, daemon=True).start()
+print("hogging", flush=True)
+time.sleep(600)
+EOF"""
+
+_BLOCKING_CONNECT = f"""{PY} - <<'EOF'
+import socket
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(4)
+client = socket.socket()  # blocking, no timeout: what psql, redis-cli and bash's /dev/tcp do
+client.connect(server.getsockname())
+print("connected")
+EOF"""
+
+
+async def test_a_command_holding_its_connects_blocked_never_stalls_another_commands(
+    make_executor: ExecutorFactory,
+) -> None:
+    # The supervisor performs blocking connects on a pool: one shared by every command of
+    # the executor let a background task fill it with connects to its own full backlog, and
+    # every later command's blocking connect then hung until its timeout.
+    ex = make_executor()
+    hog = await ex.start(ex.resolve(BashExecRequest(command=_HOG)))
+    try:
+        for _ in range(100):
+            if "hogging" in ex.read_output(hog.id).delta:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1)  # its connects reach the supervisor
+        victim = await ex.run(
+            ex.resolve(BashExecRequest(command=_BLOCKING_CONNECT, timeout_ms=15_000))
+        )
+        assert not victim.timed_out, "a blocking connect waited for another command's"
+        assert victim.stdout.text == "connected\n", victim.stderr.text
+    finally:
+        ex.kill(hog.id)
+        await hog.wait()
