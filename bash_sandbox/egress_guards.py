@@ -58,12 +58,28 @@ def egress_setting_problem(
             "could read the secret; keep them in deny_read"
         )
     if hosts_file is not None:
-        real = os.path.realpath(hosts_file)
-        for root in policy.all_writable_roots():
-            top = os.path.realpath(root)
-            if real == top or real.startswith(top.rstrip("/") + "/"):
-                return (
-                    f"hosts_file {hosts_file} lies in the writable root {top}: a command could "
-                    "pin any name to any address; keep it outside every writable root"
-                )
+        top = _writable_root_holding(hosts_file, policy)
+        if top is not None:
+            return (
+                f"hosts_file {hosts_file} lies in the writable root {top}: a command could "
+                "pin any name to any address; keep it outside every writable root"
+            )
+    for credential in credentials:
+        bundle = credential.upstream_ca_file
+        top = _writable_root_holding(bundle, policy) if bundle else None
+        if top is not None:
+            return (
+                f"the upstream_ca_file {bundle} of {credential.domain} lies in the writable "
+                f"root {top}: a command could make the proxy trust its own server with the "
+                "secret; keep it outside every writable root"
+            )
+    return None
+
+
+def _writable_root_holding(path: str, policy: SandboxPolicy) -> str | None:
+    real = os.path.realpath(path)
+    for root in policy.all_writable_roots():
+        top = os.path.realpath(root)
+        if real == top or real.startswith(top.rstrip("/") + "/"):
+            return top
     return None

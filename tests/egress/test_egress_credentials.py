@@ -336,3 +336,31 @@ async def test_the_secret_goes_only_into_credential_headers_never_ones_an_upstre
     for headers in seen:
         for name in ("origin", "user-agent", "host"):
             assert SECRET not in headers.get(name, ""), (name, headers)
+
+
+async def test_an_upstream_ca_file_commands_could_write_is_refused(
+    make_pinned_executor: ExecutorFactory,
+    upstream: UpstreamServer,
+    executor_kw: dict[str, object],
+    tmp_path: Path,
+    ca: ThrowawayCA,
+) -> None:
+    # A bundle in the workspace: a command could add its own CA and have the proxy send the
+    # secret to a server of its own. Refused before anything runs.
+    from bash_sandbox import SandboxUnavailableError
+    from bash_seam import BashExecRequest
+
+    planted = tmp_path / "ws" / "ca.pem"
+    planted.write_bytes(Path(ca.ca_file).read_bytes())
+    in_workspace = tuple(
+        c.model_copy(update={"upstream_ca_file": str(planted)})
+        for c in executor_kw["credentials"]  # type: ignore[attr-defined]
+    )
+    ex = make_pinned_executor(
+        **(executor_kw | {"credentials": in_workspace, "mode": "workspace-write"})
+    )
+    marker = tmp_path / "ws" / "ran"
+    with pytest.raises(SandboxUnavailableError, match=r"upstream_ca_file .* lies in the writable"):
+        await ex.run(ex.resolve(BashExecRequest(command=f"touch {marker}")))
+    assert not marker.exists()
+    assert upstream.requests == []
