@@ -325,7 +325,8 @@ _FAKE_CLIENT = """
 import glob, json, os, socket, struct, sys
 sock_path, cwd_dir, marker = sys.argv[1:]
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.connect(sock_path)
+os.chdir(os.path.dirname(sock_path))  # a relative name: a deep temp dir overflows sun_path
+s.connect(os.path.basename(sock_path))
 cwd = os.open(cwd_dir, os.O_PATH | os.O_DIRECTORY)
 request = {
     "argv": ["run", "--mode", "danger-full-access", "--", f"echo escaped > {marker}"],
@@ -372,7 +373,8 @@ sock_path, record = sys.argv[1:]
 if os.path.exists(sock_path):
     os.unlink(sock_path)
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(sock_path)
+os.chdir(os.path.dirname(sock_path))  # a relative name: a deep temp dir overflows sun_path
+s.bind(os.path.basename(sock_path))
 s.listen(8)
 open(record + ".ready", "w").close()
 s.settimeout(40)
