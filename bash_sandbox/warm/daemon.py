@@ -10,10 +10,12 @@ the same `main()` a fresh `bash-sandbox` runs. So the config file, the session l
 probe cache and every policy are read as a fresh process reads them.
 
 The daemon serves only its own uid (SO_PEERCRED), from a socket in the uid's private
-directory; it forwards the client's interrupt signals to the fork, hangs the fork up if the
-client goes away (SIGHUP: it stops its command and cleans up; SIGKILL after a grace period),
-and exits after `IDLE_ENV` seconds without a call, or at once when its own code changed on
-disk (the client then runs fresh).
+directory, and only a request whose sender (SCM_CREDENTIALS: the process that wrote it,
+not the one that connected) is as free as the daemon (`wire.unconfined_peer`): a confined
+command reaching the socket is never served. It forwards the client's interrupt signals to
+the fork, hangs the fork up if the client goes away (SIGHUP: it stops its command and cleans
+up; SIGKILL after a grace period), and exits after `IDLE_ENV` seconds without a call, or at
+once when its own code changed on disk (the client then runs fresh).
 
     python -I -m bash_sandbox.warm.daemon SOCKET_PATH
 """
