@@ -27,6 +27,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bash_sandbox.cli.mcp_escalation import Escalation, EscalationError
+from bash_sandbox.cli.render import render_visible
 
 APPROVAL_KEY = "sandbox-approval"
 # Questions a client was sent but never answered are forgotten past this many.
@@ -82,9 +83,12 @@ def read_answer(answer: types.ElicitResult, *, can_remember: bool) -> Approval:
 
 
 def question_text(escalation: Escalation, *, command: str, workdir: str, current: str) -> str:
-    preview = command
-    if len(preview) > _COMMAND_PREVIEW_CHARS:
-        preview = preview[:_COMMAND_PREVIEW_CHARS] + " [...]"
+    # The user approves what they read: a `\r`, an escape sequence or a bidi control must
+    # not hide or reorder part of the command, and a cut says how much it hid.
+    preview = render_visible(command[:_COMMAND_PREVIEW_CHARS])
+    hidden = len(command) - _COMMAND_PREVIEW_CHARS
+    if hidden > 0:
+        preview += f" [... {hidden} more characters not shown]"
     return (
         f"The model asks to run a command with {escalation.describe()} "
         f"(the sandbox now allows {current}).\n\n"

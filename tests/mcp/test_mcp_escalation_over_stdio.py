@@ -270,3 +270,21 @@ async def test_an_unreadable_session_log_stops_calls_instead_of_guessing_a_mode(
         result = await client.call_tool("bash_run", {"command": "echo x > marker"})
     assert _error_code(result) == "SESSION_UNREADABLE"
     assert not (workspace / "marker").exists()
+
+
+async def test_the_approval_question_shows_every_character_the_command_holds(
+    launcher: ServerLauncher, workspace: Path
+) -> None:
+    # A carriage return would redraw the line over the real command; a bidi control would
+    # reorder it: the user must read what runs. Declined here: nothing runs.
+    user = UserAtKeyboard("accept", {"approve": False})
+    hidden = "touch pwned\r# harmless-looking comment\u202e"
+    padded = hidden + " #" + "x" * 3000
+    async with launcher.client(*CEILING, user=user) as client:
+        await client.call_tool("bash_run", {"command": padded, "sandbox_mode": "workspace-write"})
+    assert len(user.questions) == 1
+    message = user.questions[0].message
+    assert "\r" not in message and "\u202e" not in message
+    assert "touch pwned^M# harmless-looking comment\\u202e" in message
+    assert "more characters not shown]" in message
+    assert not (workspace / "pwned").exists()
