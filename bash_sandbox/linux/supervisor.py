@@ -171,6 +171,10 @@ class SupervisedCommand:
     # keeps all its workers blocked delays only its own calls.
     connects: concurrent.futures.ThreadPoolExecutor | None = None
     unregistered: bool = False
+    # Held by the supervisor's thread while it handles one of this command's calls, judge
+    # and record included: the call is answered before it is judged, so the command may end
+    # first, and `unregister` waits on this before anyone reads the record.
+    handling: threading.Lock = field(default_factory=threading.Lock)
 
     def connect_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
         """The pool for this command's blocking connects; None once it is unregistered."""
@@ -266,6 +270,8 @@ class SeccompSupervisor:
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.unregister(command.listener)
             os.close(command.listener)
+        with command.handling:
+            pass  # a call being judged is recorded before the caller reads the record
         command.close_connect_pool()
 
     def close(self) -> None:
@@ -300,7 +306,8 @@ class SeccompSupervisor:
                 if command is None:
                     continue
                 if mask & select.EPOLLIN:
-                    self._receive(command)
+                    with command.handling:
+                        self._receive(command)
                 elif mask & (select.EPOLLHUP | select.EPOLLERR):
                     # Every process of the filter is gone; the executor unregisters it.
                     with self._lock, contextlib.suppress(OSError, ValueError):
