@@ -168,9 +168,13 @@ def test_the_client_gives_its_own_cwd_environment_and_umask(warm: Warm, workspac
     assert lines[2] == "0027"
 
 
-def test_sigterm_to_the_client_stops_the_command(warm: Warm, workspace: Path) -> None:
-    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)  # daemon up
-    seconds = f"30.{os.getpid()}7"
+def _sleeping_run(
+    warm: Warm, workspace: Path, tag: str
+) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """A warm run (the daemon up first) whose command waits on a `sleep` nobody else runs;
+    returns the client and the sleep's host pids once it is up."""
+    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
+    seconds = f"30.{os.getpid()}{tag}"
     proc, _ = warm.start(
         "run",
         "--mode",
@@ -182,7 +186,11 @@ def test_sigterm_to_the_client_stops_the_command(warm: Warm, workspace: Path) ->
         cwd=workspace,
     )
     wait_until(lambda: bool(host_pids_with_argv(["sleep", seconds])), timeout=20, what="sleep up")
-    sleepers = host_pids_with_argv(["sleep", seconds])
+    return proc, host_pids_with_argv(["sleep", seconds])
+
+
+def test_sigterm_to_the_client_stops_the_command(warm: Warm, workspace: Path) -> None:
+    proc, sleepers = _sleeping_run(warm, workspace, "7")
     try:
         os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
@@ -196,20 +204,7 @@ def test_sigterm_to_the_client_stops_the_command(warm: Warm, workspace: Path) ->
 
 
 def test_a_killed_client_takes_its_run_with_it(warm: Warm, workspace: Path) -> None:
-    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
-    seconds = f"30.{os.getpid()}8"
-    proc, _ = warm.start(
-        "run",
-        "--mode",
-        "workspace-write",
-        "--workspace",
-        str(workspace),
-        "--",
-        f"sleep {seconds} & wait",
-        cwd=workspace,
-    )
-    wait_until(lambda: bool(host_pids_with_argv(["sleep", seconds])), timeout=20, what="sleep up")
-    sleepers = host_pids_with_argv(["sleep", seconds])
+    proc, sleepers = _sleeping_run(warm, workspace, "8")
     runs = [pid for daemon in warm.daemon_pids() for pid in _children(daemon)]
     assert runs
     try:

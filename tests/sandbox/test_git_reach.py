@@ -42,6 +42,15 @@ def host_git(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedP
     return done
 
 
+def _hostile_repo(tmp_path: Path) -> tuple[Path, Path]:
+    """A repository elsewhere on the host whose config runs code (it touches the marker)."""
+    marker = tmp_path / "pwned"
+    hostile = tmp_path / "downloads" / "evil"
+    _repo(hostile)
+    host_git("config", "core.fsmonitor", f"touch {marker}", cwd=hostile)
+    return marker, hostile
+
+
 def _repo(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     host_git("init", "-q", cwd=path)
@@ -174,10 +183,7 @@ async def test_a_gitfile_leading_out_of_the_workspace_is_removed(
 ) -> None:
     # A repository elsewhere on the host whose config runs code: a gitfile the command
     # plants would make the user's `git status` in the workspace run it.
-    marker = tmp_path / "pwned"
-    hostile = tmp_path / "downloads" / "evil"
-    _repo(hostile)
-    host_git("config", "core.fsmonitor", f"touch {marker}", cwd=hostile)
+    marker, hostile = _hostile_repo(tmp_path)
     ex = make_executor(mode="workspace-write")
     result = await _run(ex, f"mkdir sub && echo 'gitdir: {hostile}/.git' > sub/.git", workspace)
     assert result.exit_code == 0
@@ -506,10 +512,7 @@ async def test_a_gitfile_rewritten_in_place_in_a_watched_tree_is_put_back(
 ) -> None:
     # Rewritten in place, a gitfile changes no name in its directory: no event says so.
     # Every search reads each `.git` entry it keeps, so the change is still seen.
-    marker = tmp_path / "pwned"
-    hostile = tmp_path / "downloads" / "evil"
-    _repo(hostile)
-    host_git("config", "core.fsmonitor", f"touch {marker}", cwd=hostile)
+    marker, hostile = _hostile_repo(tmp_path)
     main = workspace / "main"
     _repo(main)
     worktree = workspace / "deep" / "er" / "wt"
