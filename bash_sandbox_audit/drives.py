@@ -22,7 +22,7 @@ from bash_local import LocalBashExecutor
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox_audit.model import TOKEN_VARIABLE, AttackEnv, AttackSetup, Drive, Outcome
 from bash_sandbox_audit.programs import program_text
-from bash_sandbox_audit.targets import TaggedProcess, find_tagged, pid_alive
+from bash_sandbox_audit.targets import TaggedProcess, pid_alive, scan_tagged
 from bash_seam import AbortController, BashExecError
 
 
@@ -73,11 +73,12 @@ async def _watch_daemons(tag: str, expected: int, timeout_s: float) -> list[Tagg
     deadline = loop.time() + timeout_s
     seen: dict[int, TaggedProcess] = {}
     while loop.time() < deadline:
-        for p in find_tagged(tag):
+        found, pause = await scan_tagged(tag, 0.02)
+        for p in found:
             seen.setdefault(p.pid, p)
         if len(seen) >= expected:
             break
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(pause)
     return list(seen.values())
 
 

@@ -311,14 +311,27 @@ def find_tagged(token: str) -> list[TaggedProcess]:
     return found
 
 
+async def scan_tagged(token: str, interval_s: float) -> tuple[list[TaggedProcess], float]:
+    """`find_tagged` in a thread, and how long to sleep before the next scan.
+
+    A scan reads two files of every process on the host; on a loaded machine with thousands of
+    processes it takes long, and a read of one process's cmdline waits on that process's memory
+    lock. Off the event loop, the other cells' spawns go on meanwhile; sleeping at least as long
+    as the scan took keeps concurrent cells from holding the machine in /proc.
+    """
+    start = time.monotonic()
+    found = await asyncio.to_thread(find_tagged, token)
+    return found, max(interval_s, time.monotonic() - start)
+
+
 async def wait_tagged_gone(token: str, timeout_s: float) -> list[TaggedProcess]:
     """Poll until no process carries ``token``; returns the survivors at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = find_tagged(token)
+        alive, pause = await scan_tagged(token, 0.05)
         if not alive or time.monotonic() >= deadline:
             return alive
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(pause)
 
 
 def kill_tagged(token: str) -> list[TaggedProcess]:
