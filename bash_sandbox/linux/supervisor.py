@@ -48,6 +48,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bash_sandbox.linux.child_setup import libc
+from bash_sandbox.linux.fast_writes import call_table, rules_blob
+from bash_sandbox.linux.fast_writes import ready as fast_ready
 from bash_sandbox.linux.file_calls import FileCall, by_number
 from bash_sandbox.linux.setid import CONTINUE, setid_call
 from bash_sandbox.linux.write_watch import WritePolicy, capture, judge
@@ -175,6 +177,15 @@ class SupervisedCommand:
     # and record included: the call is answered before it is judged, so the command may end
     # first, and `unregister` waits on this before anyone reads the record.
     handling: threading.Lock = field(default_factory=threading.Lock)
+    # With the C fast path (`fast_writes.py`): the supervisor's end of the socket pair its
+    # thread forwards every other notification over, and that thread. None: Python reads
+    # the listener itself.
+    forward: socket.socket | None = None
+    native: threading.Thread | None = None
+    # The descriptor the supervisor's loop waits on: the listener, or ``forward``'s.
+    source: int = -1
+    # Notifications the Python side handled (the fast path's share is the rest).
+    handled: int = 0
 
     def connect_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
         """The pool for this command's blocking connects; None once it is unregistered."""
@@ -250,26 +261,77 @@ class SeccompSupervisor:
             target=self._loop, name="bash-sandbox-supervisor", daemon=True
         )
         self._thread.start()
+        self._call_table = call_table(_FILE_CALLS)
 
     def register(self, listener: int, policy: ConnectPolicy) -> SupervisedCommand:
         """Answer ``listener``'s notifications from now on (the supervisor owns the fd)."""
-        command = SupervisedCommand(listener, policy)
+        command = SupervisedCommand(listener, policy, source=listener)
         with self._lock:
             if self._closed:
                 os.close(listener)
                 raise RuntimeError("the supervisor is closed")
-            self._commands[listener] = command
-            self._epoll.register(listener, select.EPOLLIN)
+            self._start_native(command)
+            self._commands[command.source] = command
+            self._epoll.register(command.source, select.EPOLLIN)
         return command
+
+    def _start_native(self, command: SupervisedCommand) -> None:
+        """Hand ``command``'s listener to a C thread answering the calls the write watch
+        would let through unjudged; the rest come back over a socket pair."""
+        watch = command.policy.writes
+        lib = fast_ready()
+        blob = rules_blob(watch) if watch is not None and lib is not None else None
+        if lib is None or watch is None or blob is None:
+            return
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError:
+            return  # out of descriptors: Python reads the listener, as without a fast path
+        # Ours never blocks the loop: an event for a number since reused finds nothing.
+        ours.setblocking(False)
+        args = (
+            command.listener,
+            theirs.fileno(),
+            self._call_table,
+            len(self._call_table),
+            blob,
+            len(blob),
+            int(watch.read_only),
+            int(watch.view_mounts),
+        )
+
+        def serve() -> None:
+            try:
+                rc = lib.bsf_serve(*args)
+                if rc < 0:
+                    logger.warning("write watch fast path stopped: %s", os.strerror(-rc))
+            finally:
+                theirs.close()  # the supervisor's end reads end of file
+
+        command.forward, command.source = ours, ours.fileno()
+        command.native = threading.Thread(
+            target=serve, name="bash-sandbox-fast-writes", daemon=True
+        )
+        command.native.start()
 
     def unregister(self, command: SupervisedCommand) -> None:
         """Stop answering and close the listener: any call still pending gets ENOSYS."""
         with self._lock:
-            if self._commands.pop(command.listener, None) is None:
+            if self._commands.pop(command.source, None) is None:
                 return
             with contextlib.suppress(OSError, ValueError):
-                self._epoll.unregister(command.listener)
-            os.close(command.listener)
+                self._epoll.unregister(command.source)
+            if command.forward is not None and command.native is not None:
+                # Its thread stops when our end closes; the listener is closed only after,
+                # so its number is never reused under a thread still reading it.
+                command.forward.close()
+                command.native.join(timeout=5)
+                if command.native.is_alive():
+                    logger.error("write watch fast path did not stop; its listener is leaked")
+                else:
+                    os.close(command.listener)
+            else:
+                os.close(command.listener)
         with command.handling:
             pass  # a call being judged is recorded before the caller reads the record
         command.close_connect_pool()
@@ -315,8 +377,22 @@ class SeccompSupervisor:
 
     def _receive(self, command: SupervisedCommand) -> None:
         notif = _Notif()
-        if self._lib.ioctl(command.listener, _NOTIF_RECV, ctypes.byref(notif)) < 0:
+        if command.forward is not None:
+            try:
+                raw = command.forward.recv(ctypes.sizeof(_Notif))
+            except (BlockingIOError, InterruptedError):
+                return  # a stale event: nothing was forwarded
+            except OSError:
+                raw = b""
+            if len(raw) != ctypes.sizeof(_Notif):
+                # The fast path's thread ended: every process of the filter is gone.
+                with self._lock, contextlib.suppress(OSError, ValueError):
+                    self._epoll.unregister(command.source)
+                return
+            ctypes.memmove(ctypes.byref(notif), raw, len(raw))
+        elif self._lib.ioctl(command.listener, _NOTIF_RECV, ctypes.byref(notif)) < 0:
             return  # the caller died or was interrupted before we read it
+        command.handled += 1
         try:
             self._dispatch(command, notif)
         except Exception:

@@ -19,6 +19,8 @@ and the private TMPDIR, so there the judge compares the paths with those.
 Two steps, so the caller waits only for the first: `capture` (before the call continues:
 the path, made absolute with the caller's cwd, and a descriptor of its root) and `judge`
 (after: the mount flags, which the call cannot change, since a refused call changed nothing).
+Calls whose every path `WritePolicy.surely_writable` clears never reach either step where
+the C fast path is built (`fast_writes.py`): it lets them through without waking Python.
 """
 
 from __future__ import annotations

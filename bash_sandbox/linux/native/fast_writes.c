@@ -1,0 +1,293 @@
+/* The write watch's fast path (`fast_writes.py` builds and loads it; `write_watch.py` is the
+ * watch itself).
+ *
+ * One thread per confined command receives its seccomp notifications. A write-intent call
+ * whose every path the command's view surely lets be written (inside a writable root and
+ * clear of every covered name: `WritePolicy.surely_writable`) is let through at once, as the
+ * Python supervisor would after reading its path: judging it could find nothing, and the
+ * kernel decides the call either way. Everything else (connect, socket, set-id modes, xattrs,
+ * any path outside the fast rules, anything unreadable or unusual) is forwarded untouched, as
+ * the raw notification, to the Python supervisor, which answers it exactly as before. A wrong
+ * "surely writable" can only lose a fact, never allow a write: this code answers nothing but
+ * CONTINUE, and only for calls the filter traps to watch, not to decide.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define BSF_PATH_MAX 4096
+#define BSF_PAGE 4096
+#define BSF_MAX_RULES 256
+#define BSF_AT_FDCWD (-100)
+#define BSF_NO_ARG (-1)
+
+/* Where one trapped call keeps its arguments (indexes into the six; -1: none). Mirrors
+ * `file_calls.FileCall`. */
+struct bsf_call {
+    int32_t nr;
+    int8_t path, dirfd, path2, dirfd2, mode, flags, xattr, write;
+};
+
+/* Mirrors `write_watch.WritePolicy` (the parts `surely_writable` reads). */
+struct bsf_rules {
+    int read_only;
+    int view_mounts;
+    int n[5];
+    const char *list[5][BSF_MAX_RULES];
+};
+enum { ROOTS, HIDDEN, GUARDED, PROTECTED, SCRATCH };
+
+static int within(const char *path, const char *root) {
+    size_t n = strlen(root);
+    if (strcmp(path, root) == 0)
+        return 1;
+    while (n > 0 && root[n - 1] == '/')
+        n--;
+    return strncmp(path, root, n) == 0 && path[n] == '/';
+}
+
+static int within_list(const struct bsf_rules *r, int which, const char *path) {
+    for (int i = 0; i < r->n[which]; i++)
+        if (within(path, r->list[which][i]))
+            return 1;
+    return 0;
+}
+
+static int is_sink(const char *p) {
+    return !strcmp(p, "/dev/null") || !strcmp(p, "/dev/zero") || !strcmp(p, "/dev/full") ||
+           !strcmp(p, "/dev/tty");
+}
+
+/* `WritePolicy.surely_writable`, line for line. */
+int bsf_surely_writable(const struct bsf_rules *r, const char *path) {
+    if (!r->view_mounts) {
+        if (is_sink(path) || within_list(r, SCRATCH, path))
+            return 1;
+        return !r->read_only && within_list(r, ROOTS, path);
+    }
+    if (is_sink(path) || within(path, "/dev/shm"))
+        return 1;
+    if (within(path, "/tmp") && strcmp(path, "/tmp") != 0) {
+        /* The private /tmp, except a host /tmp entry bound back (read-only) for a root. */
+        char top[BSF_PATH_MAX];
+        const char *end = strchr(path + 5, '/');
+        size_t len = end ? (size_t)(end - path) : strlen(path);
+        if (len >= sizeof top)
+            return 0;
+        memcpy(top, path, len);
+        top[len] = 0;
+        int bound = 0;
+        for (int i = 0; i < r->n[ROOTS]; i++)
+            if (within(r->list[ROOTS][i], top))
+                bound = 1;
+        if (!bound)
+            return 1;
+    }
+    if (r->read_only)
+        return 0;
+    for (int i = 0; i < r->n[ROOTS]; i++) {
+        const char *root = r->list[ROOTS][i];
+        if (!within(path, root))
+            continue;
+        if (within_list(r, HIDDEN, path) || within_list(r, GUARDED, path))
+            return 0;
+        const char *rest = path + strlen(root);
+        while (*rest == '/')
+            rest++;
+        /* `.git` as the whole rest, its first component, or any later component. */
+        for (const char *c = rest; c; c = strchr(c, '/') ? strchr(c, '/') + 1 : NULL)
+            if (!strncmp(c, ".git", 4) && (c[4] == '/' || c[4] == 0))
+                return 0;
+        return !within_list(r, PROTECTED, rest);
+    }
+    return 0;
+}
+
+/* Rules from NUL-separated strings, each of the five lists ended by an empty string (the
+ * layout `fast_writes.py` writes). 0: parsed; -1: malformed or too many (no fast path). */
+static int parse_rules(struct bsf_rules *r, const char *blob, size_t len, int read_only,
+                       int view_mounts) {
+    memset(r, 0, sizeof *r);
+    r->read_only = read_only;
+    r->view_mounts = view_mounts;
+    size_t at = 0;
+    for (int which = 0; which < 5; which++) {
+        for (;;) {
+            if (at >= len)
+                return -1;
+            const char *s = blob + at;
+            size_t n = strnlen(s, len - at);
+            if (at + n >= len)
+                return -1;
+            at += n + 1;
+            if (n == 0)
+                break;
+            if (r->n[which] == BSF_MAX_RULES)
+                return -1;
+            r->list[which][r->n[which]++] = s;
+        }
+    }
+    return 0;
+}
+
+/* `proc_paths.read_cstring`: a page at a time, never touching a page past the string. */
+static int read_path(pid_t pid, uint64_t address, char *out) {
+    size_t have = 0;
+    while (have < BSF_PATH_MAX) {
+        size_t chunk = BSF_PAGE - (address % BSF_PAGE);
+        if (chunk > BSF_PATH_MAX - have)
+            chunk = BSF_PATH_MAX - have;
+        struct iovec local = {out + have, chunk}, remote = {(void *)(uintptr_t)address, chunk};
+        ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (got <= 0)
+            return -1;
+        void *nul = memchr(out + have, 0, (size_t)got);
+        if (nul)
+            return 0;
+        have += (size_t)got;
+        address += (uint64_t)got;
+    }
+    return -1;
+}
+
+/* `proc_paths._link`: an absolute, live target, or -1. */
+static int read_link(const char *link, char *out, size_t size) {
+    ssize_t n = readlink(link, out, size - 1);
+    if (n <= 0 || out[0] != '/')
+        return -1;
+    out[n] = 0;
+    static const char deleted[] = " (deleted)";
+    size_t d = sizeof deleted - 1;
+    if ((size_t)n >= d && !strcmp(out + n - d, deleted))
+        return -1;
+    return 0;
+}
+
+/* `proc_paths.call_path` then `os.path.normpath`; -1 for anything this code does not
+ * normalise exactly as Python would (a `..` component, a leading `//`): Python judges it. */
+static int absolute(pid_t pid, int dirfd, const char *name, char *out) {
+    char joined[2 * BSF_PATH_MAX + 2];
+    if (name[0] == '/') {
+        snprintf(joined, sizeof joined, "%s", name);
+    } else {
+        char link[64], base[BSF_PATH_MAX];
+        if (dirfd == BSF_AT_FDCWD)
+            snprintf(link, sizeof link, "/proc/%d/cwd", (int)pid);
+        else
+            snprintf(link, sizeof link, "/proc/%d/fd/%d", (int)pid, dirfd);
+        if (read_link(link, base, sizeof base) < 0)
+            return -1;
+        snprintf(joined, sizeof joined, "%s/%s", base, name);
+    }
+    if (joined[0] == '/' && joined[1] == '/' && joined[2] != '/')
+        return -1;
+    size_t len = 0;
+    char *save = NULL;
+    for (char *part = strtok_r(joined, "/", &save); part; part = strtok_r(NULL, "/", &save)) {
+        if (!strcmp(part, "."))
+            continue;
+        if (!strcmp(part, ".."))
+            return -1;
+        size_t n = strlen(part);
+        if (len + 1 + n >= BSF_PATH_MAX)
+            return -1;
+        out[len++] = '/';
+        memcpy(out + len, part, n);
+        len += n;
+    }
+    if (len == 0)
+        out[len++] = '/';
+    out[len] = 0;
+    return 0;
+}
+
+static int signed_int(uint64_t value) { return (int)(int32_t)(uint32_t)value; }
+
+static int path_surely_writable(const struct bsf_rules *r, const struct seccomp_notif *n,
+                                int path_index, int dirfd_index) {
+    char raw[BSF_PATH_MAX], path[BSF_PATH_MAX];
+    if (read_path((pid_t)n->pid, n->data.args[path_index], raw) < 0)
+        return 0;
+    int dirfd = dirfd_index == BSF_NO_ARG ? BSF_AT_FDCWD : signed_int(n->data.args[dirfd_index]);
+    if (raw[0] == 0) /* AT_EMPTY_PATH and the like: rare, Python judges them */
+        return 0;
+    if (absolute((pid_t)n->pid, dirfd, raw, path) < 0)
+        return 0;
+    return bsf_surely_writable(r, path);
+}
+
+/* Whether the Python supervisor would let this call through without judging it. */
+static int fast(const struct bsf_rules *r, const struct bsf_call *calls, int ncalls,
+                const struct seccomp_notif *n) {
+    const struct bsf_call *c = NULL;
+    for (int i = 0; i < ncalls; i++)
+        if (calls[i].nr == n->data.nr)
+            c = &calls[i];
+    if (c == NULL || !c->write || c->xattr != BSF_NO_ARG || c->path == BSF_NO_ARG)
+        return 0;
+    if (c->mode != BSF_NO_ARG) {
+        /* `setid.setid_call`: a creating call with a set-id mode is Python's to refuse. */
+        uint64_t mode = n->data.args[c->mode] & 07777;
+        int creates = c->flags == BSF_NO_ARG || (n->data.args[c->flags] & (0100 | 020000000));
+        if (creates && (mode & 06000))
+            return 0;
+    }
+    if (!path_surely_writable(r, n, c->path, c->dirfd))
+        return 0;
+    return c->path2 == BSF_NO_ARG || path_surely_writable(r, n, c->path2, c->dirfd2);
+}
+
+/* Serve ``listener`` until the supervisor closes its end of ``forward`` (a SOCK_SEQPACKET
+ * pair) or every process of the filter is gone. Returns 0, or -errno on a failure that
+ * stops forwarding (the Python side then sees end of file and stops answering too). */
+int bsf_serve(int listener, int forward, const struct bsf_call *calls, int ncalls,
+              const char *blob, size_t blob_len, int read_only, int view_mounts) {
+    struct bsf_rules rules;
+    int have_rules = blob != NULL && parse_rules(&rules, blob, blob_len, read_only,
+                                                 view_mounts) == 0;
+    struct pollfd fds[2] = {{listener, POLLIN, 0}, {forward, POLLIN, 0}};
+    for (;;) {
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (fds[1].revents)
+            return 0; /* the supervisor closed its end (or wrote: it never does) */
+        if (fds[0].revents & POLLIN) {
+            struct seccomp_notif n;
+            memset(&n, 0, sizeof n);
+            if (ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, &n) < 0)
+                continue; /* the caller died or was interrupted before we read it */
+            if (have_rules && fast(&rules, calls, ncalls, &n)) {
+                struct seccomp_notif_resp resp;
+                memset(&resp, 0, sizeof resp);
+                resp.id = n.id;
+                resp.flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+                ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, &resp);
+                continue;
+            }
+            if (send(forward, &n, sizeof n, MSG_NOSIGNAL) < 0)
+                return -errno;
+        } else if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+            return 0;
+        }
+    }
+}
+
+/* For the tests: the fast rules' answer for one path, as `WritePolicy.surely_writable`. */
+int bsf_rules_answer(const char *blob, size_t blob_len, int read_only, int view_mounts,
+                     const char *path) {
+    struct bsf_rules rules;
+    if (parse_rules(&rules, blob, blob_len, read_only, view_mounts) < 0)
+        return -1;
+    return bsf_surely_writable(&rules, path);
+}

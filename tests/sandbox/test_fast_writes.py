@@ -1,0 +1,225 @@
+"""The write watch's C fast path (`bash_sandbox/linux/fast_writes.py`, issue 23's cost).
+
+It may answer only what the Python supervisor would let through unjudged: its rules are
+compared with `WritePolicy.surely_writable` over a corpus, and real commands on both
+backends are checked from the host with the fast path on and off: the same refusals, the
+same facts, nothing written outside the roots, set-id modes still refused, and every trap
+inside the roots answered without waking Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox.linux import fast_writes, supervisor
+from bash_sandbox.linux.write_watch import REASON_OUTSIDE_ROOTS, WritePolicy
+from bash_seam import BashExecRequest, BashRunResult, DenialEvidence, DenialKind
+from tests.sandbox.conftest import ExecutorFactory
+
+PY = os.path.realpath("/usr/bin/python3")
+
+
+@pytest.fixture
+def lib() -> fast_writes.ctypes.CDLL:
+    built = fast_writes.library()
+    if built is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI has a C compiler: the write watch's fast path must build there")
+        pytest.skip("no C compiler here: the Python path serves every call")
+    return built
+
+
+POLICIES = (
+    WritePolicy(read_only=False, roots=("/work/ws",)),
+    WritePolicy(read_only=True, roots=("/work/ws",)),
+    WritePolicy(
+        read_only=False,
+        roots=("/work/ws", "/srv/cache/", "/tmp/bound"),
+        protected=(".env", "deploy/secrets.env", ".vscode"),
+        hidden=("/work/ws/private",),
+        guarded=(("/work/ws/.husky/pre-commit", "hook chain"),),
+    ),
+    WritePolicy(read_only=False, roots=("/",), protected=(".bashrc",)),
+    WritePolicy(
+        read_only=False,
+        roots=("/work/ws",),
+        view_mounts=False,
+        scratch=("/tmp/bash-sandbox-x",),
+    ),
+    WritePolicy(read_only=True, roots=("/work/ws",), view_mounts=False, scratch=("/tmp/s",)),
+)
+PARTS = (
+    "work", "ws", "wsx", ".git", ".gitx", "git", "hooks", "private", "privatex", ".env",
+    ".envrc", "deploy", "secrets.env", ".vscode", "tmp", "bound", "boundx", "dev", "shm",
+    "null", "srv", "cache", "cachex", ".husky", "pre-commit", "bash-sandbox-x", "s", "etc",
+    ".bashrc",
+)  # fmt: skip
+FIXED = (
+    "/", "/tmp", "/tmp/x", "/tmp/bound", "/tmp/bound/x", "/tmp/boundx/y", "/dev/null",
+    "/dev/nullx", "/dev/shm", "/dev/shm/x", "/dev/tty", "/work/ws", "/work/wsx",
+    "/work/ws/.git", "/work/ws/.git/hooks/x", "/work/ws/a/.git", "/work/ws/a/.gitx/b",
+    "/work/ws/.env", "/work/ws/.envrc", "/work/ws/a/.env", "/work/ws/deploy/secrets.env",
+    "/work/ws/.vscode/tasks.json", "/work/ws/private", "/work/ws/privatex",
+    "/work/ws/.husky/pre-commit", "/work/ws/.husky/other", "/srv/cache", "/srv/cache/x",
+    "/srv/cachex", "/etc/passwd", "/.bashrc", "/home/.bashrc", "/tmp/bash-sandbox-x/f",
+    "/tmp/s/f", "/tmp/sx",
+)  # fmt: skip
+
+
+def _paths() -> Iterator[str]:
+    yield from FIXED
+    rng = random.Random(23)
+    for _ in range(3000):
+        yield "/" + "/".join(rng.choice(PARTS) for _ in range(rng.randint(1, 5)))
+
+
+def test_the_c_rules_answer_as_the_python_rules(lib: fast_writes.ctypes.CDLL) -> None:
+    compared = 0
+    for policy, path in itertools.product(POLICIES, _paths()):
+        got = fast_writes.answer(lib, policy, path)
+        assert got is not None
+        assert got == policy.surely_writable(path), (policy, path)
+        compared += 1
+    assert compared == len(POLICIES) * (len(FIXED) + 3000)
+
+
+def test_rules_the_c_side_cannot_hold_are_left_to_python() -> None:
+    # An empty name would end its list early; a NUL cannot be written: both stay in Python.
+    assert (
+        fast_writes.rules_blob(WritePolicy(read_only=False, roots=("/w",), protected=("",))) is None
+    )
+    assert (
+        fast_writes.rules_blob(WritePolicy(read_only=False, roots=("/w",), hidden=("/w/a\0b",)))
+        is None
+    )
+    too_many = tuple(f"/w/{i}" for i in range(300))
+    blob = fast_writes.rules_blob(WritePolicy(read_only=False, roots=too_many))
+    assert blob is not None  # parsed and refused by C: no fast rules, all forwarded
+    lib = fast_writes.library()
+    if lib is not None:
+        policy = WritePolicy(read_only=False, roots=too_many)
+        assert fast_writes.answer(lib, policy, "/w/1/x") is None
+
+
+class _Counting:
+    """How many notifications reached the Python supervisor (patched in per test)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+        real = supervisor.SeccompSupervisor._dispatch
+
+        def dispatch(sup: supervisor.SeccompSupervisor, command: object, notif: object) -> None:
+            with self._lock:
+                self.count += 1
+            real(sup, command, notif)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(supervisor.SeccompSupervisor, "_dispatch", dispatch)
+
+
+WORK = (
+    # 400 write-intent opens, 100 mkdirs, 100 renames and 100 unlinks inside the workspace,
+    # relative, absolute and through ./ and //, then refused writes outside it.
+    "import os\n"
+    "for i in range(100):\n"
+    "    os.makedirs(f'out/d{i}', exist_ok=True)\n"
+    "    for name in (f'out/d{i}/a', f'./out//d{i}/b', os.path.abspath(f'out/d{i}/c')):\n"
+    "        with open(name, 'w') as fh: fh.write('x')\n"
+    "    os.rename(f'out/d{i}/a', f'out/d{i}/a2')\n"
+    "    os.unlink(f'out/d{i}/b')\n"
+    "    os.close(os.open(f'out/d{i}/c', os.O_WRONLY | os.O_TRUNC))\n"
+    "for target in ('/etc/bsf-fast-{tag}', '../bsf-outside-{tag}', 'out/../../bsf-dotdot-{tag}'):\n"
+    "    try:\n"
+    "        open(target, 'w')\n"
+    "    except OSError as e:\n"
+    "        print('refused', target, e.errno)\n"
+)
+
+
+def _write_denials(result: BashRunResult) -> set[str]:
+    assert result.sandbox is not None
+    return {
+        d.target
+        for d in result.sandbox.denials
+        if d.evidence is DenialEvidence.SUPERVISOR and d.kind is DenialKind.FILE_WRITE
+    }
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "python-only"])
+async def test_writes_inside_skip_python_and_refusals_are_the_same(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fast: bool,
+    lib: fast_writes.ctypes.CDLL,
+) -> None:
+    monkeypatch.setattr(fast_writes, "ENABLED", fast)
+    tag = os.urandom(4).hex()
+    (workspace / "w.py").write_text(WORK.replace("{tag}", tag))
+    counting = _Counting(monkeypatch)
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(ex.resolve(BashExecRequest(command=f"{PY} w.py", workdir=str(workspace))))
+    assert result.exit_code == 0, result.stderr.text
+    out = workspace / "out"
+    assert sorted(p.name for p in (out / "d7").iterdir()) == ["a2", "c"]
+    outside = (Path("/etc") / f"bsf-fast-{tag}", workspace.parent / f"bsf-outside-{tag}")
+    assert not any(p.exists() for p in outside)
+    assert str(outside[0]) in _write_denials(result)
+    assert str(outside[1]) in _write_denials(result)
+    assert all(
+        d.reason == REASON_OUTSIDE_ROOTS
+        for d in (result.sandbox.denials if result.sandbox else ())
+        if d.target in {str(p) for p in outside}
+    )
+    if fast:
+        # Only what the fast rules cannot answer reached Python: the refused writes, the
+        # `..` path, the interpreter's own start-up and the shell's; never the 700 inside.
+        assert counting.count < 100, counting.count
+    else:
+        assert counting.count >= 700, counting.count
+
+
+async def test_set_id_modes_are_still_refused_on_the_fast_path(
+    make_executor: ExecutorFactory, workspace: Path, lib: fast_writes.ctypes.CDLL
+) -> None:
+    ex = make_executor(mode="workspace-write")
+    command = (
+        f"{PY} -c \"import os; os.close(os.open('suid', os.O_WRONLY | os.O_CREAT, 0o4755))\"; "
+        "echo rc=$?; install -m 2755 /bin/true sgid; echo rc=$?"
+    )
+    result = await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workspace))))
+    assert "rc=0" not in result.stdout.text, result.stdout.text
+    for name in ("suid", "sgid"):
+        path = workspace / name
+        assert not path.exists() or not path.stat().st_mode & 0o6000
+    assert result.sandbox is not None and any(
+        d.operation and d.operation.startswith("open") and "4755" in d.operation
+        for d in result.sandbox.denials
+    )
+
+
+async def test_the_fast_path_threads_end_with_their_commands(
+    make_executor: ExecutorFactory, workspace: Path, lib: fast_writes.ctypes.CDLL
+) -> None:
+    ex = make_executor(mode="workspace-write")
+    procs = [
+        await ex.start(
+            ex.resolve(BashExecRequest(command="while :; do echo x > f$RANDOM; sleep 0.01; done"))
+        )
+        for _ in range(3)
+    ]
+    assert sum(t.name == "bash-sandbox-fast-writes" for t in threading.enumerate()) >= 3
+    for proc in procs:
+        proc.kill()
+        await proc.wait()
+    result = await ex.run(ex.resolve(BashExecRequest(command="echo y > g")))
+    assert result.exit_code == 0 and (workspace / "g").read_text() == "y\n"
+    await ex.aclose()
+    assert not [t for t in threading.enumerate() if t.name == "bash-sandbox-fast-writes"]
