@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from bash_sandbox.linux import fast_writes, supervisor
+from bash_sandbox.linux.binaries import system_binary
 from bash_sandbox.linux.write_watch import REASON_OUTSIDE_ROOTS, WritePolicy
 from bash_seam import BashExecRequest, BashRunResult, DenialEvidence, DenialKind
 from tests.sandbox.conftest import ExecutorFactory
@@ -90,7 +92,7 @@ def test_the_c_rules_answer_as_the_python_rules(lib: fast_writes.ctypes.CDLL) ->
     assert compared == len(POLICIES) * (len(FIXED) + 3000)
 
 
-def test_rules_the_c_side_cannot_hold_are_left_to_python() -> None:
+def test_rules_the_c_side_cannot_hold_are_left_to_python(lib: fast_writes.ctypes.CDLL) -> None:
     # An empty name would end its list early; a NUL cannot be written: both stay in Python.
     assert (
         fast_writes.rules_blob(WritePolicy(read_only=False, roots=("/w",), protected=("",))) is None
@@ -99,13 +101,13 @@ def test_rules_the_c_side_cannot_hold_are_left_to_python() -> None:
         fast_writes.rules_blob(WritePolicy(read_only=False, roots=("/w",), hidden=("/w/a\0b",)))
         is None
     )
-    too_many = tuple(f"/w/{i}" for i in range(300))
-    blob = fast_writes.rules_blob(WritePolicy(read_only=False, roots=too_many))
-    assert blob is not None  # parsed and refused by C: no fast rules, all forwarded
-    lib = fast_writes.library()
-    if lib is not None:
-        policy = WritePolicy(read_only=False, roots=too_many)
-        assert fast_writes.answer(lib, policy, "/w/1/x") is None
+    too_many = tuple(f"/w/{i}" for i in range(fast_writes.MAX_RULES + 1))
+    assert fast_writes.rules_blob(WritePolicy(read_only=False, roots=too_many)) is None
+    # And the C side refuses such a list itself (no fast rules: every call forwarded).
+    blob = b"".join(os.fsencode(root) + b"\0" for root in too_many) + b"\0" * 5
+    assert lib.bsf_rules_answer(blob, len(blob), 0, 0, b"/w/1/x") == -1
+    fitting = b"".join(os.fsencode(root) + b"\0" for root in too_many[:-1]) + b"\0" * 5
+    assert lib.bsf_rules_answer(fitting, len(fitting), 0, 0, b"/w/1/x") == 1
 
 
 class _Counting:
@@ -223,3 +225,16 @@ async def test_the_fast_path_threads_end_with_their_commands(
     assert result.exit_code == 0 and (workspace / "g").read_text() == "y\n"
     await ex.aclose()
     assert not [t for t in threading.enumerate() if t.name == "bash-sandbox-fast-writes"]
+
+
+def test_the_c_source_builds_without_a_warning(
+    tmp_path: Path, lib: fast_writes.ctypes.CDLL
+) -> None:
+    compiler = system_binary("cc") or system_binary("gcc")
+    assert compiler is not None  # the fixture built the library with it
+    done = subprocess.run(
+        [compiler, "-Wall", "-Wextra", "-Werror", "-O2", "-shared", "-fPIC", "-o",
+         str(tmp_path / "fw.so"), str(fast_writes.SOURCE)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr

@@ -28,6 +28,11 @@
 #define BSF_MAX_RULES 256
 #define BSF_AT_FDCWD (-100)
 #define BSF_NO_ARG (-1)
+/* Linux 6.6 (older headers lack them; older kernels refuse the ioctl, which is harmless). */
+#define BSF_NOTIF_SET_FLAGS _IOW('!', 4, uint64_t)
+#define BSF_SYNC_WAKE_UP 1ULL
+/* Traps in a row from one process before wake-ups turn synchronous (see bsf_serve). */
+#define BSF_SYNC_STREAK 8
 
 /* Where one trapped call keeps its arguments (indexes into the six; -1: none). Mirrors
  * `file_calls.FileCall`. */
@@ -253,6 +258,13 @@ int bsf_serve(int listener, int forward, const struct bsf_call *calls, int ncall
     struct bsf_rules rules;
     int have_rules = blob != NULL && parse_rules(&rules, blob, blob_len, read_only,
                                                  view_mounts) == 0;
+    /* Synchronous wake-ups (the caller hands its CPU straight to this thread and back) make
+     * one process's run of traps 5x cheaper (12 us a trap instead of 60), but pin this thread
+     * to the trapping CPU: with several processes trapping by turns (make -j2 on two cores)
+     * it waited there while the other CPU idled (+26% on a C build against +4%). So they are
+     * on only while one process traps again and again. */
+    pid_t last = 0;
+    int streak = 0, sync_on = 0;
     struct pollfd fds[2] = {{listener, POLLIN, 0}, {forward, POLLIN, 0}};
     for (;;) {
         if (poll(fds, 2, -1) < 0) {
@@ -267,6 +279,13 @@ int bsf_serve(int listener, int forward, const struct bsf_call *calls, int ncall
             memset(&n, 0, sizeof n);
             if (ioctl(listener, SECCOMP_IOCTL_NOTIF_RECV, &n) < 0)
                 continue; /* the caller died or was interrupted before we read it */
+            streak = (pid_t)n.pid == last ? streak + 1 : 0;
+            last = (pid_t)n.pid;
+            if (sync_on != (streak >= BSF_SYNC_STREAK)) {
+                sync_on = streak >= BSF_SYNC_STREAK;
+                /* Refused before Linux 6.6: then wake-ups stay as they were. */
+                ioctl(listener, BSF_NOTIF_SET_FLAGS, sync_on ? BSF_SYNC_WAKE_UP : 0ULL);
+            }
             if (have_rules && fast(&rules, calls, ncalls, &n)) {
                 struct seccomp_notif_resp resp;
                 memset(&resp, 0, sizeof resp);
