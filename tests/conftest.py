@@ -11,11 +11,3 @@ if os.environ.get("BASH_SANDBOX_TEST_SPAWN_HELPER") == "1":
 
     SandboxBashConfig.model_fields["spawn_helper"].default = True
     SandboxBashConfig.model_rebuild(force=True)
-
-if os.uname().sysname == "Linux":
-    # The write watch's C fast path, built before any test rather than beside the first
-    # command, so every confined test runs on it wherever a C compiler exists (CI has one:
-    # tests/sandbox/test_fast_writes.py fails there without it).
-    from bash_sandbox.linux import fast_writes
-
-    fast_writes.library()

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 from bash_sandbox.linux.child_setup import libc
 from bash_sandbox.linux.fast_writes import call_table, rules_blob
-from bash_sandbox.linux.fast_writes import ready as fast_ready
+from bash_sandbox.linux.fast_writes import library as fast_library
 from bash_sandbox.linux.file_calls import FileCall, by_number
 from bash_sandbox.linux.setid import CONTINUE, setid_call
 from bash_sandbox.linux.write_watch import WritePolicy, capture, judge
@@ -241,6 +241,12 @@ def identity(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+# Commands of one executor served by the write watch's C fast path at once. Each costs a
+# thread and two descriptors: a hundred background servers must not take 200 more of a
+# 1024-descriptor limit. The commands past it are answered in Python, as without the path.
+MAX_FAST_COMMANDS = 16
+
+
 class SeccompSupervisor:
     """One thread answering every confined command's notifications for one executor."""
 
@@ -257,6 +263,7 @@ class SeccompSupervisor:
         self._commands: dict[int, SupervisedCommand] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._fast = 0  # commands served by a fast-path thread now
         self._thread = threading.Thread(
             target=self._loop, name="bash-sandbox-supervisor", daemon=True
         )
@@ -279,9 +286,9 @@ class SeccompSupervisor:
         """Hand ``command``'s listener to a C thread answering the calls the write watch
         would let through unjudged; the rest come back over a socket pair."""
         watch = command.policy.writes
-        lib = fast_ready()
+        lib = fast_library()
         blob = rules_blob(watch) if watch is not None and lib is not None else None
-        if lib is None or watch is None or blob is None:
+        if lib is None or watch is None or blob is None or self._fast >= MAX_FAST_COMMANDS:
             return
         try:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -308,6 +315,7 @@ class SeccompSupervisor:
             finally:
                 theirs.close()  # the supervisor's end reads end of file
 
+        self._fast += 1
         command.forward, command.source = ours, ours.fileno()
         command.native = threading.Thread(
             target=serve, name="bash-sandbox-fast-writes", daemon=True
@@ -326,6 +334,7 @@ class SeccompSupervisor:
                 # so its number is never reused under a thread still reading it.
                 command.forward.close()
                 command.native.join(timeout=5)
+                self._fast -= 1
                 if command.native.is_alive():
                     logger.error("write watch fast path did not stop; its listener is leaked")
                 else:

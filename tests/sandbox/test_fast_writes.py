@@ -9,6 +9,7 @@ inside the roots answered without waking Python.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import random
@@ -33,8 +34,8 @@ def lib() -> fast_writes.ctypes.CDLL:
     built = fast_writes.library()
     if built is None:
         if os.environ.get("CI"):
-            pytest.fail("CI has a C compiler: the write watch's fast path must build there")
-        pytest.skip("no C compiler here: the Python path serves every call")
+            pytest.fail("CI has a C compiler: the package's build must have built the fast path")
+        pytest.skip("no fast path built here: the Python path serves every call")
     return built
 
 
@@ -238,3 +239,51 @@ def test_the_c_source_builds_without_a_warning(
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_a_build_of_another_source_is_not_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lib: fast_writes.ctypes.CDLL
+) -> None:
+    # An editable install whose C file changed since it was built: its struct layouts may
+    # differ, so the Python path serves until the package is reinstalled.
+    changed = tmp_path / "fast_writes.c"
+    changed.write_bytes(fast_writes.SOURCE.read_bytes() + b"/* changed */\n")
+    monkeypatch.setattr(fast_writes, "SOURCE", changed)
+    assert fast_writes._load.__wrapped__() is None
+    monkeypatch.undo()
+    assert fast_writes._load.__wrapped__() is not None
+
+
+async def test_commands_past_the_cap_are_served_in_python(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    lib: fast_writes.ctypes.CDLL,
+) -> None:
+    # Each fast-path command holds a thread and two descriptors: a hundred background
+    # commands must not exhaust a 1024-descriptor limit, so only the first few get one.
+    monkeypatch.setattr(supervisor, "MAX_FAST_COMMANDS", 2)
+    ex = make_executor(mode="workspace-write")
+    procs = [
+        await ex.start(ex.resolve(BashExecRequest(command=f"echo {i} > bg{i}; exec sleep 60")))
+        for i in range(4)
+    ]
+    try:
+        for i in range(4):
+            for _ in range(500):
+                if (workspace / f"bg{i}").exists():
+                    break
+                await asyncio.sleep(0.01)
+        assert [(workspace / f"bg{i}").read_text() for i in range(4)] == [
+            f"{i}\n" for i in range(4)
+        ]
+        assert sum(t.name == "bash-sandbox-fast-writes" for t in threading.enumerate()) == 2
+        refused = await ex.run(ex.resolve(BashExecRequest(command="echo x > /etc/bsf-cap-test")))
+        assert refused.exit_code != 0 and not Path("/etc/bsf-cap-test").exists()
+        assert "/etc/bsf-cap-test" in _write_denials(refused)
+    finally:
+        for proc in procs:
+            proc.kill()
+            await proc.wait()
+    await ex.aclose()
+    assert not [t for t in threading.enumerate() if t.name == "bash-sandbox-fast-writes"]

@@ -259,7 +259,7 @@ def test_interrupted_audit_kills_and_removes_everything_it_started(
             proc.wait()
     assert proc.returncode == 128 + sig, err.decode()
     assert b"interrupted" in err
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a loaded CI machine; returns as soon as it holds
     while _leftovers(audit_tag) != before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _leftovers(audit_tag) == before

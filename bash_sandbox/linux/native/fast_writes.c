@@ -1,5 +1,5 @@
-/* The write watch's fast path (`fast_writes.py` builds and loads it; `write_watch.py` is the
- * watch itself).
+/* The write watch's fast path (setup.py builds it, `fast_writes.py` loads it; `write_watch.py`
+ * is the watch itself).
  *
  * One thread per confined command receives its seccomp notifications. A write-intent call
  * whose every path the command's view surely lets be written (inside a writable root and
@@ -301,6 +301,12 @@ int bsf_serve(int listener, int forward, const struct bsf_call *calls, int ncall
         }
     }
 }
+
+/* The hash of this file as setup.py built it: `fast_writes.py` loads no build of another. */
+#ifndef BSF_SOURCE_SHA256
+#define BSF_SOURCE_SHA256 ""
+#endif
+const char *bsf_source_sha256(void) { return BSF_SOURCE_SHA256; }
 
 /* For the tests: the fast rules' answer for one path, as `WritePolicy.surely_writable`. */
 int bsf_rules_answer(const char *blob, size_t blob_len, int read_only, int view_mounts,
