@@ -72,7 +72,7 @@ def call_table(calls: Mapping[int, FileCall]) -> ctypes.Array[Call]:
 
 def rules_blob(policy: WritePolicy) -> bytes | None:
     """``policy``'s fast rules as the C side reads them (five lists of NUL-ended strings, each
-        list ended by an empty one), or None when a rule cannot be written so or a list is longer
+    list ended by an empty one), or None when a rule cannot be written so or a list is longer
     than the C side holds."""
     lists = (
         policy.roots,

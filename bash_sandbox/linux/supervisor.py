@@ -184,8 +184,6 @@ class SupervisedCommand:
     native: threading.Thread | None = None
     # The descriptor the supervisor's loop waits on: the listener, or ``forward``'s.
     source: int = -1
-    # Notifications the Python side handled (the fast path's share is the rest).
-    handled: int = 0
 
     def connect_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
         """The pool for this command's blocking connects; None once it is unregistered."""
@@ -287,8 +285,10 @@ class SeccompSupervisor:
         would let through unjudged; the rest come back over a socket pair."""
         watch = command.policy.writes
         lib = fast_library()
-        blob = rules_blob(watch) if watch is not None and lib is not None else None
-        if lib is None or watch is None or blob is None or self._fast >= MAX_FAST_COMMANDS:
+        if lib is None or watch is None or self._fast >= MAX_FAST_COMMANDS:
+            return
+        blob = rules_blob(watch)
+        if blob is None:
             return
         try:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -401,7 +401,6 @@ class SeccompSupervisor:
             ctypes.memmove(ctypes.byref(notif), raw, len(raw))
         elif self._lib.ioctl(command.listener, _NOTIF_RECV, ctypes.byref(notif)) < 0:
             return  # the caller died or was interrupted before we read it
-        command.handled += 1
         try:
             self._dispatch(command, notif)
         except Exception:
