@@ -214,10 +214,10 @@ def running(pid: int) -> bool:
     return stat is not None and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def cgroups_of(pid: int) -> dict[str, str]:
+def cgroups_of(pid: int, proc: str | None = None) -> dict[str, str]:
     """The command's cgroup directories of ``pid`` (those an executor made), by controller."""
     out: dict[str, str] = {}
-    for line in (read_text(f"/proc/{pid}/cgroup") or "").splitlines():
+    for line in (read_text(f"{proc or f'/proc/{pid}'}/cgroup") or "").splitlines():
         _, controllers, path = line.split(":", 2)
         if "/bash-sandbox-" not in path:
             continue
@@ -228,6 +228,16 @@ def cgroups_of(pid: int) -> dict[str, str]:
             if c in COUNTER_FILES and os.path.isdir(f"/sys/fs/cgroup/{c}"):
                 out[c] = f"/sys/fs/cgroup/{c}{path}"
     return out
+
+
+def thread_cgroups(pid: int) -> list[dict[str, str]]:
+    """`cgroups_of` each thread of ``pid``: on v1 a thread can sit in another cgroup than
+    its process's leader."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    return [cgroups_of(int(tid), f"/proc/{pid}/task/{tid}") for tid in tids]
 
 
 def tmpfs_of(pid: int, path: str) -> dict[str, int] | None:
@@ -289,7 +299,13 @@ def observe(token: str, exact: str | None = None) -> dict[str, Any]:
             sid: int | None = os.getsid(pid)
         except OSError:
             sid = None
-        procs[str(pid)] = {"argv": argv, "fds": fds, "sid": sid, "exact": exact in argv}
+        procs[str(pid)] = {
+            "argv": argv,
+            "fds": fds,
+            "sid": sid,
+            "exact": exact in argv,
+            "thread_cgroups": thread_cgroups(pid),
+        }
     shell = next((p for p in pids if is_command_shell(procs[str(p)]["argv"], token)), None)
     return {
         "procs": procs,

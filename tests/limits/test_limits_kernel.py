@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +320,40 @@ def test_cpu_quota_bounds_the_whole_tree(backend: str, workspace: Path) -> None:
     assert cpu < 0.25 * r["held_seconds"] + 0.35, (cpu, r["held_seconds"])
     assert counter(counters["cpu.stat"], "nr_throttled") > 0
     assert r["sandbox"]["limits_enforcement"] == "full"
+
+
+def test_every_thread_and_process_of_the_tree_is_in_the_commands_cgroups(
+    backend: str, workspace: Path
+) -> None:
+    """The child joins its cgroups by moving itself (v1: its one thread, through ``tasks``)
+    before it can fork or start a thread: everything the command starts, threads of a
+    multi-threaded process and a background child alike, is in the command's cgroups."""
+    root_only()
+    threads = (
+        "{python} -c 'import threading, time; "
+        "ts = [threading.Thread(target=time.sleep, args=(30,), daemon=True) for _ in range(4)]; "
+        "[t.start() for t in ts]; time.sleep(30)' {token}"
+    )
+    r = held(
+        "root",
+        backend,
+        workspace,
+        command=f"sh -c 'sleep 30' {{token}} & {threads} & sleep 0.5; {{hold}}",
+        limits={"processes": 64},
+    )
+    seen = r["seen"]
+    command_cgroups = seen["cgroups"]
+    assert {"memory", "pids"} <= set(command_cgroups), command_cgroups
+    procs = [p for p in seen["procs"].values() if p["argv"]]  # wrappers too: bwrap, bash
+    python = [p for p in procs if p["argv"][:2] == [sys.executable, "-c"]]
+    assert len(python) == 1 and len(python[0]["thread_cgroups"]) == 5, python  # main + 4
+    assert any(p["argv"][:3] == ["sh", "-c", "sleep 30"] for p in procs), procs
+    for p in procs:
+        assert p["thread_cgroups"], p
+        for cgroups in p["thread_cgroups"]:
+            for controller in ("memory", "pids"):
+                assert cgroups.get(controller) == command_cgroups[controller], (p, cgroups)
+    assert r["alive_after"] == [] and r["cgroups_after"] == []
 
 
 @pytest.mark.parametrize("mode", ["read-only", "workspace-write"])

@@ -359,6 +359,28 @@ def test_prepare_on_a_v2_tree_enables_controllers_and_writes_limits(tmp_path: Pa
     assert list(base.iterdir()) == []
 
 
+def test_prepare_on_v1_joins_through_tasks_of_each_hierarchy(tmp_path: Path) -> None:
+    """v1: the child writes "0" into ``tasks``, which moves its one thread without the
+    global threadgroup lock (cgroup.procs waits an RCU grace period, 8-28 ms a command)."""
+    bases = [tmp_path / c for c in ("memory", "pids")]
+    for base in bases:
+        base.mkdir()
+    host = CgroupHost(
+        CgroupVersion.V1,
+        (CgroupBase(str(bases[0]), ("memory",)), CgroupBase(str(bases[1]), ("pids",))),
+    )
+    limits = ExecutorLimits(host)
+    plan = limits.prepare("one", ResourceLimits(memory_bytes=GiB, processes=99))
+    commands = [next(b.iterdir()) / "cmd-1" for b in bases]
+    assert plan.procs_files == tuple(str(c / "tasks") for c in commands)
+    assert (commands[1] / "pids.max").read_text() == "99"
+    for command in commands:
+        for f in command.iterdir():
+            f.unlink()
+    limits.close()
+    assert [list(b.iterdir()) for b in bases] == [[], []]
+
+
 def test_a_refused_parent_falls_back_to_rlimits_and_says_so(tmp_path: Path) -> None:
     host = CgroupHost(CgroupVersion.V1, (CgroupBase(str(tmp_path / "gone"), ("pids",)),))
     limits = ExecutorLimits(host)
