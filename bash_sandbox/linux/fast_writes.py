@@ -143,6 +143,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         ctypes.c_int,
     ]
     lib.bsf_serve.restype = ctypes.c_int
+    lib.bsf_start.argtypes = [*lib.bsf_serve.argtypes]
+    lib.bsf_start.restype = ctypes.c_void_p
+    lib.bsf_join.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.bsf_join.restype = ctypes.c_int
     lib.bsf_rules_answer.argtypes = [
         ctypes.c_char_p,
         ctypes.c_size_t,
