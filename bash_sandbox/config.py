@@ -58,8 +58,11 @@ class SandboxBashConfig(LocalBashConfig):
     # workspace-write: the tools' cache variables point at the sandbox's own cache home.
     tool_caches: bool = True
     # Spawn confined commands through a per-executor helper process instead of forking the
-    # harness (`linux/spawn_helper.py`); off by default (a measured prototype, see docs).
-    spawn_helper: bool = False
+    # harness (`linux/spawn_helper.py`): the loop never blocks on a fork, and a large harness
+    # costs nothing per command. Off: fork the harness per command (what a one-shot
+    # `bash-sandbox run` does unless its config says otherwise: one command does not repay
+    # the helper's start).
+    spawn_helper: bool = True
 
     @field_validator("allow_domains")
     @classmethod

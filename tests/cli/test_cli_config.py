@@ -7,6 +7,9 @@ The workspace's pyproject.toml is never configuration (see test_cli_config_trust
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -265,3 +268,47 @@ def test_list_additions_extend_the_file_and_the_default_credential_stores(
     # A limit flag replaces that limit only.
     assert config.limits.memory_bytes == 1 << 30
     assert config.limits.processes == 4096
+
+
+def _children_cmdlines(pid: int) -> list[str]:
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+@needs_sandbox
+@pytest.mark.parametrize("in_file", [None, "true", "false"])
+def test_a_one_shot_run_forks_itself_unless_the_config_asks_for_the_helper(
+    in_file: str | None, workspace: Path, config_home: Path, private_tempdir: Path
+) -> None:
+    """One command per CLI process: the spawn helper's start costs more than the one fork it
+    saves, so `run` spawns from itself; a config file's `spawn_helper` still decides. Seen
+    from outside: whether the CLI process has a helper child while the command runs."""
+    if in_file is not None:
+        write_user_config(config_home, f"spawn_helper = {in_file}\n")
+    cli = [sys.executable, "-m", "bash_sandbox.cli", "run", "--workspace", str(workspace)]
+    proc = subprocess.Popen(
+        [*cli, "--", "echo started; sleep 30"],
+        stdout=subprocess.PIPE,
+        env=dict(os.environ, TMPDIR=str(private_tempdir), XDG_CONFIG_HOME=str(config_home)),
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"started\n"
+        helpers = [c for c in _children_cmdlines(proc.pid) if "spawn_helper.py" in c]
+        assert len(helpers) == (1 if in_file == "true" else 0), _children_cmdlines(proc.pid)
+    finally:
+        proc.terminate()  # the CLI ends its command and its helper, as on a Ctrl-C
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

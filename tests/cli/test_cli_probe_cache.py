@@ -196,14 +196,21 @@ import pyseccomp
 from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
 from bash_seam import BashExecRequest
 
-async def main(workspace: str, syscall: str) -> str:
+async def main(workspace: str, syscall: str, helper: str) -> str:
     async with SandboxBashExecutor(
-        backend="landlock", mode="workspace-write", workspace_root=workspace
+        backend="landlock",
+        mode="workspace-write",
+        workspace_root=workspace,
+        spawn_helper=helper == "helper",
     ) as ex:
         spec = ex.resolve(BashExecRequest(command="echo ran > marker", workdir=workspace))
         first = await ex.run(spec)  # chosen and prepared while Landlock works
         assert first.exit_code == 0, first
         os.unlink(f"{workspace}/marker")
+        if helper == "helper":
+            # The helper started before the filter keeps Landlock; the next one, started
+            # for the next spawn (as after a helper's death), has none.
+            ex._services._helper.close()
         # From here on this process (and every child it forks) has no Landlock.
         flt = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
         flt.add_rule(pyseccomp.ERRNO(errno.ENOSYS), syscall)
@@ -216,18 +223,20 @@ async def main(workspace: str, syscall: str) -> str:
             return f"failed: {type(exc).__name__}: {exc}"
         return "ran"
 
-print(asyncio.run(main(sys.argv[1], sys.argv[2])))
+print(asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3])))
 """
 
 
+@pytest.mark.parametrize("helper", ["fork", "helper"])
 @pytest.mark.parametrize("syscall", ["landlock_restrict_self", "landlock_create_ruleset"])
 def test_landlock_gone_after_the_choice_makes_the_spawn_fail(
-    syscall: str, workspace: Path, private_tempdir: Path
+    syscall: str, helper: str, workspace: Path, private_tempdir: Path
 ) -> None:
-    # What a stale "usable" for Landlock would meet: the spawn needs Landlock at every step.
+    # What a stale "usable" for Landlock would meet: the spawn needs Landlock at every step,
+    # whether the executor forks the command or its spawn helper does.
     require_backend("landlock")
     done = subprocess.run(
-        [sys.executable, "-c", _LANDLOCK_GONE, str(workspace), syscall],
+        [sys.executable, "-c", _LANDLOCK_GONE, str(workspace), syscall, helper],
         capture_output=True,
         text=True,
         timeout=120,
