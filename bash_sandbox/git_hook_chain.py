@@ -33,6 +33,8 @@ import os
 import re
 import stat
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from policies.paths import within, within_any
@@ -94,12 +96,51 @@ class HostConfig:
     hooks: str  # the hooks directory git runs hooks from
 
 
+# Answers of `host_config` per (git directory, HOME, XDG_CONFIG_HOME): each with the stamps
+# of every file that answer depends on. Bounded: the oldest goes first.
+_ANSWERS: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[object, ...], HostConfig]] = {}
+_ANSWERS_MAX = 64
+# A file changed this close to git's read may have changed after it, within one tick of a
+# coarse filesystem clock: such an answer is not kept ("racy git", as git's own index does).
+_RACY_NS = 2_000_000_000
+
+
 def host_config(gitdir: str) -> HostConfig:
     """Ask host git (its own config parser, includes and `includeIf` conditions evaluated for
     ``gitdir``) which files it reads and where it runs hooks from. A relative hooks path is
-    relative to the worktree; without one, `<gitdir>/hooks`."""
-    default = HostConfig((), os.path.join(gitdir, "hooks"))
+    relative to the worktree; without one, `<gitdir>/hooks`.
+
+    Asked again only when a file the answer depends on changed: every config file git named,
+    every place it would read one from if it appeared (system, global, XDG, the repository's
+    and its worktree's), every include target (existing or not) and HEAD (`onbranch:`), each
+    stamped with its identity, size, mtime and ctime (no process can set a ctime back). A
+    git process costs 2-3 ms of every confined spawn in a repository; a check, 30 us."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    key = (gitdir, env.get("HOME", ""), env.get("XDG_CONFIG_HOME", ""))
+    known = _ANSWERS.get(key)
+    if known is not None and _stamps(known[0]) == known[1]:
+        return known[2]
+    started = time.time_ns()
+    read = _ask_git(gitdir, env)
+    if read is None:
+        return HostConfig((), os.path.join(gitdir, "hooks"))
+    answer, includes = read
+    watched = tuple(
+        dict.fromkeys(
+            (*_candidates(gitdir, env), *answer.files, *includes, os.path.join(gitdir, "HEAD"))
+        )
+    )
+    stamps = _stamps(watched)
+    if all(_settled(stamp, started) for stamp in stamps):
+        _ANSWERS.pop(key, None)
+        while len(_ANSWERS) >= _ANSWERS_MAX:
+            del _ANSWERS[next(iter(_ANSWERS))]
+        _ANSWERS[key] = (watched, stamps, answer)
+    return answer
+
+
+def _ask_git(gitdir: str, env: dict[str, str]) -> tuple[HostConfig, list[str]] | None:
+    """Git's answer, and the include targets its config names (existing or not)."""
     try:
         done = subprocess.run(
             ["git", "--git-dir", gitdir, "config", "--list", "--show-origin", "-z"],
@@ -110,20 +151,69 @@ def host_config(gitdir: str) -> HostConfig:
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return default
+        return None
     if done.returncode != 0:
-        return default
+        return None
     files: dict[str, None] = {}
-    hooks = default.hooks
+    includes: list[str] = []
+    hooks = os.path.join(gitdir, "hooks")
     fields = done.stdout.split(b"\0")
     for origin, record in zip(fields[::2], fields[1::2], strict=False):
+        source = None
         if origin.startswith(b"file:"):
-            files.setdefault(os.path.normpath(os.fsdecode(origin[5:])), None)
+            source = os.path.normpath(os.fsdecode(origin[5:]))
+            files.setdefault(source, None)
         key, _, value = record.partition(b"\n")
         if key == b"core.hookspath" and value:
             path = os.path.expanduser(os.fsdecode(value))  # git's `--type=path` expands ~
             hooks = os.path.normpath(os.path.join(os.path.dirname(gitdir), path))
-    return HostConfig(tuple(files), hooks)
+        elif value and (
+            key == b"include.path" or (key.startswith(b"includeif.") and key.endswith(b".path"))
+        ):
+            # Relative to the file that includes it (git's rule); read once it exists.
+            target = os.path.expanduser(os.fsdecode(value))
+            base = os.path.dirname(source) if source else os.path.dirname(gitdir)
+            includes.append(os.path.normpath(os.path.join(base, target)))
+    return HostConfig(tuple(files), hooks), includes
+
+
+def _candidates(gitdir: str, env: dict[str, str]) -> list[str]:
+    """Where git reads config from when the file is there (git-config(1), FILES)."""
+    home = env.get("HOME", "")
+    xdg = env.get("XDG_CONFIG_HOME") or (os.path.join(home, ".config") if home else "")
+    found = [
+        "/etc/gitconfig",
+        os.path.join(gitdir, "config"),
+        os.path.join(gitdir, "config.worktree"),
+    ]
+    found += [os.path.join(home, ".gitconfig")] if home else []
+    found += [os.path.join(xdg, "git", "config")] if xdg else []
+    try:
+        with open(os.path.join(gitdir, "commondir"), encoding="utf-8", errors="replace") as fh:
+            common = os.path.join(gitdir, fh.read(4096).strip())
+        found.append(os.path.normpath(os.path.join(common, "config")))
+    except OSError:
+        pass  # not a linked worktree's git directory
+    return found
+
+
+def _stamps(paths: tuple[str, ...]) -> tuple[object, ...]:
+    """Each path's own entry and what it leads to: identity, kind, size, mtime, ctime."""
+    return tuple((_stamp(os.lstat, path), _stamp(os.stat, path)) for path in paths)
+
+
+def _stamp(call: Callable[[str], os.stat_result], path: str) -> tuple[int, ...] | None:
+    try:
+        st = call(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _settled(stamp: object, started_ns: int) -> bool:
+    """No part of ``stamp`` changed within a clock tick of git's read."""
+    assert isinstance(stamp, tuple)
+    return all(part is None or part[5] < started_ns - _RACY_NS for part in stamp)
 
 
 def hook_chain(gitdir: str, roots: tuple[str, ...]) -> list[ChainLink]:

@@ -563,3 +563,37 @@ async def test_a_repository_in_a_directory_its_owner_cannot_list_runs_nothing_pl
     host_git("commit", "-qm", "host", cwd=repo)
     assert not marker.exists()
     assert host_git("log", "-1", "--format=%s", cwd=repo).stdout.strip() == "host"
+
+
+async def test_a_hooks_path_the_host_sets_between_commands_is_covered_for_the_next(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Host git's config answer is kept between spawns (`git_hook_chain.host_config`); the
+    # host's change between two commands must reach the next one. The repository is fresh,
+    # so the window that keeps just-written files from being trusted is narrowed to engage
+    # the kept answer at all.
+    from bash_sandbox import git_hook_chain
+
+    monkeypatch.setattr(git_hook_chain, "_RACY_NS", 0)
+    marker = tmp_path / "pwned"
+    _repo(workspace)
+    await asyncio.sleep(0.05)
+    ex = make_executor(mode="workspace-write")
+    first = await _run(ex, "true", workspace)
+    assert first.exit_code == 0, first.stderr.text
+    kept = len(git_hook_chain._ANSWERS)
+    assert kept >= 1  # the answer is kept: the next spawn checks stamps only
+    host_git("config", "core.hooksPath", ".githooks", cwd=workspace)
+    await asyncio.sleep(0.05)
+    plant = (
+        f"mkdir -p .githooks && printf '#!/bin/sh\\ntouch {marker}\\n' > .githooks/post-checkout"
+    )
+    result = await _run(ex, f"{plant} && chmod +x .githooks/post-checkout", workspace)
+    assert result.exit_code != 0
+    assert result.sandbox is not None and result.sandbox.denied
+    assert not (workspace / ".githooks" / "post-checkout").exists()
+    host_git("checkout", "-q", "-b", "other", cwd=workspace)
+    assert not marker.exists()
