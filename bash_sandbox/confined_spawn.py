@@ -51,7 +51,6 @@ from bash_sandbox.linux.supervisor import (
 from bash_sandbox.linux.write_watch import write_policy
 from bash_sandbox.mirrors import mirror_hint, mirror_hosts
 from bash_sandbox.services import SandboxServices
-from bash_sandbox.state import remove_tree
 from bash_sandbox.tool_env import confined_environment, tool_cache_home
 from bash_sandbox.view import GitOverlay, HostView
 from bash_seam import BashExecSpec, SandboxDenial, SandboxFacts
@@ -228,7 +227,7 @@ class ConfinedSpawn(SpawnScope):
         view, held, self._git = survey.take(self.policy, self.backend.mounts, self._user_policy)
         self._stack.callback(survey.release, held)
         for overlay in view.overlays:
-            self._stack.callback(remove_tree, os.path.dirname(overlay.upper))
+            self._stack.callback(self._services.discard_tree, os.path.dirname(overlay.upper))
         self.overlays = view.overlays
         return view
 

@@ -30,7 +30,7 @@ from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError, Na
 from bash_sandbox.linux.supervisor import SeccompSupervisor
 from bash_sandbox.mirrors import Mirrors
 from bash_sandbox.publish import Publications
-from bash_sandbox.state import ExecutorState
+from bash_sandbox.state import ExecutorState, remove_tree
 from policies import NetworkMode, SandboxMode, SandboxPolicy
 
 if TYPE_CHECKING:
@@ -115,6 +115,16 @@ class SandboxServices:
                 max_workers=2, thread_name_prefix="bash-sandbox-settle"
             )
         return self._pool
+
+    def discard_tree(self, path: str) -> None:
+        """Remove an executor-private tree nothing reads any more (a spawn's git overlay
+        upper) on the settle threads, off the next run's way (1-2 ms a spawn here); inline
+        once the executor closes, whose state directory takes whatever is still queued."""
+        if not self._closed:
+            with contextlib.suppress(RuntimeError):  # the pool shut down meanwhile
+                self.settle_pool().submit(remove_tree, path)
+                return
+        remove_tree(path)
 
     def cover_watch(self) -> CoverWatch:
         """The executor's inotify watch, read on the running loop (made on first use)."""

@@ -613,8 +613,36 @@ async def test_a_home_without_room_for_caches_keeps_them_in_the_private_tmp(
     assert (home / ".cache").read_text().startswith("a file")
 
 
-def _git_uppers(ex: SandboxBashExecutor) -> list[str]:
-    return os.listdir(os.path.join(ex._services.state.path, "git"))
+async def _git_uppers(ex: SandboxBashExecutor) -> list[str]:
+    """The git overlay uppers still there once the executor's discards ran (they are
+    removed on its settle threads, off the next run's way); bounded."""
+    directory = os.path.join(ex._services.state.path, "git")
+    for _ in range(500):
+        if not os.listdir(directory):
+            break
+        await asyncio.sleep(0.01)
+    return os.listdir(directory)
+
+
+async def test_git_overlay_uppers_are_removed_after_the_run_and_nothing_stays_after_close(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
+    assert await init.wait() == 0
+    ex = make_executor(mode="workspace-write")
+    state = ex._services.state.path
+    for n in range(5):
+        result = await _run(ex, f"echo {n} > f{n}", workspace)
+        assert result.exit_code == 0, result.stderr.text
+    # Removed off the runs' way, but removed: every upper of the five runs.
+    assert await _git_uppers(ex) == []
+    started = await ex.start(
+        ex.resolve(BashExecRequest(command="sleep 30", workdir=str(workspace)))
+    )
+    assert len(os.listdir(os.path.join(state, "git"))) == 1  # the running command's own
+    await ex.aclose()  # the running command is killed; its upper goes with the state
+    assert started.status != "running"
+    assert not os.path.exists(state)
 
 
 @pytest.mark.parametrize("failure", ["limits", "spawn", "proxy"])
@@ -666,7 +694,7 @@ async def test_a_spawn_that_fails_midway_gives_back_everything_it_took(
         await _run(ex, "echo ran > marker", workspace)
     assert not (workspace / "marker").exists()
     assert sorted(os.listdir(workspace)) == before  # the host placeholder (deploy/) is gone
-    assert _git_uppers(ex) == []  # the overlay's private directories too
+    assert await _git_uppers(ex) == []  # the overlay's private directories too
     assert ex._services.limits._live == {}  # type: ignore[attr-defined]
     if failure == "proxy":
         assert (
