@@ -29,8 +29,10 @@ from an `entry:`): a hook that runs the project's own code runs what the command
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import shutil
 import stat
 import subprocess
 import time
@@ -182,7 +184,7 @@ def _candidates(gitdir: str, env: dict[str, str]) -> list[str]:
     home = env.get("HOME", "")
     xdg = env.get("XDG_CONFIG_HOME") or (os.path.join(home, ".config") if home else "")
     found = [
-        "/etc/gitconfig",
+        *_system_configs(),
         os.path.join(gitdir, "config"),
         os.path.join(gitdir, "config.worktree"),
     ]
@@ -195,6 +197,18 @@ def _candidates(gitdir: str, env: dict[str, str]) -> list[str]:
     except OSError:
         pass  # not a linked worktree's git directory
     return found
+
+
+@functools.cache
+def _system_configs() -> tuple[str, ...]:
+    """The system config file git was built to read (`$(prefix)/etc/gitconfig`): /etc for a
+    distribution's git, the prefix's own for one built or brewed elsewhere."""
+    found = ["/etc/gitconfig"]
+    binary = shutil.which("git")
+    if binary is not None:
+        prefix = os.path.dirname(os.path.dirname(os.path.realpath(binary)))
+        found.append(os.path.join(prefix, "etc", "gitconfig"))
+    return tuple(dict.fromkeys(found))
 
 
 def _stamps(paths: tuple[str, ...]) -> tuple[object, ...]:
