@@ -98,9 +98,12 @@ class HostConfig:
     hooks: str  # the hooks directory git runs hooks from
 
 
+# One file's stamp: its own entry's and what it leads to (lstat, stat), None where missing.
+_Stat = tuple[int, int, int, int, int, int] | None
+_Stamp = tuple[_Stat, _Stat]
 # Answers of `host_config` per (git directory, HOME, XDG_CONFIG_HOME): each with the stamps
 # of every file that answer depends on. Bounded: the oldest goes first.
-_ANSWERS: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[object, ...], HostConfig]] = {}
+_ANSWERS: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[_Stamp, ...], HostConfig]] = {}
 _ANSWERS_MAX = 64
 # A file changed this close to git's read may have changed after it, within one tick of a
 # coarse filesystem clock: such an answer is not kept ("racy git", as git's own index does).
@@ -211,12 +214,12 @@ def _system_configs() -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _stamps(paths: tuple[str, ...]) -> tuple[object, ...]:
+def _stamps(paths: tuple[str, ...]) -> tuple[_Stamp, ...]:
     """Each path's own entry and what it leads to: identity, kind, size, mtime, ctime."""
     return tuple((_stamp(os.lstat, path), _stamp(os.stat, path)) for path in paths)
 
 
-def _stamp(call: Callable[[str], os.stat_result], path: str) -> tuple[int, ...] | None:
+def _stamp(call: Callable[[str], os.stat_result], path: str) -> _Stat:
     try:
         st = call(path)
     except OSError:
@@ -224,9 +227,8 @@ def _stamp(call: Callable[[str], os.stat_result], path: str) -> tuple[int, ...] 
     return (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _settled(stamp: object, started_ns: int) -> bool:
+def _settled(stamp: _Stamp, started_ns: int) -> bool:
     """No part of ``stamp`` changed within a clock tick of git's read."""
-    assert isinstance(stamp, tuple)
     return all(part is None or part[5] < started_ns - _RACY_NS for part in stamp)
 
 

@@ -132,7 +132,7 @@ def library() -> ctypes.CDLL | None:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    lib.bsf_serve.argtypes = [
+    lib.bsf_start.argtypes = [
         ctypes.c_int,
         ctypes.c_int,
         ctypes.POINTER(Call),
@@ -142,8 +142,6 @@ def _declare(lib: ctypes.CDLL) -> None:
         ctypes.c_int,
         ctypes.c_int,
     ]
-    lib.bsf_serve.restype = ctypes.c_int
-    lib.bsf_start.argtypes = [*lib.bsf_serve.argtypes]
     lib.bsf_start.restype = ctypes.c_void_p
     lib.bsf_join.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.bsf_join.restype = ctypes.c_int

@@ -91,6 +91,15 @@ def wait_until(
         time.sleep(0.01)
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (every thread's), read from /proc."""
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as fh:
+            found += [int(p) for p in fh.read().split()]
+    return found
+
+
 def host_pids_with_argv(argv: Sequence[str]) -> list[int]:
     """Host pids whose command line is exactly ``argv``.
 

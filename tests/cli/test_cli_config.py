@@ -6,6 +6,7 @@ The workspace's pyproject.toml is never configuration (see test_cli_config_trust
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_probes import HAS_BWRAP, HAS_LANDLOCK
+from cli_probes import HAS_BWRAP, HAS_LANDLOCK, children
 
 from bash_sandbox.cli import main
 from bash_sandbox.cli.config_file import (
@@ -272,13 +273,9 @@ def test_list_additions_extend_the_file_and_the_default_credential_stores(
 
 def _children_cmdlines(pid: int) -> list[str]:
     out = []
-    for entry in os.listdir("/proc"):
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace"))
-        except (OSError, ValueError, IndexError):
-            continue
+    for child in children(pid):
+        with contextlib.suppress(OSError):
+            out.append(Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"))
     return out
 
 

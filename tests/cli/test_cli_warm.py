@@ -22,6 +22,7 @@ import pytest
 from cli_probes import (
     HAS_BWRAP,
     HAS_LANDLOCK,
+    children,
     host_pids_with_argv,
     is_alive,
     kill_if_alive,
@@ -85,14 +86,6 @@ class Warm:
         out, err = proc.communicate(timeout=60)
         served = os.read(served_r, 256).decode()
         return proc.returncode, out, err, served
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as fh:
-            found += [int(p) for p in fh.read().split()]
-    return found
 
 
 @pytest.fixture
@@ -205,7 +198,7 @@ def test_sigterm_to_the_client_stops_the_command(warm: Warm, workspace: Path) ->
 
 def test_a_killed_client_takes_its_run_with_it(warm: Warm, workspace: Path) -> None:
     proc, sleepers = _sleeping_run(warm, workspace, "8")
-    runs = [pid for daemon in warm.daemon_pids() for pid in _children(daemon)]
+    runs = [pid for daemon in warm.daemon_pids() for pid in children(daemon)]
     assert runs
     try:
         os.kill(proc.pid, signal.SIGKILL)

@@ -22,6 +22,11 @@ async def _run(ex: SandboxBashExecutor, command: str, workdir: Path, **kw: objec
     return await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workdir), **kw)))  # type: ignore[arg-type]
 
 
+async def _git_init(path: Path) -> None:
+    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(path))
+    assert await init.wait() == 0
+
+
 async def test_read_only_write_is_denied_and_host_unchanged(
     make_executor: ExecutorFactory, workspace: Path, backend: str
 ) -> None:
@@ -158,8 +163,7 @@ async def test_git_commit_works_while_hooks_and_config_stay_read_only(
         "GIT_COMMITTER_NAME": "t",
         "GIT_COMMITTER_EMAIL": "t@e",
     }
-    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
-    assert await init.wait() == 0
+    await _git_init(workspace)
     hooks_before = sorted(os.listdir(workspace / ".git" / "hooks"))
     config_before = (workspace / ".git" / "config").read_bytes()
     ex = make_executor(mode="workspace-write")
@@ -213,8 +217,7 @@ async def test_explicit_unavailable_backend_fails_closed_before_spawning(workspa
 async def test_protected_git_names_cannot_be_replaced_via_parents_or_symlinks(
     make_executor: ExecutorFactory, workspace: Path, attack: str
 ) -> None:
-    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
-    assert await init.wait() == 0
+    await _git_init(workspace)
     config = (workspace / ".git" / "config").read_bytes()
     hooks = sorted(os.listdir(workspace / ".git" / "hooks"))
     ex = make_executor(mode="workspace-write")
@@ -536,8 +539,7 @@ async def test_a_secret_the_host_makes_between_two_calls_is_hidden_from_the_seco
 async def test_git_config_stays_the_hosts_while_the_host_rewrites_it_during_a_command(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
-    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
-    assert await init.wait() == 0
+    await _git_init(workspace)
     ex = make_executor(mode="workspace-write")
     attack = (
         "for i in $(seq 300); do "
@@ -627,8 +629,7 @@ async def _git_uppers(ex: SandboxBashExecutor) -> list[str]:
 async def test_git_overlay_uppers_are_removed_after_the_run_and_nothing_stays_after_close(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
-    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
-    assert await init.wait() == 0
+    await _git_init(workspace)
     ex = make_executor(mode="workspace-write")
     state = ex._services.state.path
     for n in range(5):
@@ -655,8 +656,7 @@ async def test_a_spawn_that_fails_midway_gives_back_everything_it_took(
     from bash_sandbox.egress import EgressProxy, EgressProxyError
     from bash_sandbox.linux.limits import LimitsSetupError
 
-    init = await asyncio.create_subprocess_exec("git", "init", "-q", str(workspace))
-    assert await init.wait() == 0
+    await _git_init(workspace)
     before = sorted(os.listdir(workspace))
     ex = make_executor(
         mode="workspace-write",

@@ -256,8 +256,8 @@ static int fast(const struct bsf_rules *r, const struct bsf_call *calls, int nca
 /* Serve ``listener`` until the supervisor closes its end of ``forward`` (a SOCK_SEQPACKET
  * pair) or every process of the filter is gone. Returns 0, or -errno on a failure that
  * stops forwarding (the Python side then sees end of file and stops answering too). */
-int bsf_serve(int listener, int forward, const struct bsf_call *calls, int ncalls,
-              const char *blob, size_t blob_len, int read_only, int view_mounts) {
+static int bsf_serve(int listener, int forward, const struct bsf_call *calls, int ncalls,
+                     const char *blob, size_t blob_len, int read_only, int view_mounts) {
     struct bsf_rules rules;
     int have_rules = blob != NULL && parse_rules(&rules, blob, blob_len, read_only,
                                                  view_mounts) == 0;
