@@ -126,3 +126,26 @@ def test_a_freshly_written_config_is_asked_again(
     assert answer(repo).hooks == str(repo / "fresh")
     assert answer(repo).hooks == str(repo / "fresh")
     assert len(git_runs) == 2
+
+
+def test_a_same_size_edit_with_its_mtime_put_back_is_seen(
+    repo: Path, git_runs: list[list[str]]
+) -> None:
+    # Same inode, same size, mtime restored: only the ctime, which no process sets, tells.
+    config = repo / ".git" / "config"
+    changed(config, config.read_text() + "[core]\n\thooksPath = aaaaaa\n")
+    assert answer(repo).hooks == str(repo / "aaaaaa")
+    before = config.stat()
+    with config.open("r+") as fh:
+        text = fh.read()
+        fh.seek(0)
+        fh.write(text.replace("aaaaaa", "bbbbbb"))
+    os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = config.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    assert answer(repo).hooks == str(repo / "bbbbbb")
+    assert len(git_runs) == 2
