@@ -36,9 +36,9 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from bash_sandbox.kept_answers import KeptAnswers
 from policies.paths import within, within_any
 
 # The hooks git runs on a client (githooks(5)).
@@ -98,16 +98,8 @@ class HostConfig:
     hooks: str  # the hooks directory git runs hooks from
 
 
-# One file's stamp: its own entry's and what it leads to (lstat, stat), None where missing.
-_Stat = tuple[int, int, int, int, int, int] | None
-_Stamp = tuple[_Stat, _Stat]
-# Answers of `host_config` per (git directory, HOME, XDG_CONFIG_HOME): each with the stamps
-# of every file that answer depends on. Bounded: the oldest goes first.
-_ANSWERS: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[_Stamp, ...], HostConfig]] = {}
-_ANSWERS_MAX = 64
-# A file changed this close to git's read may have changed after it, within one tick of a
-# coarse filesystem clock: such an answer is not kept ("racy git", as git's own index does).
-_RACY_NS = 2_000_000_000
+# Answers of `host_config` per (git directory, HOME, XDG_CONFIG_HOME) (`kept_answers.py`).
+_ANSWERS: KeptAnswers[tuple[str, ...], HostConfig] = KeptAnswers()
 
 
 def host_config(gitdir: str) -> HostConfig:
@@ -123,9 +115,9 @@ def host_config(gitdir: str) -> HostConfig:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     key = (gitdir, env.get("HOME", ""), env.get("XDG_CONFIG_HOME", ""))
     known = _ANSWERS.get(key)
-    if known is not None and _stamps(known[0]) == known[1]:
-        return known[2]
-    started = time.time_ns()
+    if known is not None:
+        return known
+    asked = time.time_ns()
     read = _ask_git(gitdir, env)
     if read is None:
         return HostConfig((), os.path.join(gitdir, "hooks"))
@@ -135,12 +127,7 @@ def host_config(gitdir: str) -> HostConfig:
             (*_candidates(gitdir, env), *answer.files, *includes, os.path.join(gitdir, "HEAD"))
         )
     )
-    stamps = _stamps(watched)
-    if all(_settled(stamp, started) for stamp in stamps):
-        _ANSWERS.pop(key, None)
-        while len(_ANSWERS) >= _ANSWERS_MAX:
-            del _ANSWERS[next(iter(_ANSWERS))]
-        _ANSWERS[key] = (watched, stamps, answer)
+    _ANSWERS.keep(key, watched, asked, answer)
     return answer
 
 
@@ -212,24 +199,6 @@ def _system_configs() -> tuple[str, ...]:
         prefix = os.path.dirname(os.path.dirname(os.path.realpath(binary)))
         found.append(os.path.join(prefix, "etc", "gitconfig"))
     return tuple(dict.fromkeys(found))
-
-
-def _stamps(paths: tuple[str, ...]) -> tuple[_Stamp, ...]:
-    """Each path's own entry and what it leads to: identity, kind, size, mtime, ctime."""
-    return tuple((_stamp(os.lstat, path), _stamp(os.stat, path)) for path in paths)
-
-
-def _stamp(call: Callable[[str], os.stat_result], path: str) -> _Stat:
-    try:
-        st = call(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _settled(stamp: _Stamp, started_ns: int) -> bool:
-    """No part of ``stamp`` changed within a clock tick of git's read."""
-    return all(part is None or part[5] < started_ns - _RACY_NS for part in stamp)
 
 
 def hook_chain(gitdir: str, roots: tuple[str, ...]) -> list[ChainLink]:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from bash_local.userdir import user_base_dir
+from bash_sandbox.placeholder_stash import Stash
 
 _LEDGER = "placeholders.json"
 
@@ -45,9 +46,14 @@ def _process_id(pid: int) -> str:
     return f"{pid}:{start}"
 
 
-def _alive(holder: str) -> bool:
-    pid, _, _ = holder.partition(":")
-    return pid.isdigit() and _process_id(int(pid)) == holder
+def _alive(holder: str, seen: dict[str, bool]) -> bool:
+    """Whether ``holder``'s process still runs; ``seen`` answers each holder once per
+    ledger transaction (every entry lists the same few executors)."""
+    known = seen.get(holder)
+    if known is None:
+        pid, _, _ = holder.partition(":")
+        known = seen[holder] = pid.isdigit() and _process_id(int(pid)) == holder
+    return known
 
 
 def _read(fd: int) -> dict[str, dict[str, object]]:
@@ -75,9 +81,17 @@ def _write(fd: int, data: dict[str, dict[str, object]]) -> None:
 class _Ledger:
     """The ledger's entries while its lock is held; `flush` makes them durable now."""
 
-    def __init__(self, fd: int, entries: dict[str, dict[str, object]]) -> None:
+    def __init__(self, fd: int, entries: dict[str, dict[str, object]], base: str) -> None:
         self.fd = fd
         self.entries = entries
+        self.alive: dict[str, bool] = {}
+        self.stash = Stash(base)
+
+    def holders(self, entry: dict[str, object]) -> list[str]:
+        """The entry's holders that are still alive."""
+        raw = entry.get("holders")
+        listed = raw if isinstance(raw, list) else []
+        return [h for h in listed if isinstance(h, str) and _alive(h, self.alive)]
 
     def flush(self) -> None:
         _write(self.fd, self.entries)
@@ -90,21 +104,14 @@ def _ledger(base: str | None = None, *, create: bool = True) -> Iterator[_Ledger
     fd = os.open(os.path.join(base, _LEDGER), flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        ledger = _Ledger(fd, _read(fd))
+        ledger = _Ledger(fd, _read(fd), base)
         before = json.dumps(ledger.entries, sort_keys=True)
-        _sweep_dead(ledger.entries)
+        _sweep_dead(ledger)
         yield ledger
         if json.dumps(ledger.entries, sort_keys=True) != before:
             ledger.flush()
     finally:
         os.close(fd)
-
-
-def _holders(entry: dict[str, object]) -> list[str]:
-    """The entry's holders that are still alive."""
-    raw = entry.get("holders")
-    listed = raw if isinstance(raw, list) else []
-    return [h for h in listed if isinstance(h, str) and _alive(h)]
 
 
 def _identity(st: os.stat_result) -> list[int]:
@@ -128,20 +135,24 @@ def _untouched(path: str, entry: dict[str, object]) -> bool:
         # The mtime too: a name removed and made again may get the same inode number.
         return made == _identity(st)
     # Recorded as intended but killed before its identity was: ours only if it was made
-    # after the intent and never changed since (a fresh placeholder's mtime is its ctime).
+    # after the intent and never changed since (a fresh placeholder's mtime is its ctime),
+    # or moved in from the stash, which stamps it with the intent's own time.
     intent = entry.get("intent_ns")
-    return (
-        isinstance(intent, int)
-        and st.st_mtime_ns == st.st_ctime_ns
-        and st.st_ctime_ns >= intent - 1_000_000_000  # coarse filesystem clocks
-    )
+    if not isinstance(intent, int):
+        return False
+    if is_dir and st.st_mtime_ns == intent:
+        return True
+    return st.st_mtime_ns == st.st_ctime_ns and st.st_ctime_ns >= intent - 1_000_000_000
 
 
-def _remove(path: str, entry: dict[str, object], entries: dict[str, dict[str, object]]) -> None:
+def _remove(path: str, entry: dict[str, object], ledger: _Ledger) -> None:
     if _untouched(path, entry):
         with contextlib.suppress(OSError):
-            (os.rmdir if entry.get("dir") else os.unlink)(path)
-            _moved_parent(path, entries)
+            if not entry.get("dir"):
+                os.unlink(path)
+            elif not ledger.stash.put(path):
+                os.rmdir(path)
+            _moved_parent(path, ledger.entries)
 
 
 def _moved_parent(path: str, entries: dict[str, dict[str, object]]) -> None:
@@ -159,15 +170,16 @@ def _moved_parent(path: str, entries: dict[str, dict[str, object]]) -> None:
         parent["made"] = _identity(st)
 
 
-def _sweep_dead(entries: dict[str, dict[str, object]]) -> None:
+def _sweep_dead(ledger: _Ledger) -> None:
     """Remove the placeholders no live executor holds (their executors were killed)."""
+    entries = ledger.entries
     for path, entry in list(entries.items()):
-        holders = _holders(entry)
+        holders = ledger.holders(entry)
         if holders:
             entry["holders"] = holders
             continue
         del entries[path]
-        _remove(path, entry, entries)
+        _remove(path, entry, ledger)
 
 
 def sweep(base: str | None = None) -> None:
@@ -203,28 +215,29 @@ class Placeholders:
         command's); any other existing name is not ours and is left out."""
         held: list[str] = []
         with _ledger(self._base) as ledger:
-            new: list[tuple[str, bool, dict[str, object]]] = []
+            new: list[tuple[str, bool, dict[str, object], int]] = []
             for path, is_dir in wanted:
                 entry = ledger.entries.get(path)
                 if entry is not None:
-                    holders = _holders(entry)
+                    holders = ledger.holders(entry)
                     holders.append(self._me)
                     entry["holders"] = holders
                     held.append(path)
                 elif not os.path.lexists(path):
-                    entry = {"dir": is_dir, "holders": [self._me], "intent_ns": time.time_ns()}
+                    intent = time.time_ns()
+                    entry = {"dir": is_dir, "holders": [self._me], "intent_ns": intent}
                     ledger.entries[path] = entry
-                    new.append((path, is_dir, entry))
+                    new.append((path, is_dir, entry, intent))
             if not new:
                 return held
             ledger.flush()  # the intents first: a kill after this leaves records
             failure: OSError | None = None
-            for path, is_dir, entry in new:
+            for path, is_dir, entry, intent in new:
                 try:
                     os.makedirs(os.path.dirname(path), exist_ok=True)
-                    if is_dir:
+                    if is_dir and not ledger.stash.take(path, intent):
                         os.mkdir(path, 0o755)
-                    else:
+                    elif not is_dir:
                         flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
                         os.close(os.open(path, flags, 0o644))
                     entry["made"] = _identity(os.lstat(path))
@@ -257,11 +270,11 @@ class Placeholders:
         entry = ledger.entries.get(path)
         if entry is None:
             return
-        holders = _holders(entry)
+        holders = ledger.holders(entry)
         if self._me in holders:
             holders.remove(self._me)
         entry["holders"] = holders
         if holders:
             return
         del ledger.entries[path]
-        _remove(path, entry, ledger.entries)
+        _remove(path, entry, ledger)

@@ -14,6 +14,7 @@ from typing import Any
 
 from bash_sandbox.git_import import state_files as sf
 from bash_sandbox.git_import.gitcmd import GitError, git, git_env
+from bash_sandbox.git_import.kept_refs import snapshot_refs
 from bash_sandbox.git_import.transaction import (
     JOURNAL,
     Conflict,
@@ -127,7 +128,7 @@ def begin(gitdir: str, upper: str) -> Snapshot:
 def _take(gitdir: str, upper: str, run_id: str) -> Snapshot:
     admins = _admins(gitdir)
     try:
-        refs: dict[str, str] | None = host_refs(gitdir)
+        refs: dict[str, str] | None = snapshot_refs(gitdir)
     except (GitError, subprocess.SubprocessError):
         refs = None  # not a repository git can read (yet): nothing to compare with
     return Snapshot(

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from bash_sandbox import git_hook_chain
+from bash_sandbox.kept_answers import KeptAnswers
 
 
 @pytest.fixture
@@ -29,8 +30,7 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
     # Files older than this window are trusted not to change unseen; a test's own writes
     # are fresh, so it narrows the window (and sleeps past a coarse clock's tick).
-    monkeypatch.setattr(git_hook_chain, "_RACY_NS", 0)
-    monkeypatch.setattr(git_hook_chain, "_ANSWERS", {})
+    monkeypatch.setattr(git_hook_chain, "_ANSWERS", KeptAnswers(racy_ns=0))
     time.sleep(0.05)
     yield work
 
@@ -120,7 +120,7 @@ def test_a_freshly_written_config_is_asked_again(
     repo: Path, git_runs: list[list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Within a clock tick of git's read, a later write could keep every stamp: not kept.
-    monkeypatch.setattr(git_hook_chain, "_RACY_NS", 2_000_000_000)
+    monkeypatch.setattr(git_hook_chain._ANSWERS, "racy_ns", 2_000_000_000)
     config = repo / ".git" / "config"
     config.write_text(config.read_text() + "[core]\n\thooksPath = fresh\n")
     assert answer(repo).hooks == str(repo / "fresh")

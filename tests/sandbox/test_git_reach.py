@@ -577,7 +577,7 @@ async def test_a_hooks_path_the_host_sets_between_commands_is_covered_for_the_ne
     # the kept answer at all.
     from bash_sandbox import git_hook_chain
 
-    monkeypatch.setattr(git_hook_chain, "_RACY_NS", 0)
+    monkeypatch.setattr(git_hook_chain._ANSWERS, "racy_ns", 0)
     marker = tmp_path / "pwned"
     _repo(workspace)
     await asyncio.sleep(0.05)

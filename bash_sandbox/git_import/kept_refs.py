@@ -1,0 +1,66 @@
+"""The host refs a spawn's snapshot starts from, kept while no ref file changed.
+
+`begin` records the host's refs before every command in a repository: a `git for-each-ref`
+process, 1.5-3 ms of each spawn. Git's files backend reads refs from `packed-refs` and the
+files below `refs/`, so its answer is kept with the stamp of each of those (`kept_answers`):
+every directory under `refs/` (a ref made, renamed or removed changes its directory), every
+loose ref file (an edit in place changes the file), `packed-refs` and the config (which names
+the ref storage). Only the snapshot reads the kept answer; the import itself asks git again
+and moves refs with git's own compare-and-swap, so even a stale baseline could only show a
+conflict, never overwrite a host ref.
+
+Asked every time: a reftable repository, a linked worktree's git directory (its refs live in
+two places), and a `refs/` tree of more than `_MAX_ENTRIES` entries (stamping it would cost
+what git does).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from bash_sandbox.git_import.transaction import host_refs
+from bash_sandbox.kept_answers import KeptAnswers
+
+_MAX_ENTRIES = 4096
+_ANSWERS: KeptAnswers[str, dict[str, str]] = KeptAnswers()
+
+
+def snapshot_refs(gitdir: str) -> dict[str, str]:
+    """`host_refs(gitdir)`, from the kept answer when no file it came from changed."""
+    known = _ANSWERS.get(gitdir)
+    if known is not None:
+        return dict(known)
+    asked = time.time_ns()
+    refs = host_refs(gitdir)
+    watched = _ref_files(gitdir)
+    if watched is not None:
+        _ANSWERS.keep(gitdir, watched, asked, dict(refs))
+    return refs
+
+
+def _ref_files(gitdir: str) -> tuple[str, ...] | None:
+    """Every file and directory git's files backend reads refs from; None where the answer
+    must not be kept."""
+    for other in ("commondir", "reftable"):
+        if os.path.lexists(os.path.join(gitdir, other)):
+            return None
+    top = os.path.join(gitdir, "refs")
+    if not os.path.isdir(top) or os.path.islink(top):
+        return None
+    found = [os.path.join(gitdir, "config"), os.path.join(gitdir, "packed-refs"), top]
+    pending = [top]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            return None
+        for entry in entries:
+            if entry.is_symlink():
+                return None  # git follows it; its target's entries are not walked here
+            found.append(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+        if len(found) > _MAX_ENTRIES:
+            return None
+    return tuple(found)

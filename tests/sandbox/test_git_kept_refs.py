@@ -1,0 +1,164 @@
+"""The spawn snapshot's refs kept between spawns (`git_import/kept_refs.py`): every way a host
+user or tool moves a ref between two commands is seen, checked against host git's own fresh
+answer and by counting the `git for-each-ref` processes; and with the kept answer engaged, a
+host commit between snapshot and import is still a conflict that overwrites nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bash_sandbox.git_import import import_changes, kept_refs, load_snapshot
+from bash_sandbox.git_import.transaction import host_refs
+from bash_sandbox.kept_answers import KeptAnswers
+from bash_seam import GitImportStatus
+from tests.sandbox.git_import_harness import Overlay, fsck_clean, host_git, make_repo, reachable
+
+
+@pytest.fixture
+def kept(monkeypatch: pytest.MonkeyPatch) -> KeptAnswers[str, dict[str, str]]:
+    # Files older than this window are trusted not to change unseen; a test's own writes are
+    # fresh, so it narrows the window (and each change sleeps past a coarse clock's tick).
+    answers: KeptAnswers[str, dict[str, str]] = KeptAnswers(racy_ns=0)
+    monkeypatch.setattr(kept_refs, "_ANSWERS", answers)
+    return answers
+
+
+@pytest.fixture
+def git_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    runs: list[list[str]] = []
+    real = subprocess.run
+
+    def counted(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        if "for-each-ref" in argv:
+            runs.append(argv)
+        return real(argv, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counted)
+    return runs
+
+
+def _settle() -> None:
+    time.sleep(0.05)  # past a coarse filesystem clock's tick
+
+
+def _edit_in_place(path: Path, text: str) -> None:
+    """Rewrite a loose ref's bytes at the same size, then put its mtime back."""
+    st = path.stat()
+    with open(path, "r+") as fh:
+        fh.write(text)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _host_changes(repo: Path) -> list[tuple[str, Callable[[], object]]]:
+    def commit() -> None:
+        (repo / "c.txt").write_text(str(time.time_ns()))
+        host_git(repo, "add", "c.txt")
+        host_git(repo, "commit", "-qm", "host")
+
+    first = host_git(repo, "rev-parse", "main").strip()
+    return [
+        ("a commit moves the branch", commit),
+        ("a new branch", lambda: host_git(repo, "branch", "side")),
+        ("a branch in a new directory", lambda: host_git(repo, "branch", "topic/deep")),
+        ("a tag", lambda: host_git(repo, "tag", "v1")),
+        ("a branch deleted", lambda: host_git(repo, "branch", "-D", "side")),
+        ("refs packed", lambda: host_git(repo, "pack-refs", "--all")),
+        ("a packed ref moved", lambda: host_git(repo, "update-ref", "refs/tags/v1", first)),
+        ("a packed ref deleted", lambda: host_git(repo, "branch", "-D", "topic/deep")),
+        ("a remote ref", lambda: host_git(repo, "update-ref", "refs/remotes/o/main", first)),
+        ("a ref file edited in place", lambda: _edit_in_place(
+            repo / ".git" / "refs" / "remotes" / "o" / "main",
+            host_git(repo, "rev-parse", "main").strip() + "\n",
+        )),
+    ]  # fmt: skip
+
+
+def test_every_host_ref_change_between_spawns_is_seen(
+    tmp_path: Path, kept: KeptAnswers[str, dict[str, str]], git_runs: list[list[str]]
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    gitdir = str(repo / ".git")
+    _settle()
+    assert kept_refs.snapshot_refs(gitdir) == host_refs(gitdir)
+    assert kept_refs.snapshot_refs(gitdir) == host_refs(gitdir)
+    asked = len(git_runs)
+    assert asked == 3  # the second snapshot read the kept answer; host_refs asks every time
+    for what, change in _host_changes(repo):
+        change()
+        _settle()
+        snapshot = kept_refs.snapshot_refs(gitdir)
+        fresh = host_refs(gitdir)
+        assert snapshot == fresh, what
+        assert len(git_runs) == asked + 2, f"{what}: not asked again"
+        assert kept_refs.snapshot_refs(gitdir) == fresh, what
+        assert len(git_runs) == asked + 2, f"{what}: the new answer was not kept"
+        asked = len(git_runs)
+
+
+def test_a_ref_written_within_a_clock_tick_is_asked_again(
+    tmp_path: Path, kept: KeptAnswers[str, dict[str, str]], git_runs: list[list[str]]
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    kept.racy_ns = 2_000_000_000  # the repository was just written
+    gitdir = str(repo / ".git")
+    for _ in range(3):
+        assert kept_refs.snapshot_refs(gitdir) == host_refs(gitdir)
+    assert len(git_runs) == 6
+    assert len(kept) == 0
+
+
+@pytest.mark.parametrize("layout", ["linked worktree", "reftable", "symlink below refs"])
+def test_what_the_stamps_cannot_follow_is_asked_every_time(
+    tmp_path: Path,
+    kept: KeptAnswers[str, dict[str, str]],
+    git_runs: list[list[str]],
+    layout: str,
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    gitdir = repo / ".git"
+    if layout == "linked worktree":
+        host_git(repo, "worktree", "add", "-q", str(tmp_path / "wt"), "-b", "wt")
+        gitdir = gitdir / "worktrees" / "wt"
+    elif layout == "reftable":
+        (gitdir / "reftable").mkdir()  # present: git reads refs from its tables
+    else:
+        (gitdir / "refs" / "heads" / "linked").symlink_to(tmp_path)
+    _settle()
+    for _ in range(2):
+        kept_refs.snapshot_refs(str(gitdir))
+    assert len(git_runs) == 2
+    assert len(kept) == 0
+
+
+def test_with_a_kept_baseline_a_host_commit_before_the_import_overwrites_nothing(
+    tmp_path: Path, kept: KeptAnswers[str, dict[str, str]], git_runs: list[list[str]]
+) -> None:
+    # The snapshot of this spawn comes from the answer an earlier spawn kept; the host then
+    # commits while the command commits too: a conflict, both commits kept, the host's ref
+    # the host's.
+    repo = make_repo(tmp_path / "repo")
+    _settle()
+    kept_refs.snapshot_refs(str(repo / ".git"))
+    ov = Overlay(repo, tmp_path / "state")
+    assert len(git_runs) == 1  # the overlay's snapshot read the kept answer
+    ov.run("echo sandbox >> f0.txt && git commit -qam sandbox")
+    ours = (ov.upper / "refs" / "heads" / "main").read_text().strip()
+    (repo / "host.txt").write_text("host\n")
+    host_git(repo, "add", "host.txt")
+    host_git(repo, "commit", "-qm", "host")
+    theirs = host_git(repo, "rev-parse", "main").strip()
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.CONFLICT
+    assert outcome.conflicts[0].name == "refs/heads/main"
+    assert host_git(repo, "rev-parse", "main").strip() == theirs
+    assert reachable(repo, ours)
+    fsck_clean(repo)

@@ -1,0 +1,187 @@
+"""Placeholder directories moved in and out of the workspace through this uid's stash
+(`placeholder_stash.py`): reused, bounded, never handing out or keeping what anyone wrote,
+recognised after a kill, and made and removed as before where a rename cannot serve. Each
+checked on the host's files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox import placeholder_stash
+from bash_sandbox.placeholder_stash import STASH_DIR, STASH_MAX
+from bash_sandbox.placeholders import Placeholders, _ledger
+
+DEAD = "999999999:1"  # a holder no process is
+
+
+@pytest.fixture
+def base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own per-user base (ledger and stash), on the workspace's filesystem."""
+    path = tmp_path / "base"
+    path.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    monkeypatch.setenv("TMPDIR", str(path))
+    return path
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    path = tmp_path / "ws"
+    path.mkdir()
+    return path
+
+
+def stash_of(base: Path) -> Path:
+    return base / f"bash-sandbox-{os.geteuid()}" / STASH_DIR
+
+
+def names(ws: Path, count: int) -> list[tuple[str, bool]]:
+    return [(str(ws / f".auto{i}"), True) for i in range(count)]
+
+
+def test_released_placeholders_are_stashed_and_reused(base: Path, ws: Path) -> None:
+    holder = Placeholders()
+    wanted = names(ws, 3)
+    held = holder.acquire_all(wanted)
+    first = {os.lstat(p).st_ino for p in held}
+    assert all(os.path.isdir(p) and not os.listdir(p) for p in held)
+    holder.release_all(held)
+    assert os.listdir(ws) == []  # nothing left in the workspace
+    stash = stash_of(base)
+    assert {e.stat().st_ino for e in os.scandir(stash)} == first
+    assert stash.stat().st_mode & 0o777 == 0o700
+    held = holder.acquire_all(wanted)
+    assert {os.lstat(p).st_ino for p in held} == first  # moved back in, not made
+    assert os.listdir(stash) == []
+    holder.release_all(held)
+    assert os.listdir(ws) == []
+
+
+def test_the_stash_keeps_a_bounded_number(base: Path, ws: Path) -> None:
+    holder = Placeholders()
+    held = holder.acquire_all(names(ws, STASH_MAX + 6))
+    holder.release_all(held)
+    assert os.listdir(ws) == []
+    assert len(os.listdir(stash_of(base))) == STASH_MAX
+
+
+def test_a_kill_after_a_directory_moved_in_is_recognised_as_ours(base: Path, ws: Path) -> None:
+    holder = Placeholders()
+    holder.release_all(holder.acquire_all(names(ws, 1)))  # one directory in the stash
+    ours, users = ws / ".envrc", ws / ".vscode"
+    intent = 1_700_000_000_123_456_789
+    with _ledger() as ledger:
+        # Killed after the move, before the ledger recorded what it moved in.
+        for path in (ours, users):
+            ledger.entries[str(path)] = {"dir": True, "holders": [DEAD], "intent_ns": intent}
+        assert ledger.stash.take(str(ours), intent)
+    assert ours.is_dir() and os.lstat(ours).st_mtime_ns == intent
+    users.mkdir()
+    os.utime(users, ns=(5, 5))  # the user's own empty directory: another mtime and ctime
+    Placeholders()  # every executor's start sweeps what dead ones left
+    assert not ours.exists()
+    assert users.is_dir()
+    raw = (base / f"bash-sandbox-{os.geteuid()}" / "placeholders.json").read_text()
+    assert json.loads(raw) == {}
+
+
+@pytest.mark.parametrize("name_made_meanwhile", [False, True])
+def test_a_file_written_in_as_the_placeholder_moves_out_is_given_back(
+    base: Path, ws: Path, monkeypatch: pytest.MonkeyPatch, name_made_meanwhile: bool
+) -> None:
+    holder = Placeholders()
+    held = holder.acquire_all(names(ws, 1))
+    placeholder = Path(held[0])
+    real = placeholder_stash.move_noreplace
+
+    def host_writes_in_the_window(src: str, dst: str) -> None:
+        if src == str(placeholder):
+            # An editor writes its settings after the emptiness check, before the move.
+            (placeholder / "settings.json").write_text("{}\n")
+            real(src, dst)
+            if name_made_meanwhile:
+                placeholder.mkdir()  # and another tool made the name again
+            return
+        real(src, dst)
+
+    monkeypatch.setattr(placeholder_stash, "move_noreplace", host_writes_in_the_window)
+    holder.release_all(held)
+    found = [p for p in ws.rglob("settings.json")]
+    assert len(found) == 1 and found[0].read_text() == "{}\n"
+    if name_made_meanwhile:
+        assert found[0].parent.name.startswith(".auto0.bash-sandbox-")
+        assert placeholder.is_dir()
+    else:
+        assert found[0].parent == placeholder
+    assert os.listdir(stash_of(base)) == []  # the stash kept nothing of it
+
+
+def test_a_stash_entry_with_something_in_it_is_never_handed_out(base: Path, ws: Path) -> None:
+    holder = Placeholders()
+    holder.release_all(holder.acquire_all(names(ws, 2)))
+    stash = stash_of(base)
+    dirty = stash / sorted(os.listdir(stash))[0]
+    (dirty / "planted").write_text("x")
+    held = holder.acquire_all(names(ws, 2))
+    assert all(os.listdir(p) == [] for p in held)
+    assert (dirty / "planted").exists()  # left where it was
+    holder.release_all(held)
+
+
+def test_a_stash_that_is_a_symlink_is_not_used(base: Path, ws: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    stash = stash_of(base)
+    stash.parent.mkdir(mode=0o700, exist_ok=True)
+    stash.symlink_to(elsewhere)
+    holder = Placeholders()
+    holder.release_all(holder.acquire_all(names(ws, 2)))
+    assert os.listdir(ws) == [] and os.listdir(elsewhere) == []
+
+
+@pytest.fixture
+def other_filesystem(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "other-fs"
+    path.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr!r}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_on_another_filesystem_placeholders_are_made_and_removed(
+    other_filesystem: Path, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(other_filesystem))
+    holder = Placeholders()
+    wanted = names(ws, 3)
+    for _ in range(2):
+        held = holder.acquire_all(wanted)
+        assert sorted(held) == sorted(p for p, _ in wanted)
+        holder.release_all(held)
+        assert os.listdir(ws) == []
+    assert os.listdir(other_filesystem / f"bash-sandbox-{os.geteuid()}" / STASH_DIR) == []
+
+
+def test_a_name_made_before_the_move_in_is_never_replaced(base: Path, ws: Path) -> None:
+    holder = Placeholders()
+    holder.release_all(holder.acquire_all(names(ws, 1)))
+    users = ws / ".idea"
+    users.mkdir()  # empty: a plain rename would replace it
+    with _ledger() as ledger, pytest.raises(FileExistsError):
+        ledger.stash.take(str(users), 1)
+    assert users.is_dir() and len(os.listdir(stash_of(base))) == 1
