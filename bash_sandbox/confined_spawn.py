@@ -227,7 +227,7 @@ class ConfinedSpawn(SpawnScope):
         view, held, self._git = survey.take(self.policy, self.backend.mounts, self._user_policy)
         self._stack.callback(survey.release, held)
         for overlay in view.overlays:
-            self._stack.callback(self._services.discard_tree, os.path.dirname(overlay.upper))
+            self._stack.callback(self._services.recycle_upper, overlay)
         self.overlays = view.overlays
         return view
 

@@ -30,7 +30,8 @@ from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError, Na
 from bash_sandbox.linux.supervisor import SeccompSupervisor
 from bash_sandbox.mirrors import Mirrors
 from bash_sandbox.publish import Publications
-from bash_sandbox.state import ExecutorState, remove_tree
+from bash_sandbox.state import ExecutorState, GitUpper, remove_tree
+from bash_sandbox.view import GitOverlay
 from policies import NetworkMode, SandboxMode, SandboxPolicy
 
 if TYPE_CHECKING:
@@ -116,15 +117,17 @@ class SandboxServices:
             )
         return self._pool
 
-    def discard_tree(self, path: str) -> None:
-        """Remove an executor-private tree nothing reads any more (a spawn's git overlay
-        upper) on the settle threads, off the next run's way (1-2 ms a spawn here); inline
-        once the executor closes, whose state directory takes whatever is still queued."""
+    def recycle_upper(self, overlay: GitOverlay) -> None:
+        """Give a spawn's git overlay upper back after its import: kept for the next spawn
+        when the command left it empty, else removed (`ExecutorState.recycle_upper`), on the
+        settle threads, off the next run's way; removed inline once the executor closes,
+        whose state directory takes whatever is still queued."""
+        upper = GitUpper(overlay.upper, overlay.work)
         if not self._closed:
             with contextlib.suppress(RuntimeError):  # the pool shut down meanwhile
-                self.settle_pool().submit(remove_tree, path)
+                self.settle_pool().submit(self.state.recycle_upper, upper, overlay.placeholders)
                 return
-        remove_tree(path)
+        remove_tree(os.path.dirname(overlay.upper))
 
     def cover_watch(self) -> CoverWatch:
         """The executor's inotify watch, read on the running loop (made on first use)."""

@@ -26,6 +26,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -185,6 +186,35 @@ def sweep_stale(parent: str) -> None:
             os.close(fd)
 
 
+_SPARE_MAX = 4  # empty uppers kept per executor (one per concurrent spawn in a repository)
+# The only attribute an overlay mount leaves on an upper it did not write to: its fsid.
+_OVERLAY_UUID = frozenset({"trusted.overlay.uuid", "user.overlay.uuid"})
+
+
+def _emptied(upper: GitUpper) -> bool:
+    """Whether the command left ``upper`` exactly as it was made: no entry, no attribute
+    but the overlay's own uuid, the directory's mode and owner unchanged (an overlay's root
+    takes them from its upper), and nothing beside the import's intent; the overlay's work
+    directories are emptied on the way (never reused when that fails)."""
+    try:
+        st = os.lstat(upper.upper)
+        if (
+            os.listdir(upper.upper)
+            or not set(os.listxattr(upper.upper, follow_symlinks=False)) <= _OVERLAY_UUID
+            or st.st_mode != stat.S_IFDIR | 0o755
+            or (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid())
+        ):
+            return False
+        imports = os.path.join(os.path.dirname(upper.upper), "import")
+        if not set(os.listdir(imports)) <= {"intent.json"}:
+            return False
+        for name in os.listdir(upper.work):
+            os.rmdir(os.path.join(upper.work, name))  # overlay's own `work` and `index`
+    except OSError:
+        return False
+    return True
+
+
 class ExecutorState:
     """One executor's private state directory, held by descriptor and checked per spawn."""
 
@@ -215,6 +245,9 @@ class ExecutorState:
         self.stage = os.path.join(self.path, "stage")
         self.sources: PlaceholderSources = make_placeholder_sources(self.path)
         self._uppers = 0
+        # Uppers a command left exactly as made, for the next spawn (`recycle_upper`).
+        self._spare: list[GitUpper] = []
+        self._spare_lock = threading.Lock()
 
     def hidden_paths(self) -> tuple[str, ...]:
         """What no confined command may see: this uid's base (every executor's state and
@@ -274,14 +307,32 @@ class ExecutorState:
         return path
 
     def git_upper(self) -> GitUpper:
-        """Fresh upper and work directories for one git overlay of one spawn."""
+        """Upper and work directories for one git overlay of one spawn: one an earlier
+        spawn left empty (`recycle_upper`), else fresh ones."""
+        with self._spare_lock:
+            if self._spare:
+                return self._spare.pop()
         self._uppers += 1
         base = os.path.join(self.path, "git", str(self._uppers))
         os.mkdir(base, 0o700)
         upper, work = os.path.join(base, "upper"), os.path.join(base, "work")
         os.mkdir(upper, 0o755)
+        os.chmod(upper, 0o755)  # noqa: S103 - exactly: `_emptied` compares it (umask)
         os.mkdir(work, 0o700)
         return GitUpper(upper, work)
+
+    def recycle_upper(self, upper: GitUpper, placeholders: tuple[str, ...]) -> None:
+        """After the import: keep ``upper`` for the next spawn when the command left nothing
+        in it (`_emptied`), else remove it. Making and removing the 5 directories costs a
+        spawn 0.5 ms of disk work here; an overlay's work directory is emptied for the next
+        mount, as the kernel would do at mount time."""
+        base = os.path.dirname(upper.upper)
+        if not placeholders and _emptied(upper):
+            with self._spare_lock:
+                if len(self._spare) < _SPARE_MAX:
+                    self._spare.append(upper)
+                    return
+        remove_tree(base)
 
     def remove(self) -> None:
         remove_tree(self.path)
