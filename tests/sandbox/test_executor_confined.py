@@ -616,17 +616,24 @@ async def test_a_home_without_room_for_caches_keeps_them_in_the_private_tmp(
 
 
 async def _git_uppers(ex: SandboxBashExecutor) -> list[str]:
-    """The git overlay uppers still there once the executor's discards ran (they are
-    removed on its settle threads, off the next run's way); bounded."""
-    directory = os.path.join(ex._services.state.path, "git")
+    """The git overlay uppers still there once the settle threads gave each back, off the
+    next run's way: removed, or kept for the next spawn when left empty (those are checked
+    empty, and not listed); bounded."""
+    state = ex._services.state
+    directory = os.path.join(state.path, "git")
+    left: list[str] = []
     for _ in range(500):
-        if not os.listdir(directory):
+        spare = {os.path.dirname(s.upper) for s in state._spare}
+        left = [n for n in os.listdir(directory) if os.path.join(directory, n) not in spare]
+        if not left:
             break
         await asyncio.sleep(0.01)
-    return os.listdir(directory)
+    for kept in state._spare:
+        assert os.listdir(kept.upper) == [] and os.listdir(kept.work) == []
+    return left
 
 
-async def test_git_overlay_uppers_are_removed_after_the_run_and_nothing_stays_after_close(
+async def test_git_overlay_uppers_are_given_back_after_the_run_and_nothing_stays_after_close(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
     await _git_init(workspace)
@@ -635,8 +642,10 @@ async def test_git_overlay_uppers_are_removed_after_the_run_and_nothing_stays_af
     for n in range(5):
         result = await _run(ex, f"echo {n} > f{n}", workspace)
         assert result.exit_code == 0, result.stderr.text
-    # Removed off the runs' way, but removed: every upper of the five runs.
+    # Given back off the runs' way, but given back: every upper of the five runs removed, or
+    # kept empty for the next spawn (the commands left `.git` alone: one, reused each time).
     assert await _git_uppers(ex) == []
+    assert len(ex._services.state._spare) == 1
     started = await ex.start(
         ex.resolve(BashExecRequest(command="sleep 30", workdir=str(workspace)))
     )
