@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
 from bash_sandbox.git_plane import MergeReport, merge_back
 from bash_sandbox.git_spawn import GitInspection, settle_git
+from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.cover_watch import CoverWatchError
 from bash_sandbox.linux.helper_client import helper_can_launch
 from bash_sandbox.linux.limits import LimitsPlan, LimitsSetupError
@@ -49,6 +51,7 @@ from bash_sandbox.linux.supervisor import (
     receive_listener,
 )
 from bash_sandbox.linux.write_watch import write_policy
+from bash_sandbox.loop_turns import give_way
 from bash_sandbox.mirrors import mirror_hint, mirror_hosts
 from bash_sandbox.services import SandboxServices
 from bash_sandbox.tool_env import confined_environment, tool_cache_home
@@ -121,7 +124,7 @@ class ConfinedSpawn(SpawnScope):
         self._loopback_refused: tuple[str, ...] | None = None
 
     @classmethod
-    def open(
+    async def open(
         cls,
         services: SandboxServices,
         spec: BashExecSpec,
@@ -137,22 +140,28 @@ class ConfinedSpawn(SpawnScope):
             if base.release is not None:
                 scope._stack.callback(base.release)
                 base = dataclasses.replace(base, release=None)
-            scope._acquire(base)
+            await scope._acquire(base)
         except BaseException:
             scope.close()
             raise
         return scope
 
-    def _acquire(self, base: SpawnPlan) -> None:
-        """Every stage, in order; each registers its own release where it acquires."""
+    async def _acquire(self, base: SpawnPlan) -> None:
+        """Every stage, in order; each registers its own release where it acquires. The
+        loop takes a turn between the survey, the environment and the plan (1-2 ms of work
+        each): the harness's own tasks wait for one of them, never the whole. The covers
+        are watched before the first turn, so a host change meanwhile still stops the
+        command."""
         self._check()
         self._add_cache_home()
         view = self._survey()
         view = self._watch_covers(view)
+        await give_way()
         self.grant = self._egress_grant()
         env = self._environment()
         self.limits = self._prepare_limits()
         listener_fd = self._supervisor_channel()
+        await give_way()
         self.plan = self._wrap(dataclasses.replace(base, env=env), view, listener_fd)
 
     # -- the stages ------------------------------------------------------------------------
@@ -299,6 +308,8 @@ class ConfinedSpawn(SpawnScope):
             from bash_sandbox.egress.credentials import share_bundle
 
             share_bundle(namespaces.tmp, scratch.domain)
+        # The helper builds the child's steps itself: only their calls are recorded here.
+        helper = services.spawn_helper() if sys.platform == "linux" else None
         ctx = BackendContext(
             sources=services.state.sources,
             view=view,
@@ -308,6 +319,7 @@ class ConfinedSpawn(SpawnScope):
             private_tmpdir=services.state.tmpdir_for(policy),
             listener_fd=listener_fd,
             limits=self.limits,
+            record_only=helper is not None,
         )
         confined = backend.wrap(policy, plan, ctx)
         if confined.release is not None:
@@ -318,7 +330,9 @@ class ConfinedSpawn(SpawnScope):
         if self._settings.degraded:
             self.warnings.append(self._settings.degraded)
         self.warnings += list(view.partial)
-        launcher = services.spawn_helper() if helper_can_launch(confined) else None
+        launcher = helper if helper is not None and helper_can_launch(confined) else None
+        if launcher is None and isinstance(confined.preexec_fn, ChildSetup):
+            confined = dataclasses.replace(confined, preexec_fn=confined.preexec_fn.materialized())
         if services.helper_failure is not None:
             self.warnings.append(f"{services.helper_failure}; spawned from the executor")
         # The stack owns the release; the plan that spawns carries none.

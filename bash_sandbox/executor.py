@@ -26,6 +26,7 @@ from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.confined_spawn import ConfinedSpawn, SpawnSettings
 from bash_sandbox.egress_guards import credential_files
 from bash_sandbox.errors import SandboxUnavailableError, ViewChangedError
+from bash_sandbox.loop_turns import LoopLock, give_way
 from bash_sandbox.publish import Publication, PublishError, open_publication
 from bash_sandbox.selection import BackendSelector, candidate_backends
 from bash_sandbox.services import SandboxServices
@@ -101,6 +102,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             cfg.probe_timeout_ms,
         )
         self._prepared: set[SandboxMode] = set()
+        self._turns = LoopLock()
 
     @property
     def sandbox_mode(self) -> SandboxMode:
@@ -183,14 +185,18 @@ class SandboxBashExecutor(LocalBashExecutor):
             hosts_file=cfg.hosts_file,
             collect_evidence=self._collect_evidence,
         )
-        return ConfinedSpawn.open(
-            self._services,
-            spec,
-            self._base_plan(spec),
-            policy=policy,
-            backend=backend,
-            settings=settings,
-        )
+        # One spawn prepares at a time, each half in a turn of its own (`loop_turns.py`):
+        # several ready at once would each run a half before the loop's other tasks did.
+        async with self._turns.lock():
+            await give_way()
+            return await ConfinedSpawn.open(
+                self._services,
+                spec,
+                self._base_plan(spec),
+                policy=policy,
+                backend=backend,
+                settings=settings,
+            )
 
     def _prepare(self, mode: SandboxMode) -> SandboxBackend:
         backend = self._selector.choose(mode)

@@ -70,6 +70,8 @@ class BackendContext:
     private_tmpdir: str = ""
     listener_fd: int = -1
     limits: LimitsPlan | None = None
+    # The spawn helper replays the child's steps: only their calls are recorded here.
+    record_only: bool = False
 
 
 @dataclass(frozen=True)

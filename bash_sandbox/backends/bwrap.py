@@ -242,7 +242,7 @@ class BwrapBackend(SandboxBackend):
         if ctx.namespaces is None or ctx.scratch is None:
             raise ValueError("bwrap confines commands inside the executor's namespaces")
         ops = render_mount_plan(policy, ctx.view, ctx.sources, private_tmp=ctx.scratch.tmp)
-        setup = ChildSetup()
+        setup = ChildSetup(record_only=ctx.record_only)
         join_executor(setup, policy, ctx)
         # bwrap runs as PID 1 of a PID namespace of our own, under a waiter: whatever happens
         # to bwrap, its whole tree dies with that namespace (bwrap's --die-with-parent leaves

@@ -197,7 +197,7 @@ def landlock_child_setup(
 ) -> ChildSetup:
     """Every pre-exec step of a Landlock-confined command, in order (module docstring);
     ``setattr``: the kernel has mount_setattr(2) (`view_steps`)."""
-    setup = ChildSetup()
+    setup = ChildSetup(record_only=ctx.record_only)
     join_executor(setup, policy, ctx)
     setup.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS)
     apply_view(setup, ctx, ops, mount_table, cwd=cwd, setattr=setattr)

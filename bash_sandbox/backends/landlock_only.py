@@ -141,7 +141,7 @@ class LandlockOnlyBackend(LandlockBackend):
             private_tmp=ctx.private_tmpdir,
         )
         rs = build_ruleset_fd(ruleset)
-        setup = ChildSetup()
+        setup = ChildSetup(record_only=ctx.record_only)
         join_executor(setup, policy, ctx)
         setup.drop_all_capabilities()
         setup.no_new_privs()

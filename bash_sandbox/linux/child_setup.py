@@ -218,6 +218,10 @@ def _recorded(
 
     @functools.wraps(method)
     def record(self: ChildSetup, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if self._record_only:
+            # Recorded only: the steps are built where they run (the spawn helper).
+            self._calls.append((method.__name__, args, dict(kwargs)))
+            return None  # type: ignore[return-value]  # every step method returns None
         outer, self._recording = self._recording, False
         if outer:
             self._calls.append((method.__name__, args, dict(kwargs)))
@@ -243,15 +247,33 @@ class ChildSetup:
     """An ordered list of syscalls for the child, with every argument already built.
 
     Keep references to every ctypes buffer here: the child reads them after fork.
+    ``record_only``: the step methods are recorded (`calls`) but no step is built, for a
+    setup the spawn helper replays; `materialized` builds them where this process forks.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, record_only: bool = False) -> None:
         self._lib = libc()
         self._steps: list[_Step] = []
         self._keep: list[object] = []
         self._report_fd = -1
         self._calls: list[StepCall] = []
         self._recording = True
+        self._record_only = record_only
+
+    @classmethod
+    def replay(cls, calls: tuple[StepCall, ...], report_fd: int) -> ChildSetup:
+        """A setup with its steps built from recorded ``calls`` (and its failure report)."""
+        setup = cls()
+        for name, args, kwargs in calls:
+            getattr(setup, name)(*args, **kwargs)
+        setup.report_failures_to(report_fd)
+        return setup
+
+    def materialized(self) -> ChildSetup:
+        """This setup, its steps built (a record-only one replayed here)."""
+        if not self._record_only:
+            return self
+        return ChildSetup.replay(self.calls(), self._report_fd)
 
     def calls(self) -> tuple[StepCall, ...]:
         """The step methods called, in order, as data (what the spawn helper replays)."""
@@ -271,7 +293,7 @@ class ChildSetup:
         return tuple(step.what.decode() for step in self._steps)
 
     def __bool__(self) -> bool:
-        return bool(self._steps)
+        return bool(self._steps or self._calls)
 
     def _add(
         self, what: str, fn: Callable[..., int], *args: object, ok: tuple[int, ...] = ()
@@ -567,7 +589,9 @@ class ChildSetup:
 
     # -- in the child ---------------------------------------------------------------
     def __call__(self) -> None:
-        for step in self._steps:
+        # A record-only setup forked from after all (a helper that died meanwhile): its
+        # steps are built here, in the child, before any runs.
+        for step in self.materialized()._steps:
             if step.fn(*step.args) == -1:
                 err = ctypes.get_errno()
                 if err not in step.ok_errnos:

@@ -110,10 +110,7 @@ class Helper:
     def spawn(self, request: Any, fds: list[int]) -> None:
         _, seq, _, _, _, _, _, calls, report_fd = request
         try:
-            setup = self.cs.ChildSetup()
-            for name, args, kwargs in calls:
-                getattr(setup, name)(*args, **kwargs)
-            setup.report_failures_to(report_fd)
+            setup = self.cs.ChildSetup.replay(calls, report_fd)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
         except Exception as exc:  # a request this helper cannot replay: nothing forked
             for fd in fds:

@@ -90,7 +90,8 @@ def no_cgroup_left_behind() -> Iterator[None]:
         for name in dirnames:
             match = _PARENT.fullmatch(name)
             dead = match is not None and not os.path.exists(f"/proc/{match.group(1)}")
-            if dead or name.startswith("limits-test-outer-"):
+            # Outer cgroups of this session only: another xdist worker's test may hold its own.
+            if dead or name in _OUTER_MADE:
                 left.append(os.path.join(dirpath, name))
     assert left == [], f"cgroups left behind: {left}"
 
@@ -174,6 +175,9 @@ def root_only() -> None:
         pytest.skip("needs root (cgroups)")
 
 
+_OUTER_MADE: set[str] = set()  # names of the outer cgroups this process made
+
+
 class OuterCgroup:
     """The root driver's outer bound: pids and memory cgroups made by the test itself."""
 
@@ -183,6 +187,7 @@ class OuterCgroup:
         if "pids" not in bases or "memory" not in bases:
             pytest.skip(f"no writable pids and memory cgroups here: {host.missing}")
         name = f"limits-test-outer-{secrets.token_hex(4)}"
+        _OUTER_MADE.add(name)
         self.dirs = [os.path.join(bases[c], name) for c in ("pids", "memory")]
         for d in self.dirs:
             os.mkdir(d)

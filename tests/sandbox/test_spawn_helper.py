@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import os
 import signal
@@ -145,6 +146,20 @@ def test_replayed_steps_are_the_same_steps(name: str, tmp_path: Path) -> None:
                 getattr(replay, method)(*args, **kwargs)
             assert len(setup.step_names()) > 20
             assert replay.step_names() == setup.step_names()
+            # Where the helper spawns, the harness records the calls and builds no step.
+            recorded = backend.wrap(
+                policy,
+                SpawnPlan(argv=("/bin/true",), env={}, cwd=ws),
+                dataclasses.replace(ctx, record_only=True),
+            )
+            try:
+                only = recorded.preexec_fn
+                assert isinstance(only, ChildSetup) and only.step_names() == ()
+                assert [c[0] for c in only.calls()] == [c[0] for c in setup.calls()]
+                assert only.materialized().step_names() == setup.step_names()
+            finally:
+                if recorded.release is not None:
+                    recorded.release()
         finally:
             if plan.release is not None:
                 plan.release()
