@@ -153,6 +153,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         ctypes.c_char_p,
     ]
     lib.bsf_rules_answer.restype = ctypes.c_int
+    lib.bsf_leads_elsewhere.argtypes = [ctypes.c_char_p]
+    lib.bsf_leads_elsewhere.restype = ctypes.c_int
 
 
 def answer(lib: ctypes.CDLL, policy: WritePolicy, path: str) -> bool | None:
@@ -164,3 +166,8 @@ def answer(lib: ctypes.CDLL, policy: WritePolicy, path: str) -> bool | None:
         blob, len(blob), int(policy.read_only), int(policy.view_mounts), os.fsencode(path)
     )
     return None if got < 0 else bool(got)
+
+
+def leads_elsewhere(lib: ctypes.CDLL, path: str) -> bool:
+    """The C side's `write_watch.leads_elsewhere` for ``path`` (for the tests)."""
+    return bool(lib.bsf_leads_elsewhere(os.fsencode(path)))

@@ -62,7 +62,9 @@ REASON_HELD_READ_ONLY = "held read-only inside a writable root"
 
 _SINKS = frozenset({"/dev/null", "/dev/zero", "/dev/full", "/dev/tty"})
 _SYS_OPENAT2 = 437
+_AT_FDCWD = -100
 _RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_IN_ROOT = 0x10
 _MAX_SYMLINKS = 40
 
@@ -187,8 +189,10 @@ class _OpenHow(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _openat2(dirfd: int, path: str, flags: int) -> int:
-    how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+def _openat2(
+    dirfd: int, path: str, flags: int, resolve: int = _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS
+) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, resolve)
     fd = int(
         _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
     )
@@ -196,6 +200,25 @@ def _openat2(dirfd: int, path: str, flags: int) -> int:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return fd
+
+
+def leads_elsewhere(path: str) -> bool:
+    """Whether ``path`` (inside a writable root) goes through a symbolic link, on its way or
+    as its last component: the kernel may refuse it where the lexical rules see a root (a
+    link to /etc), so it is judged. The host resolves it: inside a root the command's view
+    is the host's own tree. True where it cannot tell; False without openat2 (the lexical
+    rules alone, as before it). The C fast path's `bsf_leads_elsewhere`, line for line."""
+    head, _, base = path.rpartition("/")
+    try:
+        fd = _openat2(_AT_FDCWD, head or "/", os.O_PATH | os.O_DIRECTORY, _RESOLVE_NO_SYMLINKS)
+    except OSError as exc:
+        return exc.errno != errno.ENOSYS
+    try:
+        return bool(base) and stat.S_ISLNK(os.stat(base, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def capture(
@@ -222,7 +245,7 @@ def capture(
         if path is None:
             return None
         paths.append(path)
-    if all(policy.surely_writable(p) for p in paths):
+    if all(policy.surely_writable(p) and not _through_link(p, policy) for p in paths):
         return None
     try:
         root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -233,6 +256,10 @@ def capture(
         return None
     flags = args[call.flags] if call.flags is not None else O_CREAT | O_WRONLY | O_TRUNC
     return Captured(call, pid, root, tuple(paths), flags)
+
+
+def _through_link(path: str, policy: WritePolicy) -> bool:
+    return any(within(path, r) for r in policy.roots) and leads_elsewhere(path)
 
 
 def _read_only(fd: int) -> bool:
@@ -420,6 +447,12 @@ def judge(captured: Captured, policy: WritePolicy) -> SandboxDenial | None:
     if not refused or _is_helper(captured.pid, policy):
         return None
     target = captured.paths[-1] if captured.call.write in ("rename", "link") else captured.paths[0]
+    if any(within(target, r) for r in policy.roots):
+        # Through a link inside a root (host and view agree there): where it really led. A
+        # call that does not follow its last component (unlink, rename) names the link.
+        follows = captured.call.write in ("open", "truncate") and not captured.flags & O_NOFOLLOW
+        head, base = os.path.split(target)
+        target = os.path.realpath(target) if follows else os.path.join(os.path.realpath(head), base)
     operation = operation_name(captured.call)
     return SandboxDenial(
         kind=DenialKind.FILE_WRITE,

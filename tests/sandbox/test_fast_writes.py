@@ -14,7 +14,9 @@ import contextlib
 import itertools
 import os
 import random
+import shutil
 import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ import pytest
 
 from bash_sandbox.linux import fast_writes, supervisor
 from bash_sandbox.linux.binaries import system_binary
-from bash_sandbox.linux.write_watch import REASON_OUTSIDE_ROOTS, WritePolicy
+from bash_sandbox.linux.write_watch import REASON_OUTSIDE_ROOTS, WritePolicy, leads_elsewhere
 from bash_seam import BashExecRequest, BashRunResult, DenialEvidence, DenialKind
 from tests.sandbox.conftest import ExecutorFactory
 
@@ -110,6 +112,70 @@ def test_rules_the_c_side_cannot_hold_are_left_to_python(lib: fast_writes.ctypes
     assert lib.bsf_rules_answer(blob, len(blob), 0, 0, b"/w/1/x") == -1
     fitting = b"".join(os.fsencode(root) + b"\0" for root in too_many[:-1]) + b"\0" * 5
     assert lib.bsf_rules_answer(fitting, len(fitting), 0, 0, b"/w/1/x") == 1
+
+
+def test_the_c_side_sees_links_as_the_python_side(
+    lib: fast_writes.ctypes.CDLL, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ws = tmp_path / "ws"
+    (ws / "real" / "deep").mkdir(parents=True)
+    (ws / "file").write_text("")
+    (ws / "link").symlink_to(outside / "x")
+    (ws / "dirlink").symlink_to(outside)
+    (ws / "inner").symlink_to(ws / "real")
+    cases = {
+        ws / "file": False,
+        ws / "new": False,
+        ws / "real" / "deep" / "new": False,
+        ws / "link": True,  # the last component is a link
+        ws / "dirlink" / "y": True,  # a link on the way
+        ws / "inner" / "deep" / "z": True,  # judged even when it stays inside (only slower)
+        ws / "missing" / "x": True,  # cannot tell: judged
+        Path("/"): False,
+    }
+    for path, expected in cases.items():
+        assert leads_elsewhere(str(path)) is expected, path
+        assert fast_writes.leads_elsewhere(lib, str(path)) is expected, path
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "python-only"])
+async def test_a_write_through_a_link_out_of_the_root_is_a_denial(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fast: bool,
+    lib: fast_writes.ctypes.CDLL,
+) -> None:
+    monkeypatch.setattr(fast_writes, "ENABLED", fast)
+    # Outside /tmp (the view's /tmp is private): the host's own directory, read-only there.
+    outside = Path(tempfile.mkdtemp(prefix="bsf-link-", dir="/var/tmp"))
+    try:
+        (workspace / "link").symlink_to(outside / "x")
+        (workspace / "dirlink").symlink_to(outside)
+        (workspace / "real").mkdir()
+        (workspace / "inner").symlink_to(workspace / "real")
+        ex = make_executor(mode="workspace-write")
+        command = (
+            "echo x > link; echo y > dirlink/y; echo z > inner/z; "
+            f"ln -s {outside}/w made; echo w > made; true"
+        )
+        result = await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workspace))))
+        assert result.exit_code == 0, result.stderr.text
+        assert list(outside.iterdir()) == []  # nothing written there, from the host's side
+        assert (workspace / "real" / "z").read_text() == "z\n"  # a link inside still works
+        denials = _write_denials(result)
+        written = {str(outside / name) for name in ("x", "y", "w")}
+        assert written <= denials, denials
+        assert str(workspace / "real" / "z") not in denials
+        assert all(
+            d.reason == REASON_OUTSIDE_ROOTS
+            for d in (result.sandbox.denials if result.sandbox else ())
+            if d.target in written
+        )
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
 
 
 class _Counting:

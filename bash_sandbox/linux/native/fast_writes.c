@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/seccomp.h>
 #include <poll.h>
 #include <pthread.h>
@@ -23,6 +24,8 @@
 #include <time.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -34,6 +37,12 @@
 /* Linux 6.6 (older headers lack them; older kernels refuse the ioctl, which is harmless). */
 #define BSF_NOTIF_SET_FLAGS _IOW('!', 4, uint64_t)
 #define BSF_SYNC_WAKE_UP 1ULL
+/* openat2(2) (Linux 5.6; older headers lack it). */
+#define BSF_SYS_OPENAT2 437
+#define BSF_RESOLVE_NO_SYMLINKS 0x04
+struct bsf_open_how {
+    uint64_t flags, mode, resolve;
+};
 /* Traps in a row from one process before wake-ups turn synchronous (see bsf_serve). */
 #define BSF_SYNC_STREAK 8
 
@@ -219,6 +228,31 @@ static int absolute(pid_t pid, int dirfd, const char *name, char *out) {
 
 static int signed_int(uint64_t value) { return (int)(int32_t)(uint32_t)value; }
 
+/* `write_watch.leads_elsewhere`, line for line: whether ``path`` (inside a writable root)
+ * goes through a symbolic link, on its way or as its last component, so that the kernel
+ * may refuse it where the lexical rules see a root. The host resolves it: inside a root the
+ * command's view is the host's own tree. 1 where it cannot tell (a missing directory on the
+ * way); 0 without openat2 (the lexical rules alone, as before it). */
+int bsf_leads_elsewhere(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL)
+        return 1;
+    char parent[BSF_PATH_MAX];
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    if (n >= sizeof parent)
+        return 1;
+    memcpy(parent, path, n);
+    parent[n] = 0;
+    struct bsf_open_how how = {O_PATH | O_DIRECTORY | O_CLOEXEC, 0, BSF_RESOLVE_NO_SYMLINKS};
+    int fd = (int)syscall(BSF_SYS_OPENAT2, AT_FDCWD, parent, &how, sizeof how);
+    if (fd < 0)
+        return errno == ENOSYS ? 0 : 1;
+    struct stat st;
+    int link = slash[1] && !fstatat(fd, slash + 1, &st, AT_SYMLINK_NOFOLLOW) && S_ISLNK(st.st_mode);
+    close(fd);
+    return link;
+}
+
 static int path_surely_writable(const struct bsf_rules *r, const struct seccomp_notif *n,
                                 int path_index, int dirfd_index) {
     char raw[BSF_PATH_MAX], path[BSF_PATH_MAX];
@@ -229,7 +263,9 @@ static int path_surely_writable(const struct bsf_rules *r, const struct seccomp_
         return 0;
     if (absolute((pid_t)n->pid, dirfd, raw, path) < 0)
         return 0;
-    return bsf_surely_writable(r, path);
+    if (!bsf_surely_writable(r, path))
+        return 0;
+    return !(within_list(r, ROOTS, path) && bsf_leads_elsewhere(path));
 }
 
 /* Whether the Python supervisor would let this call through without judging it. */
