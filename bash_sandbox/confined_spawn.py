@@ -147,20 +147,21 @@ class ConfinedSpawn(SpawnScope):
         return scope
 
     async def _acquire(self, base: SpawnPlan) -> None:
-        """Every stage, in order; each registers its own release where it acquires. The
-        loop takes a turn between the survey, the environment and the plan (1-2 ms of work
-        each): the harness's own tasks wait for one of them, never the whole. The covers
-        are watched before the first turn, so a host change meanwhile still stops the
-        command."""
+        """Every stage, in order; each registers its own release where it acquires. What
+        does not depend on the host's view comes first; the loop takes a turn before the
+        survey and another before the plan (0.5-1.5 ms of work each), so the harness's own
+        tasks wait for one part, never the whole. A covered path that vanishes meanwhile
+        fails the spawn before anything ran (`ViewChangedError`, looked at again); one
+        replaced meanwhile is seen by the cover watch, which stops the command."""
         self._check()
         self._add_cache_home()
-        view = self._survey()
-        view = self._watch_covers(view)
-        await give_way()
         self.grant = self._egress_grant()
         env = self._environment()
         self.limits = self._prepare_limits()
         listener_fd = self._supervisor_channel()
+        await give_way()
+        view = self._survey()
+        view = self._watch_covers(view)
         await give_way()
         self.plan = self._wrap(dataclasses.replace(base, env=env), view, listener_fd)
 

@@ -59,6 +59,10 @@ class _DangerSpawn(UnconfinedSpawn):
         )
 
 
+# Views taken per run when a covered path keeps vanishing before the mount (executors closing).
+_VIEW_ATTEMPTS = 3
+
+
 class SandboxBashExecutor(LocalBashExecutor):
     """Confines every command under the configured (or per-request) policy."""
 
@@ -185,8 +189,8 @@ class SandboxBashExecutor(LocalBashExecutor):
             hosts_file=cfg.hosts_file,
             collect_evidence=self._collect_evidence,
         )
-        # One spawn prepares at a time, each half in a turn of its own (`loop_turns.py`):
-        # several ready at once would each run a half before the loop's other tasks did.
+        # One spawn prepares at a time, in turns (`loop_turns.py`): several ready at once
+        # would each run their work before the loop's other tasks did.
         async with self._turns.lock():
             await give_way()
             return await ConfinedSpawn.open(
@@ -207,12 +211,16 @@ class SandboxBashExecutor(LocalBashExecutor):
         self, spec: BashExecSpec, *, on_output: OutputListener | None = None
     ) -> BashRunResult:
         try:
-            try:
-                return await super().run(spec, on_output=on_output)
-            except ViewChangedError:
-                # A path the view covers vanished between the survey and the child's mount
-                # (another executor's spill dir removed meanwhile): nothing ran; look again.
-                return await super().run(spec, on_output=on_output)
+            for attempt in range(_VIEW_ATTEMPTS):
+                try:
+                    return await super().run(spec, on_output=on_output)
+                except ViewChangedError:
+                    # A path the view covers vanished between the survey and the child's
+                    # mount (another executor's spill dir removed meanwhile): nothing ran;
+                    # look again.
+                    if attempt == _VIEW_ATTEMPTS - 1:
+                        raise
+            raise AssertionError("not reached")
         except SandboxUnavailableError:
             self._selector.distrust_cached()  # if a cached verdict chose the backend
             raise

@@ -21,6 +21,7 @@ from bash_sandbox.cache_domains import cache_top, ensure_cache_base
 from bash_sandbox.git_discovery import DotGitSearch
 from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
 from bash_sandbox.git_spawn import GitInspection, inspect_git
+from bash_sandbox.placeholder_stash import STASH_DIR
 from bash_sandbox.placeholders import Placeholders
 from bash_sandbox.state import ExecutorState
 from bash_sandbox.view import GitOverlay, HostView
@@ -36,7 +37,7 @@ class HostSurvey:
     def __init__(self, state: ExecutorState, search: DotGitSearch) -> None:
         self._state = state
         self.search = search
-        self._placeholders = Placeholders()
+        self._placeholders = Placeholders(stash=os.path.join(state.path, STASH_DIR))
         self._shadows = ShadowCache()
         self._known_dotgits: dict[str, None] = {}
 

@@ -4,9 +4,10 @@ A spawn in a writable root makes a directory placeholder for each missing auto-r
 by default) and removes them after the command. On a filesystem mounted with `discard` (as
 virtual machines' disks often are) `rmdir` frees the directory's block and waits for the
 device: 70 us each here, against 10 us for a rename. So a released placeholder is renamed
-into this uid's private stash (`<base>/placeholder-stash`, 0700) and the next placeholder is
-renamed out of it, both with `RENAME_NOREPLACE`, never over an existing name. The stash is
-used only under the placeholder ledger's lock (`placeholders.py`), so one process at a time.
+into the executor's private stash (`<state>/placeholder-stash`, 0700, gone with the executor)
+and the next placeholder is renamed out of it, both with `RENAME_NOREPLACE`, never over an
+existing name. The stash is used only under the placeholder ledger's lock
+(`placeholders.py`), so one process at a time.
 
 A stash entry moves into the workspace with its mtime set to the ledger's intent time, so a
 kill between the move and the ledger's record is recognised as ours (`placeholders._untouched`).
@@ -56,10 +57,10 @@ def move_noreplace(src: str, dst: str) -> None:
 
 
 class Stash:
-    """This uid's stash, for one ledger transaction."""
+    """One executor's stash (the directory ``path``), for one ledger transaction."""
 
-    def __init__(self, base: str) -> None:
-        self.path = os.path.join(base, STASH_DIR)
+    def __init__(self, path: str) -> None:
+        self.path = path
         self._names: list[str] | None = None
         self._device: int | None = None
 

@@ -81,11 +81,11 @@ def _write(fd: int, data: dict[str, dict[str, object]]) -> None:
 class _Ledger:
     """The ledger's entries while its lock is held; `flush` makes them durable now."""
 
-    def __init__(self, fd: int, entries: dict[str, dict[str, object]], base: str) -> None:
+    def __init__(self, fd: int, entries: dict[str, dict[str, object]], stash: str | None) -> None:
         self.fd = fd
         self.entries = entries
         self.alive: dict[str, bool] = {}
-        self.stash = Stash(base)
+        self.stash = Stash(stash) if stash is not None else None
 
     def holders(self, entry: dict[str, object]) -> list[str]:
         """The entry's holders that are still alive."""
@@ -98,13 +98,15 @@ class _Ledger:
 
 
 @contextlib.contextmanager
-def _ledger(base: str | None = None, *, create: bool = True) -> Iterator[_Ledger]:
+def _ledger(
+    base: str | None = None, *, create: bool = True, stash: str | None = None
+) -> Iterator[_Ledger]:
     base = base or user_base_dir()
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     fd = os.open(os.path.join(base, _LEDGER), flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        ledger = _Ledger(fd, _read(fd), base)
+        ledger = _Ledger(fd, _read(fd), stash)
         before = json.dumps(ledger.entries, sort_keys=True)
         _sweep_dead(ledger)
         yield ledger
@@ -150,7 +152,7 @@ def _remove(path: str, entry: dict[str, object], ledger: _Ledger) -> None:
         with contextlib.suppress(OSError):
             if not entry.get("dir"):
                 os.unlink(path)
-            elif not ledger.stash.put(path):
+            elif ledger.stash is None or not ledger.stash.put(path):
                 os.rmdir(path)
             _moved_parent(path, ledger.entries)
 
@@ -195,9 +197,12 @@ def sweep(base: str | None = None) -> None:
 class Placeholders:
     """The placeholders one executor holds (released per spawn, all of them at close)."""
 
-    def __init__(self, base: str | None = None) -> None:
+    def __init__(self, base: str | None = None, stash: str | None = None) -> None:
+        """``stash``: a private directory (the executor's state) where released placeholder
+        directories wait for the next spawn (`placeholder_stash.py`); None: made and removed."""
         self._me = _process_id(os.getpid())
         self._base = base
+        self._stash = stash
         # Whatever a killed executor left: removed before this one makes any of its own.
         with contextlib.suppress(OSError):
             sweep(base)
@@ -214,7 +219,7 @@ class Placeholders:
         existing path is held only when it is a placeholder the ledger knows (another
         command's); any other existing name is not ours and is left out."""
         held: list[str] = []
-        with _ledger(self._base) as ledger:
+        with _ledger(self._base, stash=self._stash) as ledger:
             new: list[tuple[str, bool, dict[str, object], int]] = []
             for path, is_dir in wanted:
                 entry = ledger.entries.get(path)
@@ -235,7 +240,8 @@ class Placeholders:
             for path, is_dir, entry, intent in new:
                 try:
                     os.makedirs(os.path.dirname(path), exist_ok=True)
-                    if is_dir and not ledger.stash.take(path, intent):
+                    stash = ledger.stash
+                    if is_dir and (stash is None or not stash.take(path, intent)):
                         os.mkdir(path, 0o755)
                     elif not is_dir:
                         flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW
@@ -262,7 +268,7 @@ class Placeholders:
 
     def release_all(self, paths: Iterable[str]) -> None:
         """`release` for each path, in one ledger transaction."""
-        with _ledger(self._base) as ledger:
+        with _ledger(self._base, stash=self._stash) as ledger:
             for path in paths:
                 self._drop(ledger, path)
 

@@ -8,10 +8,12 @@ import dataclasses
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
+from bash_sandbox.confined_spawn import ConfinedSpawn
 from bash_seam import BashExecRequest, BashRunResult
 from policies import SandboxPolicy, sandbox_denial_marker
 from tests.facts.evidence import WRITE_INTENT_WITNESSED, file_refusal_reported
@@ -771,6 +773,33 @@ async def test_every_mount_of_the_view_is_nosuid_and_nodev_but_dev_itself(
             assert "nodev" in options, (point, flags)
 
 
+async def test_a_view_that_keeps_changing_is_looked_at_three_times_then_refused(
+    make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each view names the covered directory; each time it is gone before the mount (and
+    # back for the next survey). Nothing runs; the run fails after three views.
+    doomed = workspace / "doomed"
+    ex = make_executor(mode="workspace-write", deny_read=(str(doomed),))
+    real_survey, real_wrap = ConfinedSpawn._survey, ConfinedSpawn._wrap
+    views: list[str] = []
+
+    def survey_with_it(scope: ConfinedSpawn, *args: Any, **kw: Any) -> Any:
+        doomed.mkdir(exist_ok=True)
+        return real_survey(scope, *args, **kw)
+
+    def remove_then_wrap(scope: ConfinedSpawn, *args: Any, **kw: Any) -> Any:
+        views.append("view")
+        doomed.rmdir()
+        return real_wrap(scope, *args, **kw)
+
+    monkeypatch.setattr(ConfinedSpawn, "_survey", survey_with_it)
+    monkeypatch.setattr(ConfinedSpawn, "_wrap", remove_then_wrap)
+    with pytest.raises(SandboxUnavailableError):
+        await _run(ex, "echo ran > marker", workspace)
+    assert views == ["view"] * 3
+    assert not (workspace / "marker").exists()
+
+
 async def test_a_covered_directory_that_vanishes_before_the_mount_is_looked_at_again(
     make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -779,16 +808,16 @@ async def test_a_covered_directory_that_vanishes_before_the_mount_is_looked_at_a
     doomed = workspace / "doomed"
     doomed.mkdir()
     ex = make_executor(mode="workspace-write", deny_read=(str(doomed),))
-    real_prepare = ex._services.limits.prepare
+    real_wrap = ConfinedSpawn._wrap
     calls: list[str] = []
 
-    def prepare_then_remove(*args: object, **kw: object) -> object:
+    def remove_then_wrap(scope: ConfinedSpawn, *args: Any, **kw: Any) -> Any:
         calls.append("prepare")
         if doomed.exists():
             doomed.rmdir()  # after the view named it, before the child mounts over it
-        return real_prepare(*args, **kw)  # type: ignore[arg-type]
+        return real_wrap(scope, *args, **kw)
 
-    monkeypatch.setattr(ex._services.limits, "prepare", prepare_then_remove)
+    monkeypatch.setattr(ConfinedSpawn, "_wrap", remove_then_wrap)
     result = await _run(ex, "echo ran > marker", workspace)
     assert result.exit_code == 0, result.stderr.text
     assert (workspace / "marker").read_text() == "ran\n"

@@ -100,9 +100,10 @@ async def test_concurrent_spawns_prepare_one_stage_per_turn(
     await ticker
     assert [r.exit_code for r in results] == [0, 0, 0, 0]
     stages = [i for i, entry in enumerate(log) if entry != "tick"]
-    assert len(stages) == 12
+    names = [log[i].split(":")[1] for i in stages]
+    assert names == ["_environment", "_survey", "_wrap"] * 4, names
     for a, b in itertools.pairwise(stages):
-        assert "tick" in log[a + 1 : b], log[a : b + 1]  # the loop ran between any two
+        assert "tick" in log[a + 1 : b], log[a : b + 1]  # the loop took a turn in between
     # One spawn at a time: each spawn's three stages come together.
     owners = [log[i].split(":")[0] for i in stages]
     assert all(owners[i] == owners[i + 1] == owners[i + 2] for i in range(0, 12, 3))

@@ -1,4 +1,4 @@
-"""Placeholder directories moved in and out of the workspace through this uid's stash
+"""Placeholder directories moved in and out of the workspace through the executor's stash
 (`placeholder_stash.py`): reused, bounded, never handing out or keeping what anyone wrote,
 recognised after a kill, and made and removed as before where a rename cannot serve. Each
 checked on the host's files."""
@@ -23,9 +23,11 @@ DEAD = "999999999:1"  # a holder no process is
 
 @pytest.fixture
 def base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """This test's own per-user base (ledger and stash), on the workspace's filesystem."""
+    """This test's own per-user base (the ledger), and an executor's state directory (the
+    stash), both on the workspace's filesystem."""
     path = tmp_path / "base"
     path.mkdir()
+    (tmp_path / "state").mkdir(mode=0o700)
     monkeypatch.setattr(tempfile, "tempdir", str(path))
     monkeypatch.setenv("TMPDIR", str(path))
     return path
@@ -39,7 +41,12 @@ def ws(tmp_path: Path) -> Path:
 
 
 def stash_of(base: Path) -> Path:
-    return base / f"bash-sandbox-{os.geteuid()}" / STASH_DIR
+    return base.parent / "state" / STASH_DIR
+
+
+def holder_of(base: Path) -> Placeholders:
+    """An executor's placeholders, its stash in its state directory."""
+    return Placeholders(stash=str(stash_of(base)))
 
 
 def names(ws: Path, count: int) -> list[tuple[str, bool]]:
@@ -47,7 +54,7 @@ def names(ws: Path, count: int) -> list[tuple[str, bool]]:
 
 
 def test_released_placeholders_are_stashed_and_reused(base: Path, ws: Path) -> None:
-    holder = Placeholders()
+    holder = holder_of(base)
     wanted = names(ws, 3)
     held = holder.acquire_all(wanted)
     first = {os.lstat(p).st_ino for p in held}
@@ -65,7 +72,7 @@ def test_released_placeholders_are_stashed_and_reused(base: Path, ws: Path) -> N
 
 
 def test_the_stash_keeps_a_bounded_number(base: Path, ws: Path) -> None:
-    holder = Placeholders()
+    holder = holder_of(base)
     held = holder.acquire_all(names(ws, STASH_MAX + 6))
     holder.release_all(held)
     assert os.listdir(ws) == []
@@ -73,11 +80,11 @@ def test_the_stash_keeps_a_bounded_number(base: Path, ws: Path) -> None:
 
 
 def test_a_kill_after_a_directory_moved_in_is_recognised_as_ours(base: Path, ws: Path) -> None:
-    holder = Placeholders()
+    holder = holder_of(base)
     holder.release_all(holder.acquire_all(names(ws, 1)))  # one directory in the stash
     ours, users = ws / ".envrc", ws / ".vscode"
     intent = 1_700_000_000_123_456_789
-    with _ledger() as ledger:
+    with _ledger(stash=str(stash_of(base))) as ledger:
         # Killed after the move, before the ledger recorded what it moved in.
         for path in (ours, users):
             ledger.entries[str(path)] = {"dir": True, "holders": [DEAD], "intent_ns": intent}
@@ -96,7 +103,7 @@ def test_a_kill_after_a_directory_moved_in_is_recognised_as_ours(base: Path, ws:
 def test_a_file_written_in_as_the_placeholder_moves_out_is_given_back(
     base: Path, ws: Path, monkeypatch: pytest.MonkeyPatch, name_made_meanwhile: bool
 ) -> None:
-    holder = Placeholders()
+    holder = holder_of(base)
     held = holder.acquire_all(names(ws, 1))
     placeholder = Path(held[0])
     real = placeholder_stash.move_noreplace
@@ -124,7 +131,7 @@ def test_a_file_written_in_as_the_placeholder_moves_out_is_given_back(
 
 
 def test_a_stash_entry_with_something_in_it_is_never_handed_out(base: Path, ws: Path) -> None:
-    holder = Placeholders()
+    holder = holder_of(base)
     holder.release_all(holder.acquire_all(names(ws, 2)))
     stash = stash_of(base)
     dirty = stash / sorted(os.listdir(stash))[0]
@@ -139,9 +146,8 @@ def test_a_stash_that_is_a_symlink_is_not_used(base: Path, ws: Path, tmp_path: P
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     stash = stash_of(base)
-    stash.parent.mkdir(mode=0o700, exist_ok=True)
     stash.symlink_to(elsewhere)
-    holder = Placeholders()
+    holder = holder_of(base)
     holder.release_all(holder.acquire_all(names(ws, 2)))
     assert os.listdir(ws) == [] and os.listdir(elsewhere) == []
 
@@ -164,24 +170,23 @@ def other_filesystem(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_on_another_filesystem_placeholders_are_made_and_removed(
-    other_filesystem: Path, ws: Path, monkeypatch: pytest.MonkeyPatch
+    base: Path, other_filesystem: Path, ws: Path
 ) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(other_filesystem))
-    holder = Placeholders()
+    holder = Placeholders(stash=str(other_filesystem / STASH_DIR))
     wanted = names(ws, 3)
     for _ in range(2):
         held = holder.acquire_all(wanted)
         assert sorted(held) == sorted(p for p, _ in wanted)
         holder.release_all(held)
         assert os.listdir(ws) == []
-    assert os.listdir(other_filesystem / f"bash-sandbox-{os.geteuid()}" / STASH_DIR) == []
+    assert os.listdir(other_filesystem / STASH_DIR) == []
 
 
 def test_a_name_made_before_the_move_in_is_never_replaced(base: Path, ws: Path) -> None:
-    holder = Placeholders()
+    holder = holder_of(base)
     holder.release_all(holder.acquire_all(names(ws, 1)))
     users = ws / ".idea"
     users.mkdir()  # empty: a plain rename would replace it
-    with _ledger() as ledger, pytest.raises(FileExistsError):
+    with _ledger(stash=str(stash_of(base))) as ledger, pytest.raises(FileExistsError):
         ledger.stash.take(str(users), 1)
     assert users.is_dir() and len(os.listdir(stash_of(base))) == 1
