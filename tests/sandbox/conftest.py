@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,20 @@ async def make_executor(backend: str, workspace: Path) -> AsyncIterator[Executor
     yield factory
     for ex in made:
         await ex.aclose()
+
+
+def private_tmpfs(path: Path, size: str = "64m") -> Iterator[Path]:
+    """A tmpfs of this test's own at ``path`` (another filesystem than the test's tmp), for a
+    fixture to `yield from`; unmounted after. Skips where no tmpfs can be mounted."""
+    path.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr!r}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -24,6 +24,7 @@ from bash_sandbox.git_import import (
     recover,
 )
 from bash_seam import GitImportStatus
+from tests.sandbox.conftest import private_tmpfs
 from tests.sandbox.git_import_harness import Overlay, fsck_clean, host_git, make_repo, reachable
 
 # A commit on a new branch the command switches to, a staged file, a message file.
@@ -33,27 +34,12 @@ COMMAND = (
 )
 
 
-def _tmpfs(path: Path) -> Iterator[Path]:
-    path.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(path)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr!r}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 @pytest.fixture(params=["ext4", "tmpfs"])
 def state_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
     if request.param == "ext4":
         yield tmp_path / "state"
     else:
-        yield from _tmpfs(tmp_path / "state-tmpfs")
+        yield from private_tmpfs(tmp_path / "state-tmpfs")
 
 
 def _command_commit(ov: Overlay) -> str:

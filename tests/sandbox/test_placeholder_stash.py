@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,9 @@ import pytest
 from bash_sandbox import placeholder_stash
 from bash_sandbox.placeholder_stash import STASH_DIR, STASH_MAX
 from bash_sandbox.placeholders import Placeholders, _ledger
+from bash_seam import BashExecRequest
+from policies.autorun import AUTORUN_PATHS
+from tests.sandbox.conftest import ExecutorFactory, private_tmpfs
 
 DEAD = "999999999:1"  # a holder no process is
 
@@ -154,19 +156,7 @@ def test_a_stash_that_is_a_symlink_is_not_used(base: Path, ws: Path, tmp_path: P
 
 @pytest.fixture
 def other_filesystem(tmp_path: Path) -> Iterator[Path]:
-    path = tmp_path / "other-fs"
-    path.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(path)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr!r}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
+    yield from private_tmpfs(tmp_path / "other-fs", "1m")
 
 
 def test_on_another_filesystem_placeholders_are_made_and_removed(
@@ -190,3 +180,24 @@ def test_a_name_made_before_the_move_in_is_never_replaced(base: Path, ws: Path) 
     with _ledger(stash=str(stash_of(base))) as ledger, pytest.raises(FileExistsError):
         ledger.stash.take(str(users), 1)
     assert users.is_dir() and len(os.listdir(stash_of(base))) == 1
+
+
+async def test_an_executors_stash_serves_its_spawns_and_goes_with_it(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    ex = make_executor(mode="workspace-write")
+    stash = Path(ex._services.state.path) / STASH_DIR
+    spec = ex.resolve(
+        BashExecRequest(command="test -d .envrc && echo held", workdir=str(workspace))
+    )
+    first = await ex.run(spec)
+    assert first.stdout.text == "held\n", first.stderr.text
+    assert os.listdir(workspace) == []  # every placeholder gone from the host's workspace
+    kept = {entry.inode() for entry in os.scandir(stash)}
+    assert len(kept) == len(AUTORUN_PATHS)
+    second = await ex.run(spec)
+    assert second.stdout.text == "held\n", second.stderr.text
+    assert os.listdir(workspace) == []
+    assert {entry.inode() for entry in os.scandir(stash)} == kept  # moved in and out again
+    await ex.aclose()
+    assert not stash.exists()  # nothing of the executor stays
