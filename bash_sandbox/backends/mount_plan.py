@@ -123,7 +123,11 @@ def render_mount_plan(
             # overlay mounted there, so it is bound back writable (writes stay in its upper).
             ops.append(MountOp("bind", o.gitdir, o.gitdir, writable=True))
     ops += [MountOp("bind", p, p) for p in view.protect]
-    ops += [MountOp("bind", p, sources.deny_dir) for p in view.deny_dirs]
+    # The executors' own private directories (another executor's spill dir): one removed
+    # before the mount (that executor closed) has nothing left to hide, so its cover is
+    # skipped rather than failing the spawn. The user's deny_read covers are never skipped.
+    hidden = frozenset(view.hidden)
+    ops += [MountOp("bind", p, sources.deny_dir, optional=p in hidden) for p in view.deny_dirs]
     ops += [MountOp("bind", p, sources.deny_file) for p in view.deny_files]
     return tuple(ops)
 

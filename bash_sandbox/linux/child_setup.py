@@ -352,8 +352,8 @@ class ChildSetup:
 
     @_recorded
     def bind_read_only(self, source: str, target: str, *, optional: bool = False) -> None:
-        """A read-only bind; ``optional``: a source that vanished is skipped (and so is the
-        remount, which then finds no mount of its own at ``target``)."""
+        """A read-only bind; ``optional``: a source or target that vanished is skipped (and
+        so is the remount, which then finds no mount of its own at ``target``, or nothing)."""
         src, dst = self._buf(source.encode()), self._buf(target.encode())
         missing = (ENOENT,) if optional else ()
         flags = MS_BIND | MS_REC
@@ -367,7 +367,7 @@ class ChildSetup:
             None,
             remount,
             None,
-            ok=(EINVAL,) if optional else (),
+            ok=(EINVAL, ENOENT) if optional else (),
         )
 
     @_recorded
@@ -375,7 +375,8 @@ class ChildSetup:
         self, source: str, target: str, *, recursive: bool = False, optional: bool = False
     ) -> None:
         """A bind with the source mount's flags; onto itself it pins a directory (mount
-        points cannot be renamed). ``optional``: a source that vanished is skipped."""
+        points cannot be renamed). ``optional``: a source or target that vanished is
+        skipped."""
         src, dst = self._buf(source.encode()), self._buf(target.encode())
         flags = MS_BIND | (MS_REC if recursive else 0)
         missing = (ENOENT,) if optional else ()

@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bash_local.userdir import register_spill_parent
 from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
 from bash_sandbox.confined_spawn import ConfinedSpawn
 from bash_seam import BashExecRequest, BashRunResult
@@ -822,3 +825,39 @@ async def test_a_covered_directory_that_vanishes_before_the_mount_is_looked_at_a
     assert result.exit_code == 0, result.stderr.text
     assert (workspace / "marker").read_text() == "ran\n"
     assert calls == ["prepare", "prepare"]  # the first spawn was refused, the retry ran
+
+
+async def test_another_executors_spill_dir_removed_before_the_mount_fails_nothing(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Another executor's custom spill dir is hidden from every command; when that executor
+    # closes between the survey and the child's mount, the dir has nothing left to hide: the
+    # spawn goes on (one view, no retry) rather than failing.
+    base = tmp_path / "base"
+    base.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    monkeypatch.setenv("TMPDIR", str(base))
+    spill = Path(tempfile.mkdtemp(prefix="bsx-spill-", dir="/var/tmp"))  # seen unless hidden
+    try:
+        register_spill_parent(str(spill))
+        ex = make_executor(mode="workspace-write")
+        real_wrap = ConfinedSpawn._wrap
+        views: list[str] = []
+
+        def remove_then_wrap(scope: ConfinedSpawn, *args: Any, **kw: Any) -> Any:
+            views.append("view")
+            if spill.exists():
+                spill.rmdir()  # the other executor closed
+            return real_wrap(scope, *args, **kw)
+
+        monkeypatch.setattr(ConfinedSpawn, "_wrap", remove_then_wrap)
+        result = await _run(ex, f"echo ran > marker; ls {spill} 2>&1; true", workspace)
+        assert result.exit_code == 0, result.stderr.text
+        assert (workspace / "marker").read_text() == "ran\n"
+        assert views == ["view"]
+        assert "No such file" in result.stdout.text  # gone for the command too
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
