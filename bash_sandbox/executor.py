@@ -211,16 +211,14 @@ class SandboxBashExecutor(LocalBashExecutor):
         self, spec: BashExecSpec, *, on_output: OutputListener | None = None
     ) -> BashRunResult:
         try:
-            for attempt in range(_VIEW_ATTEMPTS):
+            for _ in range(_VIEW_ATTEMPTS - 1):
                 try:
                     return await super().run(spec, on_output=on_output)
                 except ViewChangedError:
                     # A path the view covers vanished between the survey and the child's
-                    # mount (another executor's spill dir removed meanwhile): nothing ran;
-                    # look again.
-                    if attempt == _VIEW_ATTEMPTS - 1:
-                        raise
-            raise AssertionError("not reached")
+                    # mount (a directory removed meanwhile): nothing ran; look again.
+                    continue
+            return await super().run(spec, on_output=on_output)
         except SandboxUnavailableError:
             self._selector.distrust_cached()  # if a cached verdict chose the backend
             raise

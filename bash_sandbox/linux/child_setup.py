@@ -590,8 +590,8 @@ class ChildSetup:
 
     # -- in the child ---------------------------------------------------------------
     def __call__(self) -> None:
-        # A record-only setup forked from after all (a helper that died meanwhile): its
-        # steps are built here, in the child, before any runs.
+        # A record-only setup is materialized before any fork (`ConfinedSpawn._wrap`); one
+        # that reaches a fork anyway builds its steps here, in the child, before any runs.
         for step in self.materialized()._steps:
             if step.fn(*step.args) == -1:
                 err = ctypes.get_errno()
