@@ -6,10 +6,12 @@ missing backend fails, so the suite can never pass by skipping everything.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -76,9 +78,10 @@ async def make_executor(backend: str, workspace: Path) -> AsyncIterator[Executor
         await ex.aclose()
 
 
+@contextlib.contextmanager
 def private_tmpfs(path: Path, size: str = "64m") -> Iterator[Path]:
-    """A tmpfs of this test's own at ``path`` (another filesystem than the test's tmp), for a
-    fixture to `yield from`; unmounted after. Skips where no tmpfs can be mounted."""
+    """A tmpfs of this test's own at ``path`` (another filesystem than the test's tmp, or a
+    small one to fill), unmounted after. Skips where no tmpfs can be mounted."""
     path.mkdir()
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
@@ -91,3 +94,29 @@ def private_tmpfs(path: Path, size: str = "64m") -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture
+def private_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own per-user base (the placeholder ledger, the spill registry lives
+    there), for it and its children: nothing it records reaches the machine's executors."""
+    path = tmp_path / "base"
+    path.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    monkeypatch.setenv("TMPDIR", str(path))
+    return path
+
+
+def counted_git_runs(monkeypatch: pytest.MonkeyPatch, word: str) -> list[list[str]]:
+    """The argv of every `subprocess.run` with ``word`` in it from now on (git questions a
+    module asks; the module is shared, so counted by what is asked)."""
+    runs: list[list[str]] = []
+    real = subprocess.run
+
+    def counted(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+        if word in argv:
+            runs.append(argv)
+        return real(argv, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counted)
+    return runs

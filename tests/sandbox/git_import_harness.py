@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bash_seam import GitImportOutcome
+
 GIT_ENV = {
     "GIT_CONFIG_GLOBAL": "/dev/null",
     "GIT_CONFIG_NOSYSTEM": "1",
@@ -129,3 +131,19 @@ def reachable(repo: Path, oid: str) -> bool:
         if done.returncode == 0:
             return True
     return False
+
+
+def commits_on_both_sides(ov: Overlay, repo: Path) -> tuple[str, str, GitImportOutcome | None]:
+    """The command commits on `main` in the overlay, then the host commits on `main` too;
+    the import runs. (the command's commit, the host's, the import's outcome)"""
+    ov.run("echo sandbox >> f0.txt && git commit -qam sandbox")
+    ours = (ov.upper / "refs" / "heads" / "main").read_text().strip()
+    (repo / "host.txt").write_text("host\n")
+    host_git(repo, "add", "host.txt")
+    host_git(repo, "commit", "-qm", "host")
+    theirs = host_git(repo, "rev-parse", "main").strip()
+    from bash_sandbox.git_import import import_changes, load_snapshot
+
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    return ours, theirs, import_changes(snap).outcome

@@ -12,11 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
-
-import pytest
 
 from bash_sandbox.placeholders import Placeholders, _ledger
 from bash_sandbox.state import STALE_STATE_HOOKS, sweep_stale
@@ -39,16 +36,6 @@ _CHILD = textwrap.dedent(
     asyncio.run(main())
     """
 )
-
-
-@pytest.fixture
-def private_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """This test's own per-user base (the ledger lives there), for it and its child."""
-    path = tmp_path / "base"
-    path.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(path))
-    monkeypatch.setenv("TMPDIR", str(path))
-    return path
 
 
 def _kill_child_running_a_command(workspace: Path, backend: str) -> None:

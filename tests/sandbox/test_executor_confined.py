@@ -830,16 +830,12 @@ async def test_a_covered_directory_that_vanishes_before_the_mount_is_looked_at_a
 async def test_another_executors_spill_dir_removed_before_the_mount_fails_nothing(
     make_executor: ExecutorFactory,
     workspace: Path,
-    tmp_path: Path,
+    private_base: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Another executor's custom spill dir is hidden from every command; when that executor
     # closes between the survey and the child's mount, the dir has nothing left to hide: the
-    # spawn goes on (one view, no retry) rather than failing.
-    base = tmp_path / "base"
-    base.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(base))
-    monkeypatch.setenv("TMPDIR", str(base))
+    # spawn goes on (one view, no retry) rather than failing. (The registry is this test's.)
     spill = Path(tempfile.mkdtemp(prefix="bsx-spill-", dir="/var/tmp"))  # seen unless hidden
     try:
         register_spill_parent(str(spill))

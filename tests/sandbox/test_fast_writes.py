@@ -42,6 +42,16 @@ def lib() -> fast_writes.ctypes.CDLL:
     return built
 
 
+@pytest.fixture(params=[True, False], ids=["fast-path", "python-only"])
+def fast(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, lib: fast_writes.ctypes.CDLL
+) -> bool:
+    """The test runs with the fast path on, then off (the Python supervisor serves all)."""
+    enabled: bool = request.param
+    monkeypatch.setattr(fast_writes, "ENABLED", enabled)
+    return enabled
+
+
 POLICIES = (
     WritePolicy(read_only=False, roots=("/work/ws",)),
     WritePolicy(read_only=True, roots=("/work/ws",)),
@@ -140,15 +150,9 @@ def test_the_c_side_sees_links_as_the_python_side(
         assert fast_writes.leads_elsewhere(lib, str(path)) is expected, path
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "python-only"])
 async def test_a_write_through_a_link_out_of_the_root_is_a_denial(
-    make_executor: ExecutorFactory,
-    workspace: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    fast: bool,
-    lib: fast_writes.ctypes.CDLL,
+    make_executor: ExecutorFactory, workspace: Path, fast: bool
 ) -> None:
-    monkeypatch.setattr(fast_writes, "ENABLED", fast)
     # Outside /tmp (the view's /tmp is private): the host's own directory, read-only there.
     outside = Path(tempfile.mkdtemp(prefix="bsf-link-", dir="/var/tmp"))
     try:
@@ -222,15 +226,12 @@ def _write_denials(result: BashRunResult) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast-path", "python-only"])
 async def test_writes_inside_skip_python_and_refusals_are_the_same(
     make_executor: ExecutorFactory,
     workspace: Path,
     monkeypatch: pytest.MonkeyPatch,
     fast: bool,
-    lib: fast_writes.ctypes.CDLL,
 ) -> None:
-    monkeypatch.setattr(fast_writes, "ENABLED", fast)
     tag = os.urandom(4).hex()
     (workspace / "w.py").write_text(WORK.replace("{tag}", tag))
     counting = _Counting(monkeypatch)

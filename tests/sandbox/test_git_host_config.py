@@ -12,12 +12,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bash_sandbox import git_hook_chain
 from bash_sandbox.kept_answers import KeptAnswers
+from tests.sandbox.conftest import counted_git_runs
 
 
 @pytest.fixture
@@ -37,16 +37,7 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @pytest.fixture
 def git_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    runs: list[list[str]] = []
-    real = subprocess.run
-
-    def counted(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
-        if "--show-origin" in argv:  # host_config's question (the module is shared)
-            runs.append(argv)
-        return real(argv, **kwargs)
-
-    monkeypatch.setattr(subprocess, "run", counted)
-    return runs
+    return counted_git_runs(monkeypatch, "--show-origin")  # host_config's question
 
 
 def changed(path: Path, text: str) -> None:

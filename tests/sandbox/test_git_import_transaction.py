@@ -25,7 +25,14 @@ from bash_sandbox.git_import import (
 )
 from bash_seam import GitImportStatus
 from tests.sandbox.conftest import private_tmpfs
-from tests.sandbox.git_import_harness import Overlay, fsck_clean, host_git, make_repo, reachable
+from tests.sandbox.git_import_harness import (
+    Overlay,
+    commits_on_both_sides,
+    fsck_clean,
+    host_git,
+    make_repo,
+    reachable,
+)
 
 # A commit on a new branch the command switches to, a staged file, a message file.
 COMMAND = (
@@ -39,7 +46,8 @@ def state_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
     if request.param == "ext4":
         yield tmp_path / "state"
     else:
-        yield from private_tmpfs(tmp_path / "state-tmpfs")
+        with private_tmpfs(tmp_path / "state-tmpfs") as path:
+            yield path
 
 
 def _command_commit(ov: Overlay) -> str:
@@ -150,16 +158,7 @@ def test_a_host_commit_during_the_command_is_a_conflict_and_both_commits_stay(
     tmp_path: Path,
 ) -> None:
     repo = make_repo(tmp_path / "repo")
-    ov = Overlay(repo, tmp_path / "state")
-    ov.run("echo sandbox >> f0.txt && git commit -qam sandbox")
-    ours = (ov.upper / "refs" / "heads" / "main").read_text().strip()
-    (repo / "host.txt").write_text("host\n")
-    host_git(repo, "add", "host.txt")
-    host_git(repo, "commit", "-qm", "host")
-    theirs = host_git(repo, "rev-parse", "main").strip()
-    snap = load_snapshot(str(ov.upper))
-    assert snap is not None
-    outcome = import_changes(snap).outcome
+    ours, theirs, outcome = commits_on_both_sides(Overlay(repo, tmp_path / "state"), repo)
     assert outcome is not None and outcome.status is GitImportStatus.CONFLICT
     # The ref, and the index the host staged into meanwhile.
     assert [c.name for c in outcome.conflicts] == ["refs/heads/main", "index"]
@@ -170,9 +169,7 @@ def test_a_host_commit_during_the_command_is_a_conflict_and_both_commits_stay(
 
 
 def test_a_full_disk_applies_nothing_and_leaves_no_partial_file(tmp_path: Path) -> None:
-    small = tmp_path / "small"
-    mounted = _tmpfs_sized(small, "2m")
-    try:
+    with private_tmpfs(tmp_path / "small", "2m") as mounted:
         repo = make_repo(mounted / "repo")
         ov = Overlay(repo, tmp_path / "state")
         # Incompressible: 3 MiB of it cannot fit the 2 MiB filesystem the host repo is on
@@ -192,20 +189,6 @@ def test_a_full_disk_applies_nothing_and_leaves_no_partial_file(tmp_path: Path) 
         partial = [p.name for p in (repo / ".git" / "objects").rglob("*tmp*")]
         assert partial == []
         fsck_clean(repo)
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
-
-
-def _tmpfs_sized(path: Path, size: str) -> Path:
-    path.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr!r}")
-    return path
 
 
 def test_a_sparse_pack_is_refused_without_reading_it(tmp_path: Path) -> None:

@@ -6,19 +6,25 @@ host commit between snapshot and import is still a conflict that overwrites noth
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bash_sandbox.git_import import import_changes, kept_refs, load_snapshot
+from bash_sandbox.git_import import kept_refs
 from bash_sandbox.git_import.transaction import host_refs
 from bash_sandbox.kept_answers import KeptAnswers
 from bash_seam import GitImportStatus
-from tests.sandbox.git_import_harness import Overlay, fsck_clean, host_git, make_repo, reachable
+from tests.sandbox.conftest import counted_git_runs
+from tests.sandbox.git_import_harness import (
+    Overlay,
+    commits_on_both_sides,
+    fsck_clean,
+    host_git,
+    make_repo,
+    reachable,
+)
 
 
 @pytest.fixture
@@ -32,16 +38,7 @@ def kept(monkeypatch: pytest.MonkeyPatch) -> KeptAnswers[str, dict[str, str]]:
 
 @pytest.fixture
 def git_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    runs: list[list[str]] = []
-    real = subprocess.run
-
-    def counted(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
-        if "for-each-ref" in argv:
-            runs.append(argv)
-        return real(argv, **kwargs)
-
-    monkeypatch.setattr(subprocess, "run", counted)
-    return runs
+    return counted_git_runs(monkeypatch, "for-each-ref")
 
 
 def _settle() -> None:
@@ -148,15 +145,7 @@ def test_with_a_kept_baseline_a_host_commit_before_the_import_overwrites_nothing
     kept_refs.snapshot_refs(str(repo / ".git"))
     ov = Overlay(repo, tmp_path / "state")
     assert len(git_runs) == 1  # the overlay's snapshot read the kept answer
-    ov.run("echo sandbox >> f0.txt && git commit -qam sandbox")
-    ours = (ov.upper / "refs" / "heads" / "main").read_text().strip()
-    (repo / "host.txt").write_text("host\n")
-    host_git(repo, "add", "host.txt")
-    host_git(repo, "commit", "-qm", "host")
-    theirs = host_git(repo, "rev-parse", "main").strip()
-    snap = load_snapshot(str(ov.upper))
-    assert snap is not None
-    outcome = import_changes(snap).outcome
+    ours, theirs, outcome = commits_on_both_sides(ov, repo)
     assert outcome is not None and outcome.status is GitImportStatus.CONFLICT
     assert outcome.conflicts[0].name == "refs/heads/main"
     assert host_git(repo, "rev-parse", "main").strip() == theirs

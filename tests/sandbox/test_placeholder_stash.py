@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,15 +23,11 @@ DEAD = "999999999:1"  # a holder no process is
 
 
 @pytest.fixture
-def base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def base(private_base: Path) -> Path:
     """This test's own per-user base (the ledger), and an executor's state directory (the
-    stash), both on the workspace's filesystem."""
-    path = tmp_path / "base"
-    path.mkdir()
-    (tmp_path / "state").mkdir(mode=0o700)
-    monkeypatch.setattr(tempfile, "tempdir", str(path))
-    monkeypatch.setenv("TMPDIR", str(path))
-    return path
+    stash) beside it, both on the workspace's filesystem."""
+    (private_base.parent / "state").mkdir(mode=0o700)
+    return private_base
 
 
 @pytest.fixture
@@ -156,7 +151,8 @@ def test_a_stash_that_is_a_symlink_is_not_used(base: Path, ws: Path, tmp_path: P
 
 @pytest.fixture
 def other_filesystem(tmp_path: Path) -> Iterator[Path]:
-    yield from private_tmpfs(tmp_path / "other-fs", "1m")
+    with private_tmpfs(tmp_path / "other-fs", "1m") as path:
+        yield path
 
 
 def test_on_another_filesystem_placeholders_are_made_and_removed(
