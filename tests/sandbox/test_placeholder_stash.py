@@ -30,13 +30,6 @@ def base(private_base: Path) -> Path:
     return private_base
 
 
-@pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    path = tmp_path / "ws"
-    path.mkdir()
-    return path
-
-
 def stash_of(base: Path) -> Path:
     return base.parent / "state" / STASH_DIR
 
@@ -46,18 +39,18 @@ def holder_of(base: Path) -> Placeholders:
     return Placeholders(stash=str(stash_of(base)))
 
 
-def names(ws: Path, count: int) -> list[tuple[str, bool]]:
-    return [(str(ws / f".auto{i}"), True) for i in range(count)]
+def names(workspace: Path, count: int) -> list[tuple[str, bool]]:
+    return [(str(workspace / f".auto{i}"), True) for i in range(count)]
 
 
-def test_released_placeholders_are_stashed_and_reused(base: Path, ws: Path) -> None:
+def test_released_placeholders_are_stashed_and_reused(base: Path, workspace: Path) -> None:
     holder = holder_of(base)
-    wanted = names(ws, 3)
+    wanted = names(workspace, 3)
     held = holder.acquire_all(wanted)
     first = {os.lstat(p).st_ino for p in held}
     assert all(os.path.isdir(p) and not os.listdir(p) for p in held)
     holder.release_all(held)
-    assert os.listdir(ws) == []  # nothing left in the workspace
+    assert os.listdir(workspace) == []  # nothing left in the workspace
     stash = stash_of(base)
     assert {e.stat().st_ino for e in os.scandir(stash)} == first
     assert stash.stat().st_mode & 0o777 == 0o700
@@ -65,21 +58,23 @@ def test_released_placeholders_are_stashed_and_reused(base: Path, ws: Path) -> N
     assert {os.lstat(p).st_ino for p in held} == first  # moved back in, not made
     assert os.listdir(stash) == []
     holder.release_all(held)
-    assert os.listdir(ws) == []
+    assert os.listdir(workspace) == []
 
 
-def test_the_stash_keeps_a_bounded_number(base: Path, ws: Path) -> None:
+def test_the_stash_keeps_a_bounded_number(base: Path, workspace: Path) -> None:
     holder = holder_of(base)
-    held = holder.acquire_all(names(ws, STASH_MAX + 6))
+    held = holder.acquire_all(names(workspace, STASH_MAX + 6))
     holder.release_all(held)
-    assert os.listdir(ws) == []
+    assert os.listdir(workspace) == []
     assert len(os.listdir(stash_of(base))) == STASH_MAX
 
 
-def test_a_kill_after_a_directory_moved_in_is_recognised_as_ours(base: Path, ws: Path) -> None:
+def test_a_kill_after_a_directory_moved_in_is_recognised_as_ours(
+    base: Path, workspace: Path
+) -> None:
     holder = holder_of(base)
-    holder.release_all(holder.acquire_all(names(ws, 1)))  # one directory in the stash
-    ours, users = ws / ".envrc", ws / ".vscode"
+    holder.release_all(holder.acquire_all(names(workspace, 1)))  # one directory in the stash
+    ours, users = workspace / ".envrc", workspace / ".vscode"
     intent = 1_700_000_000_123_456_789
     with _ledger(stash=str(stash_of(base))) as ledger:
         # Killed after the move, before the ledger recorded what it moved in.
@@ -98,10 +93,10 @@ def test_a_kill_after_a_directory_moved_in_is_recognised_as_ours(base: Path, ws:
 
 @pytest.mark.parametrize("name_made_meanwhile", [False, True])
 def test_a_file_written_in_as_the_placeholder_moves_out_is_given_back(
-    base: Path, ws: Path, monkeypatch: pytest.MonkeyPatch, name_made_meanwhile: bool
+    base: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch, name_made_meanwhile: bool
 ) -> None:
     holder = holder_of(base)
-    held = holder.acquire_all(names(ws, 1))
+    held = holder.acquire_all(names(workspace, 1))
     placeholder = Path(held[0])
     real = placeholder_stash.move_noreplace
 
@@ -117,7 +112,7 @@ def test_a_file_written_in_as_the_placeholder_moves_out_is_given_back(
 
     monkeypatch.setattr(placeholder_stash, "move_noreplace", host_writes_in_the_window)
     holder.release_all(held)
-    found = [p for p in ws.rglob("settings.json")]
+    found = [p for p in workspace.rglob("settings.json")]
     assert len(found) == 1 and found[0].read_text() == "{}\n"
     if name_made_meanwhile:
         assert found[0].parent.name.startswith(".auto0.bash-sandbox-")
@@ -127,26 +122,28 @@ def test_a_file_written_in_as_the_placeholder_moves_out_is_given_back(
     assert os.listdir(stash_of(base)) == []  # the stash kept nothing of it
 
 
-def test_a_stash_entry_with_something_in_it_is_never_handed_out(base: Path, ws: Path) -> None:
+def test_a_stash_entry_with_something_in_it_is_never_handed_out(
+    base: Path, workspace: Path
+) -> None:
     holder = holder_of(base)
-    holder.release_all(holder.acquire_all(names(ws, 2)))
+    holder.release_all(holder.acquire_all(names(workspace, 2)))
     stash = stash_of(base)
     dirty = stash / sorted(os.listdir(stash))[0]
     (dirty / "planted").write_text("x")
-    held = holder.acquire_all(names(ws, 2))
+    held = holder.acquire_all(names(workspace, 2))
     assert all(os.listdir(p) == [] for p in held)
     assert (dirty / "planted").exists()  # left where it was
     holder.release_all(held)
 
 
-def test_a_stash_that_is_a_symlink_is_not_used(base: Path, ws: Path, tmp_path: Path) -> None:
+def test_a_stash_that_is_a_symlink_is_not_used(base: Path, workspace: Path, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     stash = stash_of(base)
     stash.symlink_to(elsewhere)
     holder = holder_of(base)
-    holder.release_all(holder.acquire_all(names(ws, 2)))
-    assert os.listdir(ws) == [] and os.listdir(elsewhere) == []
+    holder.release_all(holder.acquire_all(names(workspace, 2)))
+    assert os.listdir(workspace) == [] and os.listdir(elsewhere) == []
 
 
 @pytest.fixture
@@ -156,22 +153,22 @@ def other_filesystem(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_on_another_filesystem_placeholders_are_made_and_removed(
-    base: Path, other_filesystem: Path, ws: Path
+    base: Path, other_filesystem: Path, workspace: Path
 ) -> None:
     holder = Placeholders(stash=str(other_filesystem / STASH_DIR))
-    wanted = names(ws, 3)
+    wanted = names(workspace, 3)
     for _ in range(2):
         held = holder.acquire_all(wanted)
         assert sorted(held) == sorted(p for p, _ in wanted)
         holder.release_all(held)
-        assert os.listdir(ws) == []
+        assert os.listdir(workspace) == []
     assert os.listdir(other_filesystem / STASH_DIR) == []
 
 
-def test_a_name_made_before_the_move_in_is_never_replaced(base: Path, ws: Path) -> None:
+def test_a_name_made_before_the_move_in_is_never_replaced(base: Path, workspace: Path) -> None:
     holder = holder_of(base)
-    holder.release_all(holder.acquire_all(names(ws, 1)))
-    users = ws / ".idea"
+    holder.release_all(holder.acquire_all(names(workspace, 1)))
+    users = workspace / ".idea"
     users.mkdir()  # empty: a plain rename would replace it
     with _ledger(stash=str(stash_of(base))) as ledger, pytest.raises(FileExistsError):
         ledger.stash.take(str(users), 1)
