@@ -425,7 +425,7 @@ class ConfinedSpawn(SpawnScope):
         self._unregister()
         # Git's processes and the host's disk: in a thread, so the loop keeps serving.
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._services.settle_pool(), self._copy_back)
+        await loop.run_in_executor(self._services.settle_pool(), _Once(self._copy_back))
         return self._facts(outcome)
 
     def close(self) -> None:
@@ -570,3 +570,20 @@ def _leading_dirs(relative: str) -> list[str]:
         return []
     parts = relative.split("/")
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+class _Once:
+    """A call a pool thread makes once, letting go of its target before the result is set.
+
+    A pool's worker holds its work item until the next one arrives, after the awaiter has
+    woken: that reference would keep this spawn, and through it the executor, alive past
+    `run()`, so an executor dropped without `aclose` would not be collected (its finalizer
+    is what frees the network namespace and the proxy)."""
+
+    def __init__(self, call: Callable[[], None]) -> None:
+        self._call: Callable[[], None] | None = call
+
+    def __call__(self) -> None:
+        call, self._call = self._call, None
+        assert call is not None, "called twice"
+        call()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
 import shutil
 import signal
 import tempfile
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ import pytest
 
 from bash_local.userdir import register_spill_parent
 from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
-from bash_sandbox.confined_spawn import ConfinedSpawn
+from bash_sandbox.confined_spawn import ConfinedSpawn, _Once
 from bash_seam import BashExecRequest, BashRunResult
 from policies import SandboxPolicy, sandbox_denial_marker
 from tests.facts.evidence import WRITE_INTENT_WITNESSED, file_refusal_reported
@@ -857,3 +860,31 @@ async def test_another_executors_spill_dir_removed_before_the_mount_fails_nothin
         assert "No such file" in result.stdout.text  # gone for the command too
     finally:
         shutil.rmtree(spill, ignore_errors=True)
+
+
+def test_a_settle_thread_lets_go_of_the_spawn_before_its_result_is_set() -> None:
+    """The copy-back's pool thread holds its work item until its next job: were the spawn
+    referenced from there, an executor dropped right after `run()` would outlive
+    `gc.collect()` (its finalizer frees the network namespace and the proxy)."""
+
+    class Spawn:
+        def copy_back(self) -> None:
+            pass
+
+    alive_at_result: list[bool] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        for wrap in (_Once, lambda call: call):
+            spawn = Spawn()
+            ref = weakref.ref(spawn)
+            job = wrap(spawn.copy_back)
+            del spawn
+            held = threading.Event()
+            pool.submit(held.wait)  # the worker takes the next job only after this one
+            future = pool.submit(job)
+            del job
+            # Done callbacks run on the worker, inside set_result: the moment run() wakes.
+            future.add_done_callback(lambda _, ref=ref: alive_at_result.append(ref() is not None))
+            held.set()
+            future.result()
+    # The wrapped call lets go; a bare bound method (the control) is still held there.
+    assert alive_at_result == [False, True]
