@@ -8,12 +8,18 @@ executor really spawned through it. The whole suites run on the helper path with
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import os
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bash_sandbox import SandboxBashExecutor
+from bash_seam import BashExecRequest, BashRunResult
 from tests.sandbox.conftest import ExecutorFactory
 from tests.sandbox.test_executor_confined import (  # noqa: F401 - collected here again
     test_a_covered_directory_that_vanishes_before_the_mount_is_looked_at_again,
@@ -44,3 +50,90 @@ async def make_executor(make_executor: ExecutorFactory) -> AsyncIterator[Executo
     for ex in made:
         assert ex._services.helper_failure is None
         assert ex._services._helper is not None, "no command went through the helper"
+
+
+# Reads every readable mapping of a process, through /proc/<pid>/mem, for a byte string
+# given reversed (so this command's own request never carries it).
+MEMORY_SCAN = r"""
+import sys
+needle = sys.argv[1][::-1].encode()
+def scan(pid):
+    try:
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        mem = open(f"/proc/{pid}/mem", "rb", buffering=0)
+    except OSError as exc:
+        return f"denied:{exc.errno}"
+    for line in maps:
+        span, perms = line.split()[:2]
+        if "r" not in perms:
+            continue
+        low, high = (int(x, 16) for x in span.split("-"))
+        try:
+            mem.seek(low)
+            if needle in mem.read(high - low):
+                return "found"
+        except (OSError, OverflowError, ValueError):
+            continue
+    return "absent"
+print(scan(1), scan("self"))
+"""
+
+
+async def test_pid_1_holds_no_other_commands_request_a_command_can_read(
+    make_executor: ExecutorFactory, workspace: Path, backend: str
+) -> None:
+    """PID 1 of a helper-spawned command may be a fork of the helper, whose memory held
+    earlier commands' requests (their environments): no command can read it."""
+    ex = make_executor()
+    secret = "bsx-other-command-" + os.urandom(8).hex()
+    first = await ex.run(
+        ex.resolve(BashExecRequest(command="true", workdir=str(workspace), env={"TOKEN": secret}))
+    )
+    assert first.exit_code == 0
+    probe = await ex.run(
+        ex.resolve(
+            BashExecRequest(
+                command=f"python3 -c '{MEMORY_SCAN}' {secret[::-1]}", workdir=str(workspace)
+            )
+        )
+    )
+    pid1, own = probe.stdout.text.split()
+    # The control: the same scan finds the needle in its own memory (its argv).
+    assert own == "found", probe.stdout.text + probe.stderr.text
+    assert pid1 != "found", probe.stdout.text
+    if backend == "landlock":
+        # Its PID 1 is that fork (bwrap's is bwrap, exec'd): not dumpable, so not even
+        # opened, whatever the helper's memory still holds.
+        assert pid1 == f"denied:{errno.EACCES}", probe.stdout.text
+
+
+async def test_pid_1_waits_for_the_command_reaps_and_takes_the_rest_along(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    """Whatever PID 1 is (bwrap, or the helper's last fork under Landlock): the command is
+    PID 2 and signals itself, its status (128+n for signal n) is the result's, an orphan it
+    leaves is reaped meanwhile and killed when it ends."""
+    ex = make_executor()
+
+    async def run(command: str) -> BashRunResult:
+        request = BashExecRequest(
+            command=command, workdir=str(workspace), sandbox_mode="workspace-write"
+        )
+        return await ex.run(ex.resolve(request))
+
+    assert (await run("exit 7")).exit_code == 7
+    assert (await run("kill $$")).exit_code == 128 + signal.SIGTERM
+    assert (await run("kill -KILL $$")).exit_code == 128 + signal.SIGKILL
+    # An orphan that exited is reaped (no zombie left in the namespace), and one still
+    # running is killed as the command ends: its write never lands on the host.
+    result = await run(
+        "(true &); (sleep 0.3; echo late > late.txt) & sleep 0.1; echo $$; "
+        "ps -o stat= -p 1 -N | grep -c Z; exit 5"
+    )
+    assert result.exit_code == 5
+    assert result.stdout.text.split() == ["2", "0"], result.stdout.text + result.stderr.text
+    await asyncio.sleep(0.6)
+    assert not (workspace / "late.txt").exists()
+    # The control: the same write, waited for, lands.
+    assert (await run("(sleep 0.3; echo late > late.txt) & wait")).exit_code == 0
+    assert (workspace / "late.txt").read_text() == "late\n"
