@@ -14,7 +14,9 @@ executor made the socket pair and started this process):
   each target descriptor at the number it had in the executor (the steps and bwrap's
   ``--seccomp N`` name them so), runs the steps and execs. Answer: ``("started", seq,
   pid)`` once the exec succeeded, or ``("failed", seq, where, errno)`` with ``where`` one
-  of ``cwd``, ``step`` (the step's own record is on the report pipe) or ``exec``.
+  of ``cwd``, ``step`` (the step's own record is on the report pipe) or ``exec``. Answers
+  come in the order the children finish their setup: while one sets up, the next request
+  is served.
 - ``("exit", pid, returncode)``, unsolicited, when a command's leader exits. The leader is
   NOT reaped then (``WNOWAIT``): it stays a zombie, so its pid, which is its process group
   id, cannot be reused while the executor still signals that group.
@@ -98,6 +100,15 @@ def _child(request: Any, fds: list[int], err_w: int, setup: Any) -> NoReturn:
         os._exit(255)
 
 
+class _Starting:
+    """A child being set up: its request's sequence number, pid and failure report so far."""
+
+    def __init__(self, seq: int, pid: int) -> None:
+        self.seq = seq
+        self.pid = pid
+        self.report = bytearray()
+
+
 class Helper:
     def __init__(self, sock: socket.socket, child_setup: Any) -> None:
         self.sock = sock
@@ -105,6 +116,7 @@ class Helper:
         self.poll = select.poll()
         self.poll.register(sock.fileno(), select.POLLIN)
         self.running: dict[int, int] = {}  # pidfd -> pid
+        self.starting: dict[int, _Starting] = {}  # exec-status pipe -> child being set up
         self.zombies: set[int] = set()
 
     def spawn(self, request: Any, fds: list[int]) -> None:
@@ -123,16 +135,26 @@ class Helper:
         os.close(err_w)
         for fd in fds:
             os.close(fd)
-        data = b""
-        while True:
-            chunk = os.read(err_r, 64)
-            if not chunk:
-                break
-            data += chunk
+        # Answered once the exec succeeds (the pipe closes) or the child reports where it
+        # failed; meanwhile this process serves the next request, whose child sets up on
+        # another core.
+        self.starting[err_r] = _Starting(seq, pid)
+        self.poll.register(err_r, select.POLLIN)
+
+    def exec_news(self, err_r: int) -> None:
+        """The exec-status pipe of a child being set up is readable."""
+        starting = self.starting[err_r]
+        chunk = os.read(err_r, 64)
+        if chunk:
+            starting.report += chunk
+            return
+        del self.starting[err_r]
+        self.poll.unregister(err_r)
         os.close(err_r)
-        if data:
-            os.waitpid(pid, 0)
-            where, _, code = data.partition(b":")
+        seq, pid = starting.seq, starting.pid
+        if starting.report:
+            os.waitpid(pid, 0)  # it exits right after its report
+            where, _, code = bytes(starting.report).partition(b":")
             _send(self.sock, "failed", seq, where.decode(), int(code or 0), "")
             return
         pidfd = os.pidfd_open(pid)
@@ -161,7 +183,11 @@ class Helper:
 
     def shutdown(self) -> None:
         """The executor is gone: every group it had dies, then is reaped."""
-        pids = [*self.running.values(), *self.zombies]
+        starting = [child.pid for child in self.starting.values()]
+        pids = [*self.running.values(), *self.zombies, *starting]
+        for pid in starting:
+            with contextlib.suppress(OSError):
+                os.kill(pid, _SIGKILL)  # it may not lead its own group yet
         for pid in pids:
             with contextlib.suppress(OSError):
                 os.killpg(pid, _SIGKILL)
@@ -173,6 +199,9 @@ class Helper:
         sock_fd = self.sock.fileno()
         while True:
             for fd, _ in self.poll.poll():
+                if fd in self.starting:
+                    self.exec_news(fd)
+                    continue
                 if fd != sock_fd:
                     self.exited(fd)
                     continue
