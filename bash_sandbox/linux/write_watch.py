@@ -385,13 +385,16 @@ def _refused(captured: Captured, policy: WritePolicy | None = None) -> bool:
             return _read_only(found.parent)  # before the lookup: also for a missing name
         finally:
             found.close()
-    # rename and link: across two mounts EXDEV comes first.
+    # rename: across two mounts EXDEV comes first. link: the new name is made first (an
+    # existing one is EEXIST, a read-only mount EROFS), and only then are the mounts
+    # compared (do_linkat), so `ln x dirlink/y` out of a root is EROFS, not EXDEV.
     old = _Resolved(root, captured.paths[0], False)
     try:
         new = _Resolved(root, captured.paths[1], False)
         try:
-            source = old.parent if kind == "rename" else old.target
-            if source < 0 or _mount_id(source) != _mount_id(new.parent):
+            if kind == "link":
+                return old.exists and not new.exists and _read_only(new.parent)
+            if old.parent < 0 or _mount_id(old.parent) != _mount_id(new.parent):
                 return False
             return _read_only(new.parent)
         finally:

@@ -163,14 +163,17 @@ async def test_a_write_through_a_link_out_of_the_root_is_a_denial(
         ex = make_executor(mode="workspace-write")
         command = (
             "echo x > link; echo y > dirlink/y; echo z > inner/z; "
-            f"ln -s {outside}/w made; echo w > made; true"
+            f"ln -s {outside}/w made; echo w > made; "
+            # A hard link is EROFS too (the new name is made before the mounts are compared).
+            "ln inner/z dirlink/hard; ln inner/z real/linked; true"
         )
         result = await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workspace))))
         assert result.exit_code == 0, result.stderr.text
         assert list(outside.iterdir()) == []  # nothing written there, from the host's side
         assert (workspace / "real" / "z").read_text() == "z\n"  # a link inside still works
+        assert (workspace / "real" / "linked").stat().st_ino == (workspace / "real/z").stat().st_ino
         denials = _write_denials(result)
-        written = {str(outside / name) for name in ("x", "y", "w")}
+        written = {str(outside / name) for name in ("x", "y", "w", "hard")}
         assert written <= denials, denials
         assert str(workspace / "real" / "z") not in denials
         assert all(
