@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bash_local.spawn import SpawnPlan
+from bash_local.spawn import LaunchedChild, SpawnPlan
 from bash_sandbox.backends.bwrap import BwrapBackend
 from bash_sandbox.backends.child_failure import read_child_failure
 from bash_sandbox.backends.landlock import LandlockBackend
@@ -334,3 +334,53 @@ async def test_a_run_cancelled_just_as_it_starts_ends(make_executor: ExecutorFac
     while _children(helper.pid) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
     assert _children(helper.pid) == set()  # killed and reaped
+
+
+async def test_a_child_slow_to_set_up_holds_no_other_spawn_back(tmp_path: Path) -> None:
+    """The helper answers each spawn when its child has exec'd and serves the next request
+    meanwhile: a child blocked in a step (opening a fifo nobody reads) delays only itself.
+    And one still setting up when the executor goes dies with the helper."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    out_r, out_w = os.pipe()
+
+    def plan(argv: tuple[str, ...], setup: ChildSetup) -> SpawnPlan:
+        return SpawnPlan(argv=argv, env={}, cwd=str(tmp_path), preexec_fn=setup)
+
+    async def status(child: LaunchedChild) -> int:
+        ended = asyncio.get_running_loop().create_future()
+        child.on_exit(lambda: ended.set_result(None))
+        await asyncio.wait_for(ended, 30)
+        return child.wait()
+
+    for reader in (True, False):
+        helper = SpawnHelper()
+        try:
+            blocked = ChildSetup()
+            blocked.write_file(str(fifo), b"set up\n")  # open(O_WRONLY) waits for a reader
+            slow = asyncio.create_task(
+                helper.launch_async(
+                    plan(("/bin/true",), blocked), stdin=-1, stdout=out_w, stderr=out_w
+                )
+            )
+            fast = await helper.launch_async(
+                plan(("/bin/true",), ChildSetup()), stdin=-1, stdout=out_w, stderr=out_w
+            )
+            assert await status(fast) == 0
+            assert not slow.done()  # still in its step, yet the other spawn ran and ended
+            if reader:
+                with open(fifo, "rb") as fh:  # now its step completes, then it execs
+                    assert fh.read() == b"set up\n"
+                assert await status(await slow) == 0
+                continue
+            (pid,) = _children(helper.pid) - {fast.pid}
+            helper.close()  # end of file while the child sets up: killed and reaped
+            assert not _alive(pid)
+            with pytest.raises((subprocess.SubprocessError, asyncio.CancelledError)):
+                await slow
+        finally:
+            helper.close()
+            # Whatever happened: a writer still blocked on the fifo gets its reader and ends.
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    os.close(out_r)
+    os.close(out_w)
