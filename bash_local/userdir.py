@@ -67,15 +67,49 @@ def register_spill_parent(path: str) -> None:
 
 
 def registered_spill_parents() -> tuple[str, ...]:
-    """Every custom spill parent this uid's executors registered that still exists."""
+    """Every custom spill parent this uid's executors registered that still exists. Those
+    gone are dropped from the registry (read before every confined spawn: it must not grow
+    with every parent ever used)."""
     registry = os.path.join(user_base_dir(), _REGISTRY)
     try:
         fd = os.open(registry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return ()
     try:
-        with os.fdopen(fd, "rb") as fh:
-            lines = fh.read(1 << 20).decode(errors="replace").splitlines()
+        # Shared: the prune rewrites the file in place under the exclusive lock.
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        named = _named(fd)
     except OSError:
         return ()
-    return tuple(p for p in dict.fromkeys(lines) if p.startswith("/") and os.path.isdir(p))
+    finally:
+        os.close(fd)
+    live = tuple(p for p in named if p.startswith("/") and os.path.isdir(p))
+    if len(live) < len(named):
+        with contextlib.suppress(OSError):
+            _prune(registry)
+    return live
+
+
+def _named(fd: int) -> tuple[str, ...]:
+    with os.fdopen(os.dup(fd), "rb") as fh:
+        lines = fh.read(1 << 20).decode(errors="replace").splitlines()
+    return tuple(dict.fromkeys(lines))
+
+
+def _prune(registry: str) -> None:
+    """Keep only the parents that still exist. In place, under the lock registrations take
+    to append: a rename would lose an append made to the old file meanwhile. Nothing of
+    ours is left in a parent that is gone (its spill dir went with it); a directory made
+    there later is no spill parent until an executor registers it again."""
+    fd = os.open(registry, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        named = _named(fd)
+        live = [p for p in named if p.startswith("/") and os.path.isdir(p)]
+        if len(live) == len(named):
+            return
+        data = "".join(f"{p}\n" for p in live).encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
