@@ -98,7 +98,8 @@ async def test_pid_1_holds_no_other_commands_request_a_command_can_read(
         )
     )
     pid1, own = probe.stdout.text.split()
-    # The control: the same scan finds the needle in its own memory (its argv).
+    # The control: the same scan finds the needle in the scanner's own memory (it holds the
+    # needle it computed), so a readable PID 1 holding it would be found.
     assert own == "found", probe.stdout.text + probe.stderr.text
     assert pid1 != "found", probe.stdout.text
     if backend == "landlock":
