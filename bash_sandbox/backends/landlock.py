@@ -23,13 +23,9 @@ order (each step needs the privileges the next ones drop):
 6. `landlock_restrict_self`;
 7. seccomp: the refusal filter, then the supervised filter (`linux_child.supervise`).
 
-The command must not be PID 1, which ignores signals sent from inside its namespace (`kill
-$$` must still work). PID 1 waits for it, reaps orphans and exits with its status; like
-bwrap, a command killed by signal n therefore reports exit 128+n. Spawned by the spawn
-helper, PID 1 is a last fork of the helper's child (`ChildSetup.init_reaper`): as confined
-as the command, not dumpable, one exec and one bash start fewer per command. Forked from
-the harness, it would be a copy of the harness's memory, so there PID 1 execs a bash that
-runs the command as its child (`pid1_argv`).
+PID 1 then execs a bash that runs the command as its child and exits with its status,
+because PID 1 ignores signals sent from inside its namespace (`kill $$` must still work).
+Like bwrap, a command killed by signal n therefore reports exit 128+n.
 """
 
 from __future__ import annotations
@@ -220,9 +216,6 @@ def landlock_child_setup(
     setup.landlock_restrict(ruleset_fd)
     setup.seccomp(compile_seccomp(SeccompOptions()))
     supervise(setup, ctx)
-    if ctx.record_only:
-        # The spawn helper forks: PID 1 can stay a copy of it (`pid1_argv` otherwise).
-        setup.init_reaper()
     return setup
 
 
@@ -276,8 +269,7 @@ def confined_plan(
 
 
 def pid1_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """Wrap ``(bash, "-c", command)`` so the command is PID 2 under a waiting bash PID 1
-    (spawned from the harness; the spawn helper's children use `init_reaper` instead).
+    """Wrap ``(bash, "-c", command)`` so the command is PID 2 under a waiting bash PID 1.
 
     The command is passed as a positional argument, never spliced into the script.
     """
@@ -325,8 +317,7 @@ class LandlockBackend(SandboxBackend):
             abi=self._abi,
             setattr=mount_setattr_available(),
         )
-        argv = plan.argv if ctx.record_only else pid1_argv(plan.argv)
-        return confined_plan(self.name, plan, rs, setup, argv=argv, folds=True)
+        return confined_plan(self.name, plan, rs, setup, argv=pid1_argv(plan.argv), folds=True)
 
     def enforcement(self, policy: SandboxPolicy) -> SandboxEnforcement:
         return SandboxEnforcement.FULL if self._abi >= 6 else SandboxEnforcement.PARTIAL

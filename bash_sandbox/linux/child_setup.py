@@ -50,7 +50,6 @@ MS_SLAVE = 1 << 19
 MNT_DETACH = 2
 
 PR_SET_PDEATHSIG = 1
-PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -491,13 +490,6 @@ class ChildSetup:
         self._add("fork", _ForkWaiter(self._lib))
 
     @_recorded
-    def init_reaper(self) -> None:
-        """Fork once more, last: the parent stays PID 1 of the PID namespace unshared before,
-        as confined as the command (`_InitReaper`); the child execs the command as PID 2.
-        Only where the spawner is the lean spawn helper: PID 1 keeps the spawner's memory."""
-        self._add("init", _InitReaper(self._lib))
-
-    @_recorded
     def set_rlimit(self, resource: int, soft: int, hard: int) -> None:
         limit = _Rlimit(soft, hard)
         self._keep.append(limit)
@@ -731,57 +723,20 @@ class _ForkWaiter:
             lib.close(read_end)
             return 0
         lib.close(read_end)
-        _wait_and_exit(lib, pid, self._status, keep_fd=write_end)
+        # The waiter never execs, so it still has the executor's signal handlers (a CLI
+        # that handles SIGTERM): back to the defaults, so a signal to the group ends it.
+        for signum in range(1, 65):
+            lib.signal(signum, _SIG_DFL)
+        if write_end > 0:
+            lib.syscall(_SYS_CLOSE_RANGE, 0, write_end - 1, 0)
+        lib.syscall(_SYS_CLOSE_RANGE, write_end + 1, _UINT_MAX, 0)
+        while lib.waitpid(pid, ctypes.byref(self._status), 0) != pid:
+            if ctypes.get_errno() != EINTR:
+                lib._exit(125)
+        status = self._status.value
+        signum = status & 0x7F
+        lib._exit((status >> 8) & 0xFF if signum == 0 else 128 + signum)
         return -1  # not reached
-
-
-class _InitReaper:
-    """The init step: the parent stays PID 1 of the PID namespace and the child runs on to
-    exec the command as PID 2 (PID 1 ignores signals sent from inside its namespace, so the
-    command must not be it: `kill $$` must work). PID 1 reaps every orphan, exits with the
-    command's status (128+n for signal n) and so takes the rest of the namespace with it.
-    It is not dumpable: its memory is a copy of the spawner's (other commands' requests),
-    and a process of the same uid and Landlock domain could otherwise read it (ptrace,
-    /proc/1/mem); undumpable, that takes CAP_SYS_PTRACE, which no command has."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self._lib = lib
-        self._status = ctypes.c_int(0)
-
-    def __call__(self) -> int:
-        # Before the fork, so a failure fails the spawn; the child's exec makes it
-        # dumpable again (as any exec of a readable, non-setuid program does).
-        if self._lib.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0:
-            return -1
-        pid = self._lib.fork()
-        if pid < 0:
-            return -1
-        if pid == 0:
-            return 0
-        _wait_and_exit(self._lib, pid, self._status, keep_fd=-1)
-        return -1  # not reached
-
-
-def _wait_and_exit(lib: ctypes.CDLL, pid: int, status: ctypes.c_int, *, keep_fd: int) -> None:
-    """In a forked parent that never execs: reap children until ``pid`` ends, then exit
-    with its status (128+n for signal n). Every descriptor but ``keep_fd`` is closed at once
-    (the executor's pipes reach EOF when the command ends; the exec-status pipe closes when
-    the child execs) and every signal is back to its default: it still has the handlers of
-    the process it was forked from (a CLI that handles SIGTERM), and a signal to the group
-    must end it."""
-    for signum in range(1, 65):
-        lib.signal(signum, _SIG_DFL)
-    if keep_fd > 0:
-        lib.syscall(_SYS_CLOSE_RANGE, 0, keep_fd - 1, 0)
-    lib.syscall(_SYS_CLOSE_RANGE, keep_fd + 1, _UINT_MAX, 0)
-    while True:
-        got = lib.waitpid(-1, ctypes.byref(status), 0)
-        if got == pid:
-            break
-        if got < 0 and ctypes.get_errno() != EINTR:
-            lib._exit(125)
-    signum = status.value & 0x7F
-    lib._exit((status.value >> 8) & 0xFF if signum == 0 else 128 + signum)
 
 
 class _SeccompListener:

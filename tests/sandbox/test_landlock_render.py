@@ -6,7 +6,6 @@ privileges the next ones drop, so the order is part of the confinement.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import pytest
@@ -280,15 +279,3 @@ def test_the_supervised_filter_hands_over_connect_and_every_foreign_socket() -> 
         (0, 16, "masked_eq"),
         (2, 0, "ne"),
     ]
-
-
-def test_pid_1_is_the_helpers_last_fork_only_where_the_helper_spawns() -> None:
-    """A fork of the spawner stays PID 1: the lean helper, never the harness (its memory)."""
-    policy = SandboxPolicy(mode="workspace-write", workspace_root="/srv", deny_read=())
-    for helper in (True, False):
-        ctx = dataclasses.replace(_ctx(user=False), record_only=helper)
-        setup = ll.landlock_child_setup(
-            policy, ctx, ops=(), mount_table=TABLE, ruleset_fd=20, cwd="/srv"
-        ).materialized()
-        assert (setup.step_names()[-1] == "init") is helper
-        assert setup.step_names().count("init") == (1 if helper else 0)
