@@ -120,3 +120,22 @@ def counted_git_runs(monkeypatch: pytest.MonkeyPatch, word: str) -> list[list[st
 
     monkeypatch.setattr(subprocess, "run", counted)
     return runs
+
+
+def processes_naming(marker: str) -> set[int]:
+    """Live processes whose command line holds ``marker`` (zombies and the gone excluded):
+    what a test started, found by an argument unique to it."""
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+            with open(f"/proc/{entry}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state not in ("Z", "X"):
+            found.add(int(entry))
+    return found

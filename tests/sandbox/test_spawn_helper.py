@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from bash_local import ExecutorClosedError
 from bash_local.spawn import LaunchedChild, SpawnPlan
 from bash_sandbox.backends.bwrap import BwrapBackend
 from bash_sandbox.backends.child_failure import read_child_failure
@@ -30,7 +31,7 @@ from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.helper_client import SpawnHelper
 from bash_seam import BashExecRequest
 from policies import NetworkMode, SandboxMode, SandboxPolicy
-from tests.sandbox.conftest import ExecutorFactory, require_backend
+from tests.sandbox.conftest import ExecutorFactory, processes_naming, require_backend
 
 
 def _ppid(pid: int) -> int:
@@ -380,3 +381,41 @@ async def test_a_child_slow_to_set_up_holds_no_other_spawn_back(tmp_path: Path) 
             os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
     os.close(out_r)
     os.close(out_w)
+
+
+async def test_aclose_while_commands_are_being_set_up_leaves_nothing(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    """The harness closes while several commands are still being set up by the helper's
+    children (its answers come as each child execs): every run ends, and no child, set up
+    or not, outlives the executor."""
+    ex = make_executor(mode="workspace-write", spawn_helper=True)
+    assert (await ex.run(ex.resolve(BashExecRequest(command="true")))).exit_code == 0
+    helper = ex._services.spawn_helper()
+    assert helper is not None
+    token = f"30.{os.getpid() % 1000}{os.urandom(2).hex()}"  # sleep's argument, this run's
+    request = BashExecRequest(command=f"sleep {token}", workdir=str(workspace))
+    runs = [asyncio.create_task(ex.run(ex.resolve(request))) for _ in range(4)]
+    # Until the helper has children: some requests are mid-setup, some not even sent.
+    deadline = time.monotonic() + 30
+    while not _children(helper.pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
+    children = _children(helper.pid)
+    assert children, "no spawn reached the helper"
+    await ex.aclose()
+    outcomes = await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), 60)
+    for outcome in outcomes:
+        # Refused as closed (never a host problem: no SandboxUnavailableError, no raw
+        # OSError from the state the close removed), or killed by the close; never a hang.
+        if isinstance(outcome, BaseException):
+            assert isinstance(outcome, ExecutorClosedError), repr(outcome)
+        else:
+            assert outcome.exit_code != 0, outcome
+    # Judged from /proc: the children as they were (exec'd or not), and any command of
+    # this run by its argument.
+    deadline = time.monotonic() + 30  # a loaded CI machine; returns as soon as it holds
+    while (processes_naming(token) or any(map(_alive, children))) and (time.monotonic() < deadline):
+        await asyncio.sleep(0.05)
+    assert processes_naming(token) == set()
+    assert not any(map(_alive, children))
+    assert not _alive(helper.pid)
