@@ -287,22 +287,17 @@ class LocalBashExecutor(BashExecutor):
         self._check_launchable(spec)
         try:
             scope = await self._open_scope(spec)
-        except Exception as exc:
-            # `aclose()` ran meanwhile and took what the scope was being built from (a
-            # confining executor's state, its helper): that, not the host, is the cause.
-            if self._closing:
-                raise ExecutorClosedError("the executor was closed meanwhile") from exc
-            raise
-        try:
-            # No await from here to the spawn: the scope's view of the host stays current.
-            self._check_launchable(spec)
-        except BaseException:
-            scope.close()
-            raise
-        try:
+            try:
+                # No await from here to the spawn: the scope's view of the host stays current.
+                self._check_launchable(spec)
+            except BaseException:
+                scope.close()
+                raise
             return await self._spawn(spec, scope, background=background, on_output=on_output)
         except Exception as exc:
-            if self._closing and not isinstance(exc, _SpawnFailed):
+            # `aclose()` ran meanwhile and took what the spawn was being built from (a
+            # confining executor's state, its helper): that, not the host, is the cause.
+            if self._closing and not isinstance(exc, _SpawnFailed | ExecutorClosedError):
                 raise ExecutorClosedError("the executor was closed meanwhile") from exc
             raise
 

@@ -83,11 +83,15 @@ def registered_spill_parents() -> tuple[str, ...]:
         return ()
     finally:
         os.close(fd)
-    live = tuple(p for p in named if p.startswith("/") and os.path.isdir(p))
+    live = _live(named)
     if len(live) < len(named):
         with contextlib.suppress(OSError):
             _prune(registry)
     return live
+
+
+def _live(named: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(p for p in named if p.startswith("/") and os.path.isdir(p))
 
 
 def _named(fd: int) -> tuple[str, ...]:
@@ -105,7 +109,7 @@ def _prune(registry: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         named = _named(fd)
-        live = [p for p in named if p.startswith("/") and os.path.isdir(p)]
+        live = _live(named)
         if len(live) == len(named):
             return
         data = "".join(f"{p}\n" for p in live).encode()
