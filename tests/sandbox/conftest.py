@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
+from bash_local import ExecutorClosedError
 from bash_sandbox import SandboxBashExecutor
 from bash_sandbox.backends.base import BackendProbe
+from bash_seam import BashRunResult
 
 LINUX_BACKENDS = ("bwrap", "landlock")
 
@@ -139,3 +141,20 @@ def processes_naming(marker: str) -> set[int]:
         if marker.encode() in cmdline and state not in ("Z", "X"):
             found.add(int(entry))
     return found
+
+
+def sleep_token() -> str:
+    """A `sleep` argument (about 30 s) unique to the calling test: `processes_naming` finds
+    its commands by it."""
+    return f"30.{os.getpid() % 1000}{os.urandom(2).hex()}"
+
+
+def assert_closed_or_killed(outcomes: list[object]) -> None:
+    """Each outcome of runs `aclose()` overtook: refused as closed (never a host problem: no
+    `SandboxUnavailableError`, no raw OSError from the state the close removed), or a
+    result the close killed; never a hang (the caller bounds the wait)."""
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            assert isinstance(outcome, ExecutorClosedError), repr(outcome)
+        else:
+            assert isinstance(outcome, BashRunResult) and outcome.exit_code != 0, outcome

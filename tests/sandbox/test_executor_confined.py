@@ -17,14 +17,18 @@ from typing import Any
 
 import pytest
 
-from bash_local import ExecutorClosedError
 from bash_local.userdir import register_spill_parent
 from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
 from bash_sandbox.confined_spawn import ConfinedSpawn, _Once
 from bash_seam import BashExecRequest, BashRunResult
 from policies import SandboxPolicy, sandbox_denial_marker
 from tests.facts.evidence import WRITE_INTENT_WITNESSED, file_refusal_reported
-from tests.sandbox.conftest import ExecutorFactory, processes_naming
+from tests.sandbox.conftest import (
+    ExecutorFactory,
+    assert_closed_or_killed,
+    processes_naming,
+    sleep_token,
+)
 
 
 async def _run(ex: SandboxBashExecutor, command: str, workdir: Path, **kw: object) -> BashRunResult:
@@ -900,14 +904,11 @@ async def test_runs_racing_aclose_end_or_are_refused_as_closed(
     a host-sounding `SandboxUnavailableError` or a raw OSError, and nothing keeps running."""
     ex = make_executor(mode="workspace-write", spawn_helper=helper)
     assert (await _run(ex, "true", workspace)).exit_code == 0
-    token = f"30.{os.getpid() % 1000}{os.urandom(2).hex()}"  # sleep's argument, this test's
+    token = sleep_token()
     runs = [asyncio.create_task(_run(ex, f"sleep {token}", workspace)) for _ in range(4)]
     await asyncio.sleep(0.005)  # some prepared or spawned, some not yet
     await ex.aclose()
-    outcomes = await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), 60)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            assert isinstance(outcome, ExecutorClosedError), repr(outcome)
-        else:
-            assert outcome.exit_code != 0, outcome
+    assert_closed_or_killed(
+        await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), 60)
+    )
     assert processes_naming(token) == set()

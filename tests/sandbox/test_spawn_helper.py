@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from bash_local import ExecutorClosedError
 from bash_local.spawn import LaunchedChild, SpawnPlan
 from bash_sandbox.backends.bwrap import BwrapBackend
 from bash_sandbox.backends.child_failure import read_child_failure
@@ -31,7 +30,13 @@ from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.helper_client import SpawnHelper
 from bash_seam import BashExecRequest
 from policies import NetworkMode, SandboxMode, SandboxPolicy
-from tests.sandbox.conftest import ExecutorFactory, processes_naming, require_backend
+from tests.sandbox.conftest import (
+    ExecutorFactory,
+    assert_closed_or_killed,
+    processes_naming,
+    require_backend,
+    sleep_token,
+)
 
 
 def _ppid(pid: int) -> int:
@@ -393,7 +398,7 @@ async def test_aclose_while_commands_are_being_set_up_leaves_nothing(
     assert (await ex.run(ex.resolve(BashExecRequest(command="true")))).exit_code == 0
     helper = ex._services.spawn_helper()
     assert helper is not None
-    token = f"30.{os.getpid() % 1000}{os.urandom(2).hex()}"  # sleep's argument, this run's
+    token = sleep_token()
     request = BashExecRequest(command=f"sleep {token}", workdir=str(workspace))
     runs = [asyncio.create_task(ex.run(ex.resolve(request))) for _ in range(4)]
     # Until the helper has children: some requests are mid-setup, some not even sent.
@@ -403,14 +408,9 @@ async def test_aclose_while_commands_are_being_set_up_leaves_nothing(
     children = _children(helper.pid)
     assert children, "no spawn reached the helper"
     await ex.aclose()
-    outcomes = await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), 60)
-    for outcome in outcomes:
-        # Refused as closed (never a host problem: no SandboxUnavailableError, no raw
-        # OSError from the state the close removed), or killed by the close; never a hang.
-        if isinstance(outcome, BaseException):
-            assert isinstance(outcome, ExecutorClosedError), repr(outcome)
-        else:
-            assert outcome.exit_code != 0, outcome
+    assert_closed_or_killed(
+        await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), 60)
+    )
     # Judged from /proc: the children as they were (exec'd or not), and any command of
     # this run by its argument.
     deadline = time.monotonic() + 30  # a loaded CI machine; returns as soon as it holds
