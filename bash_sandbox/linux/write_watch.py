@@ -17,7 +17,8 @@ namespace, nothing read-only) Landlock refuses with EACCES whatever lies outside
 and the private TMPDIR, so there the judge compares the paths with those.
 
 Two steps, so the caller waits only for the first: `capture` (before the call continues:
-the path, made absolute with the caller's cwd, and a descriptor of its root) and `judge`
+the path, made absolute with the caller's cwd, a descriptor of its root and one of its
+mount namespace, which keeps that view whole until judged) and `judge`
 (after: the mount flags, which the call cannot change, since a refused call changed nothing).
 Calls whose every path `WritePolicy.surely_writable` clears never reach either step where
 the C fast path is built (`fast_writes.py`): it lets them through without waking Python.
@@ -176,10 +177,12 @@ class Captured:
     root: int  # O_PATH descriptor of the caller's root (its mount namespace's view)
     paths: tuple[str, ...]  # absolute, in the caller's view: the path, then the new name
     flags: int
+    namespace: int = -1  # the caller's mount namespace, held until judged (`capture`)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.root)
+        for fd in (self.root, self.namespace):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class _OpenHow(ctypes.Structure):
@@ -248,14 +251,23 @@ def capture(
     if all(policy.surely_writable(p) and not _through_link(p, policy) for p in paths):
         return None
     try:
-        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        # The namespace too: the judge runs after the call continues, and once the last
+        # process leaves, a namespace nobody holds loses every mount below its root, where
+        # a path in the workspace resolves on the read-only host tree instead.
+        namespace = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    if not still_valid():  # the pid was reused: those were another process's paths
-        os.close(root)
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        os.close(namespace)
         return None
     flags = args[call.flags] if call.flags is not None else O_CREAT | O_WRONLY | O_TRUNC
-    return Captured(call, pid, root, tuple(paths), flags)
+    captured = Captured(call, pid, root, tuple(paths), flags, namespace)
+    if not still_valid():  # the pid was reused: those were another process's paths
+        captured.close()
+        return None
+    return captured
 
 
 def _through_link(path: str, policy: WritePolicy) -> bool:

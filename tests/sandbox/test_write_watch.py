@@ -7,8 +7,11 @@ process afterwards (nothing outside the roots changed), then the supervisor's fa
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,3 +209,38 @@ async def test_landlock_alone_refusals_are_seen_by_its_rules(tmp_path: Path) -> 
         (str(outside / "made"), "mkdir", REASON_OUTSIDE_ROOTS),
         (str(outside / "o"), "open", REASON_OUTSIDE_ROOTS),
     ]
+
+
+
+async def test_a_write_judged_after_the_command_is_gone_is_judged_in_its_view(
+    make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The judge runs after the call continues, so on a loaded machine the command may have
+    exited, and its mount namespace gone, first. Judged in what was left of that view (the
+    root alone, every mount below it detached), an allowed write inside the `.git` overlay
+    was a refused one on the read-only host tree (found in CI: `git branch --track`). Here
+    the judging of one such write waits until the run is over."""
+    import bash_sandbox.linux.supervisor as supervisor
+
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    real_judge = supervisor.judge
+    deferred: list[tuple[Any, Any]] = []
+
+    def later(captured: Any, watch: Any) -> Any:
+        if captured.paths[0].endswith("/.git/made") and not deferred:
+            deferred.append((captured, watch))
+            return None
+        return real_judge(captured, watch)
+
+    monkeypatch.setattr(supervisor, "judge", later)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, ": > .git/made", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    assert len(deferred) == 1
+    pid = deferred[0][0].pid
+    for _ in range(500):  # the command and its namespace's last process are gone (<= 5 s)
+        if not os.path.exists(f"/proc/{pid}"):
+            break
+        await asyncio.sleep(0.01)
+    assert not os.path.exists(f"/proc/{pid}")
+    assert real_judge(*deferred[0]) is None
