@@ -206,6 +206,9 @@ def last_cap() -> int:
 # argument a str, bytes, int, bool or None. Replayed on a fresh `ChildSetup` by the spawn
 # helper (`spawn_helper.py`), which thus runs exactly these steps, bound in its own memory.
 StepCall = tuple[str, tuple[object, ...], dict[str, object]]
+# A step as the compiled child runs it (`compiled_child.py`): its operation's name and its
+# arguments (numbers, ctypes buffers and structures, pointers), in the C function's order.
+NativeStep = tuple[str, tuple[object, ...]]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -291,6 +294,16 @@ class ChildSetup:
     def step_names(self) -> tuple[str, ...]:
         """The steps in order, as the report pipe would name them (exact-output tests)."""
         return tuple(step.what.decode() for step in self._steps)
+
+    def native_steps(self) -> tuple[tuple[bytes, NativeStep, tuple[int, ...]], ...]:
+        """Every step as the compiled child runs it (`compiled_child.py`): its name, its
+        operation and the errnos it tolerates. A libc call is named by its function."""
+        steps = []
+        for step in self._steps:
+            native = getattr(step.fn, "native", None)
+            operation = native() if native is not None else (step.fn.__name__, step.args)
+            steps.append((step.what, operation, step.ok_errnos))
+        return tuple(steps)
 
     def __bool__(self) -> bool:
         return bool(self._steps or self._calls)
@@ -417,7 +430,7 @@ class ChildSetup:
             _AT_FDCWD,
             self._buf(target.encode()),
             _AT_RECURSIVE if recursive else 0,
-            ctypes.byref(attr),
+            ctypes.pointer(attr),
             ctypes.sizeof(attr),
             ok=(ENOENT,) if optional else (),
         )
@@ -493,7 +506,7 @@ class ChildSetup:
     def set_rlimit(self, resource: int, soft: int, hard: int) -> None:
         limit = _Rlimit(soft, hard)
         self._keep.append(limit)
-        self._add(f"rlimit {resource}", self._lib.prlimit, 0, resource, ctypes.byref(limit), None)
+        self._add(f"rlimit {resource}", self._lib.prlimit, 0, resource, ctypes.pointer(limit), None)
 
     @_recorded
     def hold_dir(self, path: str, fd: int) -> None:
@@ -540,7 +553,7 @@ class ChildSetup:
         data = (_CapData * 2)()
         self._keep += [header, data]
         self._add(
-            "capset", self._lib.syscall, _SYS_CAPSET, ctypes.byref(header), ctypes.byref(data)
+            "capset", self._lib.syscall, _SYS_CAPSET, ctypes.pointer(header), ctypes.pointer(data)
         )
 
     @_recorded
@@ -577,7 +590,7 @@ class ChildSetup:
             self._lib.prctl,
             PR_SET_SECCOMP,
             SECCOMP_MODE_FILTER,
-            ctypes.byref(prog),
+            ctypes.pointer(prog),
             0,
             0,
         )
@@ -609,6 +622,9 @@ class _CreateFile:
     def __init__(self, lib: ctypes.CDLL, path: ctypes.Array[ctypes.c_char], mode: int) -> None:
         self._lib, self._path, self._mode = lib, path, mode
 
+    def native(self) -> NativeStep:
+        return "create_file", (self._path, self._mode)
+
     def __call__(self) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         fd = int(self._lib.open(self._path, flags, self._mode))
@@ -630,6 +646,9 @@ class _WriteFile:
     ) -> None:
         self._lib, self._path, self._data, self._size = lib, path, data, size
 
+    def native(self) -> NativeStep:
+        return "write_file", (self._path, self._data, self._size)
+
     def __call__(self) -> int:
         fd = int(self._lib.open(self._path, os.O_WRONLY | os.O_CLOEXEC))
         if fd < 0:
@@ -644,6 +663,9 @@ class _ParentIs:
 
     def __init__(self, lib: ctypes.CDLL, pid: int) -> None:
         self._lib, self._pid = lib, pid
+
+    def native(self) -> NativeStep:
+        return "parent_is", (self._pid,)
 
     def __call__(self) -> int:
         if self._lib.getppid() != self._pid:
@@ -665,6 +687,9 @@ class _LandlockAllow:
         self._lib, self._path, self._ruleset = lib, path, ruleset_fd
         self._attr = _PathBeneath(rights, -1)
 
+    def native(self) -> NativeStep:
+        return "landlock_allow", (self._path, self._ruleset, self._attr.allowed_access)
+
     def __call__(self) -> int:
         fd = int(self._lib.open(self._path, os.O_PATH | os.O_CLOEXEC))
         if fd < 0:
@@ -682,6 +707,9 @@ class _HoldDir:
 
     def __init__(self, lib: ctypes.CDLL, path: ctypes.Array[ctypes.c_char], fd: int) -> None:
         self._lib, self._path, self._fd = lib, path, fd
+
+    def native(self) -> NativeStep:
+        return "hold_dir", (self._path, self._fd)
 
     def __call__(self) -> int:
         fd = int(self._lib.open(self._path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
@@ -703,6 +731,9 @@ class _ForkWaiter:
         self._pipe = (ctypes.c_int * 2)()
         self._status = ctypes.c_int(0)
         self._poll = _Pollfd(0, _POLLIN, 0)
+
+    def native(self) -> NativeStep:
+        return "fork_waiter", ()
 
     def __call__(self) -> int:
         lib = self._lib
@@ -765,6 +796,9 @@ class _SeccompListener:
             24,
             0,
         )
+
+    def native(self) -> NativeStep:
+        return "seccomp_listener", (self._prog, self._sock)
 
     def __call__(self) -> int:
         lib = self._lib

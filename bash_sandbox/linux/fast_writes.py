@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import importlib.machinery
 import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from bash_sandbox.linux.file_calls import FileCall
+from bash_sandbox.linux.native_build import checked_build
 from bash_sandbox.linux.write_watch import WritePolicy
 
 logger = logging.getLogger(__name__)
@@ -94,34 +93,12 @@ def rules_blob(policy: WritePolicy) -> bytes | None:
     return bytes(out)
 
 
-def built() -> Path | None:
-    """The extension file the package's build left next to this module, if any."""
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = Path(__file__).with_name("_fast_writes" + suffix)
-        if path.is_file():
-            return path
-    return None
-
-
 @functools.cache
 def _load() -> ctypes.CDLL | None:
-    path = built()
-    if path is None:
+    found = checked_build("_fast_writes", SOURCE, "bsf_source_sha256")
+    if found is None:
         return None
-    try:
-        lib = ctypes.CDLL(str(path))
-        lib.bsf_source_sha256.restype = ctypes.c_char_p
-        compiled_for = lib.bsf_source_sha256().decode()
-    except (OSError, AttributeError) as exc:
-        logger.warning("write watch fast path not loaded: %s", exc)
-        return None
-    if SOURCE.is_file() and compiled_for != hashlib.sha256(SOURCE.read_bytes()).hexdigest():
-        logger.warning(
-            "write watch fast path not loaded: %s was built from another fast_writes.c "
-            "(reinstall the package to rebuild it)",
-            path,
-        )
-        return None
+    lib = found[1]
     _declare(lib)
     return lib
 

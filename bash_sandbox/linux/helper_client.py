@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from bash_local.spawn import LaunchedChild, Launcher, SpawnPlan
 from bash_sandbox.linux import child_setup as child_setup_module
+from bash_sandbox.linux import compiled_child
 from bash_sandbox.linux.child_setup import ChildSetup
 
 logger = logging.getLogger("bash_sandbox")
@@ -94,6 +95,7 @@ class SpawnHelper(Launcher):
                     str(theirs.fileno()),
                     str(os.getpid()),
                     child_setup_module.__file__ or "",
+                    str(compiled_child.built() or ""),
                 ],
                 stdin=subprocess.DEVNULL,
                 # It needs none, so a process that could read its environ finds nothing.
@@ -129,6 +131,8 @@ class SpawnHelper(Launcher):
         pid = ready[1]
         assert isinstance(pid, int)
         self.pid = pid
+        # Whether its children run the compiled child (`compiled_child.py`) or Python.
+        self.compiled_child = bool(ready[2])
 
     # -- the socket -------------------------------------------------------------------------
 

@@ -1,13 +1,18 @@
 """The spawn helper: a small per-executor process that forks, sets up and execs commands.
 
-Run as ``python -I -S spawn_helper.py <socket fd> <executor pid> <child_setup.py>``; it
-imports only standard modules (os, socket, select, fcntl, marshal, importlib.util, sys) and
-`child_setup.py` (ctypes), loaded by path: a fork of it is a fork of a few MiB, never of
-the harness. The executor's client is `helper_client.py`.
+Run as ``python -I -S spawn_helper.py <socket fd> <executor pid> <child_setup.py>
+[<compiled child>]``; it imports only standard modules (os, socket, select, fcntl, marshal,
+importlib.util, sys) and `child_setup.py` and `compiled_child.py` (ctypes), loaded by path:
+a fork of it is a fork of a few MiB, never of the harness. With the compiled child (the
+package's build, checked by the executor) each child runs C only, from fork to exec
+(`compiled_child.py`); without it the child below runs the same steps in Python. The
+executor's client is `helper_client.py`.
 
 Protocol (one SOCK_SEQPACKET socket, marshal-encoded tuples, trusted both ways: the
 executor made the socket pair and started this process):
 
+- ``("ready", pid, compiled)`` once, at start: ``compiled`` says whether the children run
+  the compiled child.
 - ``("spawn", seq, argv, env, cwd, targets, inheritable, calls, report_fd)`` with the
   descriptors ``stdin, stdout, stderr, *targets`` (SCM_RIGHTS). The child replays ``calls``
   on a fresh `ChildSetup` (built here, before the fork, in this process's memory), places
@@ -50,13 +55,13 @@ _MAX_FDS = 250
 _CLD_EXITED = 1
 
 
-def _load_child_setup(path: str) -> Any:
+def _load(name: str, path: str) -> Any:
     # Through the import system by path: it uses the bytecode the executor's own import of
     # the module cached (compiling the source here took 5 ms of every helper's start).
-    spec = importlib.util.spec_from_file_location("child_setup", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["child_setup"] = module  # dataclasses looks the module up
+    sys.modules[name] = module  # dataclasses looks the module up
     spec.loader.exec_module(module)
     return module
 
@@ -110,9 +115,13 @@ class _Starting:
 
 
 class Helper:
-    def __init__(self, sock: socket.socket, child_setup: Any) -> None:
+    def __init__(
+        self, sock: socket.socket, child_setup: Any, compiled: Any = None, native: Any = None
+    ) -> None:
         self.sock = sock
         self.cs = child_setup
+        self.compiled = compiled  # `compiled_child.py` and its build, or None: Python children
+        self.native = native
         self.poll = select.poll()
         self.poll.register(sock.fileno(), select.POLLIN)
         self.running: dict[int, int] = {}  # pidfd -> pid
@@ -129,9 +138,7 @@ class Helper:
                 os.close(fd)
             _send(self.sock, "failed", seq, "helper", 0, repr(exc))
             return
-        pid = os.fork()
-        if pid == 0:
-            _child(request, fds, err_w, setup)
+        pid = self._fork(request, fds, err_w, setup)
         os.close(err_w)
         for fd in fds:
             os.close(fd)
@@ -140,6 +147,32 @@ class Helper:
         # another core.
         self.starting[err_r] = _Starting(seq, pid)
         self.poll.register(err_r, select.POLLIN)
+
+    def _fork(self, request: Any, fds: list[int], err_w: int, setup: Any) -> int:
+        """The child's pid; the child places ``fds``, runs ``setup`` and execs."""
+        if self.native is not None:
+            _, _, argv, env, cwd, targets, inheritable, _, report_fd = request
+            try:
+                prepared = self.compiled.Spawn(
+                    argv=argv,
+                    env=env,
+                    cwd=cwd,
+                    fds=fds,
+                    targets=targets,
+                    inheritable=inheritable,
+                    err_w=err_w,
+                    report_fd=report_fd,
+                    native=setup.native_steps(),
+                )
+            except (TypeError, ValueError, KeyError):
+                prepared = None  # what C has no form for: the Python child runs it
+            if prepared is not None:
+                # The fork copies what the child reads; nothing needs to outlive this call.
+                return int(self.compiled.spawn(self.native, prepared))
+        pid = os.fork()
+        if pid == 0:
+            _child(request, fds, err_w, setup)
+        return pid
 
     def exec_news(self, err_r: int) -> None:
         """The exec-status pipe of a child being set up is readable."""
@@ -220,7 +253,12 @@ class Helper:
 
 def main() -> None:
     sock_fd, parent, setup_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    child_setup = _load_child_setup(setup_path)
+    child_setup = _load("child_setup", setup_path)
+    compiled = native = None
+    if len(sys.argv) > 4 and sys.argv[4]:
+        compiled_path = os.path.join(os.path.dirname(setup_path), "compiled_child.py")
+        compiled = _load("compiled_child", compiled_path)
+        native = compiled.load(sys.argv[4])
     lib = child_setup.libc()
     # An ignored SIGCHLD (inherited through exec) would reap exited commands at once: the
     # zombie that keeps a group id from reuse must stay until the executor says "reap".
@@ -230,8 +268,8 @@ def main() -> None:
     if os.getppid() != parent:
         os._exit(1)
     sock = socket.socket(fileno=sock_fd)
-    helper = Helper(sock, child_setup)
-    _send(sock, "ready", os.getpid())
+    helper = Helper(sock, child_setup, compiled, native)
+    _send(sock, "ready", os.getpid(), native is not None)
     try:
         helper.serve()
     except (BrokenPipeError, ConnectionResetError):

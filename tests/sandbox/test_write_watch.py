@@ -211,7 +211,6 @@ async def test_landlock_alone_refusals_are_seen_by_its_rules(tmp_path: Path) -> 
     ]
 
 
-
 async def test_a_write_judged_after_the_command_is_gone_is_judged_in_its_view(
     make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

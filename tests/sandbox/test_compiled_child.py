@@ -1,0 +1,170 @@
+"""The spawn helper's compiled child (`linux/compiled_child.py`, `native/spawn_child.c`).
+
+It must leave a command exactly the process the Python child leaves: the same namespaces,
+mounts, capabilities, filters, limits, descriptors, signals and session, judged from the
+command's own /proc with both children on both backends, and the same failure reports. The
+rest of the suite runs on it wherever it is built (the default), and CI asserts it is.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bash_local.spawn import SpawnPlan
+from bash_sandbox.backends.child_failure import read_child_failure
+from bash_sandbox.linux import compiled_child
+from bash_sandbox.linux.child_setup import ChildSetup
+from bash_sandbox.linux.helper_client import SpawnHelper
+from bash_seam import BashExecRequest
+from tests.sandbox.conftest import ExecutorFactory
+
+# What the command is, as its own /proc says: every line must match between the children.
+# Mount ids and the overlay's per-executor directories differ between any two executors.
+STATUS = (
+    "Uid|Gid|Groups|NStgid|NSpid|NSpgid|NSsid|Sig(Blk|Ign|Cgt)|Cap(Inh|Prm|Eff|Bnd|Amb)"
+    "|NoNewPrivs|Seccomp|Seccomp_filters"
+)
+PROBE = rf"""
+grep -E '^({STATUS}):' /proc/self/status
+cat /proc/self/limits
+awk '{{print $5, $6, $9}}' /proc/self/mountinfo
+for fd in /proc/self/fd/*; do
+    printf '%s ' "${{fd##*/}}"; readlink "$fd" | sed 's/[0-9][0-9]*/N/g'
+done
+echo; pwd; umask; ps -o pid=,pgid=,sid=,comm= -p $$ 2>/dev/null
+echo x > /etc/compiled-child-probe 2>&1 || echo write refused
+"""
+
+
+@pytest.fixture
+def built() -> Iterator[None]:
+    if compiled_child.built() is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI has a C compiler: the package's build must have built the child")
+        pytest.skip("no compiled child built here: the helper forks in Python")
+    yield
+
+
+def test_the_helper_runs_the_compiled_child_where_it_is_built(
+    built: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    helper = SpawnHelper()
+    try:
+        assert helper.compiled_child
+    finally:
+        helper.close()
+    monkeypatch.setattr(compiled_child, "ENABLED", False)
+    helper = SpawnHelper()
+    try:
+        assert not helper.compiled_child
+    finally:
+        helper.close()
+
+
+async def _probe(
+    make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch, on: bool
+) -> str:
+    monkeypatch.setattr(compiled_child, "ENABLED", on)
+    ex = make_executor(mode="workspace-write", spawn_helper=True)
+    result = await ex.run(ex.resolve(BashExecRequest(command=PROBE, workdir=str(workspace))))
+    helper = ex._services.spawn_helper()
+    assert helper is not None and helper.compiled_child is on
+    # Seen from the host: the leader leads its own session and group (signals reach all).
+    process = await ex.start(ex.resolve(BashExecRequest(command="sleep 30")))
+    leader = process._spawned.pid  # type: ignore[attr-defined]
+    assert (os.getsid(leader), os.getpgid(leader)) == (leader, leader)
+    process.kill()
+    await process.wait()
+    await ex.aclose()
+    assert result.exit_code == 0, result.stderr.text
+    return re.sub(r"/exec-\w+/", "/exec-X/", result.stdout.text)  # each executor's state
+
+
+async def test_both_children_make_the_same_command(
+    built: None, make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)  # the .git overlay too
+    compiled = await _probe(make_executor, workspace, monkeypatch, True)
+    python = await _probe(make_executor, workspace, monkeypatch, False)
+    assert compiled.splitlines() == python.splitlines()
+    # The probe saw what it must: confined, filtered, capability-less, its own session.
+    assert "write refused" in compiled
+    assert not os.path.exists("/etc/compiled-child-probe")
+    assert re.search(r"^NoNewPrivs:\s+1$", compiled, re.M)
+    assert re.search(r"^Seccomp:\s+2$", compiled, re.M)
+    assert re.search(r"^CapBnd:\s+0+$", compiled, re.M)
+    assert f"{workspace}/.git " in compiled  # the overlay is mounted in both
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["compiled", "python"])
+async def test_failures_are_reported_alike(
+    built: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, on: bool
+) -> None:
+    monkeypatch.setattr(compiled_child, "ENABLED", on)
+    helper = SpawnHelper()
+    assert helper.compiled_child is on
+    report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    out_r, out_w = os.pipe()
+    try:
+        # A failing step: its name and errno on the report pipe, the launch refused.
+        setup = ChildSetup()
+        setup.make_dir(str(tmp_path / "made"))  # tolerated EEXIST on the second launch
+        setup.chdir(str(tmp_path / "missing"))
+        setup.report_failures_to(report_w)
+        plan = SpawnPlan(argv=("/bin/true",), env={}, cwd=str(tmp_path), preexec_fn=setup)
+        for _ in range(2):
+            with pytest.raises(subprocess.SubprocessError):
+                helper.launch(plan, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+            failure = read_child_failure(report_r)
+            assert failure is not None
+            assert (failure.step, failure.errno) == (f"chdir {tmp_path}/missing", errno.ENOENT)
+        assert (tmp_path / "made").is_dir()  # the steps before it ran
+        # A missing working directory, then a missing program: as Popen would raise them.
+        missing = SpawnPlan(
+            argv=("/bin/true",), env={}, cwd=str(tmp_path / "gone"), preexec_fn=ChildSetup()
+        )
+        with pytest.raises(FileNotFoundError):
+            helper.launch(missing, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+        nope = SpawnPlan(
+            argv=(str(tmp_path / "nope"),), env={}, cwd=str(tmp_path), preexec_fn=ChildSetup()
+        )
+        with pytest.raises(FileNotFoundError) as caught:
+            helper.launch(nope, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+        assert caught.value.filename == str(tmp_path / "nope")
+        # And one that runs: its output, its exit status, its environment exactly as given.
+        env = {"ONLY": "this", "EMPTY": ""}
+        ok = SpawnPlan(
+            argv=("/bin/sh", "-c", 'env | sort; pwd; exit "$1"', "sh", "7"),
+            env=env,
+            cwd=str(tmp_path),
+            preexec_fn=ChildSetup(),
+        )
+        child = helper.launch(ok, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+        for _ in range(100):  # the helper's "exit" for it (each receive waits up to 10 s)
+            if child.returncode is not None:
+                break
+            helper._dispatch(helper._receive(10))
+        assert child.wait() == 7
+        os.close(out_w)
+        out_w = -1
+        output = b""
+        while chunk := os.read(out_r, 4096):
+            output += chunk
+        lines = output.decode().splitlines()
+        assert [line for line in lines if "=" in line and not line.startswith("PWD=")] == [
+            "EMPTY=",
+            "ONLY=this",
+        ]
+        assert lines[-1] == str(tmp_path)
+    finally:
+        helper.close()
+        for fd in (report_r, report_w, out_r, out_w):
+            if fd >= 0:
+                os.close(fd)
