@@ -48,6 +48,9 @@ class HostFacts(BaseModel):
     kernel: str
     landlock_abi: int
     namespaces: Check
+    # The package's compiled parts this install has (`linux/native/`): speed only; without
+    # them the Python paths serve, with the same confinement.
+    compiled: tuple[str, ...] = ()
 
 
 class LayerStatus(BaseModel):
@@ -188,6 +191,7 @@ def collect_report(
         kernel=os.uname().release,
         landlock_abi=landlock_abi(),
         namespaces=Check(available=possible, detail=why),
+        compiled=_compiled_parts(),
     )
     limits: tuple[LimitEnforcement, ...] = ()
     if sys.platform.startswith("linux"):
@@ -207,6 +211,21 @@ def collect_report(
         limits=limits,
         allow_domains=tuple(config.allow_domains),
     )
+
+
+_NO_BUILD = "the Python paths serve: slower, as confined"
+
+
+def _compiled_parts() -> tuple[str, ...]:
+    if not sys.platform.startswith("linux"):
+        return ()
+    from bash_sandbox.linux import compiled_child, fast_writes
+
+    parts = {
+        "write-watch fast path": fast_writes.library() is not None,
+        "spawn helper child": compiled_child.built() is not None,
+    }
+    return tuple(name for name, built in parts.items() if built)
 
 
 def _table(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
@@ -230,6 +249,7 @@ def render_text(report: DoctorReport) -> str:
             [
                 ("Landlock ABI:", str(host.landlock_abi) if host.landlock_abi else "none"),
                 ("namespaces:", f"{'yes' if ns.available else 'no'} ({ns.detail})"),
+                ("compiled parts:", ", ".join(host.compiled) or f"none ({_NO_BUILD})"),
                 ("chosen backend:", chosen),
                 ("layers shown for:", f"network = {report.network.value}"),
             ]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,8 +26,6 @@ from pathlib import Path
 from bash_sandbox.linux.file_calls import FileCall
 from bash_sandbox.linux.native_build import checked_build
 from bash_sandbox.linux.write_watch import WritePolicy
-
-logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "fast_writes.c"
 # Entries per list the C side holds (`BSF_MAX_RULES`); a longer list: no fast path.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -160,6 +161,27 @@ def test_render_text_lists_usable_backends_layers_and_loud_notes() -> None:
     assert "chosen backend:    bwrap" in text
     assert "WARNING: weaker than it should be" in text
     assert "note: workspace config is not read" in text
+    assert "compiled parts:    none (the Python paths serve" in text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiled parts are Linux's")
+def test_doctor_names_the_compiled_parts_this_install_has(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bash_sandbox.linux import compiled_child, fast_writes
+
+    built = [
+        name
+        for name, lib in (
+            ("write-watch fast path", fast_writes.library()),
+            ("spawn helper child", compiled_child.built()),
+        )
+        if lib is not None
+    ]
+    if os.environ.get("CI"):
+        assert len(built) == 2  # CI has a C compiler: the package's build made both
+    assert main(["doctor", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["host"]["compiled"] == built
 
 
 @on_linux_with_bwrap
