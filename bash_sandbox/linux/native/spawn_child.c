@@ -53,6 +53,7 @@ enum {
 
 #define BSC_MAX_OK 4
 #define BSC_MAX_FDS 256
+#define BSC_REPORT_NAME 4096
 #define BSC_SYS_LANDLOCK_ADD_RULE 445
 #define BSC_LANDLOCK_RULE_PATH_BENEATH 1
 #define BSC_SECCOMP_SET_MODE_FILTER 1
@@ -320,9 +321,10 @@ static void child(const struct bsc_request *r) {
         if (tolerated)
             continue;
         if (r->report_fd >= 0) {
-            /* (errno, step), as `ChildSetup.__call__` writes it. */
-            char report[4 + 4096];
-            size_t len = s->what_len < 4096 ? (size_t)s->what_len : 4096;
+            /* (errno, step), as `ChildSetup.__call__` writes it; the reader takes at most
+             * 4 + BSC_REPORT_NAME bytes (`child_failure._RECORD_MAX`). */
+            char report[4 + BSC_REPORT_NAME];
+            size_t len = s->what_len < BSC_REPORT_NAME ? (size_t)s->what_len : BSC_REPORT_NAME;
             uint32_t le = (uint32_t)code;
             for (int b = 0; b < 4; b++)
                 report[b] = (char)((le >> (8 * b)) & 0xff);
