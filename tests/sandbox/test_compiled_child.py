@@ -68,6 +68,13 @@ def test_the_helper_runs_the_compiled_child_where_it_is_built(
         helper.close()
 
 
+def test_the_operations_are_numbered_as_the_c_side_numbers_them() -> None:
+    source = (Path(compiled_child.__file__).parent / "native" / "spawn_child.c").read_text()
+    enum = source[source.index("enum {") : source.index("};", source.index("enum {"))]
+    names = [name.lower() for name in re.findall(r"BSC_(\w+),", enum)]
+    assert tuple(names) == compiled_child.OPS
+
+
 async def _probe(
     make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch, on: bool
 ) -> str:

@@ -69,6 +69,9 @@ struct bsc_step {
     uint64_t a[6];
 };
 
+/* `compiled_child._STEP` packs it without padding. */
+_Static_assert(sizeof(struct bsc_step) == 88, "struct bsc_step must match compiled_child.Step");
+
 /* Mirrors `compiled_child.Request`: one spawn request of the helper. */
 struct bsc_request {
     const int32_t *fds; /* stdin, stdout, stderr, then one per target */
