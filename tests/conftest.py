@@ -1,7 +1,8 @@
 """Suite-wide switches. ``BASH_SANDBOX_TEST_SPAWN_HELPER=0`` runs every confined executor
 the tests make with the spawn helper off (`SandboxBashConfig.spawn_helper`: each command
 forked from the executor), ``=1`` with it on (the default), so any suite can be run on
-either path as it is."""
+either path as it is. ``BASH_SANDBOX_TEST_COMPILED_CHILD=0`` has the helper fork its
+children in Python even where the compiled child is built (`linux/compiled_child.py`)."""
 
 from __future__ import annotations
 
@@ -13,3 +14,8 @@ if _HELPER in ("0", "1"):
 
     SandboxBashConfig.model_fields["spawn_helper"].default = _HELPER == "1"
     SandboxBashConfig.model_rebuild(force=True)
+
+if os.environ.get("BASH_SANDBOX_TEST_COMPILED_CHILD") == "0":
+    from bash_sandbox.linux import compiled_child
+
+    compiled_child.ENABLED = False
