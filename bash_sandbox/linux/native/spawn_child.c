@@ -348,6 +348,7 @@ pid_t bsc_spawn(const struct bsc_request *r) {
     return pid;
 }
 
+/* The hash of this file as setup.py built it: `native_build.py` loads no build of another. */
 #ifndef BSC_SOURCE_SHA256
 #define BSC_SOURCE_SHA256 ""
 #endif
