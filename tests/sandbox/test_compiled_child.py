@@ -23,10 +23,12 @@ from bash_sandbox.linux import compiled_child
 from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.helper_client import SpawnHelper
 from bash_seam import BashExecRequest
+from policies.paths import within
 from tests.sandbox.conftest import ExecutorFactory
 
 # What the command is, as its own /proc says: every line must match between the children.
-# Mount ids and the overlay's per-executor directories differ between any two executors.
+# Mount ids and the overlay's per-executor directories differ between any two executors, and
+# the host's own mounts that come and go meanwhile (other tests') are not the children's.
 STATUS = (
     "Uid|Gid|Groups|NStgid|NSpid|NSpgid|NSsid|Sig(Blk|Ign|Cgt)|Cap(Inh|Prm|Eff|Bnd|Amb)"
     "|NoNewPrivs|Seccomp|Seccomp_filters"
@@ -34,7 +36,7 @@ STATUS = (
 PROBE = rf"""
 grep -E '^({STATUS}):' /proc/self/status
 cat /proc/self/limits
-awk '{{print $5, $6, $9}}' /proc/self/mountinfo
+awk '{{print "M", $5, $6, $9}}' /proc/self/mountinfo
 for fd in /proc/self/fd/*; do
     printf '%s ' "${{fd##*/}}"; readlink "$fd" | sed 's/[0-9][0-9]*/N/g'
 done
@@ -76,12 +78,39 @@ def test_the_operations_are_numbered_as_the_c_side_numbers_them() -> None:
     assert tuple(names) == compiled_child.OPS
 
 
+def _host_mountpoints() -> set[str]:
+    with open("/proc/self/mountinfo") as fh:
+        return {line.split()[4] for line in fh}
+
+
+def _children_own(probe: str, workspace: Path, transient: set[str]) -> list[str]:
+    """The probe's lines without the host's transient mounts: a mount point the host had
+    in some snapshots and not in others, or one below /tmp outside the workspace (where
+    other tests and executors mount their own, visible through the bound-back ancestors)."""
+    kept = []
+    for line in probe.splitlines():
+        if line.startswith("M "):
+            point = line.split()[1]
+            if point in transient:
+                continue
+            if within(point, "/tmp") and point != "/tmp" and not within(point, str(workspace)):
+                continue
+        kept.append(line)
+    return kept
+
+
 async def _probe(
-    make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch, on: bool
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    on: bool,
+    hosts: list[set[str]],
 ) -> str:
     monkeypatch.setattr(compiled_child, "ENABLED", on)
     ex = make_executor(mode="workspace-write", spawn_helper=True)
+    hosts.append(_host_mountpoints())
     result = await ex.run(ex.resolve(BashExecRequest(command=PROBE, workdir=str(workspace))))
+    hosts.append(_host_mountpoints())
     helper = ex._services.spawn_helper()
     assert helper is not None and helper.compiled_child is on
     # Seen from the host: the leader leads its own session and group (signals reach all).
@@ -99,9 +128,14 @@ async def test_both_children_make_the_same_command(
     built: None, make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     subprocess.run(["git", "init", "-q", str(workspace)], check=True)  # the .git overlay too
-    compiled = await _probe(make_executor, workspace, monkeypatch, True)
-    python = await _probe(make_executor, workspace, monkeypatch, False)
-    assert compiled.splitlines() == python.splitlines()
+    hosts: list[set[str]] = []
+    compiled = await _probe(make_executor, workspace, monkeypatch, True, hosts)
+    python = await _probe(make_executor, workspace, monkeypatch, False, hosts)
+    transient = set.union(*hosts) - set.intersection(*hosts)
+    assert _children_own(compiled, workspace, transient) == _children_own(
+        python, workspace, transient
+    )
+    assert f"M {workspace} " in compiled  # the workspace's own mounts are compared
     # The probe saw what it must: confined, filtered, capability-less, its own session.
     assert "write refused" in compiled
     assert not os.path.exists("/etc/compiled-child-probe")
