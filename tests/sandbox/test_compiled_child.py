@@ -41,7 +41,7 @@ for fd in /proc/self/fd/*; do
     printf '%s ' "${{fd##*/}}"; readlink "$fd" | sed 's/[0-9][0-9]*/N/g'
 done
 echo; pwd; umask; ps -o pid=,pgid=,sid=,comm= -p $$ 2>/dev/null
-echo x > /etc/compiled-child-probe 2>&1 || echo write refused
+echo x > "$1" 2>&1 || echo write refused
 """
 
 
@@ -109,7 +109,10 @@ async def _probe(
     monkeypatch.setattr(compiled_child, "ENABLED", on)
     ex = make_executor(mode="workspace-write", spawn_helper=True)
     hosts.append(_host_mountpoints())
-    result = await ex.run(ex.resolve(BashExecRequest(command=PROBE, workdir=str(workspace))))
+    # A write outside the roots but inside the test's own directory: a broken sandbox
+    # changes nothing of the host's.
+    command = f"set -- {workspace.parent / 'outside'}\n{PROBE}"
+    result = await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workspace))))
     hosts.append(_host_mountpoints())
     helper = ex._services.spawn_helper()
     assert helper is not None and helper.compiled_child is on
@@ -138,7 +141,7 @@ async def test_both_children_make_the_same_command(
     assert f"M {workspace} " in compiled  # the workspace's own mounts are compared
     # The probe saw what it must: confined, filtered, capability-less, its own session.
     assert "write refused" in compiled
-    assert not os.path.exists("/etc/compiled-child-probe")
+    assert not (workspace.parent / "outside").exists()
     assert re.search(r"^NoNewPrivs:\s+1$", compiled, re.M)
     assert re.search(r"^Seccomp:\s+2$", compiled, re.M)
     assert re.search(r"^CapBnd:\s+0+$", compiled, re.M)
