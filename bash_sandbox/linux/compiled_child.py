@@ -51,6 +51,7 @@ OPS = (
     "seccomp_listener",
 )
 _OP_NUMBER = {name: number for number, name in enumerate(OPS)}
+# `BSC_MAX_OK` and `BSC_MAX_ARGS` in `spawn_child.c`.
 _MAX_OK = 4
 _MAX_ARGS = 6
 _MASK = (1 << 64) - 1
@@ -147,8 +148,8 @@ def _ints(values: Sequence[int]) -> ctypes.Array[ctypes.c_int32]:
 
 
 class Spawn:
-    """One request in C form. Keep it until the child has exec'd or failed: everything the
-    child reads is memory this object holds (a fork copies it; nothing is shared)."""
+    """One request in C form: everything the child reads is memory this object holds. The
+    fork copies it, so it need live only until `spawn` has returned."""
 
     def __init__(
         self,
@@ -199,9 +200,9 @@ def load(path: str) -> ctypes.CDLL:
     return lib
 
 
-def spawn(lib: ctypes.CDLL, spawn: Spawn) -> int:
-    """Fork the compiled child for ``spawn``; its pid (the child never returns here)."""
-    pid = int(lib.bsc_spawn(ctypes.byref(spawn.request)))
+def spawn(lib: ctypes.CDLL, prepared: Spawn) -> int:
+    """Fork the compiled child for ``prepared``; its pid (the child never returns here)."""
+    pid = int(lib.bsc_spawn(ctypes.byref(prepared.request)))
     if pid < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))

@@ -177,7 +177,7 @@ class Captured:
     root: int  # O_PATH descriptor of the caller's root (its mount namespace's view)
     paths: tuple[str, ...]  # absolute, in the caller's view: the path, then the new name
     flags: int
-    namespace: int = -1  # the caller's mount namespace, held until judged (`capture`)
+    namespace: int  # the caller's mount namespace, held until judged (`capture`)
 
     def close(self) -> None:
         for fd in (self.root, self.namespace):

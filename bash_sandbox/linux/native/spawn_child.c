@@ -52,6 +52,7 @@ enum {
 };
 
 #define BSC_MAX_OK 4
+#define BSC_MAX_ARGS 6
 #define BSC_MAX_FDS 256
 #define BSC_REPORT_NAME 4096
 #define BSC_SYS_LANDLOCK_ADD_RULE 445
@@ -66,7 +67,7 @@ struct bsc_step {
     int32_t ok[BSC_MAX_OK];
     const char *what; /* the step's name, as the report names it */
     uint64_t what_len;
-    uint64_t a[6];
+    uint64_t a[BSC_MAX_ARGS];
 };
 
 /* `compiled_child._STEP` packs it without padding. */
