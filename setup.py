@@ -1,10 +1,11 @@
 """The compiled parts (`bash_sandbox/linux/native/`): the write watch's fast path
-(`fast_writes.py`) and the spawn helper's child (`compiled_child.py`).
+(`fast_writes.py`), the spawn helper's child (`compiled_child.py`) and the Landlock
+backend's PID 1 (`sandbox_init.py`, an executable).
 
 Optional: where they cannot be built (no C compiler, not Linux) the package installs without
 them, and the Python paths serve instead (the supervisor answers every trapped call, the
-helper forks in Python). Each source's hash is compiled in, so a build older than its source
-is never loaded (`native_build.py`).
+helper forks in Python, a bash is PID 1). Each source's hash is compiled in, so a build older
+than its source is never used (`native_build.py`, `sandbox_init.py`).
 """
 
 import hashlib
@@ -12,24 +13,52 @@ import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
+HERE = Path(__file__).parent
 NATIVE = {
     "bash_sandbox.linux._fast_writes": ("bash_sandbox/linux/native/fast_writes.c", "BSF"),
     "bash_sandbox.linux._spawn_child": ("bash_sandbox/linux/native/spawn_child.c", "BSC"),
 }
+INIT_SOURCE = "bash_sandbox/linux/native/sandbox_init.c"
+INIT_NAME = "_sandbox_init"
+
+
+def digest(source: str) -> str:
+    return hashlib.sha256((HERE / source).read_bytes()).hexdigest()
+
+
+class BuildWithInit(build_ext):
+    """The extensions, then the init executable beside them (in place for `pip install -e`)."""
+
+    def run(self) -> None:
+        super().run()
+        if not sys.platform.startswith("linux"):
+            return
+        out_dir = Path(self.get_ext_fullpath("bash_sandbox.linux._spawn_child")).parent
+        try:
+            objects = self.compiler.compile(
+                [INIT_SOURCE],
+                output_dir=self.build_temp,
+                macros=[("BSI_SOURCE_SHA256", f'"{digest(INIT_SOURCE)}"')],
+                extra_postargs=["-O2"],
+            )
+            self.compiler.link_executable(objects, INIT_NAME, output_dir=str(out_dir))
+        except Exception as exc:
+            print(f"warning: {INIT_NAME} not built ({exc}): a bash is PID 1 instead")
+
 
 ext_modules = []
 if sys.platform.startswith("linux"):
     for name, (source, prefix) in NATIVE.items():
-        digest = hashlib.sha256((Path(__file__).parent / source).read_bytes()).hexdigest()
         ext_modules.append(
             Extension(
                 name,
                 sources=[source],
-                define_macros=[(f"{prefix}_SOURCE_SHA256", f'"{digest}"')],
+                define_macros=[(f"{prefix}_SOURCE_SHA256", f'"{digest(source)}"')],
                 extra_compile_args=["-O2"],
                 optional=True,
             )
         )
 
-setup(ext_modules=ext_modules)
+setup(ext_modules=ext_modules, cmdclass={"build_ext": BuildWithInit})

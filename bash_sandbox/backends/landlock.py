@@ -23,8 +23,10 @@ order (each step needs the privileges the next ones drop):
 6. `landlock_restrict_self`;
 7. seccomp: the refusal filter, then the supervised filter (`linux_child.supervise`).
 
-PID 1 then execs a bash that runs the command as its child and exits with its status,
-because PID 1 ignores signals sent from inside its namespace (`kill $$` must still work).
+PID 1 then execs an init that runs the command as its child and exits with its status,
+because PID 1 ignores signals sent from inside its namespace (`kill $$` must still work):
+the compiled one (`linux/sandbox_init.py`) through the spawn helper where it was built, else
+a bash.
 Like bwrap, a command killed by signal n therefore reports exit 128+n.
 """
 
@@ -48,6 +50,7 @@ from bash_sandbox.backends.linux_child import join_executor, probe_context, supe
 from bash_sandbox.backends.mount_plan import MountOp, render_mount_plan
 from bash_sandbox.backends.view_steps import MountTable, apply_view, read_mount_table
 from bash_sandbox.errors import SandboxUnavailableError
+from bash_sandbox.linux import sandbox_init
 from bash_sandbox.linux.child_setup import (
     CLONE_NEWIPC,
     CLONE_NEWNS,
@@ -59,6 +62,7 @@ from bash_sandbox.linux.child_setup import (
     ChildSetup,
     mount_setattr_available,
 )
+from bash_sandbox.linux.sandbox_init import INIT_FD
 from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 from policies.paths import within
@@ -194,10 +198,15 @@ def landlock_child_setup(
     cwd: str,
     abi: int = 7,
     setattr: bool = True,
+    init: str | None = None,
 ) -> ChildSetup:
     """Every pre-exec step of a Landlock-confined command, in order (module docstring);
-    ``setattr``: the kernel has mount_setattr(2) (`view_steps`)."""
+    ``setattr``: the kernel has mount_setattr(2) (`view_steps`); ``init``: the compiled
+    PID 1 to hold for the exec (`sandbox_init`)."""
     setup = ChildSetup(record_only=ctx.record_only)
+    if init is not None:
+        # Opened while the helper's view still has the package (`sandbox_init`).
+        setup.hold_file(init, INIT_FD)
     join_executor(setup, policy, ctx)
     setup.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS)
     apply_view(setup, ctx, ops, mount_table, cwd=cwd, setattr=setattr)
@@ -268,18 +277,6 @@ def confined_plan(
     )
 
 
-def pid1_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """Wrap ``(bash, "-c", command)`` so the command is PID 2 under a waiting bash PID 1.
-
-    The command is passed as a positional argument, never spliced into the script.
-    """
-    if len(argv) == 3 and argv[1] == "-c":
-        # PID 1's own stderr goes to /dev/null so its "Killed" job notice never shows up.
-        script = 'exec 3>&2 2>/dev/null; "$0" -c "$1" 2>&3 3>&-; exit'
-        return (argv[0], "-c", script, argv[0], argv[2])
-    return argv
-
-
 class LandlockBackend(SandboxBackend):
     """Confines with Landlock, namespaces, dropped capabilities and seccomp."""
 
@@ -307,6 +304,8 @@ class LandlockBackend(SandboxBackend):
             raise SandboxUnavailableError(
                 policy.mode, f"landlock: cannot build the ruleset: {exc}"
             ) from exc
+        # The compiled init only through the spawn helper, whose children open it first.
+        init = sandbox_init.built() if ctx.record_only and sandbox_init.ENABLED else None
         setup = landlock_child_setup(
             policy,
             ctx,
@@ -316,8 +315,10 @@ class LandlockBackend(SandboxBackend):
             cwd=plan.cwd,
             abi=self._abi,
             setattr=mount_setattr_available(),
+            init=init,
         )
-        return confined_plan(self.name, plan, rs, setup, argv=pid1_argv(plan.argv), folds=True)
+        argv = sandbox_init.pid1_argv(plan.argv, compiled=init is not None)
+        return confined_plan(self.name, plan, rs, setup, argv=argv, folds=True)
 
     def enforcement(self, policy: SandboxPolicy) -> SandboxEnforcement:
         return SandboxEnforcement.FULL if self._abi >= 6 else SandboxEnforcement.PARTIAL

@@ -219,11 +219,12 @@ _NO_BUILD = "the Python paths serve: slower, as confined"
 def _compiled_parts() -> tuple[str, ...]:
     if not sys.platform.startswith("linux"):
         return ()
-    from bash_sandbox.linux import compiled_child, fast_writes
+    from bash_sandbox.linux import compiled_child, fast_writes, sandbox_init
 
     parts = {
         "write-watch fast path": fast_writes.library() is not None,
         "spawn helper child": compiled_child.built() is not None,
+        "landlock init": sandbox_init.built() is not None,
     }
     return tuple(name for name, built in parts.items() if built)
 

@@ -512,7 +512,15 @@ class ChildSetup:
     def hold_dir(self, path: str, fd: int) -> None:
         """Open ``path`` and keep it at descriptor ``fd`` (close-on-exec): later steps reach
         it as `/proc/self/fd/<fd>` even after its path has been mounted over."""
-        self._add(f"hold {path}", _HoldDir(self._lib, self._buf(path.encode()), fd))
+        flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+        self._add(f"hold {path}", _Hold(self._lib, self._buf(path.encode()), fd, flags))
+
+    @_recorded
+    def hold_file(self, path: str, fd: int) -> None:
+        """`hold_dir` for a file: the exec of `/proc/self/fd/<fd>` runs it wherever the
+        view puts (or hides) its path; close-on-exec, so what it runs does not hold it."""
+        flags = os.O_PATH | os.O_CLOEXEC
+        self._add(f"hold {path}", _Hold(self._lib, self._buf(path.encode()), fd, flags))
 
     @_recorded
     def close_fd(self, fd: int) -> None:
@@ -702,17 +710,19 @@ class _LandlockAllow:
         return 0 if rc == 0 else -1
 
 
-class _HoldDir:
-    """open(O_PATH|O_DIRECTORY) + dup3 onto a fixed number + close, as one step."""
+class _Hold:
+    """open(``flags``) + dup3 onto a fixed number (close-on-exec) + close, as one step."""
 
-    def __init__(self, lib: ctypes.CDLL, path: ctypes.Array[ctypes.c_char], fd: int) -> None:
-        self._lib, self._path, self._fd = lib, path, fd
+    def __init__(
+        self, lib: ctypes.CDLL, path: ctypes.Array[ctypes.c_char], fd: int, flags: int
+    ) -> None:
+        self._lib, self._path, self._fd, self._flags = lib, path, fd, flags
 
     def native(self) -> NativeStep:
-        return "hold_dir", (self._path, self._fd)
+        return "hold", (self._path, self._fd, self._flags)
 
     def __call__(self) -> int:
-        fd = int(self._lib.open(self._path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        fd = int(self._lib.open(self._path, self._flags))
         if fd < 0:
             return -1
         ok = self._lib.dup3(fd, self._fd, os.O_CLOEXEC)

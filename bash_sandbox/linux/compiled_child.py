@@ -46,7 +46,7 @@ OPS = (
     "write_file",
     "parent_is",
     "landlock_allow",
-    "hold_dir",
+    "hold",
     "fork_waiter",
     "seccomp_listener",
 )

@@ -168,18 +168,19 @@ def test_render_text_lists_usable_backends_layers_and_loud_notes() -> None:
 def test_doctor_names_the_compiled_parts_this_install_has(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from bash_sandbox.linux import compiled_child, fast_writes
+    from bash_sandbox.linux import compiled_child, fast_writes, sandbox_init
 
     built = [
         name
         for name, lib in (
             ("write-watch fast path", fast_writes.library()),
             ("spawn helper child", compiled_child.built()),
+            ("landlock init", sandbox_init.built()),
         )
         if lib is not None
     ]
     if os.environ.get("CI"):
-        assert len(built) == 2  # CI has a C compiler: the package's build made both
+        assert len(built) == 3  # CI has a C compiler: the package's build made all three
     assert main(["doctor", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["host"]["compiled"] == built
 

@@ -14,6 +14,7 @@ from bash_sandbox.backends import landlock as ll
 from bash_sandbox.backends import view_steps as vs
 from bash_sandbox.backends.base import BackendContext
 from bash_sandbox.backends.mount_plan import GitOverlay, HostView, MountOp, PlaceholderSources
+from bash_sandbox.linux import sandbox_init
 from bash_sandbox.linux.child_setup import MS_RDONLY
 from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
 from bash_sandbox.linux.seccomp import (
@@ -68,10 +69,12 @@ def test_old_abi_masks_rights_it_cannot_handle_and_has_no_scopes() -> None:
 
 
 def test_pid1_wrapper_passes_the_command_as_an_argument() -> None:
-    argv = ll.pid1_argv(("/bin/bash", "-c", "echo '$1'; exit 3"))
+    argv = sandbox_init.pid1_argv(("/bin/bash", "-c", "echo '$1'; exit 3"), compiled=False)
     assert argv[:2] == ("/bin/bash", "-c")
     assert argv[3:] == ("/bin/bash", "echo '$1'; exit 3")
     assert "echo" not in argv[2]
+    compiled = sandbox_init.pid1_argv(("/bin/bash", "-c", "echo '$1'"), compiled=True)
+    assert compiled == (sandbox_init.EXEC_PATH, "/bin/bash", "-c", "echo '$1'")
 
 
 def _ctx(*, user: bool, overlays: tuple[GitOverlay, ...] = ()) -> BackendContext:

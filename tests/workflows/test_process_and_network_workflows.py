@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from bash_sandbox.linux import sandbox_init
 from tests.workflows.conftest import Workflow
 from tests.workflows.workspaces import describe, have
 
@@ -79,8 +80,10 @@ async def test_ps_shows_only_the_commands_own_processes(plain_workflow: Workflow
     listed = result.stdout.text
     assert f"sleep {marker}" not in listed, "a host process is visible"
     commands = [line.split(None, 1)[1] for line in listed.splitlines() if line.strip()]
-    # The sandbox's own init (bwrap), the command's shell and ps itself: nothing else.
-    own = ("/usr/bin/bwrap ", "bwrap ", "/usr/bin/bash ", "/bin/bash ", "bash ", "ps ")
+    # The sandbox's own init (bwrap, or Landlock's compiled one, exec'd from the descriptor
+    # the child held), the command's shell and ps itself: nothing else.
+    own = ("/usr/bin/bwrap ", "bwrap ", f"{sandbox_init.EXEC_PATH} ")
+    own += ("/usr/bin/bash ", "/bin/bash ", "bash ", "ps ")
     others = [c[:80] for c in commands if not c.startswith(own)]
     assert others == [], f"{len(others)} processes that are not the command's: {others[:5]}"
     await plain_workflow.finish()

@@ -46,7 +46,7 @@ enum {
     BSC_WRITE_FILE,
     BSC_PARENT_IS,
     BSC_LANDLOCK_ALLOW,
-    BSC_HOLD_DIR,
+    BSC_HOLD,
     BSC_FORK_WAITER,
     BSC_SECCOMP_LISTENER,
 };
@@ -123,8 +123,8 @@ static int landlock_allow(const struct bsc_step *s) {
     return rc == 0 ? 0 : -1;
 }
 
-static int hold_dir(const struct bsc_step *s) {
-    int fd = open(P(s->a[0]), O_PATH | O_DIRECTORY | O_CLOEXEC);
+static int hold(const struct bsc_step *s) {
+    int fd = open(P(s->a[0]), (int)s->a[2]);
     if (fd < 0)
         return -1;
     int ok = dup3(fd, (int)s->a[1], O_CLOEXEC);
@@ -239,8 +239,8 @@ static long run_step(const struct bsc_step *s) {
         return 0;
     case BSC_LANDLOCK_ALLOW:
         return landlock_allow(s);
-    case BSC_HOLD_DIR:
-        return hold_dir(s);
+    case BSC_HOLD:
+        return hold(s);
     case BSC_FORK_WAITER:
         return fork_waiter();
     case BSC_SECCOMP_LISTENER:
