@@ -41,9 +41,12 @@ class BuildWithInit(build_ext):
                 [INIT_SOURCE],
                 output_dir=self.build_temp,
                 macros=[("BSI_SOURCE_SHA256", f'"{digest(INIT_SOURCE)}"')],
-                extra_postargs=["-O2"],
+                extra_postargs=["-O2", "-ffreestanding", "-fno-stack-protector"],
             )
-            self.compiler.link_executable(objects, INIT_NAME, output_dir=str(out_dir))
+            # No libc: its start-up would cost more than the init's work (the source says).
+            self.compiler.link_executable(
+                objects, INIT_NAME, output_dir=str(out_dir), extra_postargs=["-nostdlib", "-static"]
+            )
         except Exception as exc:
             print(f"warning: {INIT_NAME} not built ({exc}): a bash is PID 1 instead")
 

@@ -44,11 +44,11 @@ def _digest(data: bytes) -> bytes:
 
 def pid1_argv(argv: tuple[str, ...], *, compiled: bool) -> tuple[str, ...]:
     """``argv`` (``(bash, "-c", command)``) run as PID 2 under a waiting PID 1: the compiled
-    init held at `INIT_FD` when ``compiled``, else a bash.
+    init held at `INIT_FD` when ``compiled`` (it execs an absolute path only), else a bash.
 
     The command is passed as an argument, never spliced into a script.
     """
-    if compiled:
+    if compiled and argv[0].startswith("/"):
         return (EXEC_PATH, *argv)
     if len(argv) == 3 and argv[1] == "-c":
         # PID 1's own stderr goes to /dev/null so its "Killed" job notice never shows up.

@@ -75,6 +75,9 @@ def test_pid1_wrapper_passes_the_command_as_an_argument() -> None:
     assert "echo" not in argv[2]
     compiled = sandbox_init.pid1_argv(("/bin/bash", "-c", "echo '$1'"), compiled=True)
     assert compiled == (sandbox_init.EXEC_PATH, "/bin/bash", "-c", "echo '$1'")
+    # The compiled init does not search PATH: a bare name keeps the bash PID 1.
+    bare = sandbox_init.pid1_argv(("bash", "-c", "true"), compiled=True)
+    assert bare == sandbox_init.pid1_argv(("bash", "-c", "true"), compiled=False)
 
 
 def _ctx(*, user: bool, overlays: tuple[GitOverlay, ...] = ()) -> BackendContext:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -150,3 +152,27 @@ def test_a_build_from_another_source_is_not_used(
         monkeypatch.undo()
         sandbox_init.built.cache_clear()
     assert sandbox_init.built() is not None
+
+
+def test_the_init_binary_exits_as_its_child_and_passes_argv_and_environment(
+    built: None, tmp_path: Path
+) -> None:
+    """The build itself, run directly (no sandbox): status, signal, argv, environment."""
+    init = str(sandbox_init.built())
+    bash = "/bin/bash" if os.path.exists("/bin/bash") else "/usr/bin/bash"
+
+    def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [init, *argv], capture_output=True, text=True, env=env or {}, timeout=30, check=False
+        )
+
+    assert run(bash, "-c", "exit 5").returncode == 5
+    assert run(bash, "-c", "kill -USR1 $$").returncode == 128 + signal.SIGUSR1
+    echoed = run(
+        bash, "-c", 'printf "%s|" "$0" "$@"; printf "%s" "$V"', "a b", "'c'", env={"V": "v"}
+    )
+    assert (echoed.returncode, echoed.stdout, echoed.stderr) == (0, "a b|'c'|v", "")
+    # What it cannot run: 127, and nothing written (the command's stderr is not its own).
+    for argv in ([str(tmp_path / "missing")], ["bash", "-c", "true"], []):
+        failed = run(*argv)
+        assert (failed.returncode, failed.stdout, failed.stderr) == (127, "", ""), argv
