@@ -45,6 +45,7 @@ from bash_sandbox.backends.base import (
 from bash_sandbox.backends.linux_child import join_executor, supervise
 from bash_sandbox.backends.mount_plan import MountOp, render_mount_plan
 from bash_sandbox.backends.view_steps import apply_view, read_mount_table
+from bash_sandbox.linux import sandbox_init
 from bash_sandbox.linux.binaries import system_binary, wheel_bwrap
 from bash_sandbox.linux.child_setup import (
     CLONE_NEWNS,
@@ -52,6 +53,7 @@ from bash_sandbox.linux.child_setup import (
     ChildSetup,
     mount_setattr_available,
 )
+from bash_sandbox.linux.sandbox_init import INIT_FD
 from bash_sandbox.linux.seccomp import SeccompOptions, compile_seccomp
 from policies import NetworkMode, SandboxEnforcement, SandboxMode, SandboxPolicy
 
@@ -243,6 +245,10 @@ class BwrapBackend(SandboxBackend):
             raise ValueError("bwrap confines commands inside the executor's namespaces")
         ops = render_mount_plan(policy, ctx.view, ctx.sources, private_tmp=ctx.scratch.tmp)
         setup = ChildSetup(record_only=ctx.record_only)
+        init = sandbox_init.for_spawn(ctx.record_only)
+        if init is not None:
+            # For the waiter to exec (`sandbox_init`): opened while the package is in view.
+            setup.hold_file(init, INIT_FD)
         join_executor(setup, policy, ctx)
         # bwrap runs as PID 1 of a PID namespace of our own, under a waiter: whatever happens
         # to bwrap, its whole tree dies with that namespace (bwrap's --die-with-parent leaves
@@ -252,7 +258,7 @@ class BwrapBackend(SandboxBackend):
         apply_view(
             setup, ctx, ops, read_mount_table(), cwd=plan.cwd, setattr=mount_setattr_available()
         )
-        setup.fork_waiter()
+        setup.fork_waiter(INIT_FD if init is not None else -1)
         supervise(setup, ctx)
         inner = plan.argv
         if self._runner_prefix:

@@ -210,7 +210,7 @@ def landlock_child_setup(
     join_executor(setup, policy, ctx)
     setup.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS)
     apply_view(setup, ctx, ops, mount_table, cwd=cwd, setattr=setattr)
-    setup.fork_waiter()
+    setup.fork_waiter(INIT_FD if init is not None else -1)
     setup.mount_fs("proc", "/proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "")
     setup.bind_read_only("/proc/sys", "/proc/sys")
     # A git dir outside the roots is an overlay only this child has (its writes land in the
@@ -304,8 +304,7 @@ class LandlockBackend(SandboxBackend):
             raise SandboxUnavailableError(
                 policy.mode, f"landlock: cannot build the ruleset: {exc}"
             ) from exc
-        # The compiled init only through the spawn helper, whose children open it first.
-        init = sandbox_init.built() if ctx.record_only and sandbox_init.ENABLED else None
+        init = sandbox_init.for_spawn(ctx.record_only)
         setup = landlock_child_setup(
             policy,
             ctx,

@@ -88,6 +88,7 @@ _SOL_SOCKET = 1
 _SCM_RIGHTS = 1
 _POLLIN = 1
 _UINT_MAX = 0xFFFFFFFF
+_F_SETFD = 2
 _SIG_DFL = 0
 
 
@@ -497,10 +498,12 @@ class ChildSetup:
         self._add("parent alive", _ParentIs(self._lib, os.getpid()))
 
     @_recorded
-    def fork_waiter(self) -> None:
+    def fork_waiter(self, init_fd: int = -1) -> None:
         """Fork: the parent waits and exits with the child's status (128+n for signal n);
-        the child, PID 1 of a PID namespace unshared before, runs the remaining steps."""
-        self._add("fork", _ForkWaiter(self._lib))
+        the child, PID 1 of a PID namespace unshared before, runs the remaining steps.
+        ``init_fd``: the compiled init held there (`sandbox_init`), which the waiter execs
+        to wait in, sharing none of the forking process's memory."""
+        self._add("fork", _ForkWaiter(self._lib, init_fd))
 
     @_recorded
     def set_rlimit(self, resource: int, soft: int, hard: int) -> None:
@@ -736,14 +739,17 @@ class _ForkWaiter:
     everything else at once: the executor's pipes reach EOF when the command ends, and
     subprocess's exec-status pipe closes as soon as the child execs."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, init_fd: int = -1) -> None:
         self._lib = lib
+        self._init_fd = init_fd
         self._pipe = (ctypes.c_int * 2)()
         self._status = ctypes.c_int(0)
         self._poll = _Pollfd(0, _POLLIN, 0)
+        self._argv = (ctypes.c_char_p * 3)(b"sandbox-waiter", b"--wait", None)
+        self._env = (ctypes.c_char_p * 1)(None)
 
     def native(self) -> NativeStep:
-        return "fork_waiter", ()
+        return "fork_waiter", (self._init_fd,)
 
     def __call__(self) -> int:
         lib = self._lib
@@ -764,13 +770,21 @@ class _ForkWaiter:
             lib.close(read_end)
             return 0
         lib.close(read_end)
-        # The waiter never execs, so it still has the executor's signal handlers (a CLI
-        # that handles SIGTERM): back to the defaults, so a signal to the group ends it.
+        # The executor's signal handlers (a CLI that handles SIGTERM) back to the defaults,
+        # so a signal to the group ends the waiter; an exec would keep what is ignored.
         for signum in range(1, 65):
             lib.signal(signum, _SIG_DFL)
-        if write_end > 0:
-            lib.syscall(_SYS_CLOSE_RANGE, 0, write_end - 1, 0)
-        lib.syscall(_SYS_CLOSE_RANGE, write_end + 1, _UINT_MAX, 0)
+        keep = sorted({write_end, self._init_fd} - {-1})
+        low = 0
+        for fd in keep:
+            if fd > low:
+                lib.syscall(_SYS_CLOSE_RANGE, low, fd - 1, 0)
+            low = fd + 1
+        lib.syscall(_SYS_CLOSE_RANGE, low, _UINT_MAX, 0)
+        # The liveness pipe stays open across the exec; the init's descriptor does not.
+        if self._init_fd >= 0 and lib.fcntl(write_end, _F_SETFD, 0) == 0:
+            lib.fexecve(self._init_fd, self._argv, self._env)
+            lib.close(self._init_fd)  # not exec'd: wait here instead
         while lib.waitpid(pid, ctypes.byref(self._status), 0) != pid:
             if ctypes.get_errno() != EINTR:
                 lib._exit(125)

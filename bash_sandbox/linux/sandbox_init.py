@@ -1,5 +1,6 @@
-"""The Landlock backend's PID 1: the compiled init (`native/sandbox_init.c`) where the
-package's build made it, else a bash.
+"""The compiled init (`native/sandbox_init.c`), where the package's build made it: the
+Landlock backend's PID 1 (else a bash), and on both backends the spawn helper's waiter, which
+execs it (`--wait`) rather than wait as a copy of the helper.
 
 The child opens the init before it leaves the helper's mount namespace (`ChildSetup.
 hold_file`) and execs it through `/proc/self/fd/INIT_FD`, so the view need not contain the
@@ -40,6 +41,12 @@ def built() -> str | None:
 
 def _digest(data: bytes) -> bytes:
     return hashlib.sha256(data).hexdigest().encode()
+
+
+def for_spawn(helper: bool) -> str | None:
+    """The init a spawn's child should hold: only through the spawn helper (whose child
+    opens it first, `ChildSetup.hold_file`), where this install built it."""
+    return built() if helper and ENABLED else None
 
 
 def pid1_argv(argv: tuple[str, ...], *, compiled: bool) -> tuple[str, ...]:

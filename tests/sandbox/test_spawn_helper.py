@@ -163,12 +163,18 @@ def test_replayed_steps_are_the_same_steps(name: str, tmp_path: Path) -> None:
                 only = recorded.preexec_fn
                 assert isinstance(only, ChildSetup) and only.step_names() == ()
                 calls, steps = [c[0] for c in only.calls()], only.materialized().step_names()
-                if name == "landlock" and sandbox_init.built() is not None:
-                    # Through the helper the child first holds the compiled init.
+                if sandbox_init.built() is not None:
+                    # Through the helper the child first holds the compiled init (Landlock's
+                    # PID 1, and on both backends what the waiter execs).
                     assert (calls[0], steps[0]) == ("hold_file", f"hold {sandbox_init.built()}")
                     calls, steps = calls[1:], steps[1:]
                 assert calls == [c[0] for c in setup.calls()]
                 assert steps == setup.step_names()
+                # The waiter execs that init only where it was held.
+                waits = [c[1] for c in only.calls() if c[0] == "fork_waiter"]
+                held = sandbox_init.INIT_FD if sandbox_init.built() is not None else -1
+                assert waits == [(held,)]
+                assert [c[1] for c in setup.calls() if c[0] == "fork_waiter"] == [(-1,)]
             finally:
                 if recorded.release is not None:
                     recorded.release()

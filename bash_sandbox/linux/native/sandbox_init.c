@@ -3,7 +3,8 @@
  *
  * `sandbox-init PROGRAM ARG...` runs PROGRAM (an absolute path) as its child, reaps every
  * process the namespace orphans onto it, and exits with the child's status (128+n when
- * signal n ended it), which ends the namespace and everything left in it. The command cannot
+ * signal n ended it), which ends the namespace and everything left in it. `sandbox-init
+ * --wait` only waits for the child it already has (the helper's waiter, below). The command cannot
  * be PID 1 itself: PID 1 ignores every signal it has no handler for, so `kill $$` would do
  * nothing. The bash wrapper this replaces did the same in a shell.
  *
@@ -76,11 +77,38 @@ static void __attribute__((noreturn)) leave(int code) {
         sys(SYS_exit_group, code, 0, 0, 0);
 }
 
+/* Reap until ``child`` (any child when -1) ends; exit with its status, 128+n for signal n. */
+static void __attribute__((noreturn)) wait_for(long child) {
+    for (;;) {
+        int status = 0;
+        long pid = sys(SYS_wait4, -1, (long)&status, 0, 0);
+        if (pid > 0 && (child < 0 || pid == child)) {
+            int signal = status & 0x7f;
+            /* Exited: the status's second byte; killed: 128 + the signal. */
+            leave(signal ? 128 + signal : (status >> 8) & 0xff);
+        }
+        if (pid < 0 && pid != -EINTR)
+            leave(125);
+    }
+}
+
+static int is_wait(const char *arg) {
+    const char *flag = "--wait";
+    for (int i = 0; flag[i]; i++)
+        if (arg[i] != flag[i])
+            return 0;
+    return arg[6] == 0;
+}
+
 /* The stack the kernel starts a process with: argc, argv..., NULL, envp..., NULL. */
 void __attribute__((noreturn, used)) init_main(long *stack) {
     long argc = stack[0];
     char **argv = (char **)(stack + 1);
     char **envp = argv + argc + 1;
+    /* `--wait`: the spawn helper's waiter (`_ForkWaiter`), exec'd so that it stops sharing
+     * the helper's memory: its one child is the namespace's PID 1, already running. */
+    if (argc == 2 && is_wait(argv[1]))
+        wait_for(-1);
     if (argc < 2 || argv[1][0] != '/')
         leave(127);
     /* Exec'd through /proc/self/fd/N, its name would be the number. */
@@ -93,17 +121,7 @@ void __attribute__((noreturn, used)) init_main(long *stack) {
         long err = sys(SYS_execve, (long)argv[1], (long)(argv + 1), (long)envp, 0);
         leave(err == -ENOENT ? 127 : 126);
     }
-    for (;;) {
-        int status = 0;
-        long pid = sys(SYS_wait4, -1, (long)&status, 0, 0);
-        if (pid == child) {
-            int signal = status & 0x7f;
-            /* Exited: the status's second byte; killed: 128 + the signal. */
-            leave(signal ? 128 + signal : (status >> 8) & 0xff);
-        }
-        if (pid < 0 && pid != -EINTR)
-            leave(126);
-    }
+    wait_for(child);
 }
 
 /* The hash of this file as setup.py built it (`sandbox_init.py` runs no build of another). */

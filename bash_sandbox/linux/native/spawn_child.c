@@ -143,8 +143,11 @@ static void close_from(int low, int high) {
 }
 
 /* `_ForkWaiter`: the parent waits for the child and exits with its status (128+n for
- * signal n); the child (PID 1 of the namespace unshared before) goes on with the steps. */
-static int fork_waiter(void) {
+ * signal n); the child (PID 1 of the namespace unshared before) goes on with the steps.
+ * With the init held at ``a[0]`` the waiter execs it (`--wait`) to stop sharing the
+ * helper's memory: every page the helper wrote while a waiter lived was copied. */
+static int fork_waiter(const struct bsc_step *s) {
+    int init_fd = (int)s->a[0];
     int pipe_fds[2];
     if (pipe2(pipe_fds, O_CLOEXEC) < 0)
         return -1;
@@ -162,11 +165,26 @@ static int fork_waiter(void) {
         return 0;
     }
     close(pipe_fds[0]);
-    /* The waiter never execs: the helper's handlers back to the defaults. */
+    /* The helper's handlers back to the defaults (an exec would keep what it ignores). */
     for (int sig = 1; sig < 65; sig++)
         signal(sig, SIG_DFL);
-    close_from(0, pipe_fds[1] - 1);
-    close_from(pipe_fds[1] + 1, 0x7fffffff);
+    int keep = pipe_fds[1];
+    if (init_fd >= 0) {
+        int low = init_fd < keep ? init_fd : keep, high = init_fd < keep ? keep : init_fd;
+        close_from(0, low - 1);
+        close_from(low + 1, high - 1);
+        close_from(high + 1, 0x7fffffff);
+        /* The liveness pipe stays open across the exec; the init's descriptor does not. */
+        if (fcntl(keep, F_SETFD, 0) == 0) {
+            static char *const wait_argv[] = {"sandbox-waiter", "--wait", NULL};
+            static char *const no_env[] = {NULL};
+            fexecve(init_fd, wait_argv, no_env);
+        }
+        close(init_fd); /* not exec'd: wait here instead */
+    } else {
+        close_from(0, keep - 1);
+        close_from(keep + 1, 0x7fffffff);
+    }
     int status = 0;
     while (waitpid(pid, &status, 0) != pid)
         if (errno != EINTR)
@@ -242,7 +260,7 @@ static long run_step(const struct bsc_step *s) {
     case BSC_HOLD:
         return hold(s);
     case BSC_FORK_WAITER:
-        return fork_waiter();
+        return fork_waiter(s);
     case BSC_SECCOMP_LISTENER:
         return seccomp_listener(s);
     }
