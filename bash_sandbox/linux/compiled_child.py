@@ -149,7 +149,8 @@ def _ints(values: Sequence[int]) -> ctypes.Array[ctypes.c_int32]:
 
 class Spawn:
     """One request in C form: everything the child reads is memory this object holds. The
-    fork copies it, so it need live only until `spawn` has returned."""
+    child reads it only until it execs, which `spawn` waits for (or a fork copied it), so
+    it need live only until `spawn` has returned."""
 
     def __init__(
         self,
@@ -201,7 +202,8 @@ def load(path: str) -> ctypes.CDLL:
 
 
 def spawn(lib: ctypes.CDLL, prepared: Spawn) -> int:
-    """Fork the compiled child for ``prepared``; its pid (the child never returns here)."""
+    """Start the compiled child for ``prepared``; its pid, once it has exec'd or failed
+    (the calling thread waits: `spawn_child.c`)."""
     pid = int(lib.bsc_spawn(ctypes.byref(prepared.request)))
     if pid < 0:
         err = ctypes.get_errno()

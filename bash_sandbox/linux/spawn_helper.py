@@ -4,8 +4,10 @@ Run as ``python -I -S spawn_helper.py <socket fd> <executor pid> <child_setup.py
 [<compiled child>]``; it imports only standard modules (os, socket, select, fcntl, marshal,
 importlib.util, sys) and `child_setup.py` and `compiled_child.py` (ctypes), loaded by path:
 a fork of it is a fork of a few MiB, never of the harness. With the compiled child (the
-package's build, checked by the executor) each child runs C only, from fork to exec
-(`compiled_child.py`); without it the child below runs the same steps in Python. The
+package's build, checked by the executor) each child runs C only, from start to exec
+(`compiled_child.py`), started by one of this process's spawner threads as posix_spawn
+starts a child (on this process's memory, the starting thread suspended until the exec:
+`_Spawners`); without it the child below is forked and runs the same steps in Python. The
 executor's client is `helper_client.py`.
 
 Protocol (one SOCK_SEQPACKET socket, marshal-encoded tuples, trusted both ways: the
@@ -42,6 +44,8 @@ import os
 import select
 import socket
 import sys
+import threading
+from collections import deque
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # never imported at run time: the helper stays lean
@@ -53,6 +57,8 @@ _SIGCHLD = 17
 _MAX_MESSAGE = 1 << 22
 _MAX_FDS = 250
 _CLD_EXITED = 1
+# Children being started at once (each a thread while it sets up; more wait their turn).
+_MAX_SPAWNERS = 16
 
 
 def _load(name: str, path: str) -> Any:
@@ -114,6 +120,72 @@ class _Starting:
         self.report = bytearray()
 
 
+class _Job:
+    """One compiled child to start: the request in C form and the setup whose buffers its
+    steps point into (both kept until the child has exec'd), the descriptors it copies, and
+    its exec-status pipe."""
+
+    def __init__(
+        self, seq: int, prepared: Any, setup: Any, fds: list[int], err: tuple[int, int]
+    ) -> None:
+        self.seq, self.prepared, self.setup, self.fds = seq, prepared, setup, fds
+        self.err_r, self.err_w = err
+
+
+class _Spawners:
+    """Threads that start compiled children, one at a time each.
+
+    `compiled_child.spawn` returns only once its child has exec'd (or failed): the calling
+    thread is suspended meanwhile, so a child slow in a step holds back only the thread that
+    started it; another thread (up to `_MAX_SPAWNERS`, then they queue) starts the next. A
+    thread never ends before this process: each command's PDEATHSIG follows the thread that
+    started it. What a thread learns (pid, failure report) reaches the main thread through
+    `done` and a byte on the wake pipe; only the main thread answers the executor.
+    """
+
+    def __init__(self, compiled: Any, native: Any) -> None:
+        self.compiled, self.native = compiled, native
+        self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.done: deque[tuple[int, int, bytes, int]] = deque()  # seq, pid, report, errno
+        self._jobs: deque[_Job] = deque()
+        self._ready = threading.Condition()
+        self._idle = 0
+        self._threads = 0
+
+    def submit(self, job: _Job) -> None:
+        with self._ready:
+            self._jobs.append(job)
+            if self._idle == 0 and self._threads < _MAX_SPAWNERS:
+                self._threads += 1
+                threading.Thread(target=self._serve, daemon=True).start()
+            self._ready.notify()
+
+    def _serve(self) -> None:
+        while True:
+            with self._ready:
+                self._idle += 1
+                while not self._jobs:
+                    self._ready.wait()
+                self._idle -= 1
+                job = self._jobs.popleft()
+            pid, code = -1, 0
+            try:
+                pid = self.compiled.spawn(self.native, job.prepared)
+            except OSError as exc:
+                code = exc.errno or 0
+            for fd in (job.err_w, *job.fds):
+                os.close(fd)
+            report = bytearray()
+            # Every other end is closed by now (exec'd, exited, or about to: a forked child).
+            while chunk := os.read(job.err_r, 64):
+                report += chunk
+            os.close(job.err_r)
+            self.done.append((job.seq, pid, bytes(report), code))
+            del job  # the child has exec'd: nothing reads the request's memory now
+            with contextlib.suppress(BlockingIOError):
+                os.write(self.wake_w, b"x")
+
+
 class Helper:
     def __init__(
         self, sock: socket.socket, child_setup: Any, compiled: Any = None, native: Any = None
@@ -127,6 +199,9 @@ class Helper:
         self.running: dict[int, int] = {}  # pidfd -> pid
         self.starting: dict[int, _Starting] = {}  # exec-status pipe -> child being set up
         self.zombies: set[int] = set()
+        self.spawners = _Spawners(compiled, native) if native is not None else None
+        if self.spawners is not None:
+            self.poll.register(self.spawners.wake_r, select.POLLIN)
 
     def spawn(self, request: Any, fds: list[int]) -> None:
         _, seq, _, _, _, _, _, calls, report_fd = request
@@ -138,7 +213,14 @@ class Helper:
                 os.close(fd)
             _send(self.sock, "failed", seq, "helper", 0, repr(exc))
             return
-        pid = self._fork(request, fds, err_w, setup)
+        prepared = self._compiled(request, fds, err_w, setup)
+        if prepared is not None and self.spawners is not None:
+            # The spawner closes err_w and fds once its child has copied them.
+            self.spawners.submit(_Job(seq, prepared, setup, fds, (err_r, err_w)))
+            return
+        pid = os.fork()
+        if pid == 0:
+            _child(request, fds, err_w, setup)
         os.close(err_w)
         for fd in fds:
             os.close(fd)
@@ -148,31 +230,38 @@ class Helper:
         self.starting[err_r] = _Starting(seq, pid)
         self.poll.register(err_r, select.POLLIN)
 
-    def _fork(self, request: Any, fds: list[int], err_w: int, setup: Any) -> int:
-        """The child's pid; the child places ``fds``, runs ``setup`` and execs."""
-        if self.native is not None:
-            _, _, argv, env, cwd, targets, inheritable, _, report_fd = request
-            try:
-                prepared = self.compiled.Spawn(
-                    argv=argv,
-                    env=env,
-                    cwd=cwd,
-                    fds=fds,
-                    targets=targets,
-                    inheritable=inheritable,
-                    err_w=err_w,
-                    report_fd=report_fd,
-                    native=setup.native_steps(),
-                )
-            except (TypeError, ValueError, KeyError):
-                prepared = None  # what C has no form for: the Python child runs it
-            if prepared is not None:
-                # The fork copies what the child reads; nothing needs to outlive this call.
-                return int(self.compiled.spawn(self.native, prepared))
-        pid = os.fork()
-        if pid == 0:
-            _child(request, fds, err_w, setup)
-        return pid
+    def _compiled(self, request: Any, fds: list[int], err_w: int, setup: Any) -> Any:
+        """The request in C form, or None: the Python child runs it (no compiled child, or
+        a step or argument C has no form for)."""
+        if self.native is None:
+            return None
+        _, _, argv, env, cwd, targets, inheritable, _, report_fd = request
+        try:
+            return self.compiled.Spawn(
+                argv=argv,
+                env=env,
+                cwd=cwd,
+                fds=fds,
+                targets=targets,
+                inheritable=inheritable,
+                err_w=err_w,
+                report_fd=report_fd,
+                native=setup.native_steps(),
+            )
+        except (TypeError, ValueError, KeyError):
+            return None
+
+    def spawned(self) -> None:
+        """Spawner threads have news: answer each child they started."""
+        assert self.spawners is not None
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.spawners.wake_r, 4096)
+        while self.spawners.done:
+            seq, pid, report, code = self.spawners.done.popleft()
+            if pid < 0:
+                _send(self.sock, "failed", seq, "helper", code, "the child could not start")
+                continue
+            self._started(seq, pid, report)
 
     def exec_news(self, err_r: int) -> None:
         """The exec-status pipe of a child being set up is readable."""
@@ -184,10 +273,14 @@ class Helper:
         del self.starting[err_r]
         self.poll.unregister(err_r)
         os.close(err_r)
-        seq, pid = starting.seq, starting.pid
-        if starting.report:
+        self._started(starting.seq, starting.pid, bytes(starting.report))
+
+    def _started(self, seq: int, pid: int, report: bytes) -> None:
+        """The child ``pid`` of request ``seq`` exec'd (``report`` empty) or reported where it
+        failed: the executor is answered."""
+        if report:
             os.waitpid(pid, 0)  # it exits right after its report
-            where, _, code = bytes(starting.report).partition(b":")
+            where, _, code = report.partition(b":")
             _send(self.sock, "failed", seq, where.decode(), int(code or 0), "")
             return
         pidfd = os.pidfd_open(pid)
@@ -216,7 +309,8 @@ class Helper:
 
     def shutdown(self) -> None:
         """The executor is gone: every group it had dies, then is reaped."""
-        starting = [child.pid for child in self.starting.values()]
+        # Children a spawner thread is still starting are known only to the kernel.
+        starting = {child.pid for child in self.starting.values()} | _own_children()
         pids = [*self.running.values(), *self.zombies, *starting]
         for pid in starting:
             with contextlib.suppress(OSError):
@@ -235,6 +329,9 @@ class Helper:
                 if fd in self.starting:
                     self.exec_news(fd)
                     continue
+                if self.spawners is not None and fd == self.spawners.wake_r:
+                    self.spawned()
+                    continue
                 if fd != sock_fd:
                     self.exited(fd)
                     continue
@@ -249,6 +346,16 @@ class Helper:
                     self.spawn(request, fds)
                 elif request[0] == "reap":
                     self.reap(request[1])
+
+
+def _own_children() -> set[int]:
+    """This process's children, whichever of its threads started them."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as fh:
+                found |= {int(pid) for pid in fh.read().split()}
+    return found
 
 
 def main() -> None:
@@ -276,6 +383,8 @@ def main() -> None:
         pass  # the executor closed its end while we answered: the same as end of file
     finally:
         helper.shutdown()
+    # Not joined: a spawner thread may still be returning from a child the shutdown killed.
+    os._exit(0)
 
 
 if __name__ == "__main__":

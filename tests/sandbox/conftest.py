@@ -145,8 +145,9 @@ def processes_naming(marker: str) -> set[int]:
 
 def sleep_token() -> str:
     """A `sleep` argument (about 30 s) unique to the calling test: `processes_naming` finds
-    its commands by it."""
-    return f"30.{os.getpid() % 1000}{os.urandom(2).hex()}"
+    its commands by it. Digits only: `sleep` refuses a hex digit, and a sleep that fails at
+    once would make every "nothing is left running" check pass unearned."""
+    return f"30.{os.getpid() % 1000:03d}{int.from_bytes(os.urandom(3), 'big'):08d}"
 
 
 def assert_closed_or_killed(outcomes: list[object]) -> None:

@@ -26,7 +26,7 @@ from bash_sandbox.backends.bwrap import BwrapBackend
 from bash_sandbox.backends.child_failure import read_child_failure
 from bash_sandbox.backends.landlock import LandlockBackend
 from bash_sandbox.backends.linux_child import probe_context
-from bash_sandbox.linux import sandbox_init
+from bash_sandbox.linux import compiled_child, sandbox_init
 from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.helper_client import SpawnHelper
 from bash_seam import BashExecRequest
@@ -431,3 +431,92 @@ async def test_aclose_while_commands_are_being_set_up_leaves_nothing(
     assert processes_naming(token) == set()
     assert not any(map(_alive, children))
     assert not _alive(helper.pid)
+
+
+def _minor_faults(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[7])
+
+
+async def test_the_compiled_child_starts_on_the_helpers_memory(tmp_path: Path) -> None:
+    """No fork: a fork marks every page of the helper copy-on-write, and the helper then
+    faulted on each page it wrote (about 550 a command). Started as posix_spawn starts a
+    child, the helper's memory is never copied."""
+    if compiled_child._checked() is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI has a C compiler: the package's build must have built the child")
+        pytest.skip("no compiled child built here: the helper forks in Python")
+    out_r, out_w = os.pipe()
+    helper = SpawnHelper()
+    try:
+        assert helper.compiled_child
+
+        async def one(i: int) -> int:
+            setup = ChildSetup()
+            (tmp_path / f"made-{i}").touch()
+            setup.write_file(str(tmp_path / f"made-{i}"), b"x")  # a step, in the child
+            plan = SpawnPlan(argv=("/bin/sh", "-c", f"exit {i}"), env={}, cwd=str(tmp_path))
+            child = await helper.launch_async(
+                dataclasses.replace(plan, preexec_fn=setup), stdin=-1, stdout=out_w, stderr=out_w
+            )
+            ended = asyncio.get_running_loop().create_future()
+            child.on_exit(lambda: ended.set_result(None))
+            await asyncio.wait_for(ended, 30)
+            return child.wait()
+
+        for i in range(3):  # the helper's own first-use allocations
+            await one(i)
+        before = _minor_faults(helper.pid)
+        statuses = [await one(i) for i in range(30)]
+        faults = (_minor_faults(helper.pid) - before) / 30
+    finally:
+        helper.close()
+        os.close(out_r)
+        os.close(out_w)
+    assert statuses == list(range(30))
+    assert faults < 100, f"{faults:.0f} page faults in the helper per spawn: was it forked?"
+
+
+async def test_children_started_at_once_each_run_their_own_command(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    """Many spawns in flight (several spawner threads, each child on the helper's memory
+    until it execs): each command gets its own argv, environment, descriptors and status."""
+    ex = make_executor(mode="workspace-write", spawn_helper=True)
+
+    async def one(i: int) -> tuple[int, str]:
+        request = BashExecRequest(
+            command=f'echo "$TOKEN:{i}" > out-{i}; cat out-{i}; exit {i}',
+            workdir=str(workspace),
+            env={"TOKEN": f"t{i}"},
+        )
+        result = await ex.run(ex.resolve(request))
+        return result.exit_code, result.stdout.text
+
+    results = await asyncio.gather(*(one(i) for i in range(40)))
+    assert results == [(i, f"t{i}:{i}\n") for i in range(40)]
+
+
+@pytest.mark.parametrize("init", [True, False], ids=["init-waiter", "waiter-in-place"])
+async def test_a_running_command_holds_no_spawn_back(
+    init: bool,
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The helper is suspended only while a child sets up: with the init to exec, the
+    waiter leaves the helper's memory at once; without it, the child is forked."""
+    if init and sandbox_init.built() is None:
+        pytest.skip("no compiled init built here")
+    monkeypatch.setattr(sandbox_init, "ENABLED", init)
+    ex = make_executor(mode="workspace-write", spawn_helper=True)
+    token = sleep_token()
+    process = await ex.start(ex.resolve(BashExecRequest(command=f"sleep {token}")))
+    try:
+        quick = await ex.run(ex.resolve(BashExecRequest(command="echo quick")))
+        assert quick.stdout.text == "quick\n"
+        assert processes_naming(f"sleep\0{token}"), "the first command is still running"
+    finally:
+        process.kill()
+        await process.wait()
+    assert processes_naming(f"sleep\0{token}") == set()

@@ -1,15 +1,25 @@
 /* The spawn helper's compiled child (setup.py builds it, `compiled_child.py` loads it and
  * encodes the steps, `spawn_helper.py` calls it).
  *
- * The helper forks one child per command; the child places the command's descriptors, runs
- * the command's setup steps (`child_setup.py`: namespaces, mounts, Landlock, seccomp,
+ * The helper starts one child per command; the child places the command's descriptors,
+ * runs the command's setup steps (`child_setup.py`: namespaces, mounts, Landlock, seccomp,
  * limits) and execs. In Python that child is a copy of an interpreter: every object it
- * touches is a copy-on-write fault, and the PID-namespace waiter it forks is another. Here
- * the child runs only this file. It decides nothing: the steps were built by
- * `ChildSetup` in the helper (every argument a number or a pointer into the helper's own
- * memory, which the fork copies), and each runs exactly as its Python twin would, with the
+ * touches is a copy-on-write fault. Here the child runs only this file. It decides nothing:
+ * the steps were built by `ChildSetup` in the helper (every argument a number or a pointer
+ * into the helper's own memory), and each runs exactly as its Python twin would, with the
  * same tolerated errnos and the same failure reports (`_child` in `spawn_helper.py`,
- * `ChildSetup.__call__`). Only async-signal-safe calls run between fork and exec.
+ * `ChildSetup.__call__`).
+ *
+ * Not a fork: the child, and the namespace's PID 1 it starts at the waiter step, are
+ * clone(CLONE_VM | CLONE_VFORK) on stacks of their own, as posix_spawn starts a child. A
+ * fork marks every page of the helper copy-on-write, and the helper then faulted on each
+ * page it wrote (550 faults a command, measured); sharing the memory copies nothing. The
+ * parent of each is suspended until it execs or exits, so one process at a time runs on
+ * the helper's memory: the child until PID 1 is started, PID 1 until it execs, then the
+ * child until it execs the waiter (`sandbox_init.c --wait`). Without that init to exec,
+ * the child would wait on the helper's memory for the whole command: it is forked. Only
+ * async-signal-safe calls run before the exec, with every signal blocked until the
+ * handlers the helper set are back to the defaults.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -18,6 +28,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -54,6 +65,8 @@ enum {
 #define BSC_MAX_OK 4
 #define BSC_MAX_ARGS 6
 #define BSC_MAX_FDS 256
+/* Each process that runs on the helper's memory has a stack of its own (the child and PID 1). */
+#define BSC_STACK_SIZE (128 * 1024)
 #define BSC_REPORT_NAME 4096
 #define BSC_SYS_LANDLOCK_ADD_RULE 445
 #define BSC_LANDLOCK_RULE_PATH_BENEATH 1
@@ -142,27 +155,55 @@ static void close_from(int low, int high) {
         close((int)fd);
 }
 
-/* `_ForkWaiter`: the parent waits for the child and exits with its status (128+n for
- * signal n); the child (PID 1 of the namespace unshared before) goes on with the steps.
- * With the init held at ``a[0]`` the waiter execs it (`--wait`) to stop sharing the
- * helper's memory: every page the helper wrote while a waiter lived was copied. */
-static int fork_waiter(const struct bsc_step *s) {
-    int init_fd = (int)s->a[0];
+/* Where PID 1 goes on: the steps after the waiter step, and the liveness pipe. */
+struct bsc_resume {
+    const struct bsc_request *r;
+    int err_w;
+    int first;
+    int live_r;
+    int live_w;
+};
+
+static void __attribute__((noreturn)) run_from(const struct bsc_request *r, int err_w, int first,
+                                               char *stack);
+static void __attribute__((noreturn)) step_failed(const struct bsc_request *r, int err_w, int i,
+                                                  int code);
+
+/* PID 1 of the namespace unshared before: arms its PDEATHSIG, checks that the waiter was
+ * still alive then (else it was reparented and would never get the signal), goes on. */
+static int pid1_entry(void *arg) {
+    const struct bsc_resume *at = arg;
+    close(at->live_w);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+        step_failed(at->r, at->err_w, at->first - 1, errno);
+    struct pollfd alive = {at->live_r, POLLIN, 0};
+    if (poll(&alive, 1, 0) != 0)
+        _exit(125); /* the waiter died before our PDEATHSIG was armed */
+    close(at->live_r);
+    run_from(at->r, at->err_w, at->first, NULL);
+}
+
+/* `_ForkWaiter` at step ``i``: this process starts PID 1 on ``stack`` (PID 1 runs the
+ * remaining steps) and, once PID 1 has exec'd, waits for it and exits with its status
+ * (128+n for signal n). With the init held at ``a[0]`` it execs that to wait (`--wait`),
+ * holding none of the helper's memory meanwhile. Returns only on failure. */
+static int fork_waiter(const struct bsc_request *r, int err_w, int i, char *stack) {
+    int init_fd = (int)r->steps[i].a[0];
     int pipe_fds[2];
+    if (stack == NULL) {
+        errno = EINVAL; /* a second waiter step: PID 1 has no stack for another */
+        return -1;
+    }
     if (pipe2(pipe_fds, O_CLOEXEC) < 0)
         return -1;
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        close(pipe_fds[1]);
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
-            return -1;
-        struct pollfd alive = {pipe_fds[0], POLLIN, 0};
-        if (poll(&alive, 1, 0) != 0)
-            _exit(125); /* the waiter died before our PDEATHSIG was armed */
+    struct bsc_resume at = {r, err_w, i + 1, pipe_fds[0], pipe_fds[1]};
+    pid_t pid = clone(pid1_entry, stack + BSC_STACK_SIZE, CLONE_VM | CLONE_VFORK | SIGCHLD, &at);
+    if (pid < 0) {
+        int code = errno;
         close(pipe_fds[0]);
-        return 0;
+        close(pipe_fds[1]);
+        errno = code;
+        return -1;
     }
     close(pipe_fds[0]);
     /* The helper's handlers back to the defaults (an exec would keep what it ignores). */
@@ -259,8 +300,8 @@ static long run_step(const struct bsc_step *s) {
         return landlock_allow(s);
     case BSC_HOLD:
         return hold(s);
-    case BSC_FORK_WAITER:
-        return fork_waiter(s);
+    case BSC_FORK_WAITER: /* `run_from` runs it: it needs the request */
+        break;
     case BSC_SECCOMP_LISTENER:
         return seccomp_listener(s);
     }
@@ -287,7 +328,7 @@ static void fail(int err_w, const char *where, int code) {
     _exit(255);
 }
 
-static void child(const struct bsc_request *r) {
+static void __attribute__((noreturn)) child(const struct bsc_request *r, char *stack) {
     int err_w = r->err_w;
     int moved[BSC_MAX_FDS];
     int nfds = 3 + r->ntargets;
@@ -332,38 +373,92 @@ static void child(const struct bsc_request *r) {
     /* The helper ignores SIGPIPE and SIGXFSZ (Python does); a command starts with both. */
     signal(SIGPIPE, SIG_DFL);
     signal(SIGXFSZ, SIG_DFL);
-    for (int i = 0; i < r->nsteps; i++) {
+    run_from(r, err_w, 0, stack);
+}
+
+/* Step ``i`` failed with ``code``: (errno, step) on the report pipe, as
+ * `ChildSetup.__call__` writes it (the reader takes at most 4 + BSC_REPORT_NAME bytes,
+ * `child_failure._RECORD_MAX`), then "step:N" and out. */
+static void step_failed(const struct bsc_request *r, int err_w, int i, int code) {
+    const struct bsc_step *s = &r->steps[i];
+    if (r->report_fd >= 0) {
+        char report[4 + BSC_REPORT_NAME];
+        size_t len = s->what_len < BSC_REPORT_NAME ? (size_t)s->what_len : BSC_REPORT_NAME;
+        uint32_t le = (uint32_t)code;
+        for (int b = 0; b < 4; b++)
+            report[b] = (char)((le >> (8 * b)) & 0xff);
+        memcpy(report + 4, s->what, len);
+        (void)!write(r->report_fd, report, 4 + len);
+    }
+    fail(err_w, "step", code);
+}
+
+/* The steps from ``first`` on, then the exec; ``stack``: PID 1's, for the waiter step. */
+static void run_from(const struct bsc_request *r, int err_w, int first, char *stack) {
+    for (int i = first; i < r->nsteps; i++) {
         const struct bsc_step *s = &r->steps[i];
-        if (run_step(s) != -1)
+        long done = s->op == BSC_FORK_WAITER ? fork_waiter(r, err_w, i, stack) : run_step(s);
+        if (done != -1)
             continue;
         int code = errno;
         int tolerated = 0;
         for (int k = 0; k < s->n_ok && k < BSC_MAX_OK; k++)
             tolerated |= s->ok[k] == code;
-        if (tolerated)
-            continue;
-        if (r->report_fd >= 0) {
-            /* (errno, step), as `ChildSetup.__call__` writes it; the reader takes at most
-             * 4 + BSC_REPORT_NAME bytes (`child_failure._RECORD_MAX`). */
-            char report[4 + BSC_REPORT_NAME];
-            size_t len = s->what_len < BSC_REPORT_NAME ? (size_t)s->what_len : BSC_REPORT_NAME;
-            uint32_t le = (uint32_t)code;
-            for (int b = 0; b < 4; b++)
-                report[b] = (char)((le >> (8 * b)) & 0xff);
-            memcpy(report + 4, s->what, len);
-            (void)!write(r->report_fd, report, 4 + len);
-        }
-        fail(err_w, "step", code);
+        if (!tolerated)
+            step_failed(r, err_w, i, code);
     }
     execve(r->argv[0], r->argv, r->envp);
     fail(err_w, "exec", errno);
 }
 
-/* Fork; the child never returns. The parent gets the pid, or -1 with errno. */
+struct bsc_start {
+    const struct bsc_request *r;
+    const sigset_t *mask;
+    char *pid1_stack;
+};
+
+/* The child, on the helper's memory: it dies with the thread that started it (a child
+ * stuck in a step when the helper goes), every handler the helper set back to the default
+ * (a signal must not run the helper's code here), the helper's mask back, then the steps. */
+static int child_entry(void *arg) {
+    const struct bsc_start *start = arg;
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    for (int sig = 1; sig < 65; sig++) {
+        struct sigaction action;
+        if (sigaction(sig, NULL, &action) == 0 && action.sa_handler != SIG_DFL &&
+            action.sa_handler != SIG_IGN)
+            signal(sig, SIG_DFL);
+    }
+    sigprocmask(SIG_SETMASK, start->mask, NULL);
+    child(start->r, start->pid1_stack);
+}
+
+/* A waiter step with no init to exec would wait on the helper's memory, holding the helper
+ * suspended for the whole command: that child is forked instead. */
+static int waits_in_place(const struct bsc_request *r) {
+    for (int i = 0; i < r->nsteps; i++)
+        if (r->steps[i].op == BSC_FORK_WAITER && (int)r->steps[i].a[0] < 0)
+            return 1;
+    return 0;
+}
+
+/* Start the child; returns its pid (once it has exec'd or exited, unless forked), or -1
+ * with errno. */
 pid_t bsc_spawn(const struct bsc_request *r) {
-    pid_t pid = fork();
-    if (pid == 0)
-        child(r);
+    /* Both stacks of this spawn: the helper's threads may start children at once. */
+    char *stacks = malloc(2 * BSC_STACK_SIZE);
+    if (stacks == NULL)
+        return -1;
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
+    struct bsc_start start = {r, &old, stacks + BSC_STACK_SIZE};
+    int flags = waits_in_place(r) ? SIGCHLD : CLONE_VM | CLONE_VFORK | SIGCHLD;
+    pid_t pid = clone(child_entry, stacks + BSC_STACK_SIZE, flags, &start);
+    int code = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    free(stacks);
+    errno = code;
     return pid;
 }
 
