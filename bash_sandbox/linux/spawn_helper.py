@@ -168,22 +168,29 @@ class _Spawners:
                     self._ready.wait()
                 self._idle -= 1
                 job = self._jobs.popleft()
-            pid, code = -1, 0
-            try:
-                pid = self.compiled.spawn(self.native, job.prepared)
-            except OSError as exc:
-                code = exc.errno or 0
-            for fd in (job.err_w, *job.fds):
-                os.close(fd)
-            report = bytearray()
-            # Every other end is closed by now (exec'd, exited, or about to: a forked child).
-            while chunk := os.read(job.err_r, 64):
-                report += chunk
-            os.close(job.err_r)
-            self.done.append((job.seq, pid, bytes(report), code))
+            self.done.append(self._start(job))
             del job  # the child has exec'd: nothing reads the request's memory now
             with contextlib.suppress(BlockingIOError):
                 os.write(self.wake_w, b"x")
+
+    def _start(self, job: _Job) -> tuple[int, int, bytes, int]:
+        """(seq, pid, failure report, errno): pid -1 when no child could be started."""
+        pid, code = -1, 0
+        try:
+            pid = self.compiled.spawn(self.native, job.prepared)
+        except Exception as exc:  # answered as a failed spawn: a lost answer would hang it
+            code = getattr(exc, "errno", 0) or 0
+        finally:
+            for fd in (job.err_w, *job.fds):
+                os.close(fd)
+        report = bytearray()
+        try:
+            # Every other end is closed by now (exec'd, exited, or soon: a forked child).
+            while chunk := os.read(job.err_r, 64):
+                report += chunk
+        finally:
+            os.close(job.err_r)
+        return job.seq, pid, bytes(report), code
 
 
 class Helper:

@@ -445,9 +445,11 @@ static int waits_in_place(const struct bsc_request *r) {
 /* Start the child; returns its pid (once it has exec'd or exited, unless forked), or -1
  * with errno. */
 pid_t bsc_spawn(const struct bsc_request *r) {
-    /* Both stacks of this spawn: the helper's threads may start children at once. */
-    char *stacks = malloc(2 * BSC_STACK_SIZE);
-    if (stacks == NULL)
+    /* Both stacks of this thread's spawns (the helper's threads may start children at once;
+     * each thread one at a time). Kept: mapping them afresh cost page faults and a TLB
+     * shootdown a spawn. */
+    static __thread char *stacks;
+    if (stacks == NULL && (stacks = malloc(2 * BSC_STACK_SIZE)) == NULL)
         return -1;
     sigset_t all, old;
     sigfillset(&all);
@@ -457,7 +459,6 @@ pid_t bsc_spawn(const struct bsc_request *r) {
     pid_t pid = clone(child_entry, stacks + BSC_STACK_SIZE, flags, &start);
     int code = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
-    free(stacks);
     errno = code;
     return pid;
 }
