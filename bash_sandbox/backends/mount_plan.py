@@ -290,23 +290,53 @@ def _drop_nested(paths: list[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def _first_missing(path: str, root: str) -> str | None:
+class _Looks:
+    """lstat answers for one survey: the protected names share their leading directories,
+    and each was looked at up to five times (about 580 lstat calls a spawn)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, int | None] = {}  # path -> st_mode, None when missing
+
+    def mode(self, path: str) -> int | None:
+        if path not in self._seen:
+            try:
+                self._seen[path] = os.lstat(path).st_mode
+            except OSError:
+                self._seen[path] = None
+        return self._seen[path]
+
+    def exists(self, path: str) -> bool:
+        return self.mode(path) is not None
+
+    def is_link(self, path: str) -> bool:
+        mode = self.mode(path)
+        return mode is not None and stat.S_ISLNK(mode)
+
+    def is_real_dir(self, path: str) -> bool:
+        """A directory, not a link to one (`isdir and not islink`)."""
+        mode = self.mode(path)
+        return mode is not None and stat.S_ISDIR(mode)
+
+
+def _first_missing(path: str, root: str, looks: _Looks | None = None) -> str | None:
     """The shallowest component of ``path`` below ``root`` that does not exist, if any."""
+    looks = looks or _Looks()
     cur = root
     for part in os.path.relpath(path, root).split("/"):
         cur = os.path.join(cur, part)
-        if not os.path.lexists(cur):
+        if not looks.exists(cur):
             return cur
     return None
 
 
-def _pins_between(root: str, target: str) -> list[str]:
+def _pins_between(root: str, target: str, looks: _Looks | None = None) -> list[str]:
     """Existing real directories strictly between ``root`` and ``target``."""
+    looks = looks or _Looks()
     pins: list[str] = []
     cur = root
     for part in os.path.relpath(target, root).split("/")[:-1]:
         cur = os.path.join(cur, part)
-        if os.path.isdir(cur) and not os.path.islink(cur):
+        if looks.is_real_dir(cur):
             pins.append(cur)
     return pins
 
@@ -333,6 +363,7 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
     git_names = {"config", "hooks"} | {
         p.removeprefix(".git/") for p in policy.protected_paths if p.startswith(".git/")
     }
+    looks = _Looks()
     for gitdir in gitdirs:
         for name in sorted(git_names):
             in_git.append((gitdir, name, name.split("/")[0] in GIT_DIRECTORY_NAMES))
@@ -340,25 +371,30 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
         # overlay away and leave a plain `.git` for the command to create at the old path.
         owner = next((r for r in roots if within(gitdir, r)), None)
         if owner is not None:
-            pins += _pins_between(owner, gitdir)
+            pins += _pins_between(owner, gitdir, looks)
     for root in roots:
+        root_is_real = os.path.realpath(root) == root
         for name in policy.protected_paths:
             lexical = os.path.join(root, name)
             if name == ".git" or name.startswith(".git/"):
                 continue  # the overlay holds the git control plane (and its covers)
+            linked = False
             cur = root
             for part in name.split("/"):
                 cur = os.path.join(cur, part)
-                if os.path.islink(cur):
+                if looks.is_link(cur):
                     symlinked.append(cur)
+                    linked = True
                     break
-            resolved = os.path.realpath(lexical)
-            pins += _pins_between(root, lexical)
+            # No link below a real root: the name is already its own real path.
+            plain = root_is_real and not linked and ".." not in name.split("/")
+            resolved = os.path.normpath(lexical) if plain else os.path.realpath(lexical)
+            pins += _pins_between(root, lexical, looks)
             if not within_any(resolved, roots) or within_any(resolved, gitdirs):
                 continue  # read-only already, or inside an overlay
             owner = next(r for r in roots if within(resolved, r))
-            first = _first_missing(resolved, owner)
-            pins += _pins_between(owner, resolved if first is None else first)
+            first = _first_missing(resolved, owner, looks)
+            pins += _pins_between(owner, resolved if first is None else first, looks)
             if first is None:
                 protect.append(resolved)
             elif needs_placeholder(name, root):

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import random
 import stat
 from pathlib import Path
+
+import pytest
 
 from bash_sandbox.backends.mount_plan import (
     GitOverlay,
     HostView,
     MountOp,
     PlaceholderSources,
+    ProtectedView,
     Shadow,
     ShadowEntry,
     inspect_protected,
@@ -21,6 +25,8 @@ from bash_sandbox.backends.mount_plan import (
     visible,
 )
 from policies import SandboxPolicy
+from policies.autorun import directory_placeholder, needs_placeholder
+from policies.paths import within, within_any
 
 SOURCES = PlaceholderSources("/s/empty", "/s/denied-dir", "/s/denied-file")
 
@@ -183,3 +189,128 @@ def test_placeholder_sources_have_exact_modes(tmp_path: Path) -> None:
     assert stat.S_IMODE(os.stat(sources.empty_dir).st_mode) == 0o555
     assert stat.S_IMODE(os.stat(sources.deny_dir).st_mode) == 0o000
     assert stat.S_IMODE(os.stat(sources.deny_file).st_mode) == 0o000
+
+
+def _reference_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> ProtectedView:
+    """`inspect_protected` as first written, every question asked of the host afresh with
+    os.path: the survey's lstat memo and its shortcut past realpath must answer the same."""
+    roots = policy.all_writable_roots()
+    protect: list[str] = []
+    pins: list[str] = []
+    missing: list[tuple[str, bool]] = []
+    symlinked: list[str] = []
+
+    def pins_between(root: str, target: str) -> list[str]:
+        found, cur = [], root
+        for part in os.path.relpath(target, root).split("/")[:-1]:
+            cur = os.path.join(cur, part)
+            if os.path.isdir(cur) and not os.path.islink(cur):
+                found.append(cur)
+        return found
+
+    def first_missing(path: str, root: str) -> str | None:
+        cur = root
+        for part in os.path.relpath(path, root).split("/"):
+            cur = os.path.join(cur, part)
+            if not os.path.lexists(cur):
+                return cur
+        return None
+
+    for gitdir in gitdirs:
+        owner = next((r for r in roots if within(gitdir, r)), None)
+        if owner is not None:
+            pins += pins_between(owner, gitdir)
+    for root in roots:
+        for name in policy.protected_paths:
+            lexical = os.path.join(root, name)
+            if name == ".git" or name.startswith(".git/"):
+                continue
+            cur = root
+            for part in name.split("/"):
+                cur = os.path.join(cur, part)
+                if os.path.islink(cur):
+                    symlinked.append(cur)
+                    break
+            resolved = os.path.realpath(lexical)
+            pins += pins_between(root, lexical)
+            if not within_any(resolved, roots) or within_any(resolved, gitdirs):
+                continue
+            owner = next(r for r in roots if within(resolved, r))
+            first = first_missing(resolved, owner)
+            pins += pins_between(owner, resolved if first is None else first)
+            if first is None:
+                protect.append(resolved)
+            elif needs_placeholder(name, root):
+                is_dir = first != resolved or name.endswith("/") or directory_placeholder(name)
+                missing.append((first, is_dir))
+    return ProtectedView(
+        protect=tuple(dict.fromkeys(protect)),
+        pins=tuple(dict.fromkeys(p for p in pins if not within_any(p, gitdirs))),
+        missing=tuple(dict.fromkeys(missing)),
+        in_git=(),
+        symlinked=tuple(dict.fromkeys(symlinked)),
+    )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_protected_survey_answers_as_plain_lookups_do(tmp_path: Path, seed: int) -> None:
+    """Random layouts of the protected names: real, missing, files and directories, links
+    inside and out of the root, dangling, a directory that is a link, and a root given
+    through a link (the policy resolves it)."""
+    rng = random.Random(seed)
+    real = tmp_path / "real"
+    (real / "ws").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "target.json").write_text("x")
+    ws = real / "ws"
+    if seed % 4 == 0:
+        (tmp_path / "via").symlink_to(real)
+        root = tmp_path / "via" / "ws"  # the root itself reached through a link
+    else:
+        root = ws
+    names = (
+        ".vscode/tasks.json",
+        ".vscode/settings.json",
+        ".envrc",
+        ".idea/",
+        "conf/app.toml",
+        "deep/er/x.cfg",
+        ".github/workflows/",
+        "a/b/c",
+        "deploy/secrets.env",
+        "deploy/",
+    )
+    for name in names:
+        target = ws / name.rstrip("/")
+        choice = rng.randrange(6)
+        if choice == 0:
+            continue  # missing
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() or target.is_symlink():
+            continue
+        if choice == 1:
+            target.write_text("x")
+        elif choice == 2:
+            target.mkdir()
+        elif choice == 3:
+            target.symlink_to(tmp_path / "outside" / "target.json")  # out of the root
+        elif choice == 4:
+            target.symlink_to(ws / "conf")  # inside the root (maybe dangling)
+        else:
+            # Its directory a link to the real one beside it (never the root's own).
+            parent, moved = target.parent, target.parent.with_name(target.parent.name + ".real")
+            if parent != ws and not parent.is_symlink() and not moved.exists():
+                parent.rename(moved)
+                parent.symlink_to(moved)
+    gitdirs = (str(ws / ".git"),) if seed % 3 == 0 else ()
+    if gitdirs:
+        (ws / ".git").mkdir(exist_ok=True)
+    policy = _policy(root, protected_paths=names)
+    got = inspect_protected(policy, gitdirs)
+    want = _reference_protected(policy, gitdirs)
+    assert (got.protect, got.pins, got.missing, got.symlinked) == (
+        want.protect,
+        want.pins,
+        want.missing,
+        want.symlinked,
+    )
