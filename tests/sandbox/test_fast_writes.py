@@ -350,8 +350,9 @@ async def test_commands_past_the_cap_are_served_in_python(
     ]
     try:
         for i in range(4):
+            # The shell creates the file before it writes: wait for the line, not the name.
             for _ in range(500):
-                if (workspace / f"bg{i}").exists():
+                if (workspace / f"bg{i}").exists() and (workspace / f"bg{i}").read_text():
                     break
                 await asyncio.sleep(0.01)
         assert [(workspace / f"bg{i}").read_text() for i in range(4)] == [
