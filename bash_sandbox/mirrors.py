@@ -31,6 +31,7 @@ from __future__ import annotations
 import configparser
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -158,15 +159,19 @@ _NPM_SECRET_KEYS = re.compile(
 )
 
 
+def _npmrc_path(environ: Mapping[str, str], home: str) -> str:
+    return next(
+        (environ[k] for k in ("NPM_CONFIG_USERCONFIG", "npm_config_userconfig") if environ.get(k)),
+        os.path.join(home, ".npmrc"),
+    )
+
+
 def _npmrc_registry_lines(
     environ: Mapping[str, str], home: str, warnings: list[str]
 ) -> dict[tuple[str, str], str]:
     """``(variable, file) -> value`` of the registry lines of the user's `.npmrc`; each
     credential line left behind is named in ``warnings`` (its key, never its value)."""
-    path = next(
-        (environ[k] for k in ("NPM_CONFIG_USERCONFIG", "npm_config_userconfig") if environ.get(k)),
-        os.path.join(home, ".npmrc"),
-    )
+    path = _npmrc_path(environ, home)
     text = _read_small(path)
     if text is None:
         return {}
@@ -243,16 +248,51 @@ def mirror_hint(hosts: list[str]) -> str:
     )
 
 
+# Config files changed this recently are read again rather than trusted (`_stamp`).
+SETTLE_NS = 2_000_000_000
+_Stamp = tuple[int, ...] | None
+
+
+def _stamp(path: str) -> _Stamp:
+    """What a change to the file moves: its identity, size and times (None: absent)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 class Mirrors:
     """An executor's view of the user's mirrors: each spawn gets the settings, and each
-    warning once per executor (not on every command's result), again only when it changes."""
+    warning once per executor (not on every command's result), again only when it changes.
+
+    The answer is kept with the environment it came from and a stamp of each config file,
+    and reused while both are the same: parsing pip's and npm's files on every spawn cost
+    about half a millisecond. A file changed in the last two seconds is never trusted (its
+    mtime comes from the kernel's coarse clock), so it is read again on every spawn."""
 
     def __init__(self, home: str | None = None) -> None:
         self._home = home
         self._warned: set[str] = set()
+        self._kept: tuple[object, MirrorSettings] | None = None
+        self.hits = 0  # answers reused (the tests read it)
 
     def settings(self, environ: Mapping[str, str]) -> MirrorSettings:
-        out = mirror_settings(environ, self._home)
+        home = self._home if self._home is not None else os.path.expanduser("~")
+        files = (*_pip_files(environ, home), _npmrc_path(environ, home))
+        # Stamped before reading: a change in between moves the stamp, so the next spawn
+        # reads again rather than trusting what this one read.
+        stamps = tuple(_stamp(path) for path in files)
+        key = (home, tuple(sorted(environ.items())), files, stamps)
+        kept = self._kept
+        if kept is not None and kept[0] == key:
+            self.hits += 1
+            out = kept[1]
+        else:
+            out = mirror_settings(environ, home)
+            horizon = time.time_ns() - SETTLE_NS
+            settled = all(s is None or max(s[3], s[4]) < horizon for s in stamps)
+            self._kept = (key, out) if settled else None
         fresh = [w for w in out.warnings if w not in self._warned]
         self._warned.update(fresh)
-        return MirrorSettings(out.env, fresh)
+        return MirrorSettings(dict(out.env), fresh)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import glob
+import functools
 import os
 from pathlib import PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policies.autorun import DEFAULT_AUTORUN_PATHS
+from policies.dir_glob import expand
 from policies.egress import canonical_allowlist
 from policies.limits import ResourceLimits
 from policies.modes import NetworkMode, SandboxMode
@@ -118,16 +119,9 @@ DEFAULT_DENY_READ_HOST: tuple[str, ...] = (
 )
 
 
-def _expand(pattern: str) -> list[str]:
-    if "*" not in pattern:
-        return [pattern]
-    # Hidden names match too: the patterns name dotfiles on purpose.
-    return sorted(glob.glob(pattern, include_hidden=True))
-
-
 def host_secrets() -> tuple[str, ...]:
     """The host's own secrets, denied to every confined command whatever `deny_read` says."""
-    return tuple(dict.fromkeys(p for pattern in DEFAULT_DENY_READ_HOST for p in _expand(pattern)))
+    return tuple(dict.fromkeys(p for pattern in DEFAULT_DENY_READ_HOST for p in expand(pattern)))
 
 
 def default_deny_read(home: str | None = None) -> tuple[str, ...]:
@@ -139,7 +133,18 @@ def default_deny_read(home: str | None = None) -> tuple[str, ...]:
     base = home if home is not None else os.path.expanduser("~")
     patterns = (*(os.path.join(base, rel) for rel in DEFAULT_DENY_READ_RELATIVE),)
     patterns += DEFAULT_DENY_READ_HOST
-    return tuple(dict.fromkeys(p for pattern in patterns for p in _expand(pattern)))
+    return tuple(dict.fromkeys(p for pattern in patterns for p in expand(pattern)))
+
+
+@functools.lru_cache(maxsize=32)
+def _checked_names(value: tuple[str, ...]) -> tuple[str, ...]:
+    """``value`` normalised, each a name relative to a writable root (else ValueError).
+    Cached: every policy checks the same 40-odd default names, a PurePosixPath each."""
+    for v in value:
+        p = PurePosixPath(v)
+        if "\x00" in v or p.is_absolute() or ".." in p.parts or not p.parts:
+            raise ValueError(f"entries are names relative to a writable root, got {v!r}")
+    return tuple(str(PurePosixPath(v)) for v in value)
 
 
 class SandboxPolicy(BaseModel):
@@ -182,11 +187,7 @@ class SandboxPolicy(BaseModel):
     @field_validator("protected_paths", "unprotected_paths")
     @classmethod
     def _relative_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for v in value:
-            p = PurePosixPath(v)
-            if "\x00" in v or p.is_absolute() or ".." in p.parts or not p.parts:
-                raise ValueError(f"entries are names relative to a writable root, got {v!r}")
-        return tuple(str(PurePosixPath(v)) for v in value)
+        return _checked_names(tuple(value))
 
     @model_validator(mode="after")
     def _unprotected_names(self) -> SandboxPolicy:

@@ -24,7 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from bash_sandbox.cli.arguments import PROG, UsageError, build_parser, wants_json
+from bash_sandbox.cli.arguments import (
+    PROG,
+    CliArgumentParser,
+    UsageError,
+    build_parser,
+    wants_json,
+)
 from bash_sandbox.cli.config_file import (
     ConfigError,
     ConfigUntrustedError,
@@ -483,14 +489,17 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI with ``argv`` (default: `sys.argv[1:]`); returns the exit status."""
+def main(argv: list[str] | None = None, *, parser: CliArgumentParser | None = None) -> int:
+    """Run the CLI with ``argv`` (default: `sys.argv[1:]`); returns the exit status.
+    ``parser``: one `build_parser(package_version)` made earlier (the warm daemon builds it
+    once: it reads nothing of the host or the environment)."""
     if argv is None:
         # The process's own entry point: everything imported by now lives as long as the
         # process, so no collection (the one at exit included) needs to walk it again.
         gc.freeze()
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(package_version)
+    if parser is None:
+        parser = build_parser(package_version)
     try:
         args, extra = parser.parse_known_args(words)
         if extra:

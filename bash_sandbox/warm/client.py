@@ -16,17 +16,22 @@ import signal
 import socket
 import sys
 import time
-from typing import NamedTuple
 
 from bash_sandbox.warm import wire
 
 _START_WAIT_S = 5.0
 
 
-class Signalled(NamedTuple):
-    """The run's process died of ``signum``."""
+class Signalled:
+    """The run's process died of ``signum``. (Not a NamedTuple: no typing import here.)"""
 
-    signum: int
+    __slots__ = ("signum",)
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def __repr__(self) -> str:
+        return f"Signalled({self.signum})"
 
 
 def wanted(argv: list[str]) -> bool:

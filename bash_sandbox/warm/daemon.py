@@ -2,12 +2,14 @@
 copy of itself for each `bash-sandbox run`.
 
 What a call shares with the calls before it: only the modules imported at the daemon's
-start (code, never state: no executor, no config, no probe result is made before the
-fork). The fork then becomes the client's process as far as the run can tell: the client's
-stdin, stdout and stderr (dup'ed onto 0, 1 and 2), its working directory (a descriptor, so
-a rename in between cannot redirect it), its umask and its whole environment; then it runs
+start, the argument parser built from them and the two seccomp programs compiled from them
+(code, never state: no executor, no config, no probe result is made before the fork). The
+fork then becomes the client's process as far as the run can tell: the client's stdin,
+stdout and stderr (dup'ed onto 0, 1 and 2), its working directory (a descriptor, so a
+rename in between cannot redirect it), its umask and its whole environment; then it runs
 the same `main()` a fresh `bash-sandbox` runs. So the config file, the session log, the
-probe cache and every policy are read as a fresh process reads them.
+probe cache and every policy are read as a fresh process reads them. The fork answers the
+client itself once `main()` has returned, before its own exit.
 
 The daemon serves only its own uid (SO_PEERCRED), from a socket in the uid's private
 directory, and only a request whose sender (SCM_CREDENTIALS: the process that wrote it,
@@ -34,9 +36,12 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bash_sandbox.warm import wire
+
+if TYPE_CHECKING:
+    from bash_sandbox.cli.arguments import CliArgumentParser
 
 # Imported before any fork: everything `bash-sandbox run` loads on its way to the spawn.
 _PRELOAD = (
@@ -71,6 +76,7 @@ class _Daemon:
     path: str
     idle_s: float
     lock: int  # the flock that makes this the socket's one daemon
+    parser: CliArgumentParser
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
     wake: tuple[int, int] = (-1, -1)
     retiring: bool = False  # its code changed: serves its running calls, takes no new ones
@@ -90,10 +96,10 @@ class _Daemon:
         os.close(self.lock)
 
     def close_in_fork(self, conn: socket.socket) -> None:
-        """The daemon's own descriptors, in a fork that is about to become the client's."""
+        """The daemon's own descriptors, in a fork that is about to become the client's
+        (``conn``, the call's own socket, stays: the fork answers on it)."""
         self.selector.close()
         self.listener.close()
-        conn.close()
         for call in self.calls.values():
             call.conn.close()
         for fd in (*self.wake, self.lock):
@@ -120,15 +126,31 @@ def _loaded_code() -> dict[str, int]:
     return code
 
 
-def _warm_up() -> None:
-    """Import what a run imports on its way, and build the parser once (its lazy imports);
-    nothing a run reads from the host or the environment is computed here."""
+def _warm_up() -> CliArgumentParser:
+    """Import what a run imports on its way, and build the parser every run uses (it reads
+    nothing of the host or the environment); nothing a run reads from the host or the
+    environment is computed here."""
     for name in _PRELOAD:
         with contextlib.suppress(ImportError):  # landlockpy, pyseccomp: Linux only
             importlib.import_module(name)
-    from bash_sandbox.cli.arguments import build_parser
+    with contextlib.suppress(Exception):
+        import landlockpy
 
-    build_parser("warm-up")
+        # Its first call loads libc through `ctypes.util.find_library`, which runs
+        # `ldconfig -p` (a process, some milliseconds): paid here once, not in every fork.
+        # The answer itself is not kept: each run asks the kernel again.
+        landlockpy.abi_version()
+    with contextlib.suppress(Exception):  # no libseccomp (macOS): the runs say so themselves
+        from bash_sandbox.linux import seccomp
+
+        # Both filters are functions of the code and the architecture alone (cached per
+        # process): compiled once here instead of in every fork, 3-5 ms each.
+        seccomp.compile_notify_filter()
+        seccomp.compile_seccomp(seccomp.SeccompOptions())
+    from bash_sandbox.cli.arguments import build_parser
+    from bash_sandbox.cli.settings import package_version
+
+    return build_parser(package_version)
 
 
 def _become_client(request: dict[str, Any], fds: list[int]) -> None:
@@ -170,7 +192,7 @@ def _run_fork(
         sys.argv = ["bash-sandbox", *argv]
         from bash_sandbox.cli.main import main
 
-        code = main(argv)
+        code = main(argv, parser=daemon.parser)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # the fork must never return into the daemon's loop
@@ -180,7 +202,20 @@ def _run_fork(
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-        os._exit(code)
+        _reply_and_exit(conn, code)
+
+
+def _reply_and_exit(conn: socket.socket, code: int) -> None:
+    """The run is over (its output flushed): tell the client now, not after this process's
+    exit (the kernel's teardown of its inotify instances, mappings and threads takes
+    milliseconds nobody needs to wait for). The write side is then shut down, so the
+    daemon's own reply at the reap fails quietly (and the SIGHUP it sends when the client,
+    answered, closes its end changes nothing the client can see); a fork that dies before
+    this point is answered by the daemon, with its signal."""
+    with contextlib.suppress(Exception):
+        wire.send_frame(conn, {"exit": code})
+        conn.shutdown(socket.SHUT_WR)
+    os._exit(code)
 
 
 def _accept(daemon: _Daemon) -> None:
@@ -285,8 +320,8 @@ def serve(path: str, idle_s: float, lock: int) -> None:
         listener.bind(address)
     listener.listen(64)
     listener.setblocking(False)
-    _warm_up()
-    daemon = _Daemon(listener, path, idle_s, lock, code=_loaded_code())
+    parser = _warm_up()
+    daemon = _Daemon(listener, path, idle_s, lock, parser, code=_loaded_code())
     gc.freeze()  # the forks share these pages instead of copying them on the first collection
     daemon.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(daemon.wake[1])

@@ -20,8 +20,11 @@ import stat
 import struct
 import sys
 import zlib
-from collections.abc import Iterator
-from typing import Any
+
+TYPE_CHECKING = False  # typing, collections.abc: not on the client's path (see `client`)
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
 
 ENABLE_ENV = "BASH_SANDBOX_DAEMON"  # "1": `bash-sandbox run` goes through the daemon
 IDLE_ENV = "BASH_SANDBOX_DAEMON_IDLE_S"  # seconds the daemon stays without a client

@@ -29,6 +29,7 @@ from cli_probes import (
     wait_until,
 )
 
+from bash_sandbox.cli.arguments import build_parser
 from bash_sandbox.warm import daemon as warm_daemon
 from bash_sandbox.warm import wire
 
@@ -283,7 +284,12 @@ def test_a_daemon_whose_code_changed_is_stale(tmp_path: Path) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         daemon = warm_daemon._Daemon(
-            listener, str(tmp_path / "s"), 1.0, -1, code={str(module): module.stat().st_mtime_ns}
+            listener,
+            str(tmp_path / "s"),
+            1.0,
+            -1,
+            build_parser("bash-sandbox"),
+            code={str(module): module.stat().st_mtime_ns},
         )
         assert not daemon.code_changed()
         os.utime(module, ns=(0, module.stat().st_mtime_ns + 1))
@@ -296,7 +302,7 @@ def test_the_client_imports_nothing_heavy() -> None:
     probe = (
         "import sys; import bash_sandbox.entry, bash_sandbox.warm.client; "
         "heavy = [m for m in sys.modules if m.split('.')[0] in "
-        "('pydantic', 'asyncio', 'bash_local', 'policies', 'bash_seam') "
+        "('pydantic', 'asyncio', 'bash_local', 'policies', 'bash_seam', 'typing') "
         "or m.startswith('bash_sandbox.cli')]; print(heavy)"
     )
     out = subprocess.run(

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
+import pytest
+
+from bash_sandbox import mirrors as mirrors_module
 from bash_sandbox.mirrors import (
     Mirrors,
     mirror_hint,
@@ -122,3 +127,79 @@ def test_an_executor_is_warned_once_until_the_setting_changes(tmp_path: Path) ->
         "PIP_INDEX_URL": "https://pypi.corp.example/simple/"
     }
     assert len(mirrors.settings({"UV_INDEX_URL": "https://t@uv.example/"}).warnings) == 1
+
+
+def _kept_right_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No two-second wait: the files below are trusted as soon as they are written.
+    monkeypatch.setattr(mirrors_module, "SETTLE_NS", 0)
+    time.sleep(0.01)
+
+
+def test_an_unchanged_configuration_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / ".npmrc").write_text("registry=https://npm.corp.example/\n")
+    _kept_right_away(monkeypatch)
+    mirrors = Mirrors(home=str(tmp_path))
+    first = mirrors.settings({})
+    assert first.env == {"npm_config_registry": "https://npm.corp.example/"}
+    first.env["npm_config_registry"] = "changed by a caller"  # a copy: the kept one holds
+    assert mirrors.settings({}).env == {"npm_config_registry": "https://npm.corp.example/"}
+    assert mirrors.hits == 1
+
+
+@pytest.mark.parametrize("change", ["edit", "edit, old times put back", "remove", "new pip.conf"])
+def test_a_changed_file_is_read_again_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    npmrc = tmp_path / ".npmrc"
+    npmrc.write_text("registry=https://npm.corp.example/\n")
+    _kept_right_away(monkeypatch)
+    mirrors = Mirrors(home=str(tmp_path))
+    assert mirrors.settings({}).env == {"npm_config_registry": "https://npm.corp.example/"}
+    before = npmrc.stat()
+    expected: dict[str, str] = {"npm_config_registry": "https://npm.other.example/"}
+    if change.startswith("edit"):
+        npmrc.write_text("registry=https://npm.other.example/\n")  # same size
+        if change != "edit":
+            os.utime(npmrc, ns=(before.st_atime_ns, before.st_mtime_ns))  # the ctime moves
+    elif change == "remove":
+        npmrc.unlink()
+        expected = {}
+    else:
+        conf = tmp_path / ".config" / "pip" / "pip.conf"
+        conf.parent.mkdir(parents=True)
+        conf.write_text("[global]\nindex-url = https://pypi.corp.example/simple/\n")
+        expected = {
+            "npm_config_registry": "https://npm.corp.example/",
+            "PIP_INDEX_URL": "https://pypi.corp.example/simple/",
+        }
+    assert mirrors.settings({}).env == expected
+    assert mirrors.hits == 0
+
+
+def test_a_changed_environment_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _kept_right_away(monkeypatch)
+    mirrors = Mirrors(home=str(tmp_path))
+    assert mirrors.settings({"GOPROXY": "https://go.corp.example"}).env == {
+        "GOPROXY": "https://go.corp.example"
+    }
+    assert mirrors.settings({"GOPROXY": "https://go2.corp.example"}).env == {
+        "GOPROXY": "https://go2.corp.example"
+    }
+    other = tmp_path / "elsewhere.npmrc"
+    other.write_text("registry=https://npm.else.example/\n")
+    assert mirrors.settings({"NPM_CONFIG_USERCONFIG": str(other)}).env == {
+        "npm_config_registry": "https://npm.else.example/"
+    }
+    assert mirrors.hits == 0
+
+
+def test_a_file_changed_just_now_is_never_kept(tmp_path: Path) -> None:
+    (tmp_path / ".npmrc").write_text("registry=https://npm.corp.example/\n")
+    mirrors = Mirrors(home=str(tmp_path))
+    for _ in range(3):
+        assert mirrors.settings({}).env == {"npm_config_registry": "https://npm.corp.example/"}
+    assert mirrors.hits == 0  # within the settle window: read on every spawn
