@@ -59,15 +59,40 @@ def _stamps(survey: ShadowSurvey) -> tuple[Stamp, ...]:
     return (*map(_identity, survey.resolved), *map(_listing, survey.listed))
 
 
+_Key = tuple[tuple[str, ...], tuple[str, ...]]
+# A survey every cache made later in this process starts from (`seed`); None: none.
+_seeded: tuple[_Key, ShadowSurvey, tuple[Stamp, ...]] | None = None
+
+
+def seed(denied: Iterable[str], roots: tuple[str, ...], settle_ns: int = SETTLE_NS) -> bool:
+    """Survey now, and let each `ShadowCache` made later in this process start from it.
+
+    For the warm CLI's daemon, before it forks a fresh executor per call: the read-only
+    survey of the default `deny_read` is the same for every call, and each fork still
+    checks every stamp before it uses it, as an executor does between its own commands
+    (a change since, or a key of another call's policy, is surveyed afresh). False when
+    nothing was kept (a directory changed within the settle window)."""
+    global _seeded  # noqa: PLW0603 (set once, before the forks that read it)
+    cache = ShadowCache(settle_ns)
+    cache.inspect(denied, roots)
+    if cache._key is None or cache._survey is None:
+        _seeded = None
+        return False
+    _seeded = (cache._key, cache._survey, cache._stamps)
+    return True
+
+
 class ShadowCache:
     """One executor's last survey, with the stamps of the directories it read."""
 
     def __init__(self, settle_ns: int = SETTLE_NS) -> None:
         self._settle_ns = settle_ns
         self._lock = threading.Lock()
-        self._key: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._key: _Key | None = None
         self._survey: ShadowSurvey | None = None
         self._stamps: tuple[Stamp, ...] = ()
+        if _seeded is not None:
+            self._key, self._survey, self._stamps = _seeded
         self.hits = 0  # surveys reused (tests and the bench read it)
 
     def inspect(

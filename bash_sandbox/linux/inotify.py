@@ -40,6 +40,20 @@ _EVENT = struct.Struct("iIII")
 _READ_SIZE = 1 << 16
 
 
+# Set by a process that exits right after its executor closes (the warm daemon's fork of
+# one `bash-sandbox run`): its instances are then left to the exit to close. Closing one
+# with watches waits for the kernel's fsnotify grace period, 15-16 ms here; the exit pays
+# it too, but after the fork has answered its client.
+_left_to_exit = False
+
+
+def leave_closing_to_exit() -> None:
+    """Every later `Inotify.close` in this process only forgets its descriptor (close-on-
+    exec, so no child has it); for a process about to exit, never a long-lived one."""
+    global _left_to_exit  # noqa: PLW0603 (one switch a process turns on once)
+    _left_to_exit = True
+
+
 class InotifyError(OSError):
     """inotify is unavailable, exhausted (the user's watch limit) or refused a path."""
 
@@ -102,5 +116,6 @@ class Inotify:
 
     def close(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
+            if not _left_to_exit:
+                os.close(self.fd)
             self.fd = -1

@@ -2,14 +2,18 @@
 copy of itself for each `bash-sandbox run`.
 
 What a call shares with the calls before it: only the modules imported at the daemon's
-start, the argument parser built from them and the two seccomp programs compiled from them
-(code, never state: no executor, no config, no probe result is made before the fork). The
-fork then becomes the client's process as far as the run can tell: the client's stdin,
-stdout and stderr (dup'ed onto 0, 1 and 2), its working directory (a descriptor, so a
-rename in between cannot redirect it), its umask and its whole environment; then it runs
-the same `main()` a fresh `bash-sandbox` runs. So the config file, the session log, the
-probe cache and every policy are read as a fresh process reads them. The fork answers the
-client itself once `main()` has returned, before its own exit.
+start, the argument parser built from them, the two seccomp programs compiled from them,
+and one survey of the default `deny_read` (`shadow_cache.seed`), which each call checks
+against the host's stamps before it uses it, as an executor does between its own commands.
+No executor, config or probe result is made before the fork, and nothing a call learns
+goes back to the daemon. The fork then becomes the client's process as far as the run can
+tell: the client's stdin, stdout and stderr (dup'ed onto 0, 1 and 2), its working directory
+(a descriptor, so a rename in between cannot redirect it), its umask and its whole
+environment; then it runs the same `main()` a fresh `bash-sandbox` runs. So the config
+file, the session log, the probe cache and every policy are read as a fresh process reads
+them. The fork answers the client itself once `main()` has returned, before its own exit
+(which closes its inotify instances: closing them first would wait out a kernel grace
+period, 15-16 ms).
 
 The daemon serves only its own uid (SO_PEERCRED), from a socket in the uid's private
 directory, and only a request whose sender (SCM_CREDENTIALS: the process that wrote it,
@@ -147,6 +151,13 @@ def _warm_up() -> CliArgumentParser:
         # process): compiled once here instead of in every fork, 3-5 ms each.
         seccomp.compile_notify_filter()
         seccomp.compile_seccomp(seccomp.SeccompOptions())
+    with contextlib.suppress(Exception):
+        from bash_sandbox.backends import shadow_cache
+        from policies import default_deny_read, host_secrets
+
+        # The read-only survey of the default deny list (17-19 ms, the largest part of a
+        # fresh executor's first spawn): each fork checks its stamps before using it.
+        shadow_cache.seed((*default_deny_read(), *host_secrets()), ())
     from bash_sandbox.cli.arguments import build_parser
     from bash_sandbox.cli.settings import package_version
 
@@ -191,6 +202,9 @@ def _run_fork(
         argv = [str(word) for word in request["argv"]]
         sys.argv = ["bash-sandbox", *argv]
         from bash_sandbox.cli.main import main
+        from bash_sandbox.linux.inotify import leave_closing_to_exit
+
+        leave_closing_to_exit()  # this process ends with the run: after its answer
 
         code = main(argv, parser=daemon.parser)
     except SystemExit as exc:

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -467,3 +468,91 @@ def test_a_later_call_does_not_inherit_the_first_callers_environment(
         text=True,
     ).stdout.split()
     assert log == ["from-the-command", "host"]
+
+
+_LEFT_TO_EXIT = """
+import fcntl, os, sys
+from bash_sandbox.linux import inotify
+
+def watched():
+    ino = inotify.Inotify()
+    ino.add_watch(sys.argv[1], inotify.NAME_CHANGES)
+    return ino, ino.fd
+
+def is_open(fd):
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+    except OSError:
+        return False
+    return True
+
+first, fd = watched()
+first.close()
+closed_normally = not is_open(fd)
+inotify.leave_closing_to_exit()
+second, fd = watched()
+second.close()
+print(closed_normally, second.fd, is_open(fd), fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC)
+"""
+
+
+def test_a_process_that_ends_with_its_run_leaves_inotify_to_its_exit(tmp_path: Path) -> None:
+    # In a process of its own: the switch is for a process about to exit (the daemon's fork
+    # of one run), never for this test process.
+    out = subprocess.run(
+        [sys.executable, "-c", _LEFT_TO_EXIT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.split()
+    # Closed at once by default; afterwards forgotten but open (close-on-exec, so no
+    # command inherits it) until the process exits.
+    assert out == ["True", "-1", "True", "1"]
+
+
+_SEEDED_RUN = """
+import asyncio, os, sys
+from bash_sandbox.warm import daemon
+from bash_sandbox.backends import shadow_cache
+
+daemon._warm_up()
+print(shadow_cache._seeded is not None)
+from bash_sandbox import SandboxBashExecutor
+from bash_seam import BashExecRequest
+
+async def main():
+    ex = SandboxBashExecutor(mode="read-only", workspace_root=sys.argv[1])
+    try:
+        r = await ex.run(ex.resolve(BashExecRequest(command="cat ~/.netrc", workdir=sys.argv[1])))
+        print(ex._services.survey._shadows.hits, r.exit_code != 0, "hunter2" in r.stdout.text)
+    finally:
+        await ex.aclose()
+
+asyncio.run(main())
+"""
+
+
+def test_the_daemons_seeded_survey_serves_a_forks_first_run_and_still_hides(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".netrc").write_text("machine x password hunter2\n")
+    (home / ".cache").mkdir()  # as any used home has it (an executor would make it)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    for path in (home, tmp_path):  # long settled: the seed may trust them
+        os.utime(path, (1_600_000_000, 1_600_000_000))
+    # ctime cannot be set back: wait out the settle window the seed applies to it.
+    time.sleep(2.1)
+    out = subprocess.run(
+        [sys.executable, "-c", _SEEDED_RUN, str(workspace)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env={**os.environ, "HOME": str(home)},
+    ).stdout.split()
+    # Seeded; the first command of a fresh executor used it; the secret stayed hidden.
+    assert out == ["True", "1", "True", "False"]

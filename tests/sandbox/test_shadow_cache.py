@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from bash_sandbox.backends import shadow_cache
 from bash_sandbox.backends.mount_plan import inspect_shadows
 from bash_sandbox.backends.shadow_cache import ShadowCache
 
@@ -111,3 +114,36 @@ def test_a_retargeted_link_through_another_directory_is_followed_again(tmp_path:
     result = cache.inspect(denied, ())
     assert cache.hits == 1
     assert _entries(result, tmp_path / "data2")["ssh"] == "denied-dir"
+
+
+def test_a_seeded_survey_is_used_only_while_the_host_is_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The warm daemon seeds one survey before its forks; each fork's fresh executor starts
+    # from it and checks every stamp first, as between its own commands.
+    monkeypatch.setattr(shadow_cache, "_seeded", None)
+    home = _home(tmp_path)
+    denied = (str(home / ".netrc"), str(home / ".aws"))
+    assert shadow_cache.seed(denied, (), settle_ns=TRUST_ALL)
+    fresh = ShadowCache(settle_ns=TRUST_ALL)
+    assert fresh.inspect(denied, ()) == inspect_shadows(denied, ())
+    assert fresh.hits == 1
+    other_key = ShadowCache(settle_ns=TRUST_ALL)
+    other_key.inspect(denied[:1], ())  # another policy's list: surveyed afresh
+    assert other_key.hits == 0
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("secret\n")
+    after = ShadowCache(settle_ns=TRUST_ALL)
+    result = after.inspect(denied, ())
+    assert after.hits == 0
+    assert _entries(result, home)[".aws"] == "denied-dir"
+
+
+def test_nothing_is_seeded_from_a_directory_changed_just_now(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shadow_cache, "_seeded", None)
+    home = _home(tmp_path)
+    (home / "just-now").write_text("")
+    assert not shadow_cache.seed((str(home / ".netrc"),), ())
+    assert ShadowCache()._survey is None
