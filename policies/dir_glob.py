@@ -3,9 +3,8 @@
 Every policy is built afresh per call, and so is its `deny_read`: the patterns with a `*`
 (`~/.aider*`, `/etc/ssh/ssh_host_*_key`) list their directory each time. The `*` is only
 ever in the last component, so the answer depends on that one directory's names alone: it
-is kept with the directory's identity and times, and reused while they are the same. A
-directory changed in the last two seconds is listed again every time (its mtime comes from
-the kernel's coarse clock: two changes within one tick look alike, git's "racy clean").
+is kept with the directory's stamp (`stamps.py`) and reused while it is the same and
+settled.
 """
 
 from __future__ import annotations
@@ -13,22 +12,14 @@ from __future__ import annotations
 import glob
 import os
 import threading
-import time
 
-# Directories changed this recently are listed again rather than trusted.
-SETTLE_NS = 2_000_000_000
+from policies import stamps
+
+SETTLE_NS = stamps.SETTLE_NS  # here, so the tests can shorten it
 _MAX_KEPT = 64
 
 _lock = threading.Lock()
-_kept: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {}
-
-
-def _stamp(directory: str) -> tuple[int, ...] | None:
-    try:
-        st = os.stat(directory)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+_kept: dict[str, tuple[stamps.Stamp, tuple[str, ...]]] = {}
 
 
 def expand(pattern: str) -> tuple[str, ...]:
@@ -41,13 +32,13 @@ def expand(pattern: str) -> tuple[str, ...]:
         return tuple(sorted(glob.glob(pattern, include_hidden=True)))
     # Stamped before the listing: a change in between moves the stamp, so the next call
     # lists again rather than trusting what this one saw.
-    stamp = _stamp(directory)
+    stamp = stamps.stamp(directory)
     with _lock:
         kept = _kept.get(pattern)
     if stamp is not None and kept is not None and kept[0] == stamp:
         return kept[1]
     matches = tuple(sorted(glob.glob(pattern, include_hidden=True)))
-    if stamp is not None and max(stamp[2], stamp[3]) < time.time_ns() - SETTLE_NS:
+    if stamp is not None and stamps.settled((stamp,), SETTLE_NS):
         with _lock:
             if len(_kept) >= _MAX_KEPT:
                 _kept.clear()

@@ -32,9 +32,10 @@ from bash_sandbox.backends.mount_plan import (
     cover_candidates,
     survey_shadows,
 )
+from policies import stamps
 
 # Directories changed this recently are surveyed again rather than trusted.
-SETTLE_NS = 2_000_000_000
+SETTLE_NS = stamps.SETTLE_NS
 
 Stamp = tuple[int, ...] | None
 
@@ -47,16 +48,9 @@ def _identity(path: str) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_mode)
 
 
-def _listing(path: str) -> Stamp:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
-
-
 def _stamps(survey: ShadowSurvey) -> tuple[Stamp, ...]:
-    return (*map(_identity, survey.resolved), *map(_listing, survey.listed))
+    # A listed directory: its identity, size and times (`policies/stamps.py`).
+    return (*map(_identity, survey.resolved), *map(stamps.stamp, survey.listed))
 
 
 _Key = tuple[tuple[str, ...], tuple[str, ...]]
@@ -123,4 +117,4 @@ class ShadowCache:
         horizon = time.time_ns() - self._settle_ns
         listings = stamps[len(survey.resolved) :]
         # The mtime is what an entry change moves (the ctime moves with it, and with chmod).
-        return all(s is None or s[2] < horizon for s in listings)
+        return all(s is None or s[3] < horizon for s in listings)

@@ -470,6 +470,19 @@ def test_a_later_call_does_not_inherit_the_first_callers_environment(
     assert log == ["from-the-command", "host"]
 
 
+def _python_words(script: str, *args: str, env: dict[str, str] | None = None) -> list[str]:
+    """What ``script`` prints, split into words, run by this interpreter in a process of its
+    own (module state such as the daemon's seed or switches never reaches the test's)."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env=env,
+    ).stdout.split()
+
+
 _LEFT_TO_EXIT = """
 import fcntl, os, sys
 from bash_sandbox.linux import inotify
@@ -499,13 +512,7 @@ print(closed_normally, second.fd, is_open(fd), fcntl.fcntl(fd, fcntl.F_GETFD) & 
 def test_a_process_that_ends_with_its_run_leaves_inotify_to_its_exit(tmp_path: Path) -> None:
     # In a process of its own: the switch is for a process about to exit (the daemon's fork
     # of one run), never for this test process.
-    out = subprocess.run(
-        [sys.executable, "-c", _LEFT_TO_EXIT, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    ).stdout.split()
+    out = _python_words(_LEFT_TO_EXIT, str(tmp_path))
     # Closed at once by default; afterwards forgotten but open (close-on-exec, so no
     # command inherits it) until the process exits.
     assert out == ["True", "-1", "True", "1"]
@@ -546,13 +553,6 @@ def test_the_daemons_seeded_survey_serves_a_forks_first_run_and_still_hides(
         os.utime(path, (1_600_000_000, 1_600_000_000))
     # ctime cannot be set back: wait out the settle window the seed applies to it.
     time.sleep(2.1)
-    out = subprocess.run(
-        [sys.executable, "-c", _SEEDED_RUN, str(workspace)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        env={**os.environ, "HOME": str(home)},
-    ).stdout.split()
+    out = _python_words(_SEEDED_RUN, str(workspace), env={**os.environ, "HOME": str(home)})
     # Seeded; the first command of a fresh executor used it; the secret stayed hidden.
     assert out == ["True", "1", "True", "False"]
