@@ -131,9 +131,11 @@ def _loaded_code() -> dict[str, int]:
 
 
 def _warm_up() -> CliArgumentParser:
-    """Import what a run imports on its way, and build the parser every run uses (it reads
-    nothing of the host or the environment); nothing a run reads from the host or the
-    environment is computed here."""
+    """Import what a run imports on its way, build the parser and the seccomp programs
+    every run uses (made from the code alone), and seed the one host survey each run
+    checks before it trusts it (`shadow_cache.seed`, with the daemon's HOME: a client with
+    another surveys afresh). Nothing else a run reads from the host or the environment is
+    computed here."""
     for name in _PRELOAD:
         with contextlib.suppress(ImportError):  # landlockpy, pyseccomp: Linux only
             importlib.import_module(name)
