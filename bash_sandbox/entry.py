@@ -6,8 +6,8 @@ imports).
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # `signal` imports enum (see `warm.client`)
 import os
-import signal
 import sys
 
 
@@ -19,7 +19,7 @@ def main() -> int:
         status = client.run(argv)
         if isinstance(status, client.Signalled):
             # Die of the same signal, as the fresh process would have.
-            signal.signal(status.signum, signal.SIG_DFL)
+            _signal.signal(status.signum, _signal.SIG_DFL)
             os.kill(os.getpid(), status.signum)
             return 128 + status.signum
         if status is not None:

@@ -332,8 +332,7 @@ def serve(path: str, idle_s: float, lock: int) -> None:
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # inherited by each call
-    with wire.reachable(path) as address:
-        listener.bind(address)
+    wire.at_path(listener, path, bind=True)
     listener.listen(64)
     listener.setblocking(False)
     parser = _warm_up()

@@ -1,29 +1,32 @@
 """What the warm CLI's client and daemon share: where the socket is, and the frames on it.
 
-Imported by the client before it connects, so only built-in modules: no pydantic, no
-asyncio, nothing of the sandbox.
+Imported by the client before it connects, so only modules that import nothing more:
+`_socket` and `_json` rather than `socket`, `json` and `contextlib` (which
+bring `enum`, `re`, `functools` and `collections`: 15-20 ms of the client's start on this
+VM). No pydantic, no asyncio, nothing of the sandbox.
 
 The socket lives in this uid's private directory (`bash_local.userdir`: `<tmp>/bash-sandbox-
 <uid>`, 0700, owned by the uid), named after the interpreter and the package directory, so
 two installations never share a daemon. Frames are a 4-byte big-endian length and a JSON
 object; the request's first frame carries the client's descriptors (stdin, stdout, stderr
-and its working directory) as SCM_RIGHTS.
+and its working directory) as SCM_RIGHTS. Frames are written by `_encode` (the bytes
+`json.dumps` with ASCII output and no spaces would write); the daemon reads what a client
+sends with `json.loads`; a client reads the daemon's answers, flat objects of numbers and
+booleans, with `_flat_object`, which accepts nothing else.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import _socket
 import os
-import socket
 import stat
 import struct
 import sys
 import zlib
+from _json import encode_basestring_ascii as _quote
 
-TYPE_CHECKING = False  # typing, collections.abc: not on the client's path (see `client`)
+TYPE_CHECKING = False  # typing, collections.abc: not on the client's path (see above)
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from typing import Any
 
 ENABLE_ENV = "BASH_SANDBOX_DAEMON"  # "1": `bash-sandbox run` goes through the daemon
@@ -64,31 +67,53 @@ def socket_name() -> str:
 _SUN_PATH_MAX = 100  # sockaddr_un holds 108 bytes with the terminator; a margin
 
 
-@contextlib.contextmanager
-def reachable(path: str) -> Iterator[str]:
-    """``path`` as `bind`/`connect` can take it: a deep temp dir makes it longer than a
+def at_path(sock: _socket.socket, path: str, *, bind: bool) -> None:
+    """`bind` or `connect` ``sock`` to ``path``: a deep temp dir makes it longer than a
     socket address holds, so then through a descriptor of its directory."""
+    act = sock.bind if bind else sock.connect
     if len(os.fsencode(path)) <= _SUN_PATH_MAX:
-        yield path
+        act(path)
         return
     directory, name = os.path.split(path)
     fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        yield f"/proc/self/fd/{fd}/{name}"
+        act(f"/proc/self/fd/{fd}/{name}")
     finally:
         os.close(fd)
 
 
-def send_frame(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    body = json.dumps(message, separators=(",", ":")).encode()
+def _encode(value: object) -> str:
+    """``value`` (str, int, bool, None, a list of these, a str-keyed dict of these) as
+    compact ASCII JSON, as `json.dumps(value, separators=(",", ":"))` writes it."""
+    if isinstance(value, str):
+        return str(_quote(value))
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else ("true" if value else "false")
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(map(_encode, value)) + "]"
+    if isinstance(value, dict):
+        items = []
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"frame keys are strings, not {type(key).__name__}")
+            items.append(f"{_quote(key)}:{_encode(item)}")
+        return "{" + ",".join(items) + "}"
+    raise TypeError(f"not a frame value: {type(value).__name__}")
+
+
+def send_frame(sock: _socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    body = _encode(message).encode("ascii")
     data = _HEADER.pack(len(body)) + body
     if fds:
-        sent = socket.send_fds(sock, [data], fds)
+        rights = struct.pack(f"{len(fds)}i", *fds)
+        sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
         data = data[sent:]
     sock.sendall(data)
 
 
-def _read_exact(sock: socket.socket, size: int) -> bytes:
+def _read_exact(sock: _socket.socket, size: int) -> bytes:
     chunks = bytearray()
     while len(chunks) < size:
         chunk = sock.recv(min(size - len(chunks), 1 << 20))
@@ -99,6 +124,9 @@ def _read_exact(sock: socket.socket, size: int) -> bytes:
 
 
 def _decode(body: bytes) -> dict[str, Any]:
+    """What a client sent, read by the daemon (`json` is not on the client's path)."""
+    import json
+
     try:
         message = json.loads(body)
     except ValueError as exc:
@@ -108,8 +136,36 @@ def _decode(body: bytes) -> dict[str, Any]:
     return message
 
 
-def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
-    """The next frame, or None at a clean end of file."""
+def _flat_object(body: bytes) -> dict[str, int | bool]:
+    """A daemon's answer: ``{"name":value,...}`` with lowercase names and integer or
+    boolean values, nothing else (no spaces, strings, nesting or repeated names)."""
+    text = body.decode("ascii", "strict") if body.isascii() else ""
+    if not (text.startswith("{") and text.endswith("}")):
+        raise WireError("bad answer: not a flat object")
+    out: dict[str, int | bool] = {}
+    for item in text[1:-1].split(",") if len(text) > 2 else ():
+        name, colon, value = item.partition(":")
+        key = name[1:-1]
+        if (
+            not colon
+            or len(name) < 3
+            or name[0] != '"'
+            or name[-1] != '"'
+            or not all("a" <= c <= "z" or c == "_" for c in key)
+            or key in out
+        ):
+            raise WireError(f"bad answer: {item[:40]!r}")
+        digits = value[1:] if value.startswith("-") else value
+        if value in ("true", "false"):
+            out[key] = value == "true"
+        elif digits.isdigit() and digits.isascii() and (digits == "0" or digits[0] != "0"):
+            out[key] = int(value)
+        else:
+            raise WireError(f"bad answer: {item[:40]!r}")
+    return out
+
+
+def _read_frame(sock: _socket.socket) -> bytes | None:
     first = sock.recv(_HEADER.size)
     if not first:
         return None
@@ -117,26 +173,40 @@ def recv_frame(sock: socket.socket) -> dict[str, Any] | None:
     (size,) = _HEADER.unpack(head)
     if size > MAX_FRAME:
         raise WireError(f"frame of {size} bytes")
-    return _decode(_read_exact(sock, size))
+    return _read_exact(sock, size)
 
 
-def recv_request(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], list[int], int | None]:
+def recv_frame(sock: _socket.socket) -> dict[str, Any] | None:
+    """The next frame a client sent, or None at a clean end of file (the daemon's side)."""
+    body = _read_frame(sock)
+    return None if body is None else _decode(body)
+
+
+def recv_answer(sock: _socket.socket) -> dict[str, int | bool] | None:
+    """The daemon's next answer, or None at a clean end of file (the client's side)."""
+    body = _read_frame(sock)
+    return None if body is None else _flat_object(body)
+
+
+def recv_request(
+    sock: _socket.socket, max_fds: int
+) -> tuple[dict[str, Any], list[int], int | None]:
     """The first frame, the descriptors that came with it, and the pid of the process that
     sent it (from the kernel's SCM_CREDENTIALS: ``sock`` has SO_PASSCRED; None when none
     came)."""
     int_size = struct.calcsize("i")
     head, ancillary, _, _ = sock.recvmsg(
-        _HEADER.size, socket.CMSG_SPACE(max_fds * int_size) + socket.CMSG_SPACE(_UCRED.size)
+        _HEADER.size, _socket.CMSG_SPACE(max_fds * int_size) + _socket.CMSG_SPACE(_UCRED.size)
     )
     fds: list[int] = []
     sender: int | None = None
     for level, kind, data in ancillary:
-        if level != socket.SOL_SOCKET:
+        if level != _socket.SOL_SOCKET:
             continue
-        if kind == socket.SCM_RIGHTS:
+        if kind == _socket.SCM_RIGHTS:
             usable = len(data) - len(data) % int_size
             fds += struct.unpack(f"{usable // int_size}i", data[:usable])
-        elif kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+        elif kind == _socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
             sender = _UCRED.unpack(data[: _UCRED.size])[0]
     try:
         if len(fds) > max_fds:
@@ -154,14 +224,14 @@ def recv_request(sock: socket.socket, max_fds: int) -> tuple[dict[str, Any], lis
         raise
 
 
-def peer_creds(sock: socket.socket) -> tuple[int, int]:
+def peer_creds(sock: _socket.socket) -> tuple[int, int]:
     """The pid (0: not in this pid namespace) and uid of the socket's peer."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _UCRED.size)
     pid, uid, _ = _UCRED.unpack(creds)
     return int(pid), int(uid)
 
 
-def peer_uid(sock: socket.socket) -> int:
+def peer_uid(sock: _socket.socket) -> int:
     return peer_creds(sock)[1]
 
 

@@ -300,16 +300,80 @@ def test_a_daemon_whose_code_changed_is_stale(tmp_path: Path) -> None:
 
 
 def test_the_client_imports_nothing_heavy() -> None:
+    # What the client's own imports add to the interpreter's start (`site` may bring some
+    # of these already, depending on the install): nothing of the sandbox's runtime, and
+    # none of the standard modules that cost milliseconds each (enum through `signal` and
+    # `socket`, re through `json`, functools and collections through `contextlib`).
     probe = (
-        "import sys; import bash_sandbox.entry, bash_sandbox.warm.client; "
-        "heavy = [m for m in sys.modules if m.split('.')[0] in "
-        "('pydantic', 'asyncio', 'bash_local', 'policies', 'bash_seam', 'typing') "
-        "or m.startswith('bash_sandbox.cli')]; print(heavy)"
+        "import sys; before = set(sys.modules); "
+        "import bash_sandbox.entry, bash_sandbox.warm.client; "
+        "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
+        "('pydantic', 'asyncio', 'bash_local', 'policies', 'bash_seam', 'typing', 'enum', "
+        "'re', 'json', 'socket', 'signal', 'contextlib', 'functools', 'collections') "
+        "or m.startswith('bash_sandbox.cli')))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-    assert out.strip() == "[]"
+    assert _python_words(probe) == ["[]"]
+
+
+def test_frames_are_written_as_json_writes_them() -> None:
+    env = {
+        "PLAIN": "x",
+        "QUOTES": 'a"b\\c',
+        "CONTROL": "\x00\x01\t\n\x7f",
+        "UNICODE": "h\u00e9llo \u2603 \U0001f600",
+        "SURROGATE": "\udcff\udc80",  # an undecodable byte, as os.environ keeps it
+        "": "",
+    }
+    request = {"argv": ["run", "--", "echo 'x' \"y\""], "env": env, "umask": 0o22}
+    for message in (request, {"exit": 0}, {"signal": 15}, {"stale": False}, {"n": None}):
+        encoded = wire._encode(message)
+        assert encoded == json.dumps(message, separators=(",", ":"))
+        assert json.loads(encoded) == message
+    with pytest.raises(TypeError):
+        wire._encode({"f": 1.5})
+    with pytest.raises(TypeError):
+        wire._encode({1: "non-string key"})
+
+
+@pytest.mark.parametrize(
+    ("body", "answer"),
+    [
+        (b'{"exit":0}', {"exit": 0}),
+        (b'{"exit":137}', {"exit": 137}),
+        (b'{"signal":-1}', {"signal": -1}),
+        (b'{"stale":true}', {"stale": True}),
+        (b'{"stale":false,"exit":3}', {"stale": False, "exit": 3}),
+        (b"{}", {}),
+    ],
+)
+def test_the_client_reads_the_daemons_answers(body: bytes, answer: dict[str, object]) -> None:
+    assert wire._flat_object(body) == answer
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"[]",
+        b'{"exit":"0"}',  # a string
+        b'{"exit":01}',  # a leading zero
+        b'{"exit":1.0}',
+        b'{"exit":1e3}',
+        b'{"exit": 1}',  # a space
+        b'{"exit":1,}',
+        b'{"exit":1,"exit":2}',  # a repeated name
+        b'{"Exit":1}',
+        b'{"ex,it":1}',
+        b'{"exit":{"a":1}}',
+        b'{"exit":null}',
+        b'{"exit":\xd9\xa1}',  # a non-ASCII digit
+        b"{exit:1}",
+        b'{"":1}',
+    ],
+)
+def test_the_client_refuses_anything_else(body: bytes) -> None:
+    with pytest.raises(wire.WireError):
+        wire._flat_object(body)
 
 
 # A confined command whose writable root holds another TMPDIR's private directory (a shell's
