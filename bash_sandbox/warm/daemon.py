@@ -61,6 +61,7 @@ _PRELOAD = (
     "ipaddress",
     "landlockpy",
     "pyseccomp",
+    "concurrent.futures.thread",  # the loop's default executor, imported on first use
 )
 _PREFIXES = ("bash_sandbox", "bash_local", "bash_seam", "policies")
 _REQUEST_TIMEOUT_S = 10.0
@@ -163,7 +164,11 @@ def _warm_up() -> CliArgumentParser:
     from bash_sandbox.cli.arguments import build_parser
     from bash_sandbox.cli.settings import package_version
 
-    return build_parser(package_version)
+    parser = build_parser(package_version)
+    # argparse compiles its patterns on the first parse (kept in `re`'s cache): once here.
+    with contextlib.suppress(Exception):
+        parser.parse_known_args(["run", "--mode", "read-only", "--", "true"])
+    return parser
 
 
 def _become_client(request: dict[str, Any], fds: list[int]) -> None:
