@@ -6,7 +6,7 @@ imports).
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # `signal` imports enum (see `warm.client`)
+import _signal  # `signal` imports enum (see `warm.client`)
 import os
 import sys
 
