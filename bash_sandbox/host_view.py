@@ -29,6 +29,12 @@ from policies import SandboxPolicy, host_secrets
 from policies.paths import within, within_any
 
 
+def denied_paths(deny_read: tuple[str, ...]) -> tuple[str, ...]:
+    """What a spawn's shadows hide: the policy's `deny_read`, then the host's own secrets
+    whatever it says (the warm daemon's seeded survey is keyed on the same tuple)."""
+    return (*deny_read, *host_secrets())
+
+
 class HostSurvey:
     """One executor's surveys: its placeholders, its shadow cache, the `.git` entries
     earlier spawns found (looked at again by every later one, so flooding a root with
@@ -131,7 +137,7 @@ class HostSurvey:
                 held.append(path)
                 covers.append(path)
         # The host's own secrets stay hidden whatever the policy's deny_read says.
-        denied = (*policy.deny_read, *host_secrets())
+        denied = denied_paths(policy.deny_read)
         shadows, deny_dirs, deny_files = self._shadows.inspect(denied, roots)
         # The executor's private paths are its own directories: covered, never shadowed.
         for path in hidden:

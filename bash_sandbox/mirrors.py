@@ -272,7 +272,7 @@ class Mirrors:
         # Stamped before reading: a change in between moves the stamp, so the next spawn
         # reads again rather than trusting what this one read.
         seen = tuple(stamps.stamp(path) for path in files)
-        key = (home, tuple(sorted(environ.items())), files, seen)
+        key = (home, tuple(sorted(environ.items())), seen)  # the files follow from both
         kept = self._kept
         if kept is not None and kept[0] == key:
             self.hits += 1

@@ -130,12 +130,13 @@ def run(argv: list[str]) -> int | Signalled | None:
         reply = None
     finally:
         sock.close()
-    if reply is not None and "stale" in reply:
+    answer = reply or {}
+    if "stale" in answer:
         return None  # refused before anything ran
-    if reply is not None and "signal" in reply:
-        return Signalled(int(reply["signal"]))
-    if reply is not None and "exit" in reply:
-        return int(reply["exit"])
+    if "signal" in answer:
+        return Signalled(int(answer["signal"]))
+    if "exit" in answer:
+        return int(answer["exit"])
     # The daemon died under the run (killed), or answered what no daemon sends: the run is
     # gone with it, and running it again could run it twice.
     sys.stderr.write("bash-sandbox: the warm daemon went away during the run\n")

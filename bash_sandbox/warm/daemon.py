@@ -156,11 +156,12 @@ def _warm_up() -> CliArgumentParser:
         seccomp.compile_seccomp(seccomp.SeccompOptions())
     with contextlib.suppress(Exception):
         from bash_sandbox.backends import shadow_cache
-        from policies import default_deny_read, host_secrets
+        from bash_sandbox.host_view import denied_paths
+        from policies import default_deny_read
 
         # The read-only survey of the default deny list (17-19 ms, the largest part of a
         # fresh executor's first spawn): each fork checks its stamps before using it.
-        shadow_cache.seed((*default_deny_read(), *host_secrets()), ())
+        shadow_cache.seed(denied_paths(default_deny_read()), ())
     from bash_sandbox.cli.arguments import build_parser
     from bash_sandbox.cli.settings import package_version
 

@@ -86,7 +86,7 @@ def _encode(value: object) -> str:
     """``value`` (str, int, bool, None, a list of these, a str-keyed dict of these) as
     compact ASCII JSON, as `json.dumps(value, separators=(",", ":"))` writes it."""
     if isinstance(value, str):
-        return str(_quote(value))
+        return _quote(value)
     if value is None or isinstance(value, bool):
         return "null" if value is None else ("true" if value else "false")
     if isinstance(value, int):
@@ -158,7 +158,7 @@ def _flat_object(body: bytes) -> dict[str, int | bool]:
         digits = value[1:] if value.startswith("-") else value
         if value in ("true", "false"):
             out[key] = value == "true"
-        elif digits.isdigit() and digits.isascii() and (digits == "0" or digits[0] != "0"):
+        elif digits.isdigit() and (digits == "0" or digits[0] != "0"):
             out[key] = int(value)
         else:
             raise WireError(f"bad answer: {item[:40]!r}")
