@@ -7,12 +7,15 @@ task sleeping 1 ms would still wait for the caller's next chunk.
 
 `LoopLock` is an `asyncio.Lock` for whichever loop uses the executor now. An executor may
 serve one loop after another (a harness that calls `asyncio.run` per task); an
-`asyncio.Lock` binds to the first loop that waits on it and refuses every other.
+`asyncio.Lock` binds to the first loop that waits on it and refuses every other, and a
+reader left on a finished loop is never called again: `follow_loop` moves it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 
 
 async def give_way() -> None:
@@ -34,3 +37,20 @@ class LoopLock:
         if self._lock is None or self._loop is not loop:
             self._lock, self._loop = asyncio.Lock(), loop
         return self._lock
+
+
+def follow_loop(
+    bound: asyncio.AbstractEventLoop | None, fd: int, reader: Callable[[], None]
+) -> asyncio.AbstractEventLoop:
+    """Have the running loop call ``reader`` when ``fd`` is readable, moving it from
+    ``bound`` (the loop that did, None for none yet); returns the running loop. Without
+    this, an executor's second loop would never read its cover watch (a covered name the
+    host replaced would not stop the command) nor its spawn helper's answers."""
+    loop = asyncio.get_running_loop()
+    if bound is loop:
+        return loop
+    if bound is not None and not bound.is_closed():
+        with contextlib.suppress(Exception):  # a loop already torn down drops its readers
+            bound.remove_reader(fd)
+    loop.add_reader(fd, reader)
+    return loop

@@ -28,6 +28,7 @@ from bash_sandbox.linux.helper_client import SpawnHelper, SpawnHelperError
 from bash_sandbox.linux.limits import ExecutorLimits
 from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError, NamespaceFds
 from bash_sandbox.linux.supervisor import SeccompSupervisor
+from bash_sandbox.loop_turns import follow_loop
 from bash_sandbox.mirrors import Mirrors
 from bash_sandbox.publish import Publications
 from bash_sandbox.state import ExecutorState, GitUpper, remove_tree
@@ -130,16 +131,20 @@ class SandboxServices:
         remove_tree(os.path.dirname(overlay.upper))
 
     def cover_watch(self) -> CoverWatch:
-        """The executor's inotify watch, read on the running loop (made on first use)."""
+        """The executor's inotify watch, read on the running loop (made on first use; a
+        later loop of the executor's takes the reading over)."""
         if self._watch is None:
             watch = CoverWatch()
-            loop = asyncio.get_running_loop()
             try:
-                loop.add_reader(watch.fd, watch.read_events)
+                loop = follow_loop(None, watch.fd, watch.read_events)
             except BaseException:
                 watch.close()
                 raise
             self._watch, self._watch_loop = watch, loop
+        else:
+            self._watch_loop = follow_loop(
+                self._watch_loop, self._watch.fd, self._watch.read_events
+            )
         return self._watch
 
     def spawn_helper(self) -> SpawnHelper | None:

@@ -30,6 +30,7 @@ from bash_local.spawn import LaunchedChild, Launcher, SpawnPlan
 from bash_sandbox.linux import child_setup as child_setup_module
 from bash_sandbox.linux import compiled_child
 from bash_sandbox.linux.child_setup import ChildSetup
+from bash_sandbox.loop_turns import follow_loop
 
 logger = logging.getLogger("bash_sandbox")
 
@@ -197,9 +198,8 @@ class SpawnHelper(Launcher):
             raise subprocess.SubprocessError("the spawn helper runs ChildSetup steps only")
         if self.closed:
             raise subprocess.SubprocessError("the spawn helper is gone")
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-            self._loop.add_reader(self._sock.fileno(), self._on_readable)
+        # The running loop reads the answers (a later loop of the executor's takes over).
+        self._loop = follow_loop(self._loop, self._sock.fileno(), self._on_readable)
         calls = setup.calls()
         targets: dict[int, None] = {}
         for name, args, _ in calls:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bash_sandbox import SandboxBashExecutor
 from bash_sandbox.linux.cover_watch import CoverWatch
 from bash_seam import BashExecRequest
 from tests.sandbox.conftest import ExecutorFactory
@@ -152,6 +153,52 @@ async def test_unrelated_host_changes_and_settled_commands_are_left_alone(
     _replace(envrc, "y\n")
     quick = await ex.run(ex.resolve(BashExecRequest(command="cat .envrc", workdir=str(workspace))))
     assert quick.exit_code == 0 and quick.stdout.text == "y\n"
+
+
+@pytest.mark.parametrize("helper", [True, False], ids=["helper", "no-helper"])
+def test_an_executors_second_event_loop_still_stops_a_command_whose_cover_was_replaced(
+    backend: str, workspace: Path, helper: bool
+) -> None:
+    """A harness that calls `asyncio.run` per task: the executor's cover watch (and its
+    helper's answers) are read on the loop that runs now, not the first one."""
+    secret = workspace / "secret.txt"
+    secret.write_text("OLD-SECRET\n")
+    ex = SandboxBashExecutor(
+        backend=backend,
+        workspace_root=str(workspace),
+        mode="workspace-write",
+        deny_read=(str(secret),),
+        grace_ms=500,
+        spawn_helper=helper,
+    )
+
+    async def first() -> None:  # the watch is made on this loop, which then ends
+        result = await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
+        assert result.exit_code == 0
+
+    async def second() -> tuple[str | None, str]:
+        try:
+            proc = await ex.start(
+                ex.resolve(
+                    BashExecRequest(
+                        command="echo tick > ticks; while [ ! -e go ]; do sleep 0.05; done; "
+                        "for i in $(seq 100); do cat secret.txt 2>/dev/null; sleep 0.1; done",
+                        workdir=str(workspace),
+                    )
+                )
+            )
+            await _wait_for((workspace / "ticks").exists)
+            _replace(secret, "NEW-SECRET\n")
+            await _go(workspace)
+            await asyncio.wait_for(proc.wait(), 20)
+            return proc.signal, proc.read_output().delta
+        finally:
+            await ex.aclose()
+
+    asyncio.run(first())
+    signal, output = asyncio.run(second())
+    assert "SECRET" not in output
+    assert signal == "SIGKILL"
 
 
 def test_the_watch_reports_a_rename_over_a_name_until_released_and_forgets_a_removed_dir(
