@@ -202,6 +202,17 @@ class SandboxBashExecutor(LocalBashExecutor):
                 settings=settings,
             )
 
+    def prepare(self, mode: SandboxMode | None = None) -> None:
+        """Do now, blocking, the one-time work the first confined spawn in ``mode`` (default:
+        the executor's) would do: choose the backend (its probe), make the namespaces and
+        the supervisor. For a caller that knows a command is coming and has time before it
+        (the warm CLI's spare); raises `SandboxUnavailableError` as that spawn would."""
+        mode = self.sandbox_mode if mode is None else mode
+        if mode is SandboxMode.DANGER_FULL_ACCESS or mode in self._prepared:
+            return
+        self._prepare(mode)
+        self._prepared.add(mode)
+
     def _prepare(self, mode: SandboxMode) -> SandboxBackend:
         backend = self._selector.choose(mode)
         self._services.prepare(mode, backend)

@@ -324,7 +324,12 @@ def run_config(args: argparse.Namespace, workspace: str) -> tuple[SandboxBashCon
     return config, loaded.source.describe() if loaded.source else None
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+# An executor built before the call (the warm daemon's spare, `warm/spare.py`): given the
+# call's own config, the one made from an equal config, or None (the call makes its own).
+ReadyExecutor = Callable[[SandboxBashConfig], "SandboxBashExecutor | None"]
+
+
+def _cmd_run(args: argparse.Namespace, ready: ReadyExecutor | None = None) -> int:
     if not args.command:
         raise CliError(
             "run: no command given (usage: bash-sandbox run [options] -- COMMAND)",
@@ -344,7 +349,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     live = None if args.json else LiveOutput(sys.stdout, sys.stderr)
     try:
         try:
-            executor = SandboxBashExecutor(config)
+            executor = (ready(config) if ready is not None else None) or SandboxBashExecutor(config)
         except PolicyError as exc:  # e.g. a protected path that leaves its root
             raise _config_error(exc, source) from None
         except SandboxUnavailableError as exc:
@@ -489,10 +494,16 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-def main(argv: list[str] | None = None, *, parser: CliArgumentParser | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    parser: CliArgumentParser | None = None,
+    ready: ReadyExecutor | None = None,
+) -> int:
     """Run the CLI with ``argv`` (default: `sys.argv[1:]`); returns the exit status.
     ``parser``: one `build_parser(package_version)` made earlier (the warm daemon builds it
-    once: it reads nothing of the host or the environment)."""
+    once: it reads nothing of the host or the environment); ``ready``: for `run`, an
+    executor made ahead of the call for an equal config (the warm daemon's spare)."""
     if argv is None:
         # The process's own entry point: everything imported by now lives as long as the
         # process, so no collection (the one at exit included) needs to walk it again.
@@ -518,6 +529,8 @@ def main(argv: list[str] | None = None, *, parser: CliArgumentParser | None = No
     except SystemExit as exc:  # --help and --version: argparse already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
+        if args.subcommand == "run":
+            return _cmd_run(args, ready)
         return HANDLERS[args.subcommand](args)
     except ConfigError as exc:
         _print_error(args, _config_error(exc))

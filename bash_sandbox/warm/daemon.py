@@ -5,23 +5,26 @@ What a call shares with the calls before it: only the modules imported at the da
 start, the argument parser built from them, the two seccomp programs compiled from them,
 and one survey of the default `deny_read` (`shadow_cache.seed`), which each call checks
 against the host's stamps before it uses it, as an executor does between its own commands.
-No executor, config or probe result is made before the fork, and nothing a call learns
-goes back to the daemon. The fork then becomes the client's process as far as the run can
-tell: the client's stdin, stdout and stderr (dup'ed onto 0, 1 and 2), its working directory
-(a descriptor, so a rename in between cannot redirect it), its umask and its whole
-environment; then it runs the same `main()` a fresh `bash-sandbox` runs. So the config
-file, the session log, the probe cache and every policy are read as a fresh process reads
-them. The fork answers the client itself once `main()` has returned, before its own exit
-(which closes its inotify instances: closing them first would wait out a kernel grace
-period, 15-16 ms).
+Nothing a call learns goes back to the daemon. A call runs in a fork of the daemon, or in
+a spare (`spare.py`): a fork made when the last call of the same shape ended, which built
+and rehearsed that shape's executor meanwhile and serves this one call only if it is the
+call it was made for (the same environment, umask, directory and config). Either becomes
+the client's process as far as the run can tell: the client's stdin, stdout and stderr
+(dup'ed onto 0, 1 and 2), its working directory (a descriptor, so a rename in between
+cannot redirect it), its umask and its whole environment; then it runs the same `main()` a
+fresh `bash-sandbox` runs. So the config file, the session log and every policy are read
+as a fresh process reads them. The call's process answers the client itself once `main()`
+has returned, before its own exit (which closes its inotify instances: closing them first
+would wait out a kernel grace period, 15-16 ms).
 
 The daemon serves only its own uid (SO_PEERCRED), from a socket in the uid's private
 directory, and only a request whose sender (SCM_CREDENTIALS: the process that wrote it,
 not the one that connected) is as free as the daemon (`wire.unconfined_peer`): a confined
 command reaching the socket is never served. It forwards the client's interrupt signals to
-the fork, hangs the fork up if the client goes away (SIGHUP: it stops its command and cleans
-up; SIGKILL after a grace period), and exits after `IDLE_ENV` seconds without a call, or at
-once when its own code changed on disk (the client then runs fresh).
+the call's process, hangs it up if the client goes away (SIGHUP: it stops its command and
+cleans up; SIGKILL after a grace period), and exits after `IDLE_ENV` seconds without a
+call, or at once when its own code changed on disk (the client then runs fresh); its
+spares close their executors and exit with it.
 
     python -I -m bash_sandbox.warm.daemon SOCKET_PATH
 """
@@ -42,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bash_sandbox.warm import wire
+from bash_sandbox.warm import spare, wire
 
 if TYPE_CHECKING:
     from bash_sandbox.cli.arguments import CliArgumentParser
@@ -62,6 +65,7 @@ _PRELOAD = (
     "landlockpy",
     "pyseccomp",
     "concurrent.futures.thread",  # the loop's default executor, imported on first use
+    "tomllib",  # a workspace's pyproject.toml, read for the notice about its table
 )
 _PREFIXES = ("bash_sandbox", "bash_local", "bash_seam", "policies")
 _REQUEST_TIMEOUT_S = 10.0
@@ -73,6 +77,21 @@ _FORWARDED = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIG
 class _Call:
     conn: socket.socket
     pid: int
+    # What a spare for the next call of this shape is made from: the key, the request and
+    # a descriptor of its working directory (closed once the spare is forked).
+    template: tuple[tuple[Any, ...], dict[str, Any], int] | None = None
+
+    def drop_template(self) -> None:
+        if self.template is not None:
+            os.close(self.template[2])
+            self.template = None
+
+
+@dataclass
+class _Spare:
+    pid: int
+    ctrl: socket.socket  # the daemon's end; closing it retires the spare
+    born: float
 
 
 @dataclass
@@ -87,12 +106,15 @@ class _Daemon:
     retiring: bool = False  # its code changed: serves its running calls, takes no new ones
     code: dict[str, int] = field(default_factory=dict)  # module file -> mtime at start
     calls: dict[int, _Call] = field(default_factory=dict)  # fork pid -> call
+    spares: dict[tuple[Any, ...], _Spare] = field(default_factory=dict)  # call shape -> spare
     doomed: dict[int, float] = field(default_factory=dict)  # hung up: pid -> SIGKILL time
     last_active: float = field(default_factory=time.monotonic)
 
     def retire(self) -> None:
         """Let a daemon of the new code take the socket; exit once the running calls end."""
         self.retiring = True
+        for key in list(self.spares):
+            self.drop_spare(key)
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(self.listener)
         with contextlib.suppress(OSError):
@@ -100,13 +122,24 @@ class _Daemon:
         self.listener.close()
         os.close(self.lock)
 
-    def close_in_fork(self, conn: socket.socket) -> None:
+    def drop_spare(self, key: tuple[Any, ...]) -> None:
+        """Close a spare's end: it closes its executor and exits (reaped like a call)."""
+        kept = self.spares.pop(key, None)
+        if kept is not None:
+            kept.ctrl.close()
+
+    def close_in_fork(self, conn: socket.socket | None) -> None:
         """The daemon's own descriptors, in a fork that is about to become the client's
-        (``conn``, the call's own socket, stays: the fork answers on it)."""
+        (``conn``, the call's own socket, stays: the fork answers on it) or a spare."""
+        signal.set_wakeup_fd(-1)
         self.selector.close()
         self.listener.close()
         for call in self.calls.values():
-            call.conn.close()
+            if call.conn is not conn:
+                call.conn.close()
+            call.drop_template()
+        for kept in self.spares.values():
+            kept.ctrl.close()
         for fd in (*self.wake, self.lock):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -195,17 +228,24 @@ def _become_client(request: dict[str, Any], fds: list[int]) -> None:
     )
 
 
-def _run_fork(
-    daemon: _Daemon, conn: socket.socket, request: dict[str, Any], fds: list[int]
+def _leave_daemon(daemon: _Daemon, conn: socket.socket | None) -> None:
+    """In a new fork (a call's or a spare's): none of the daemon's descriptors or handlers."""
+    daemon.close_in_fork(conn)
+    for sig in (*_FORWARDED, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it
+
+
+def _run_call(
+    daemon: _Daemon,
+    conn: socket.socket,
+    request: dict[str, Any],
+    fds: list[int],
+    prepared: spare.Prepared | None = None,
 ) -> None:
-    """The forked call: never returns."""
+    """The call, in its own process (a fork, or a spare handed it): never returns."""
     code = 70
     try:
-        signal.set_wakeup_fd(-1)
-        daemon.close_in_fork(conn)
-        for sig in (*_FORWARDED, signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it
         _become_client(request, fds)
         argv = [str(word) for word in request["argv"]]
         sys.argv = ["bash-sandbox", *argv]
@@ -214,7 +254,8 @@ def _run_fork(
 
         leave_closing_to_exit()  # this process ends with the run: after its answer
 
-        code = main(argv, parser=daemon.parser)
+        ready = prepared.take if prepared is not None and prepared.fits(request) else None
+        code = main(argv, parser=daemon.parser, ready=ready)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # the fork must never return into the daemon's loop
@@ -224,10 +265,28 @@ def _run_fork(
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-        _reply_and_exit(conn, code)
+        _reply_and_exit(conn, code, prepared)
 
 
-def _reply_and_exit(conn: socket.socket, code: int) -> None:
+def _run_spare(daemon: _Daemon, ctrl: socket.socket, template: dict[str, Any], cwd: int) -> None:
+    """The spare (`spare.py`): prepare, wait for one call, serve it. Never returns."""
+    try:
+        _leave_daemon(daemon, None)
+        prepared = spare.prepare(template, cwd, daemon.parser)
+        os.close(cwd)
+        handed = spare.wait_for_call(ctrl)
+    except BaseException:
+        os._exit(70)  # the daemon answers a call it handed over with this status
+    if handed is None:
+        if prepared is not None:
+            prepared.close_unused()
+        os._exit(0)
+    request, fds = handed
+    conn = socket.socket(fileno=fds[4])
+    _run_call(daemon, conn, request, fds[:4], prepared)
+
+
+def _reply_and_exit(conn: socket.socket, code: int, prepared: spare.Prepared | None = None) -> None:
     """The run is over (its output flushed): tell the client now, not after this process's
     exit (the kernel's teardown of its inotify instances, mappings and threads takes
     milliseconds nobody needs to wait for). The write side is then shut down, so the
@@ -237,6 +296,8 @@ def _reply_and_exit(conn: socket.socket, code: int) -> None:
     with contextlib.suppress(Exception):
         wire.send_frame(conn, {"exit": code})
         conn.shutdown(socket.SHUT_WR)
+    if prepared is not None:
+        prepared.close_unused()  # a spare's executor the call could not use
     os._exit(code)
 
 
@@ -267,13 +328,76 @@ def _accept(daemon: _Daemon) -> None:
         if stale:
             daemon.retire()
         return
-    pid = os.fork()
-    if pid == 0:
-        _run_fork(daemon, conn, request, fds)
+    key = _call_shape(request, fds[3])
+    pid = None if key is None else _to_spare(daemon, key, request, [*fds, conn.fileno()])
+    if pid is None:
+        pid = os.fork()
+        if pid == 0:
+            _leave_daemon(daemon, conn)
+            _run_call(daemon, conn, request, fds)
+    call = _Call(conn, pid)
+    if key is not None and not daemon.retiring:
+        call.template = (key, request, os.dup(fds[3]))
     for fd in fds:
         os.close(fd)
-    daemon.calls[pid] = _Call(conn, pid)
+    daemon.calls[pid] = call
     daemon.selector.register(conn, selectors.EVENT_READ, pid)
+
+
+def _call_shape(request: dict[str, Any], cwd: int) -> tuple[Any, ...] | None:
+    """Which spare a call may fit: its options (the words before `--`), environment, umask
+    and directory; None for a request the fork will refuse. Only a routing hint: the spare
+    checks the call itself (`spare.py`)."""
+    try:
+        argv = [str(word) for word in request["argv"]]
+        options = argv[: argv.index("--")] if "--" in argv else argv
+        st = os.fstat(cwd)
+        env = tuple(sorted((str(k), str(v)) for k, v in dict(request["env"]).items()))
+        return (tuple(options), env, int(request["umask"]), st.st_dev, st.st_ino)
+    except (KeyError, TypeError, ValueError, OSError):
+        return None
+
+
+def _to_spare(
+    daemon: _Daemon, key: tuple[Any, ...], request: dict[str, Any], fds: list[int]
+) -> int | None:
+    """Hand the call to the spare made for its shape; its pid, or None (fork instead)."""
+    kept = daemon.spares.pop(key, None)
+    if kept is None:
+        return None
+    body = spare.encode_call(request)
+    handed = body is not None and spare.hand_over(kept.ctrl, body, fds)
+    kept.ctrl.close()  # handed over: its end of file comes after the call, unread
+    return kept.pid if handed else None
+
+
+def _make_spare(daemon: _Daemon, call: _Call) -> None:
+    """After a call ends: a spare for the next call of its shape (none while retiring)."""
+    template, call.template = call.template, None
+    if template is None:
+        return
+    key, request, cwd = template
+    try:
+        if daemon.retiring or key in daemon.spares:
+            return
+        if len(daemon.spares) >= spare.MAX_SPARES:
+            daemon.drop_spare(min(daemon.spares, key=lambda k: daemon.spares[k].born))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            _run_spare(daemon, theirs, request, cwd)
+        theirs.close()
+        daemon.spares[key] = _Spare(pid, ours, time.monotonic())
+    finally:
+        os.close(cwd)
+
+
+def _expire_spares(daemon: _Daemon) -> None:
+    now = time.monotonic()
+    for key, kept in list(daemon.spares.items()):
+        if kept.born + spare.MAX_AGE_S <= now:
+            daemon.drop_spare(key)
 
 
 def _from_client(daemon: _Daemon, pid: int) -> None:
@@ -309,6 +433,9 @@ def _reap(daemon: _Daemon) -> None:
         daemon.doomed.pop(pid, None)
         call = daemon.calls.pop(pid, None)
         if call is None:
+            for key, kept in list(daemon.spares.items()):
+                if kept.pid == pid:  # died waiting: its end would refuse the hand-over
+                    daemon.drop_spare(key)
             continue
         daemon.last_active = time.monotonic()
         with contextlib.suppress(KeyError, ValueError):
@@ -321,6 +448,7 @@ def _reap(daemon: _Daemon) -> None:
         with contextlib.suppress(OSError):
             wire.send_frame(call.conn, reply)
         call.conn.close()
+        _make_spare(daemon, call)
 
 
 def _kill_overdue(daemon: _Daemon) -> None:
@@ -351,14 +479,15 @@ def serve(path: str, idle_s: float, lock: int) -> None:
     daemon.selector.register(daemon.wake[0], selectors.EVENT_READ, "wake")
     try:
         while daemon.calls or not daemon.retiring:
-            timeout = max(0.0, daemon.last_active + idle_s - time.monotonic())
-            if not daemon.calls and timeout == 0:
-                return
-            if daemon.doomed:
-                timeout = max(0.0, min(daemon.doomed.values()) - time.monotonic())
-            for key, _ in daemon.selector.select(
-                timeout if daemon.doomed or not daemon.calls else None
-            ):
+            now = time.monotonic()
+            deadlines = [kept.born + spare.MAX_AGE_S for kept in daemon.spares.values()]
+            deadlines += daemon.doomed.values()
+            if not daemon.calls:
+                if daemon.last_active + idle_s <= now:
+                    return  # the spares see their ends close with this process
+                deadlines.append(daemon.last_active + idle_s)
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            for key, _ in daemon.selector.select(timeout):
                 if key.data == "listen":
                     _accept(daemon)
                 elif key.data == "wake":
@@ -368,6 +497,7 @@ def serve(path: str, idle_s: float, lock: int) -> None:
                     _from_client(daemon, int(key.data))
             _reap(daemon)
             _kill_overdue(daemon)
+            _expire_spares(daemon)
     finally:
         if not daemon.retiring:
             # Unlinked under the lock: a client that finds no socket starts a new daemon.
@@ -386,6 +516,7 @@ def main(argv: list[str]) -> int:
         return 0  # another daemon serves this socket
     os.ftruncate(lock, 0)
     os.write(lock, f"{os.getpid()}\n".encode())
+    os.chdir("/")  # not the first caller's directory, held for as long as the daemon lives
     serve(path, idle_s, lock)
     return 0
 

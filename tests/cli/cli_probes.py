@@ -189,3 +189,12 @@ def raw_pty() -> Iterator[tuple[int, int]]:
         for fd in (master, slave):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def write_user_config(config_home: Path, body: str) -> Path:
+    """The user config file (`$XDG_CONFIG_HOME/bash-sandbox/config.toml`) holding ``body``."""
+    directory = config_home / "bash-sandbox"
+    directory.mkdir(exist_ok=True)
+    path = directory / "config.toml"
+    path.write_text(body)
+    return path

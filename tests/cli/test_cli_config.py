@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_probes import HAS_BWRAP, HAS_LANDLOCK, children
+from cli_probes import HAS_BWRAP, HAS_LANDLOCK, children, write_user_config
 
 from bash_sandbox.cli import main
 from bash_sandbox.cli.config_file import (
@@ -26,14 +26,6 @@ from bash_sandbox.cli.config_file import (
 from policies import NetworkMode, SandboxMode, default_deny_read
 
 needs_sandbox = pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK), reason="no sandbox backend")
-
-
-def write_user_config(config_home: Path, body: str) -> Path:
-    directory = config_home / "bash-sandbox"
-    directory.mkdir(exist_ok=True)
-    path = directory / "config.toml"
-    path.write_text(body)
-    return path
 
 
 def config_error(capsys: pytest.CaptureFixture[str]) -> str:

@@ -28,11 +28,13 @@ from cli_probes import (
     is_alive,
     kill_if_alive,
     wait_until,
+    write_user_config,
 )
 
 from bash_sandbox.cli.arguments import build_parser
+from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.warm import daemon as warm_daemon
-from bash_sandbox.warm import wire
+from bash_sandbox.warm import spare, wire
 
 pytestmark = pytest.mark.skipif(
     not (HAS_BWRAP or HAS_LANDLOCK) or sys.platform != "linux", reason="no Linux backend"
@@ -43,10 +45,11 @@ pytestmark = pytest.mark.skipif(
 _DRIVER = """
 import os, sys
 from bash_sandbox.warm import client
+served = int(os.environ.pop("WARM_SERVED_FD"))  # not part of the call: it differs per call
 if "WARM_UMASK" in os.environ:
     os.umask(int(os.environ["WARM_UMASK"], 8))
 status = client.run(sys.argv[1:])
-os.write(int(os.environ["WARM_SERVED_FD"]), repr(status).encode())
+os.write(served, repr(status).encode())
 sys.exit(status if isinstance(status, int) else 99)
 """
 
@@ -106,7 +109,14 @@ def warm(private_tempdir: Path, config_home: Path) -> Iterator[Warm]:
     finally:
         for proc in helper.started:
             kill_if_alive(proc.pid)
-        for pid in helper.daemon_pids():
+        daemons = helper.daemon_pids()
+        spares = [pid for daemon in daemons if is_alive(daemon) for pid in children(daemon)]
+        for pid in daemons:
+            kill_if_alive(pid)
+        # A spare closes its executor and exits once its daemon is gone; any left, killed.
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: not any(map(is_alive, spares)), timeout=10, what="spares gone")
+        for pid in spares:
             kill_if_alive(pid)
         for fd in helper.readers:
             os.close(fd)
@@ -163,45 +173,151 @@ def test_the_client_gives_its_own_cwd_environment_and_umask(warm: Warm, workspac
     assert lines[2] == "0027"
 
 
+def _ancestors(pid: int) -> list[int]:
+    """``pid``'s parent, its parent, and so on (from /proc)."""
+    found: list[int] = []
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        found.append(pid)
+    return found
+
+
+def _spares(warm: Warm) -> list[int]:
+    """The daemons' children while no call runs: their spares."""
+    return [pid for daemon in warm.daemon_pids() for pid in children(daemon) if is_alive(pid)]
+
+
+def _prepared(pid: int) -> bool:
+    """Whether the spare ``pid`` has made its executor: its supervisor thread runs, and it
+    has left the call's directory (it starts, in the daemon's, with one thread)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1 and os.readlink(f"/proc/{pid}/cwd") == "/"
+    except OSError:
+        return False
+
+
 def _sleeping_run(
     warm: Warm, workspace: Path, tag: str
-) -> tuple[subprocess.Popen[bytes], list[int]]:
-    """A warm run (the daemon up first) whose command waits on a `sleep` nobody else runs;
-    returns the client and the sleep's host pids once it is up."""
-    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
+) -> tuple[subprocess.Popen[bytes], list[int], int]:
+    """A warm run (the daemon up first, and a spare made for the run's shape by an earlier
+    call of it) whose command waits on a `sleep` nobody else runs; returns the client, the
+    sleep's host pids once it is up, and the daemon's child that runs the call."""
+    options = ("run", "--mode", "workspace-write", "--workspace", str(workspace), "--")
+    warm.run(*options, "true", cwd=workspace)
+    wait_until(lambda: bool(_spares(warm)), timeout=20, what="a spare made")
     seconds = f"30.{os.getpid()}{tag}"
-    proc, _ = warm.start(
-        "run",
-        "--mode",
-        "workspace-write",
-        "--workspace",
-        str(workspace),
-        "--",
-        f"sleep {seconds} & wait",
-        cwd=workspace,
-    )
+    proc, _ = warm.start(*options, f"sleep {seconds} & wait", cwd=workspace)
     wait_until(lambda: bool(host_pids_with_argv(["sleep", seconds])), timeout=20, what="sleep up")
-    return proc, host_pids_with_argv(["sleep", seconds])
+    sleepers = host_pids_with_argv(["sleep", seconds])
+    daemons = warm.daemon_pids()
+    call = next(p for p in _ancestors(sleepers[0]) if any(p in children(d) for d in daemons))
+    return proc, sleepers, call
 
 
 def test_sigterm_to_the_client_stops_the_command(warm: Warm, workspace: Path) -> None:
-    proc, sleepers = _sleeping_run(warm, workspace, "7")
+    proc, sleepers, call = _sleeping_run(warm, workspace, "7")
     try:
         os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
         assert proc.returncode == 143, err
         assert b"SIGTERM: the command's process group was killed" in err
-        for pid in sleepers:
-            wait_until(lambda pid=pid: not is_alive(pid), timeout=10, what=f"sleep {pid} gone")
+        for pid in (*sleepers, call):
+            wait_until(lambda pid=pid: not is_alive(pid), timeout=10, what=f"pid {pid} gone")
     finally:
         for pid in sleepers:
             kill_if_alive(pid)
 
 
+def test_a_call_of_a_known_shape_runs_in_the_spare_made_for_it(warm: Warm, workspace: Path) -> None:
+    options = ("run", "--mode", "read-only", "--")
+    warm.run(*options, "true", cwd=workspace)
+    wait_until(lambda: bool(_spares(warm)), timeout=20, what="a spare made")
+    (spare,) = _spares(warm)
+    seconds = f"30.{os.getpid()}5"
+    proc, served_r = warm.start(*options, f"echo up; sleep {seconds} & wait", cwd=workspace)
+    try:
+        wait_until(lambda: bool(host_pids_with_argv(["sleep", seconds])), timeout=20, what="up")
+        (sleeper,) = host_pids_with_argv(["sleep", seconds])
+        # The command runs below the spare, which was there before the call came.
+        assert spare in _ancestors(sleeper)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+        assert (proc.returncode, out) == (130, b"up\n"), err
+        assert os.read(served_r, 64) == b"130"
+        for pid in (sleeper, spare):
+            wait_until(lambda pid=pid: not is_alive(pid), timeout=10, what=f"pid {pid} gone")
+        # Served once: the next call of the shape finds a new spare.
+        wait_until(lambda: bool(_spares(warm)), timeout=20, what="the next spare")
+        assert spare not in _spares(warm)
+    finally:
+        kill_if_alive(sleeper)
+
+
+def test_a_spare_never_serves_a_call_whose_config_changed(
+    warm: Warm, workspace: Path, config_home: Path, tmp_path: Path
+) -> None:
+    secret = tmp_path / "outside" / "token"
+    secret.parent.mkdir()
+    secret.write_text("tok-3141592653\n")
+    options = ("run", "--mode", "read-only", "--")
+    code, out, err, _ = warm.run(*options, f"cat {secret}", cwd=workspace)
+    assert (code, out) == (0, b"tok-3141592653\n"), err  # readable without the config
+    wait_until(lambda: any(map(_prepared, _spares(warm))), timeout=20, what="a spare made")
+    (spare,) = _spares(warm)
+    # The user denies the file after the spare built its executor without that rule.
+    write_user_config(config_home, f"deny_read = [{str(secret)!r}]\n")
+    code, out, err, served = warm.run(*options, f"cat {secret}; echo exit=$?", cwd=workspace)
+    assert b"tok-3141592653" not in out + err
+    assert out.endswith(b"exit=1\n") and served == "0", err
+    # It was this spare's call (served, then gone), run with the call's own config.
+    wait_until(lambda: not is_alive(spare), timeout=10, what="the spare gone")
+
+
+def test_spares_close_with_their_daemon(warm: Warm, workspace: Path) -> None:
+    warm.env[wire.IDLE_ENV] = "2"
+    for mode in ("read-only", "workspace-write"):
+        code, _, err, _ = warm.run("run", "--mode", mode, "--", "true", cwd=workspace)
+        assert code == 0, err
+    wait_until(lambda: len(_spares(warm)) == 2, timeout=20, what="two spares made")
+    spares = _spares(warm)
+    daemons = warm.daemon_pids()
+    for pid in (*daemons, *spares):
+        wait_until(lambda pid=pid: not is_alive(pid), timeout=30, what=f"pid {pid} gone")
+    # Each closed its executor: no state directory of theirs is left.
+    state = warm.private / "state"
+    assert not state.exists() or [p.name for p in state.iterdir() if p.is_dir()] == []
+
+
+def test_a_request_too_large_to_hand_over_is_served_by_a_fork(warm: Warm, workspace: Path) -> None:
+    warm.env["WARM_BULK"] = "x" * (spare.MAX_MESSAGE + 1)
+    for _ in range(3):
+        code, out, err, served = warm.run(
+            "run", "--mode", "read-only", "--", 'echo "${#WARM_BULK}"', cwd=workspace
+        )
+        assert (code, served) == (0, "0"), err
+    # The sandbox scrubs unknown variables; what matters is the answer, each time.
+    assert out in (b"0\n", f"{spare.MAX_MESSAGE + 1}\n".encode())
+
+
+def test_a_call_whose_config_is_broken_is_answered_as_a_fresh_run(
+    warm: Warm, workspace: Path, config_home: Path
+) -> None:
+    write_user_config(config_home, "mode = 'nonsense'\n")
+    fresh = _fresh(warm.env, "run", "--", "true", cwd=workspace)
+    for _ in range(3):  # the first starts the daemon; the later ones meet a spare
+        code, out, err, served = warm.run("run", "--", "true", cwd=workspace)
+        assert served == "2"  # the daemon's answer, not a fresh run's
+        assert (code, out, err) == (fresh.returncode, fresh.stdout, fresh.stderr)
+        assert code == 2 and b"config" in err
+
+
 def test_a_killed_client_takes_its_run_with_it(warm: Warm, workspace: Path) -> None:
-    proc, sleepers = _sleeping_run(warm, workspace, "8")
-    runs = [pid for daemon in warm.daemon_pids() for pid in children(daemon)]
-    assert runs
+    proc, sleepers, call = _sleeping_run(warm, workspace, "8")
+    runs = [call]
     try:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -620,3 +736,82 @@ def test_the_daemons_seeded_survey_serves_a_forks_first_run_and_still_hides(
     out = _python_words(_SEEDED_RUN, str(workspace), env={**os.environ, "HOME": str(home)})
     # Seeded; the first command of a fresh executor used it; the secret stayed hidden.
     assert out == ["True", "1", "True", "False"]
+
+
+def test_a_prepared_executor_fits_only_the_context_it_was_made_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made_in, elsewhere = tmp_path / "a", tmp_path / "b"
+    made_in.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(made_in)
+    st = made_in.stat()
+    env = dict(os.environ)
+    config = SandboxBashConfig(workspace_root=str(made_in))
+    executor = object()  # never touched by these checks
+    prepared = spare.Prepared(executor, config, env, 0o022, (st.st_dev, st.st_ino))  # type: ignore[arg-type]
+    call = {"umask": 0o022}
+    assert prepared.fits(call)
+    assert not prepared.fits({"umask": 0o027})
+    monkeypatch.setenv("WARM_EXTRA", "1")
+    assert not prepared.fits(call)
+    monkeypatch.delenv("WARM_EXTRA")
+    monkeypatch.chdir(elsewhere)
+    assert not prepared.fits(call)
+    # Taken once, and only for an equal config.
+    assert prepared.take(config.model_copy(update={"deny_read": ("/x",)})) is None
+    assert prepared.take(SandboxBashConfig(workspace_root=str(made_in))) is executor
+    assert prepared.take(config) is None
+
+
+def test_a_hand_over_arrives_whole_or_not_at_all() -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(spare.CALL_FDS)]
+    try:
+        assert spare.hand_over(ours, b'{"argv":["run"]}', fds)
+        request, got = spare.wait_for_call(theirs)
+        assert request == {"argv": ["run"]} and len(got) == spare.CALL_FDS
+        for fd in got:
+            os.close(fd)
+        assert spare.hand_over(ours, b"{}", fds[:2])  # too few descriptors: refused there
+        with pytest.raises(OSError, match="malformed"):
+            spare.wait_for_call(theirs)
+        ours.close()
+        assert spare.wait_for_call(theirs) is None  # the daemon closed its end
+        theirs.close()
+        gone, left = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        left.close()
+        assert not spare.hand_over(gone, b"{}", fds)  # the spare died: the daemon forks
+        gone.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert spare.encode_call({"env": {"X": "x" * spare.MAX_MESSAGE}}) is None
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [{"argv": 5}, {"argv": ["run", "--", "true"], "env": "x", "umask": 18}, {"umask": [1]}],
+)
+def test_a_malformed_request_never_takes_the_daemon_down(
+    warm: Warm, workspace: Path, request_: dict[str, object]
+) -> None:
+    warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
+    daemons = warm.daemon_pids()
+    sock_path = next(warm.private.glob("warm-*.sock"))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    null = os.open(os.devnull, os.O_RDWR)
+    cwd = os.open(workspace, os.O_PATH)
+    try:
+        sock.settimeout(20)
+        wire.at_path(sock, str(sock_path), bind=False)
+        wire.send_frame(sock, request_, [null, null, null, cwd])
+        answer = wire.recv_answer(sock)
+    finally:
+        sock.close()
+        os.close(null)
+        os.close(cwd)
+    assert answer is None or answer.get("exit") == 70  # refused by the call's process
+    code, out, err, served = warm.run("run", "--mode", "read-only", "--", "echo on", cwd=workspace)
+    assert (code, out, served) == (0, b"on\n", "0"), err
+    assert warm.daemon_pids() == daemons and all(map(is_alive, daemons))  # the same daemon
