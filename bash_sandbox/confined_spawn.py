@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bash_local.environment import build_command_env
-from bash_local.spawn import SpawnOutcome, SpawnPlan, SpawnScope
+from bash_local.spawn import Launcher, SpawnOutcome, SpawnPlan, SpawnScope
 from bash_sandbox.backends.base import BackendContext, ConfinedPlan, SandboxBackend
 from bash_sandbox.backends.child_failure import child_error, read_child_failure
 from bash_sandbox.cache_domains import (
@@ -41,6 +41,7 @@ from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
 from bash_sandbox.git_plane import MergeReport, merge_back
 from bash_sandbox.git_spawn import GitInspection, settle_git
 from bash_sandbox.linux.child_setup import ChildSetup
+from bash_sandbox.linux.compiled_launcher import compiled_launcher
 from bash_sandbox.linux.cover_watch import CoverWatchError
 from bash_sandbox.linux.helper_client import helper_can_launch
 from bash_sandbox.linux.limits import LimitsPlan, LimitsSetupError
@@ -331,9 +332,13 @@ class ConfinedSpawn(SpawnScope):
         if self._settings.degraded:
             self.warnings.append(self._settings.degraded)
         self.warnings += list(view.partial)
-        launcher = helper if helper is not None and helper_can_launch(confined) else None
-        if launcher is None and isinstance(confined.preexec_fn, ChildSetup):
+        launcher: Launcher | None = None
+        if helper is not None and helper_can_launch(confined):
+            launcher = helper
+        elif isinstance(confined.preexec_fn, ChildSetup):
             confined = dataclasses.replace(confined, preexec_fn=confined.preexec_fn.materialized())
+            # The compiled child from this process where it is built; else `Popen`.
+            launcher = compiled_launcher() if sys.platform == "linux" else None
         if services.helper_failure is not None:
             self.warnings.append(f"{services.helper_failure}; spawned from the executor")
         # The stack owns the release; the plan that spawns carries none.

@@ -276,10 +276,12 @@ async def run_until_interrupted(
     request: BashExecRequest,
     live: LiveOutput | None = None,
     publish: Sequence[int] = (),
+    settled: Callable[[BashRunResult | Interrupted], None] | None = None,
 ) -> BashRunResult | Interrupted:
     """Run ``request``, streaming into ``live`` when given. A SIGINT/SIGTERM/SIGHUP to us,
     or stdout's reader going away, cancels the run, which kills the command's process
-    group before the cancellation propagates. Closes ``executor``."""
+    group before the cancellation propagates. Closes ``executor``, after ``settled`` has
+    seen the outcome (the command's group is dead by then, its git import done)."""
     loop = asyncio.get_running_loop()
     received: list[int] = []
     task: asyncio.Future[BashRunResult] | None = None
@@ -299,12 +301,16 @@ async def run_until_interrupted(
         listener = live.listener if live is not None else None
         # A signal that lands before the task's first step cancels it before it spawns.
         task = asyncio.ensure_future(run_published(executor, spec, publish, listener))
+        outcome: BashRunResult | Interrupted
         try:
-            return await task
+            outcome = await task
         except asyncio.CancelledError:
             if not received:
                 raise
-            return Interrupted(received[0])
+            outcome = Interrupted(received[0])
+        if settled is not None:
+            settled(outcome)
+        return outcome
     finally:
         try:
             await executor.aclose()
@@ -329,7 +335,11 @@ def run_config(args: argparse.Namespace, workspace: str) -> tuple[SandboxBashCon
 ReadyExecutor = Callable[[SandboxBashConfig], "SandboxBashExecutor | None"]
 
 
-def _cmd_run(args: argparse.Namespace, ready: ReadyExecutor | None = None) -> int:
+def _cmd_run(
+    args: argparse.Namespace,
+    ready: ReadyExecutor | None = None,
+    answer: Callable[[int], None] | None = None,
+) -> int:
     if not args.command:
         raise CliError(
             "run: no command given (usage: bash-sandbox run [options] -- COMMAND)",
@@ -360,9 +370,24 @@ def _cmd_run(args: argparse.Namespace, ready: ReadyExecutor | None = None) -> in
         request = BashExecRequest(
             command=command_text(args.command), workdir=workdir, sandbox_mode=mode
         )
+        reported: list[int] = []
+
+        def report_now(outcome: BashRunResult | Interrupted) -> None:
+            # Written, and the caller answered, before the executor gives its resources
+            # back: nothing of the command runs any more.
+            reported.append(_report(args, outcome, live))
+            if answer is not None:
+                answer(reported[0])
+
         try:
             outcome = asyncio.run(
-                run_until_interrupted(executor, request, live, getattr(args, "publish", ()))
+                run_until_interrupted(
+                    executor,
+                    request,
+                    live,
+                    getattr(args, "publish", ()),
+                    settled=report_now if answer is not None else None,
+                )
             )
         except SandboxUnavailableError as exc:
             # If a cached probe verdict led here, the next run probes for real.
@@ -379,6 +404,13 @@ def _cmd_run(args: argparse.Namespace, ready: ReadyExecutor | None = None) -> in
     finally:
         if session is not None:
             session.close()
+    return reported[0] if reported else _report(args, outcome, live)
+
+
+def _report(
+    args: argparse.Namespace, outcome: BashRunResult | Interrupted, live: LiveOutput | None
+) -> int:
+    """Write ``outcome`` as `run` reports it; its exit status."""
     if isinstance(outcome, Interrupted):
         status = 128 + outcome.signum
         if outcome.signum == signal.SIGPIPE:
@@ -499,11 +531,14 @@ def main(
     *,
     parser: CliArgumentParser | None = None,
     ready: ReadyExecutor | None = None,
+    answer: Callable[[int], None] | None = None,
 ) -> int:
     """Run the CLI with ``argv`` (default: `sys.argv[1:]`); returns the exit status.
     ``parser``: one `build_parser(package_version)` made earlier (the warm daemon builds it
     once: it reads nothing of the host or the environment); ``ready``: for `run`, an
-    executor made ahead of the call for an equal config (the warm daemon's spare)."""
+    executor made ahead of the call for an equal config (the warm daemon's spare);
+    ``answer``: for `run`, called with the exit status once the outcome is written, before
+    the executor is closed (the warm daemon answers its client then)."""
     if argv is None:
         # The process's own entry point: everything imported by now lives as long as the
         # process, so no collection (the one at exit included) needs to walk it again.
@@ -530,7 +565,7 @@ def main(
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         if args.subcommand == "run":
-            return _cmd_run(args, ready)
+            return _cmd_run(args, ready, answer)
         return HANDLERS[args.subcommand](args)
     except ConfigError as exc:
         _print_error(args, _config_error(exc))

@@ -50,6 +50,22 @@ def helper_can_launch(plan: SpawnPlan) -> bool:
     return isinstance(plan.preexec_fn, ChildSetup)
 
 
+def placed_fds(setup: ChildSetup, plan: SpawnPlan) -> tuple[int, ...]:
+    """The descriptors ``plan``'s child must find at their numbers: those its steps name,
+    the failure report's, and the plan's ``pass_fds``."""
+    targets: dict[int, None] = {}
+    for name, args, _ in setup.calls():
+        index = _FD_ARGS.get(name)
+        fd = args[index] if index is not None else None
+        if isinstance(fd, int) and fd >= 0:
+            targets[fd] = None
+    if setup.report_fd >= 0:
+        targets[setup.report_fd] = None
+    for fd in plan.pass_fds:
+        targets[fd] = None
+    return tuple(targets)
+
+
 class _HelperChild(LaunchedChild):
     def __init__(self, helper: SpawnHelper, pid: int) -> None:
         self._helper = helper
@@ -201,17 +217,7 @@ class SpawnHelper(Launcher):
         # The running loop reads the answers (a later loop of the executor's takes over).
         self._loop = follow_loop(self._loop, self._sock.fileno(), self._on_readable)
         calls = setup.calls()
-        targets: dict[int, None] = {}
-        for name, args, _ in calls:
-            index = _FD_ARGS.get(name)
-            fd = args[index] if index is not None else None
-            if isinstance(fd, int) and fd >= 0:
-                targets[fd] = None
-        if setup.report_fd >= 0:
-            targets[setup.report_fd] = None
-        for fd in plan.pass_fds:
-            targets[fd] = None
-        placed = tuple(targets)
+        placed = placed_fds(setup, plan)
         self._seq += 1
         seq = self._seq
         request = (
@@ -345,13 +351,18 @@ class SpawnHelper(Launcher):
 
 
 def _failure(plan: SpawnPlan, reply: tuple[object, ...]) -> Exception:
-    """The exception `subprocess.Popen` would have raised for the same failure."""
     where, code = reply[2], reply[3]
     assert isinstance(code, int)
+    return spawn_failure(plan, str(where), code, reply[4:])
+
+
+def spawn_failure(plan: SpawnPlan, where: str, code: int, detail: object = ()) -> Exception:
+    """The exception `subprocess.Popen` would have raised for a child that reported
+    failing at ``where`` ("cwd", "exec", "step") with errno ``code``."""
     if where == "cwd":
         return OSError(code, os.strerror(code), plan.cwd)
     if where == "exec":
         return OSError(code, os.strerror(code), plan.argv[0])
     if where == "step":
         return subprocess.SubprocessError("Exception occurred in preexec_fn.")
-    return subprocess.SubprocessError(f"the spawn helper refused the plan: {reply[4:]}")
+    return subprocess.SubprocessError(f"the spawn helper refused the plan: {detail}")

@@ -255,17 +255,17 @@ def _run_call(
         leave_closing_to_exit()  # this process ends with the run: after its answer
 
         ready = prepared.take if prepared is not None and prepared.fits(request) else None
-        code = main(argv, parser=daemon.parser, ready=ready)
+        code = main(argv, parser=daemon.parser, ready=ready, answer=lambda c: _reply(conn, c))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:  # the fork must never return into the daemon's loop
         with contextlib.suppress(Exception):
             sys.stderr.write(f"bash-sandbox: warm run failed: {exc!r}\n")
     finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        _reply_and_exit(conn, code, prepared)
+        _reply(conn, code)
+        if prepared is not None:
+            prepared.close_unused()  # a spare's executor the call could not use
+        os._exit(code)
 
 
 def _run_spare(daemon: _Daemon, ctrl: socket.socket, template: dict[str, Any], cwd: int) -> None:
@@ -286,19 +286,26 @@ def _run_spare(daemon: _Daemon, ctrl: socket.socket, template: dict[str, Any], c
     _run_call(daemon, conn, request, fds[:4], prepared)
 
 
-def _reply_and_exit(conn: socket.socket, code: int, prepared: spare.Prepared | None = None) -> None:
-    """The run is over (its output flushed): tell the client now, not after this process's
-    exit (the kernel's teardown of its inotify instances, mappings and threads takes
-    milliseconds nobody needs to wait for). The write side is then shut down, so the
-    daemon's own reply at the reap fails quietly (and the SIGHUP it sends when the client,
-    answered, closes its end changes nothing the client can see); a fork that dies before
-    this point is answered by the daemon, with its signal."""
+_answered: list[int] = []  # in a call's process: the status its client was given
+
+
+def _reply(conn: socket.socket, code: int) -> None:
+    """The run is over: its output flushed, tell the client now (once), not after the
+    executor's teardown and this process's exit (the kernel's teardown of its inotify
+    instances, mappings and threads takes milliseconds nobody needs to wait for). The
+    write side is then shut down, so the daemon's own reply at the reap fails quietly (and
+    the SIGHUP it sends when the client, answered, closes its end changes nothing the
+    client can see); a process that dies before this point is answered by the daemon,
+    with its signal."""
+    if _answered:
+        return
+    _answered.append(code)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
     with contextlib.suppress(Exception):
         wire.send_frame(conn, {"exit": code})
         conn.shutdown(socket.SHUT_WR)
-    if prepared is not None:
-        prepared.close_unused()  # a spare's executor the call could not use
-    os._exit(code)
 
 
 def _accept(daemon: _Daemon) -> None:

@@ -815,3 +815,20 @@ def test_a_malformed_request_never_takes_the_daemon_down(
     code, out, err, served = warm.run("run", "--mode", "read-only", "--", "echo on", cwd=workspace)
     assert (code, out, served) == (0, b"on\n", "0"), err
     assert warm.daemon_pids() == daemons and all(map(is_alive, daemons))  # the same daemon
+
+
+def test_the_client_is_answered_once_nothing_of_the_command_runs(
+    warm: Warm, workspace: Path
+) -> None:
+    seconds = f"30.{os.getpid()}6"
+    options = ("run", "--mode", "workspace-write", "--")
+    warm.run(*options, "true", cwd=workspace)  # the daemon up, a spare for the shape
+    wait_until(lambda: bool(_spares(warm)), timeout=20, what="a spare made")
+    # The command leaves a process behind and writes a file: when the client has its
+    # answer, its output is all there, the file imported, the process gone.
+    code, out, err, served = warm.run(
+        *options, f"sleep {seconds} & echo left > left.txt; echo done", cwd=workspace
+    )
+    assert host_pids_with_argv(["sleep", seconds]) == []
+    assert (code, out, served) == (0, b"done\n", "0"), err
+    assert (workspace / "left.txt").read_text() == "left\n"

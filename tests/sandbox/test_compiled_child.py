@@ -8,19 +8,24 @@ rest of the suite runs on it wherever it is built (the default), and CI asserts 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bash_local.spawn import SpawnPlan
+from bash_local.spawn import LaunchedChild, Launcher, SpawnPlan
 from bash_sandbox.backends.child_failure import read_child_failure
 from bash_sandbox.linux import compiled_child
 from bash_sandbox.linux.child_setup import ChildSetup
+from bash_sandbox.linux.compiled_launcher import CompiledLauncher, compiled_launcher
 from bash_sandbox.linux.helper_client import SpawnHelper
 from bash_seam import BashExecRequest
 from policies.paths import within
@@ -105,17 +110,32 @@ async def _probe(
     monkeypatch: pytest.MonkeyPatch,
     on: bool,
     hosts: list[set[str]],
+    *,
+    helper: bool = True,
 ) -> str:
+    """The probe's output from a command started by the helper (``helper``) or from the
+    executor's own process, with the compiled child (``on``) or the Python one."""
     monkeypatch.setattr(compiled_child, "ENABLED", on)
-    ex = make_executor(mode="workspace-write", spawn_helper=True)
+    launched: list[str] = []
+    launch = CompiledLauncher.launch
+
+    def counted(self: CompiledLauncher, plan: SpawnPlan, **kw: int) -> LaunchedChild:
+        launched.append(plan.argv[0])
+        return launch(self, plan, **kw)
+
+    monkeypatch.setattr(CompiledLauncher, "launch", counted)
+    ex = make_executor(mode="workspace-write", spawn_helper=helper)
     hosts.append(_host_mountpoints())
     # A write outside the roots but inside the test's own directory: a broken sandbox
     # changes nothing of the host's.
     command = f"set -- {workspace.parent / 'outside'}\n{PROBE}"
     result = await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workspace))))
     hosts.append(_host_mountpoints())
-    helper = ex._services.spawn_helper()
-    assert helper is not None and helper.compiled_child is on
+    running = ex._services.spawn_helper()
+    if helper:
+        assert running is not None and running.compiled_child is on and not launched
+    else:
+        assert running is None and bool(launched) is on  # this process's compiled child
     # Seen from the host: the leader leads its own session and group (signals reach all).
     process = await ex.start(ex.resolve(BashExecRequest(command="sleep 30")))
     leader = process._spawned.pid  # type: ignore[attr-defined]
@@ -127,12 +147,17 @@ async def _probe(
     return re.sub(r"/exec-\w+/", "/exec-X/", result.stdout.text)  # each executor's state
 
 
+@pytest.mark.parametrize("helper", [True, False], ids=["in-helper", "in-executor"])
 async def test_both_children_make_the_same_command(
-    built: None, make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
+    built: None,
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    helper: bool,
 ) -> None:
     subprocess.run(["git", "init", "-q", str(workspace)], check=True)  # the .git overlay too
     hosts: list[set[str]] = []
-    compiled = await _probe(make_executor, workspace, monkeypatch, True, hosts)
+    compiled = await _probe(make_executor, workspace, monkeypatch, True, hosts, helper=helper)
     python = await _probe(make_executor, workspace, monkeypatch, False, hosts)
     transient = set.union(*hosts) - set.intersection(*hosts)
     assert _children_own(compiled, workspace, transient) == _children_own(
@@ -148,13 +173,21 @@ async def test_both_children_make_the_same_command(
     assert f"{workspace}/.git " in compiled  # the overlay is mounted in both
 
 
-@pytest.mark.parametrize("on", [True, False], ids=["compiled", "python"])
+@pytest.mark.parametrize("how", ["helper-compiled", "helper-python", "executor-compiled"])
 async def test_failures_are_reported_alike(
-    built: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, on: bool
+    built: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, how: str
 ) -> None:
+    on = how.endswith("compiled")
     monkeypatch.setattr(compiled_child, "ENABLED", on)
-    helper = SpawnHelper()
-    assert helper.compiled_child is on
+    helper: SpawnHelper | None = None
+    launcher: Launcher
+    if how.startswith("helper"):
+        launcher = helper = SpawnHelper()
+        assert helper.compiled_child is on
+    else:
+        found = compiled_launcher()
+        assert found is not None
+        launcher = found
     report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     out_r, out_w = os.pipe()
     try:
@@ -166,7 +199,7 @@ async def test_failures_are_reported_alike(
         plan = SpawnPlan(argv=("/bin/true",), env={}, cwd=str(tmp_path), preexec_fn=setup)
         for _ in range(2):
             with pytest.raises(subprocess.SubprocessError):
-                helper.launch(plan, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+                launcher.launch(plan, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
             failure = read_child_failure(report_r)
             assert failure is not None
             assert (failure.step, failure.errno) == (f"chdir {tmp_path}/missing", errno.ENOENT)
@@ -176,12 +209,12 @@ async def test_failures_are_reported_alike(
             argv=("/bin/true",), env={}, cwd=str(tmp_path / "gone"), preexec_fn=ChildSetup()
         )
         with pytest.raises(FileNotFoundError):
-            helper.launch(missing, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+            launcher.launch(missing, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
         nope = SpawnPlan(
             argv=(str(tmp_path / "nope"),), env={}, cwd=str(tmp_path), preexec_fn=ChildSetup()
         )
         with pytest.raises(FileNotFoundError) as caught:
-            helper.launch(nope, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+            launcher.launch(nope, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
         assert caught.value.filename == str(tmp_path / "nope")
         # And one that runs: its output, its exit status, its environment exactly as given.
         env = {"ONLY": "this", "EMPTY": ""}
@@ -191,9 +224,9 @@ async def test_failures_are_reported_alike(
             cwd=str(tmp_path),
             preexec_fn=ChildSetup(),
         )
-        child = helper.launch(ok, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
+        child = launcher.launch(ok, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w)
         for _ in range(100):  # the helper's "exit" for it (each receive waits up to 10 s)
-            if child.returncode is not None:
+            if helper is None or getattr(child, "returncode", None) is not None:
                 break
             helper._dispatch(helper._receive(10))
         assert child.wait() == 7
@@ -209,7 +242,61 @@ async def test_failures_are_reported_alike(
         ]
         assert lines[-1] == str(tmp_path)
     finally:
-        helper.close()
+        if helper is not None:
+            helper.close()
         for fd in (report_r, report_w, out_r, out_w):
             if fd >= 0:
                 os.close(fd)
+
+
+_HARNESS = """
+import asyncio, sys
+from bash_sandbox import SandboxBashExecutor
+from bash_seam import BashExecRequest
+async def main():
+    ex = SandboxBashExecutor(workspace_root=sys.argv[1], backend=sys.argv[2], spawn_helper=False)
+    await ex.start(ex.resolve(BashExecRequest(command=f"sleep {sys.argv[3]}")))
+    print("ready", flush=True)
+    await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+def _sleepers(seconds: str) -> list[int]:
+    """Host pids of `sleep SECONDS` (a confined pid's own number is its namespace's)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes() == (
+                f"sleep\0{seconds}\0".encode()
+            ):
+                found.append(int(entry))
+    return found
+
+
+def test_a_command_started_in_the_executors_process_dies_with_it(
+    built: None, backend: str, workspace: Path
+) -> None:
+    seconds = f"30.{os.getpid()}{len(backend)}"
+    harness = subprocess.Popen(
+        [sys.executable, "-c", _HARNESS, str(workspace), backend, seconds],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert harness.stdout is not None and harness.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 10
+        while not _sleepers(seconds) and time.monotonic() < deadline:
+            time.sleep(0.05)  # started: its exec may come a moment later
+        assert _sleepers(seconds)  # the premise: it runs
+        harness.kill()  # SIGKILL: no cleanup of the harness's runs
+        harness.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _sleepers(seconds) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sleepers(seconds) == []
+    finally:
+        harness.kill()
+        harness.wait()
+        for pid in _sleepers(seconds):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
