@@ -312,6 +312,8 @@ class ConfinedSpawn(SpawnScope):
             share_bundle(namespaces.tmp, scratch.domain)
         # The helper builds the child's steps itself: only their calls are recorded here.
         helper = services.spawn_helper() if sys.platform == "linux" else None
+        # Without it, the compiled child from this process where it is built; else `Popen`.
+        here = compiled_launcher() if helper is None and sys.platform == "linux" else None
         ctx = BackendContext(
             sources=services.state.sources,
             view=view,
@@ -322,6 +324,7 @@ class ConfinedSpawn(SpawnScope):
             listener_fd=listener_fd,
             limits=self.limits,
             record_only=helper is not None,
+            hold_init=helper is not None or here is not None,
         )
         confined = backend.wrap(policy, plan, ctx)
         if confined.release is not None:
@@ -337,8 +340,7 @@ class ConfinedSpawn(SpawnScope):
             launcher = helper
         elif isinstance(confined.preexec_fn, ChildSetup):
             confined = dataclasses.replace(confined, preexec_fn=confined.preexec_fn.materialized())
-            # The compiled child from this process where it is built; else `Popen`.
-            launcher = compiled_launcher() if sys.platform == "linux" else None
+            launcher = here
         if services.helper_failure is not None:
             self.warnings.append(f"{services.helper_failure}; spawned from the executor")
         # The stack owns the release; the plan that spawns carries none.

@@ -1,8 +1,9 @@
 """Suite-wide switches. ``BASH_SANDBOX_TEST_SPAWN_HELPER=0`` runs every confined executor
 the tests make with the spawn helper off (`SandboxBashConfig.spawn_helper`: each command
-forked from the executor), ``=1`` with it on (the default), so any suite can be run on
-either path as it is. ``BASH_SANDBOX_TEST_COMPILED_CHILD=0`` has the helper fork its
-children in Python even where the compiled child is built (`linux/compiled_child.py`)."""
+started from the executor's own process), ``=1`` with it on (the default), so any suite can
+be run on either path as it is. ``BASH_SANDBOX_TEST_COMPILED_CHILD=0`` has every command's
+child run its steps in Python (forked by the helper, or by `Popen` without it) even where
+the compiled child is built (`linux/compiled_child.py`)."""
 
 from __future__ import annotations
 

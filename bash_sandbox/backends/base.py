@@ -72,6 +72,10 @@ class BackendContext:
     limits: LimitsPlan | None = None
     # The spawn helper replays the child's steps: only their calls are recorded here.
     record_only: bool = False
+    # The child holds the compiled init and execs it to wait in (`sandbox_init`): every
+    # child of the spawn helper, and the compiled child from the executor's own process
+    # (`compiled_launcher.py`); a child `Popen` forks from the executor waits as it is.
+    hold_init: bool = False
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,7 @@ class BwrapBackend(SandboxBackend):
             raise ValueError("bwrap confines commands inside the executor's namespaces")
         ops = render_mount_plan(policy, ctx.view, ctx.sources, private_tmp=ctx.scratch.tmp)
         setup = ChildSetup(record_only=ctx.record_only)
-        init = sandbox_init.for_spawn(ctx.record_only)
+        init = sandbox_init.for_spawn(ctx.hold_init)
         if init is not None:
             # For the waiter to exec (`sandbox_init`): opened while the package is in view.
             setup.hold_file(init, INIT_FD)

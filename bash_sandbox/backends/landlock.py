@@ -304,7 +304,7 @@ class LandlockBackend(SandboxBackend):
             raise SandboxUnavailableError(
                 policy.mode, f"landlock: cannot build the ruleset: {exc}"
             ) from exc
-        init = sandbox_init.for_spawn(ctx.record_only)
+        init = sandbox_init.for_spawn(ctx.hold_init)
         setup = landlock_child_setup(
             policy,
             ctx,

@@ -1,8 +1,9 @@
 """The compiled init (`native/sandbox_init.c`), where the package's build made it: the
-Landlock backend's PID 1 (else a bash), and on both backends the spawn helper's waiter, which
-execs it (`--wait`) rather than wait as a copy of the helper.
+Landlock backend's PID 1 (else a bash), and on both backends the waiter of the spawn
+helper's children and of the compiled child started from the executor, which execs it
+(`--wait`) rather than wait as a copy of its parent (`BackendContext.hold_init`).
 
-The child opens the init before it leaves the helper's mount namespace (`ChildSetup.
+The child opens the init before it leaves its parent's mount namespace (`ChildSetup.
 hold_file`) and execs it through `/proc/self/fd/INIT_FD`, so the view need not contain the
 package (a checkout under the host's /tmp, or under a `deny_read` path, is not in it); the
 descriptor is close-on-exec, so neither the init nor the command holds it.
@@ -43,10 +44,10 @@ def _digest(data: bytes) -> bytes:
     return hashlib.sha256(data).hexdigest().encode()
 
 
-def for_spawn(helper: bool) -> str | None:
-    """The init a spawn's child should hold: only through the spawn helper (whose child
-    opens it first, `ChildSetup.hold_file`), where this install built it."""
-    return built() if helper and ENABLED else None
+def for_spawn(wanted: bool) -> str | None:
+    """The init a spawn's child should hold (``wanted``: `BackendContext.hold_init`; the
+    child opens it first, `ChildSetup.hold_file`), where this install built it."""
+    return built() if wanted and ENABLED else None
 
 
 def pid1_argv(argv: tuple[str, ...], *, compiled: bool) -> tuple[str, ...]:

@@ -49,7 +49,7 @@ async def _run(ex: object, command: str, workdir: Path, **fields: object) -> obj
     return await ex.run(ex.resolve(request))  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("child", ["compiled-child", "python-child"])
+@pytest.mark.parametrize("child", ["compiled-child", "python-child", "compiled-in-executor"])
 async def test_pid1_is_the_compiled_init_and_holds_nothing_of_the_helper(
     built: None,
     child: str,
@@ -57,8 +57,9 @@ async def test_pid1_is_the_compiled_init_and_holds_nothing_of_the_helper(
     workspace: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(compiled_child, "ENABLED", child == "compiled-child")
-    ex = make_executor(mode="workspace-write", spawn_helper=True)
+    monkeypatch.setattr(compiled_child, "ENABLED", child != "python-child")
+    # In the helper, or (without it) the compiled child cloned from the executor itself.
+    ex = make_executor(mode="workspace-write", spawn_helper=child != "compiled-in-executor")
     probe = (
         "cat /proc/1/comm; readlink /proc/1/exe; ls /proc/1/fd | tr '\\n' ' '; echo;"
         " ls /proc/self/fd | tr '\\n' ' '; echo; echo \"SHLVL=$SHLVL\""

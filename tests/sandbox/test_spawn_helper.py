@@ -157,15 +157,16 @@ def test_replayed_steps_are_the_same_steps(name: str, tmp_path: Path) -> None:
             recorded = backend.wrap(
                 policy,
                 SpawnPlan(argv=("/bin/true",), env={}, cwd=ws),
-                dataclasses.replace(ctx, record_only=True),
+                dataclasses.replace(ctx, record_only=True, hold_init=True),
             )
             try:
                 only = recorded.preexec_fn
                 assert isinstance(only, ChildSetup) and only.step_names() == ()
                 calls, steps = [c[0] for c in only.calls()], only.materialized().step_names()
                 if sandbox_init.built() is not None:
-                    # Through the helper the child first holds the compiled init (Landlock's
-                    # PID 1, and on both backends what the waiter execs).
+                    # A child of the helper (or the executor's compiled child) first holds
+                    # the compiled init (Landlock's PID 1, and on both backends what the
+                    # waiter execs); a child `Popen` forks waits as it is.
                     assert (calls[0], steps[0]) == ("hold_file", f"hold {sandbox_init.built()}")
                     calls, steps = calls[1:], steps[1:]
                 assert calls == [c[0] for c in setup.calls()]
