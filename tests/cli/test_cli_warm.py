@@ -832,3 +832,17 @@ def test_the_client_is_answered_once_nothing_of_the_command_runs(
     assert host_pids_with_argv(["sleep", seconds]) == []
     assert (code, out, served) == (0, b"done\n", "0"), err
     assert (workspace / "left.txt").read_text() == "left\n"
+
+
+def test_the_console_script_exits_with_the_warm_runs_status(warm: Warm, workspace: Path) -> None:
+    for _ in range(2):  # the first starts the daemon; both are served by it
+        done = subprocess.run(
+            [sys.executable, "-m", "bash_sandbox.entry", "run", "--", "echo hi; exit 5"],
+            env=warm.env,
+            cwd=workspace,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        )
+        assert (done.returncode, done.stdout) == (5, b"hi\n"), done.stderr
+    assert warm.daemon_pids() and all(map(is_alive, warm.daemon_pids()))
