@@ -22,6 +22,7 @@ import ctypes
 import functools
 import os
 import subprocess
+import threading
 from collections.abc import Callable
 
 from bash_local.spawn import LaunchedChild, Launcher, SpawnPlan
@@ -40,7 +41,13 @@ class _Child(LaunchedChild):
 
     def on_exit(self, callback: Callable[[], None]) -> None:
         loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(self.pid)
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except OSError:  # a kernel before 5.3: a thread waits, leaving the zombie in place
+            threading.Thread(
+                target=self._wait_in_thread, args=(loop, callback), daemon=True
+            ).start()
+            return
 
         def exited() -> None:
             loop.remove_reader(pidfd)
@@ -48,6 +55,14 @@ class _Child(LaunchedChild):
             callback()
 
         loop.add_reader(pidfd, exited)
+
+    def _wait_in_thread(
+        self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]
+    ) -> None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        with contextlib.suppress(RuntimeError):  # the loop may be closed already
+            loop.call_soon_threadsafe(callback)
 
     def wait(self) -> int:
         if self.returncode is None:

@@ -8,6 +8,7 @@ rest of the suite runs on it wherever it is built (the default), and CI asserts 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -300,3 +301,19 @@ def test_a_command_started_in_the_executors_process_dies_with_it(
         for pid in _sleepers(seconds):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def test_without_pidfds_the_executors_child_is_still_watched(
+    built: None, make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, "pidfd_open")  # as on a kernel before 5.3
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    ex = make_executor(mode="read-only", spawn_helper=False)
+    result = await ex.run(ex.resolve(BashExecRequest(command="echo hi; exit 6")))
+    assert (result.exit_code, result.stdout.text) == (6, "hi\n")
+    process = await ex.start(ex.resolve(BashExecRequest(command="sleep 30")))
+    process.kill()
+    await asyncio.wait_for(process.wait(), 20)
+    assert process.status == "killed"
