@@ -158,14 +158,7 @@ def hand_over(ctrl: socket.socket, body: bytes, fds: list[int]) -> bool:
 def wait_for_call(ctrl: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     """The spare's side: the call it is handed, with its descriptors; None when the daemon
     closed its end (this spare is not needed)."""
-    while True:
-        try:
-            body, ancillary, flags, _ = ctrl.recvmsg(
-                MAX_MESSAGE, socket.CMSG_SPACE(CALL_FDS * _INT.size)
-            )
-            break
-        except InterruptedError:
-            continue
+    body, ancillary, flags, _ = ctrl.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(CALL_FDS * _INT.size))
     fds: list[int] = []
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
