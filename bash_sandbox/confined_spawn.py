@@ -147,6 +147,29 @@ class ConfinedSpawn(SpawnScope):
             raise
         return scope
 
+    @classmethod
+    def warm(
+        cls,
+        services: SandboxServices,
+        spec: BashExecSpec,
+        *,
+        policy: SandboxPolicy,
+        backend: SandboxBackend,
+        settings: SpawnSettings,
+    ) -> None:
+        """The stages of `open` that make nothing the host sees, for ``spec``, ahead of its
+        first spawn (`SandboxBashExecutor.warm`): the checks, the cache home (held, as a spawn
+        holds it, until the executor closes), the environment's settings, and the survey's
+        read-only part (`HostSurvey.warm`). Nothing is spawned, planned or watched."""
+        scope = cls(services, spec, policy, backend, settings)
+        try:
+            scope._check()
+            scope._add_cache_home()
+            scope._environment()
+            services.survey.warm(scope.policy, backend.mounts, scope._user_policy)
+        finally:
+            scope.close()
+
     async def _acquire(self, base: SpawnPlan) -> None:
         """Every stage, in order; each registers its own release where it acquires. What
         does not depend on the host's view comes first; the loop takes a turn before the

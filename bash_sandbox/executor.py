@@ -180,15 +180,7 @@ class SandboxBashExecutor(LocalBashExecutor):
             # other tasks (and the CLI's signal handling) keep running meanwhile.
             backend = await asyncio.to_thread(self._prepare, policy.mode)
             self._prepared.add(policy.mode)
-        cfg = self.config
-        settings = SpawnSettings(
-            allow_domains=tuple(cfg.allow_domains),
-            tool_caches=cfg.tool_caches,
-            degraded=self._selector.degraded,
-            credentials=cfg.credentials,
-            hosts_file=cfg.hosts_file,
-            collect_evidence=self._collect_evidence,
-        )
+        settings = self._spawn_settings()
         # One spawn prepares at a time, in turns (`loop_turns.py`): several ready at once
         # would each run their work before the loop's other tasks did.
         async with self._turns.lock():
@@ -201,6 +193,32 @@ class SandboxBashExecutor(LocalBashExecutor):
                 backend=backend,
                 settings=settings,
             )
+
+    def _spawn_settings(self) -> SpawnSettings:
+        cfg = self.config
+        return SpawnSettings(
+            allow_domains=tuple(cfg.allow_domains),
+            tool_caches=cfg.tool_caches,
+            degraded=self._selector.degraded,
+            credentials=cfg.credentials,
+            hosts_file=cfg.hosts_file,
+            collect_evidence=self._collect_evidence,
+        )
+
+    def warm(self, spec: BashExecSpec) -> None:
+        """Do now, blocking, what the first spawn of ``spec`` (a resolved request) computes
+        once and keeps, as far as it makes nothing the host sees (`ConfinedSpawn.warm`: the
+        cache home, the environment's settings, the survey's read-only part); `prepare`
+        first. For the warm CLI's spare, in the thread that runs the executor's loop, with no
+        spawn in progress."""
+        policy = self._policy_of(spec)
+        if not policy.confined:
+            return
+        backend = self._prepare(policy.mode)
+        self._prepared.add(policy.mode)
+        ConfinedSpawn.warm(
+            self._services, spec, policy=policy, backend=backend, settings=self._spawn_settings()
+        )
 
     def prepare(self, mode: SandboxMode | None = None) -> None:
         """Do now, blocking, the one-time work the first confined spawn in ``mode`` (default:

@@ -51,6 +51,19 @@ class HostSurvey:
         """Give back the host placeholders one survey acquired."""
         self._placeholders.release_all(held)
 
+    def warm(self, policy: SandboxPolicy, mounts: bool, user_policy: SandboxPolicy) -> None:
+        """The read-only part of `take` for ``policy``, ahead of its first spawn: the
+        repository search and what the hooks run, the protected names' inspection, the
+        shadows of the deny list. What they cache is checked again at every `take`, as
+        between two spawns; nothing is made on the host (no placeholder, no overlay, no
+        import intent)."""
+        if not mounts:
+            return
+        git = inspect_git(user_policy, known=tuple(self._known_dotgits), search=self.search)
+        self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
+        inspect_protected(user_policy, git.gitdirs)
+        self._shadows.inspect(denied_paths(policy.deny_read), policy.all_writable_roots())
+
     def take(
         self, policy: SandboxPolicy, mounts: bool, user_policy: SandboxPolicy
     ) -> tuple[HostView, tuple[str, ...], GitInspection | None]:

@@ -110,8 +110,14 @@ def prepare(request: dict[str, Any], cwd: int, parser: CliArgumentParser) -> Pre
         mode = executor.policy_service.resolve_mode(None, args.mode)
         executor.prepare(mode)
         if mode is not SandboxMode.DANGER_FULL_ACCESS:
+            workdir = config.workspace_root or workspace
             executor.prepare(SandboxMode.READ_ONLY)
-            asyncio.run(_rehearse(executor, config.workspace_root or workspace))
+            asyncio.run(_rehearse(executor, workdir))
+            if mode is not SandboxMode.READ_ONLY:
+                # What a first spawn in this mode adds to the rehearsal's, as far as it
+                # makes nothing the host sees (its placeholders are made at the call).
+                ahead = BashExecRequest(command="true", workdir=workdir, sandbox_mode=mode)
+                executor.warm(executor.resolve(ahead))
         st = os.stat(".")
         prepared = Prepared(executor, config, env, umask, (st.st_dev, st.st_ino))
         executor = None
