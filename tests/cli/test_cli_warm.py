@@ -187,13 +187,15 @@ def _ancestors(pid: int) -> list[int]:
 
 
 def _spares(warm: Warm) -> list[int]:
-    """The daemons' children while no call runs: their spares."""
-    return [pid for daemon in warm.daemon_pids() for pid in children(daemon) if is_alive(pid)]
+    """The daemons' spares that are ready: among their children (a call's process lingers
+    a moment after its answer, closing its executor), those `_prepared` says are."""
+    return [pid for daemon in warm.daemon_pids() for pid in children(daemon) if _prepared(pid)]
 
 
 def _prepared(pid: int) -> bool:
-    """Whether the spare ``pid`` has made its executor: its supervisor thread runs, and it
-    has left the call's directory (it starts, in the daemon's, with one thread)."""
+    """Whether ``pid`` is a spare that has made its executor: its supervisor thread runs,
+    and it has left the call's directory (it starts, in the daemon's, with one thread; a
+    call's process works in the caller's)."""
     try:
         return len(os.listdir(f"/proc/{pid}/task")) > 1 and os.readlink(f"/proc/{pid}/cwd") == "/"
     except OSError:
@@ -266,7 +268,7 @@ def test_a_spare_never_serves_a_call_whose_config_changed(
     options = ("run", "--mode", "read-only", "--")
     code, out, err, _ = warm.run(*options, f"cat {secret}", cwd=workspace)
     assert (code, out) == (0, b"tok-3141592653\n"), err  # readable without the config
-    wait_until(lambda: any(map(_prepared, _spares(warm))), timeout=20, what="a spare made")
+    wait_until(lambda: bool(_spares(warm)), timeout=20, what="a spare made")
     (spare,) = _spares(warm)
     # The user denies the file after the spare built its executor without that rule.
     write_user_config(config_home, f"deny_read = [{str(secret)!r}]\n")
