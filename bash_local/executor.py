@@ -178,6 +178,12 @@ class LocalBashExecutor(BashExecutor):
             spawned.kill_now()
             raise
         if spawned.facts_error is not None:
+            if self._closing and not isinstance(spawned.facts_error, ExecutorClosedError):
+                # Spawned while `aclose()` ran, then settled on what it had taken away (a
+                # confining executor's settle threads): the close, not the host, is the cause.
+                raise ExecutorClosedError("the executor was closed meanwhile") from (
+                    spawned.facts_error
+                )
             # E.g. SandboxUnavailableError: the run has fully settled by now.
             raise spawned.facts_error
         return BashRunResult(

@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 from local_probes import GRACE_MS, pids_in, wait_dead, wait_for
 
-from bash_local import LocalBashExecutor, SpawnOutcome, SpawnPlan, SpawnScope, UnconfinedSpawn
+from bash_local import (
+    ExecutorClosedError,
+    LocalBashExecutor,
+    SpawnOutcome,
+    SpawnPlan,
+    SpawnScope,
+    UnconfinedSpawn,
+)
 from bash_seam import (
     BashExecError,
     BashExecRequest,
@@ -277,3 +284,36 @@ async def test_cancelled_run_still_releases_once_settled(
     # for a reader) before it closed.
     (call,) = recording.facts_calls
     assert call["closes_before"] == 0
+
+
+async def test_a_settle_that_fails_on_what_the_close_took_is_reported_as_the_close(
+    tmp_path: Path,
+) -> None:
+    """A command spawned while `aclose()` runs settles on what the close already took (a
+    confining executor's settle threads: "cannot schedule new futures after shutdown"):
+    its run reports the close, with that error as the cause, not the error itself."""
+    ready = tmp_path / "ready"
+
+    class ClosingScope(UnconfinedSpawn):
+        def __init__(self, plan: SpawnPlan, executor: LocalBashExecutor) -> None:
+            super().__init__(plan)
+            self._executor = executor
+
+        async def settled(self, outcome: SpawnOutcome) -> SandboxFacts | None:
+            if self._executor._closing:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            return None
+
+    class ClosingExecutor(LocalBashExecutor):
+        async def _open_scope(self, spec: BashExecSpec) -> SpawnScope:
+            return ClosingScope(self._base_plan(spec), self)
+
+    ex = ClosingExecutor(cwd=str(tmp_path))
+    task = asyncio.create_task(
+        ex.run(ex.resolve(BashExecRequest(command=f"touch {ready}; sleep 100")))
+    )
+    await wait_for(ready.exists)
+    await ex.aclose()
+    with pytest.raises(ExecutorClosedError) as caught:
+        await task
+    assert isinstance(caught.value.__cause__, RuntimeError)
