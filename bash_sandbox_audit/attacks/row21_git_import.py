@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Callable
@@ -231,6 +232,11 @@ CRASH_COMMAND = (
 )
 
 
+def _open_gate(gate: str) -> None:
+    with open(gate, "w"):
+        pass
+
+
 def _helper_state_lock(pid: int) -> str | None:
     """The executor state lock file the helper ``pid`` holds open (None until it has one)."""
     parent = state_parent(())
@@ -274,11 +280,22 @@ async def crash_in_the_import(env: AttackEnv, setup: AttackSetup) -> Outcome:
     at the host, then recovers the state as the next executor's sweep does, and starts a
     fresh executor."""
     outcome = Outcome()
+    # The helper runs its command only once the audit has found its state lock: without
+    # the gate a fast helper could take, crash and release it between two looks.
+    gate_dir = tempfile.mkdtemp(prefix="audit-gate-")
+    try:
+        return await _crash_behind(env, setup, outcome, os.path.join(gate_dir, "go"))
+    finally:
+        shutil.rmtree(gate_dir, ignore_errors=True)
+
+
+async def _crash_behind(env: AttackEnv, setup: AttackSetup, outcome: Outcome, gate: str) -> Outcome:
     config = {
         "executor": executor_config(env, setup),
         "commands": [setup.command],
         "env": {TOKEN_VARIABLE: env.token},
         "timeout_ms": setup.timeout_ms,
+        "gate": gate,
     }
     helper = await spawn_helper(
         env,
@@ -294,6 +311,7 @@ async def crash_in_the_import(env: AttackEnv, setup: AttackSetup) -> Outcome:
     )
     lock = _helper_state_lock(helper.pid)
     taking = asyncio.ensure_future(asyncio.to_thread(_take_over, lock)) if lock else None
+    await asyncio.to_thread(_open_gate, gate)  # the helper's command may run now
     if setup.data["point"] == KILLED:  # SIGKILL mid-command, once it committed
         committed = os.path.join(env.ws, ".audit-committed")
         await poll_until(lambda: os.path.exists(committed) or helper.returncode is not None, 20)

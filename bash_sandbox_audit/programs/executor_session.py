@@ -5,18 +5,28 @@ inherited credentials), which the audit cannot change for itself without affecti
 other attack. Run as ``python -c TEXT CONFIG_JSON`` with ``kind`` ("sandbox" or "local"),
 ``executor`` (keyword arguments), ``commands``, ``env`` (each request's environment) and
 ``timeout_ms``; prints one JSON line per command: ``{"result": ...}`` (a `BashRunResult`)
-or ``{"error": ..., "type": ...}``.
+or ``{"error": ..., "type": ...}``. With ``gate`` (a path), the commands wait, once the
+executor exists, until that file does (at most 60 s): the audit looks at the executor's
+state before anything runs.
 """
 
 import asyncio
 import json
+import os
 import sys
+import time
 
 from bash_local import LocalBashExecutor
 from bash_sandbox import SandboxBashExecutor
 from bash_seam import BashExecRequest
 
 cfg = json.loads(sys.argv[1])
+
+
+def _wait_for_gate(gate: str | None) -> None:
+    deadline = time.monotonic() + 60
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 async def main() -> None:
@@ -27,6 +37,7 @@ async def main() -> None:
         else SandboxBashExecutor(**cfg["executor"])
     )
     try:
+        await asyncio.to_thread(_wait_for_gate, cfg.get("gate"))
         for command in cfg["commands"]:
             request = BashExecRequest(
                 command=command, env=cfg["env"], timeout_ms=cfg.get("timeout_ms", 15_000)
