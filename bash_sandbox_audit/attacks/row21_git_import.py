@@ -361,7 +361,12 @@ def _judge_crash(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Findin
         with open(os.path.join(env.ws, ".audit-commit")) as fh:
             commit = fh.read().strip()
     except OSError:
-        return audit_error("premise failed: the command never committed")
+        # What the repository and the helper say, to tell a failed commit from a lost file.
+        refs = git(env, env.ws, "log", "--all", "--oneline", "-n", "5", check=False).stdout.strip()
+        return audit_error(
+            "premise failed: the command never committed",
+            [f"refs: {refs!r}", str(outcome.notes.get("helper_stderr", ""))[-300:]],
+        )
     found: list[str] = list(outcome.notes.get("after_crash", []))
     found += fsck_problems(env, "after the next executor's recovery")
     if not reachable(env, commit):
