@@ -28,7 +28,15 @@ from collections.abc import Callable
 from typing import Literal
 
 from bash_local.output import OutputCollector, decode
-from bash_local.spawn import LaunchedChild, Launcher, SpawnOutcome, SpawnPlan, folded_signal
+from bash_local.spawn import (
+    LaunchedChild,
+    Launcher,
+    SpawnOutcome,
+    SpawnPlan,
+    Started,
+    folded_signal,
+    popen,
+)
 from bash_seam import AbortSignal, BashProcess, BashProcessRead, ProcessStatus, SandboxFacts
 
 logger = logging.getLogger("bash_local")
@@ -134,7 +142,7 @@ class SpawnedCommand:
         self._grace_s = grace_s
         self._kill_group = kill_group
         self._on_settled = on_settled
-        self._proc: subprocess.Popen[bytes] | LaunchedChild | None = None
+        self._proc: Started | None = None
         self.pid = 0
         self._pipes: dict[int, OutputCollector] = {}
         self._feeder: _StdinFeeder | None = None
@@ -175,20 +183,7 @@ class SpawnedCommand:
                     plan, stdin=stdio.stdin, stdout=stdio.out_w, stderr=stdio.err_w
                 )
             else:
-                self._proc = subprocess.Popen(
-                    plan.argv,
-                    stdin=stdio.stdin,
-                    stdout=stdio.out_w,
-                    stderr=stdio.err_w,
-                    cwd=plan.cwd,
-                    env=dict(plan.env),
-                    # A confining plan's pre-exec step; it calls only pre-bound syscalls.
-                    preexec_fn=plan.preexec_fn,  # noqa: PLW1509
-                    pass_fds=plan.pass_fds,
-                    # Own session: the pid is the group id we kill, and there is no controlling tty.
-                    start_new_session=True,
-                    close_fds=True,
-                )
+                self._proc = popen(plan, stdin=stdio.stdin, stdout=stdio.out_w, stderr=stdio.err_w)
         except BaseException:
             stdio.close_all()
             raise

@@ -9,7 +9,9 @@ it until `close()`.
 from __future__ import annotations
 
 import abc
+import os
 import signal
+import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -62,19 +64,58 @@ class LaunchedChild(abc.ABC):
         """Reap the exited leader; its return code as `Popen.returncode` reads it."""
 
 
+class OwnChild:
+    """A leader this process started itself without `subprocess.Popen` (a launcher that
+    clones here): this process is its parent, so the executor watches and reaps it as it
+    does a `Popen`'s leader."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        """Reap the leader (blocking until it exits); its return code as `Popen`'s."""
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+# What a spawn starts: a `Popen`, a leader parented elsewhere, or one of this process's own.
+Started = subprocess.Popen[bytes] | LaunchedChild | OwnChild
+
+
+def popen(plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
+    """``plan`` started by `subprocess.Popen`, its pre-exec step in the forked child."""
+    return subprocess.Popen(
+        plan.argv,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        cwd=plan.cwd,
+        env=dict(plan.env),
+        # A confining plan's pre-exec step; it calls only pre-bound syscalls.
+        preexec_fn=plan.preexec_fn,  # noqa: PLW1509
+        pass_fds=plan.pass_fds,
+        # Own session: the pid is the group id we kill, and there is no controlling tty.
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
 class Launcher(abc.ABC):
     """Spawns a plan in a new session with the given stdio descriptors, on the loop thread.
     Raises as `subprocess.Popen` does (OSError with the failing filename, or
     `subprocess.SubprocessError` for a failed pre-exec step): nothing runs then."""
 
     @abc.abstractmethod
-    def launch(self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> LaunchedChild:
+    def launch(self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> Started:
         """``stdin`` may be `subprocess.DEVNULL`."""
 
     @abc.abstractmethod
     async def launch_async(
         self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int
-    ) -> LaunchedChild:
+    ) -> Started:
         """`launch`, awaiting the answer instead of blocking the loop; a cancelled launch
         leaves nothing running."""
 

@@ -8,70 +8,24 @@ touched copy-on-write while it ran its steps in Python (10-14 ms for the CLI's `
 Here the same steps run as the helper runs them: `clone(CLONE_VM|CLONE_VFORK)` on a stack
 of its own, the steps in C, the exec; the calling thread (the loop's, as with `Popen`: the
 child's PDEATHSIG follows it) waits until the exec or the failure. The child is this
-process's own, watched through a pidfd and reaped only by `wait()`, after the executor's
-last `killpg`, as the `Popen` path does. Nothing about what is confined, or how, differs:
+process's own (`OwnChild`): the executor watches and reaps it exactly as a `Popen`'s, after
+its last `killpg`. Nothing about what is confined, or how, differs:
 the steps, descriptors, session and failure reports are the helper's (`spawn_child.c`).
 A plan whose steps have no compiled form is started by `Popen` as before.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import functools
 import os
 import subprocess
-import threading
-from collections.abc import Callable
 
-from bash_local.spawn import LaunchedChild, Launcher, SpawnPlan
+from bash_local.spawn import Launcher, OwnChild, SpawnPlan, Started, popen
 from bash_sandbox.linux import compiled_child
 from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.helper_client import placed_fds, spawn_failure
-
-
-class _Child(LaunchedChild):
-    """A leader this process started: exited when its pidfd reads, reaped by `wait()`."""
-
-    def __init__(self, pid: int, popen: subprocess.Popen[bytes] | None = None) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-        self._popen = popen
-
-    def on_exit(self, callback: Callable[[], None]) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            pidfd = os.pidfd_open(self.pid)
-        except OSError:  # a kernel before 5.3: a thread waits, leaving the zombie in place
-            threading.Thread(
-                target=self._wait_in_thread, args=(loop, callback), daemon=True
-            ).start()
-            return
-
-        def exited() -> None:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            callback()
-
-        loop.add_reader(pidfd, exited)
-
-    def _wait_in_thread(
-        self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]
-    ) -> None:
-        with contextlib.suppress(ChildProcessError):
-            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
-        with contextlib.suppress(RuntimeError):  # the loop may be closed already
-            loop.call_soon_threadsafe(callback)
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            if self._popen is not None:
-                self.returncode = self._popen.wait()
-            else:
-                _, status = os.waitpid(self.pid, 0)
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
 
 
 class CompiledLauncher(Launcher):
@@ -80,7 +34,7 @@ class CompiledLauncher(Launcher):
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._lib = lib
 
-    def launch(self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> LaunchedChild:
+    def launch(self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> Started:
         setup = plan.preexec_fn
         if not isinstance(setup, ChildSetup):
             raise subprocess.SubprocessError("the compiled child runs ChildSetup steps only")
@@ -111,7 +65,7 @@ class CompiledLauncher(Launcher):
                 os.close(devnull)
         if pid < 0:
             os.close(err_r)
-            return _popen(plan, stdin=stdin, stdout=stdout, stderr=stderr)
+            return popen(plan, stdin=stdin, stdout=stdout, stderr=stderr)
         report = b""
         try:
             # Every other end is closed by now: exec'd, or exited after its report.
@@ -124,30 +78,14 @@ class CompiledLauncher(Launcher):
                 os.waitpid(pid, 0)  # it exits right after its report
             where, _, code = report.partition(b":")
             raise spawn_failure(plan, where.decode(errors="replace"), int(code or 0))
-        return _Child(pid)
+        return OwnChild(pid)
 
     async def launch_async(
         self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int
-    ) -> LaunchedChild:
+    ) -> Started:
         # On the loop's thread, which waits for the exec as `Popen` does: a worker thread
         # would end, and the child's PDEATHSIG with it.
         return self.launch(plan, stdin=stdin, stdout=stdout, stderr=stderr)
-
-
-def _popen(plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> LaunchedChild:
-    proc = subprocess.Popen(
-        plan.argv,
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        cwd=plan.cwd,
-        env=dict(plan.env),
-        preexec_fn=plan.preexec_fn,  # noqa: PLW1509 - pre-bound steps only (`ChildSetup`)
-        pass_fds=plan.pass_fds,
-        start_new_session=True,
-        close_fds=True,
-    )
-    return _Child(proc.pid, proc)
 
 
 def compiled_launcher() -> CompiledLauncher | None:
