@@ -29,10 +29,10 @@ import contextlib
 import json
 import os
 import socket
-import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bash_sandbox.warm import wire
 from bash_seam import BashExecRequest
 from policies import SandboxMode
 
@@ -46,7 +46,6 @@ MAX_SPARES = 4  # kept per daemon, one per call shape (the oldest makes room)
 MAX_MESSAGE = 64 << 10  # a larger request (a huge environment) is served by a plain fork
 # stdin, stdout, stderr, the working directory, the call's connection
 CALL_FDS = 5
-_INT = struct.Struct("i")
 
 
 @dataclass
@@ -153,9 +152,8 @@ def hand_over(ctrl: socket.socket, body: bytes, fds: list[int]) -> bool:
     """The daemon's side: give the call to the spare at ``ctrl`` (a SOCK_SEQPACKET pair, so
     the message arrives whole or not at all, never blocking the daemon). False when the
     spare is gone: the daemon forks for the call instead."""
-    rights = b"".join(_INT.pack(fd) for fd in fds)
     try:
-        ctrl.sendmsg([body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)], socket.MSG_DONTWAIT)
+        ctrl.sendmsg([body], wire.rights(fds), socket.MSG_DONTWAIT)
     except OSError:
         return False
     return True
@@ -164,12 +162,8 @@ def hand_over(ctrl: socket.socket, body: bytes, fds: list[int]) -> bool:
 def wait_for_call(ctrl: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     """The spare's side: the call it is handed, with its descriptors; None when the daemon
     closed its end (this spare is not needed)."""
-    body, ancillary, flags, _ = ctrl.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(CALL_FDS * _INT.size))
-    fds: list[int] = []
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            usable = len(data) - len(data) % _INT.size
-            fds += [fd for (fd,) in _INT.iter_unpack(data[:usable])]
+    body, ancillary, flags, _ = ctrl.recvmsg(MAX_MESSAGE, wire.rights_space(CALL_FDS))
+    fds = wire.received_fds(ancillary)
     if not body and not fds:
         return None
     try:

@@ -103,12 +103,34 @@ def _encode(value: object) -> str:
     raise TypeError(f"not a frame value: {type(value).__name__}")
 
 
+_INT = struct.Struct("i")
+
+
+def rights(fds: list[int]) -> list[tuple[int, int, bytes]]:
+    """``fds`` as the ancillary data that passes them (SCM_RIGHTS)."""
+    return [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, b"".join(map(_INT.pack, fds)))]
+
+
+def rights_space(count: int) -> int:
+    """The ancillary buffer ``count`` passed descriptors need."""
+    return _socket.CMSG_SPACE(count * _INT.size)
+
+
+def received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors that came in ``ancillary`` (now this process's, to close)."""
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % _INT.size
+            fds += [fd for (fd,) in _INT.iter_unpack(data[:usable])]
+    return fds
+
+
 def send_frame(sock: _socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
     body = _encode(message).encode("ascii")
     data = _HEADER.pack(len(body)) + body
     if fds:
-        rights = struct.pack(f"{len(fds)}i", *fds)
-        sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
+        sent = sock.sendmsg([data], rights(fds))
         data = data[sent:]
     sock.sendall(data)
 
@@ -194,19 +216,14 @@ def recv_request(
     """The first frame, the descriptors that came with it, and the pid of the process that
     sent it (from the kernel's SCM_CREDENTIALS: ``sock`` has SO_PASSCRED; None when none
     came)."""
-    int_size = struct.calcsize("i")
     head, ancillary, _, _ = sock.recvmsg(
-        _HEADER.size, _socket.CMSG_SPACE(max_fds * int_size) + _socket.CMSG_SPACE(_UCRED.size)
+        _HEADER.size, rights_space(max_fds) + _socket.CMSG_SPACE(_UCRED.size)
     )
-    fds: list[int] = []
+    fds = received_fds(ancillary)
     sender: int | None = None
     for level, kind, data in ancillary:
-        if level != _socket.SOL_SOCKET:
-            continue
-        if kind == _socket.SCM_RIGHTS:
-            usable = len(data) - len(data) % int_size
-            fds += struct.unpack(f"{usable // int_size}i", data[:usable])
-        elif kind == _socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+        credentials = (level, kind) == (_socket.SOL_SOCKET, _socket.SCM_CREDENTIALS)
+        if credentials and len(data) >= _UCRED.size:
             sender = _UCRED.unpack(data[: _UCRED.size])[0]
     try:
         if len(fds) > max_fds:
