@@ -21,7 +21,7 @@ import pytest
 
 from bash_sandbox import SandboxBashExecutor
 from bash_sandbox.linux.cover_watch import CoverWatch
-from bash_seam import BashExecRequest
+from bash_seam import BashExecRequest, BashProcess
 from tests.sandbox.conftest import ExecutorFactory
 
 
@@ -73,12 +73,11 @@ async def test_a_protected_file_replaced_by_the_host_is_never_written_by_a_runni
     assert any(str(envrc) in w and "stopped" in w for w in proc.sandbox.warnings)
 
 
-async def test_a_denied_file_replaced_by_the_host_is_never_read_by_a_running_command(
-    make_executor: ExecutorFactory, workspace: Path
-) -> None:
-    secret = workspace / "secret.txt"
-    secret.write_text("OLD-SECRET\n")
-    ex = make_executor(mode="workspace-write", deny_read=(str(secret),))
+async def _read_while_replaced(
+    ex: SandboxBashExecutor, workspace: Path, secret: Path
+) -> BashProcess:
+    """A background command reads the denied ``secret`` (in ``workspace``) before and after
+    the host replaces it; the process, once it ended."""
     proc = await ex.start(
         ex.resolve(
             BashExecRequest(
@@ -92,6 +91,16 @@ async def test_a_denied_file_replaced_by_the_host_is_never_read_by_a_running_com
     _replace(secret, "NEW-SECRET\n")
     await _go(workspace)
     await asyncio.wait_for(proc.wait(), 20)
+    return proc
+
+
+async def test_a_denied_file_replaced_by_the_host_is_never_read_by_a_running_command(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    secret = workspace / "secret.txt"
+    secret.write_text("OLD-SECRET\n")
+    ex = make_executor(mode="workspace-write", deny_read=(str(secret),))
+    proc = await _read_while_replaced(ex, workspace, secret)
     output = proc.read_output().delta
     assert "SECRET" not in output
     assert proc.signal == "SIGKILL"
@@ -178,19 +187,7 @@ def test_an_executors_second_event_loop_still_stops_a_command_whose_cover_was_re
 
     async def second() -> tuple[str | None, str]:
         try:
-            proc = await ex.start(
-                ex.resolve(
-                    BashExecRequest(
-                        command="echo tick > ticks; while [ ! -e go ]; do sleep 0.05; done; "
-                        "for i in $(seq 100); do cat secret.txt 2>/dev/null; sleep 0.1; done",
-                        workdir=str(workspace),
-                    )
-                )
-            )
-            await _wait_for((workspace / "ticks").exists)
-            _replace(secret, "NEW-SECRET\n")
-            await _go(workspace)
-            await asyncio.wait_for(proc.wait(), 20)
+            proc = await _read_while_replaced(ex, workspace, secret)
             return proc.signal, proc.read_output().delta
         finally:
             await ex.aclose()
