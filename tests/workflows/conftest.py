@@ -23,9 +23,13 @@ from tests.sandbox.conftest import require_backend
 from tests.workflows.workspaces import (
     WorkspaceAudit,
     build_c_project,
+    build_cmake_project,
     build_git_repository,
+    build_go_project,
     build_node_project,
     build_python_project,
+    build_rust_project,
+    build_web_page,
     build_wheel,
     have,
     host_tree_digest,
@@ -174,6 +178,39 @@ def c_workflow(make_workflow: WorkflowFactory) -> Workflow:
     return make_workflow(build_c_project)
 
 
+def require_tools(*tools: str) -> None:
+    """Skip without ``tools``, except in CI, where scripts/setup installs them: fail."""
+    missing = [tool for tool in tools if not have(tool)]
+    if missing and os.environ.get("CI"):
+        pytest.fail(f"{missing} must be installed in CI (scripts/setup installs them)")
+    if missing:
+        pytest.skip(f"{missing} are installed by scripts/setup")
+
+
+@pytest.fixture
+def rust_workflow(make_workflow: WorkflowFactory) -> Workflow:
+    require_tools("cargo")
+    return make_workflow(build_rust_project)
+
+
+@pytest.fixture
+def go_workflow(make_workflow: WorkflowFactory) -> Workflow:
+    require_tools("go")
+    return make_workflow(build_go_project)
+
+
+@pytest.fixture
+def cmake_workflow(make_workflow: WorkflowFactory) -> Workflow:
+    require_tools("cmake", "gcc", "make")
+    return make_workflow(build_cmake_project)
+
+
+@pytest.fixture
+def web_workflow(make_workflow: WorkflowFactory) -> Workflow:
+    require_tools("chromium", "curl")
+    return make_workflow(build_web_page)
+
+
 @pytest.fixture
 def git_workflow(make_workflow: WorkflowFactory) -> Workflow:
     if not have("git"):
@@ -223,11 +260,12 @@ def wheel_dir(shared_parent: Path) -> Path:
 
 
 class HostCaches:
-    """The host's own npm and pip caches, to prove a sandboxed install left them alone."""
+    """The host's own caches of a tool (npm's and pip's unless named: paths below the
+    home), to prove a sandboxed build or install left them alone."""
 
-    def __init__(self) -> None:
+    def __init__(self, *below_home: str) -> None:
         home = Path(os.path.expanduser("~"))
-        self.paths = [home / ".npm", home / ".cache" / "pip"]
+        self.paths = [home / p for p in (below_home or (".npm", ".cache/pip"))]
         self.before = {p: host_tree_digest(p) for p in self.paths}
 
     def changed(self) -> list[str]:
