@@ -318,11 +318,22 @@ class _Looks:
         return mode is not None and stat.S_ISDIR(mode)
 
 
+def _parts_below(path: str, root: str) -> list[str]:
+    """`os.path.relpath(path, root).split("/")`, by slicing where ``path`` lies below the
+    canonical ``root`` (about 80 of these per workspace-write spawn: relpath's two abspaths
+    and common prefix are most of the protected names' inspection)."""
+    path = os.path.normpath(path)
+    prefix = root if root.endswith("/") else root + "/"
+    if path.startswith(prefix) and len(path) > len(prefix):
+        return path[len(prefix) :].split("/")
+    return os.path.relpath(path, root).split("/")
+
+
 def _first_missing(path: str, root: str, looks: _Looks | None = None) -> str | None:
     """The shallowest component of ``path`` below ``root`` that does not exist, if any."""
     looks = looks or _Looks()
     cur = root
-    for part in os.path.relpath(path, root).split("/"):
+    for part in _parts_below(path, root):
         cur = os.path.join(cur, part)
         if not looks.exists(cur):
             return cur
@@ -334,7 +345,7 @@ def _pins_between(root: str, target: str, looks: _Looks | None = None) -> list[s
     looks = looks or _Looks()
     pins: list[str] = []
     cur = root
-    for part in os.path.relpath(target, root).split("/")[:-1]:
+    for part in _parts_below(target, root)[:-1]:
         cur = os.path.join(cur, part)
         if looks.is_real_dir(cur):
             pins.append(cur)

@@ -44,6 +44,8 @@ from policies.paths import within as within_path
 
 IMPORT_DIR = "import"
 INTENT = "intent.json"
+# A one-page write cannot be split by a kill; intents this small are rewritten in place.
+_INTENT_PAGE = 4096
 KEEP_NAMESPACE = "refs/bash-sandbox"
 _CARRIER = "refs/bash-sandbox-import"
 _CONTROL = frozenset({"config", "config.worktree", "commondir", "hooks", "info", "description"})
@@ -116,13 +118,44 @@ def begin(gitdir: str, upper: str) -> Snapshot:
     for i, rel in enumerate(_module_dirs(gitdir)):
         sub = _take(os.path.join(gitdir, "modules", rel), "", f"{snap.run_id}-m{i}")
         snap.modules[rel] = asdict(sub)
-    tmp = os.path.join(base, INTENT + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(asdict(snap), fh)
+    _record(base, json.dumps(asdict(snap)).encode())
+    return snap
+
+
+def _record(base: str, body: bytes) -> None:
+    """The intent, durable before the command starts. A small one is padded to one page
+    (JSON ignores the trailing spaces), so the next spawn on a reused upper overwrites it in
+    place and needs only `fdatasync` (0.1 ms here, no journal commit) where a new file and a
+    rename need `fsync` (0.3-0.5 ms). A power loss within that write can only tear the intent
+    of a command that has not started: unreadable, it is skipped and nothing is lost."""
+    path = os.path.join(base, INTENT)
+    if len(body) < _INTENT_PAGE:
+        body += b" " * (_INTENT_PAGE - 1 - len(body)) + b"\n"
+        if _overwritten(path, body):
+            return
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(body)
         fh.flush()
         os.fsync(fh.fileno())
-    os.rename(tmp, os.path.join(base, INTENT))
-    return snap
+    os.rename(tmp, path)
+
+
+def _overwritten(path: str, body: bytes) -> bool:
+    """Whether ``body`` now lies durably in ``path`` (an intent of its very size, written
+    over); False where there is none to write over (then nothing was changed, or a partial
+    write that the caller's new file replaces)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_size != len(body) or os.pwrite(fd, body, 0) != len(body):
+            return False
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    return True
 
 
 def _take(gitdir: str, upper: str, run_id: str) -> Snapshot:
