@@ -36,6 +36,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 from bash_sandbox.git_discovery import SCRUBBED_GIT, SCRUBBED_GIT_ENV
+from bash_sandbox.host_run import run_bounded
 from policies.paths import within_any
 
 # Keys that only describe data; every other key is dropped.
@@ -200,35 +201,29 @@ def _refused_index(fd: int, gitdir: str) -> bool:
             return _remove(fd, "index")  # a link, a fifo: not an index git would read as one
         env = {**SCRUBBED_GIT_ENV, "GIT_DIR": gitdir}
         try:
-            listed = subprocess.run(
+            listed = run_bounded(
                 [*SCRUBBED_GIT, "ls-files", "--stage", "-z"],
                 env={**env, "GIT_INDEX_FILE": copy},
                 cwd="/",
-                capture_output=True,
                 timeout=60,
-                check=False,
             )
             if listed.returncode != 0:
                 return False  # host git cannot read it either
             entries = [e for e in listed.stdout.split(b"\0") if e]
             if not entries:
                 return False
-            subprocess.run(
+            run_bounded(
                 [*SCRUBBED_GIT, "update-index", "-z", "--index-info"],
                 env={**env, "GIT_INDEX_FILE": scratch},
                 cwd="/",
                 input=listed.stdout,
-                capture_output=True,
                 timeout=60,
-                check=False,
             )
-            kept = subprocess.run(
+            kept = run_bounded(
                 [*SCRUBBED_GIT, "ls-files", "--stage", "-z"],
                 env={**env, "GIT_INDEX_FILE": scratch},
                 cwd="/",
-                capture_output=True,
                 timeout=60,
-                check=False,
             )
         except (OSError, subprocess.SubprocessError):
             return _remove(fd, "index")
@@ -424,12 +419,10 @@ def parse_config(data: bytes) -> list[tuple[str, str | None]] | None:
         with open(path, "wb") as fh:
             fh.write(data)
         try:
-            done = subprocess.run(
+            done = run_bounded(
                 [*SCRUBBED_GIT, "config", "--file", path, "--no-includes", "--list", "-z"],
                 env=SCRUBBED_GIT_ENV,
-                capture_output=True,
                 timeout=10,
-                check=False,
             )
         except (OSError, subprocess.SubprocessError):
             return None

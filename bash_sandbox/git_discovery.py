@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bash_local.userdir import user_base_dir
+from bash_sandbox.host_run import run_bounded
 from policies import SandboxPolicy
 from policies.paths import within, within_any
 
@@ -426,12 +427,10 @@ SCRUBBED_GIT = ("git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=f
 def git_config_get(path: str, key: str) -> str | None:
     """``key`` in the config file ``path`` as git reads it (no includes followed)."""
     try:
-        done = subprocess.run(
+        done = run_bounded(
             [*SCRUBBED_GIT, "config", "--file", path, "--no-includes", "--get", key],
             env=SCRUBBED_GIT_ENV,
-            capture_output=True,
             timeout=10,
-            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -479,13 +478,11 @@ def index_gitlinks(index_path: str, git_dir: str) -> set[str]:
     git's own parser (every index version, v4's prefix compression included) as the
     repository at ``git_dir`` (the host's: its object format) reads it."""
     try:
-        done = subprocess.run(
+        done = run_bounded(
             [*SCRUBBED_GIT, "ls-files", "--stage", "-z"],
             env={**SCRUBBED_GIT_ENV, "GIT_INDEX_FILE": index_path, "GIT_DIR": git_dir},
             cwd="/",
-            capture_output=True,
             timeout=30,
-            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return set()

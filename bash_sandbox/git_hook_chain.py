@@ -38,6 +38,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from bash_sandbox.host_run import run_bounded
 from bash_sandbox.kept_answers import KeptAnswers
 from policies.paths import within, within_any
 
@@ -134,13 +135,11 @@ def host_config(gitdir: str) -> HostConfig:
 def _ask_git(gitdir: str, env: dict[str, str]) -> tuple[HostConfig, list[str]] | None:
     """Git's answer, and the include targets its config names (existing or not)."""
     try:
-        done = subprocess.run(
+        done = run_bounded(
             ["git", "--git-dir", gitdir, "config", "--list", "--show-origin", "-z"],
             env=env,
             cwd="/",
-            capture_output=True,
             timeout=10,
-            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return None

@@ -51,6 +51,7 @@ from bash_sandbox.git_discovery import (  # noqa: F401 - discovery's home; names
 )
 from bash_sandbox.git_import import begin, import_changes, load_snapshot, recover_overlay
 from bash_sandbox.git_import.gitcmd import GIT_SAFE_OPTIONS, git_env
+from bash_sandbox.host_run import run_bounded
 from bash_sandbox.view import GitOverlay
 from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
 
@@ -253,13 +254,11 @@ def init_submodule(gitdir: str, path: str) -> str | None:
         return "no regular .gitmodules"
     argv = ["git", *GIT_SAFE_OPTIONS, f"--git-dir={gitdir}", f"--work-tree={worktree}"]
     try:
-        done = subprocess.run(
+        done = run_bounded(
             [*argv, "submodule", "init", "--", path],
-            capture_output=True,
             env=git_env(),
             cwd=worktree,
             timeout=60,
-            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)

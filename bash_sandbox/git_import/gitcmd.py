@@ -11,6 +11,8 @@ import os
 import subprocess
 from collections.abc import Sequence
 
+from bash_sandbox.host_run import run_bounded
+
 GIT_TIMEOUT_S = 120.0
 
 # Options every invocation gets: what git would otherwise run or reach on its own.
@@ -71,14 +73,12 @@ def git(
     """Run ``git --git-dir=<git_dir> <args>`` for the import (outputs are small: lists of
     names and ids, never object contents)."""
     argv = ["git", *_SAFE, f"--git-dir={git_dir}", *args]
-    done = subprocess.run(
+    done = run_bounded(
         argv,
         input=input,
-        capture_output=True,
         env=env or git_env(),
         cwd="/",
         timeout=timeout,
-        check=False,
     )
     if check and done.returncode != 0:
         raise GitError(args, done.returncode, done.stderr.decode(errors="replace"))

@@ -110,17 +110,18 @@ def private_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def counted_git_runs(monkeypatch: pytest.MonkeyPatch, word: str) -> list[list[str]]:
-    """The argv of every `subprocess.run` with ``word`` in it from now on (git questions a
-    module asks; the module is shared, so counted by what is asked)."""
+    """The argv of every process started with ``word`` in it from now on (git questions a
+    module asks, through `subprocess.run` or `host_run.run_bounded`: both make a `Popen`;
+    the module is shared, so counted by what is asked)."""
     runs: list[list[str]] = []
-    real = subprocess.run
 
-    def counted(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
-        if word in argv:
-            runs.append(argv)
-        return real(argv, **kwargs)
+    class Counted(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, argv: Any, *args: Any, **kwargs: Any) -> None:
+            if isinstance(argv, list | tuple) and word in argv:
+                runs.append(list(argv))
+            super().__init__(argv, *args, **kwargs)
 
-    monkeypatch.setattr(subprocess, "run", counted)
+    monkeypatch.setattr(subprocess, "Popen", Counted)
     return runs
 
 
