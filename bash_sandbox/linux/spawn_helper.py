@@ -206,6 +206,7 @@ class Helper:
         self.running: dict[int, int] = {}  # pidfd -> pid
         self.starting: dict[int, _Starting] = {}  # exec-status pipe -> child being set up
         self.zombies: set[int] = set()
+        self.replays = child_setup.ReplayCache()
         self.spawners = _Spawners(compiled, native) if native is not None else None
         if self.spawners is not None:
             self.poll.register(self.spawners.wake_r, select.POLLIN)
@@ -213,7 +214,7 @@ class Helper:
     def spawn(self, request: Any, fds: list[int]) -> None:
         _, seq, _, _, _, _, _, calls, report_fd = request
         try:
-            setup = self.cs.ChildSetup.replay(calls, report_fd)
+            setup = self.replays.replay(calls, report_fd)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
         except Exception as exc:  # a request this helper cannot replay: nothing forked
             for fd in fds:

@@ -27,7 +27,7 @@ from bash_sandbox.backends.child_failure import read_child_failure
 from bash_sandbox.backends.landlock import LandlockBackend
 from bash_sandbox.backends.linux_child import probe_context
 from bash_sandbox.linux import compiled_child, sandbox_init
-from bash_sandbox.linux.child_setup import ChildSetup
+from bash_sandbox.linux.child_setup import ChildSetup, ReplayCache
 from bash_sandbox.linux.helper_client import SpawnHelper
 from bash_seam import BashExecRequest
 from policies import NetworkMode, SandboxMode, SandboxPolicy
@@ -182,6 +182,57 @@ def test_replayed_steps_are_the_same_steps(name: str, tmp_path: Path) -> None:
         finally:
             if plan.release is not None:
                 plan.release()
+
+
+@pytest.mark.parametrize("name", ["bwrap", "landlock"])
+def test_the_helpers_replay_cache_builds_the_same_steps_and_reuses_the_unchanged(
+    name: str, tmp_path: Path
+) -> None:
+    """The helper's `ReplayCache`: a replay yields exactly a fresh replay's steps; the next
+    replay of the same calls reuses every step object; a call that changed (a spawn's own
+    cgroup path) is built afresh from its new arguments, the rest reused."""
+    require_backend(name)
+    backend = BwrapBackend() if name == "bwrap" else LandlockBackend()
+    with probe_context(True) as (tmp, ctx):
+        ws = os.path.join(tmp, "ws")
+        os.mkdir(ws)
+        policy = SandboxPolicy(
+            mode=SandboxMode.WORKSPACE_WRITE, workspace_root=ws, network=NetworkMode.ISOLATED
+        )
+        recorded = backend.wrap(
+            policy,
+            SpawnPlan(argv=("/bin/true",), env={}, cwd=ws),
+            dataclasses.replace(ctx, record_only=True, hold_init=True),
+        )
+        try:
+            only = recorded.preexec_fn
+            assert isinstance(only, ChildSetup)
+            calls = only.calls()
+            fresh = ChildSetup.replay(calls, 7)
+            cache = ReplayCache()
+            first = cache.replay(calls, 7)
+            assert first.step_names() == fresh.step_names() and len(calls) > 20
+            assert first.calls() == fresh.calls() and first.report_fd == 7
+            assert len(first._keep) == len(fresh._keep)
+            again = cache.replay(calls, 9)
+            assert again.report_fd == 9
+            # Nothing built again (a call made twice, `no_new_privs`, shares one step).
+            assert again.step_names() == first.step_names()
+            assert {id(s) for s in again._steps} <= {id(s) for s in first._steps}
+            # One call changes, as a spawn's cgroup path does: the `mkdir` of a new name.
+            moved = os.path.join(tmp, "elsewhere")
+            changed = (*calls, ("make_dir", (moved,), {}))
+            third = cache.replay(changed, 9)
+            assert third.step_names() == (*fresh.step_names(), f"mkdir {moved}")
+            assert all(a is b for a, b in zip(third._steps[:-1], again._steps, strict=True))
+            assert third._steps[-1] not in first._steps
+            # An argument that is not hashable is built every time, never cached.
+            listed = ("make_dir", (moved,), {"mode": [0o700]})
+            key_less = cache.replay((*calls, listed), 9)
+            assert key_less._steps[-1] is not third._steps[-1]
+        finally:
+            if recorded.release is not None:
+                recorded.release()
 
 
 async def test_a_failed_step_reports_errno_and_step(tmp_path: Path) -> None:

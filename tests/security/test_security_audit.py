@@ -249,7 +249,8 @@ def test_interrupted_audit_kills_and_removes_everything_it_started(
                 proc.send_signal(signal.SIGUSR1)
                 time.sleep(1)
                 proc.kill()
-            dump = proc.communicate(timeout=30)[1].decode()[-4000:]
+            # Every thread's stack (the one holding the others back may come first).
+            dump = proc.communicate(timeout=30)[1].decode()[-16000:]
             if "run_probe_command" in dump:
                 # Still waiting on the host to start a probe's sandbox (namespaces) after
                 # minutes: this machine cannot give the premise, which is not what is tested.
