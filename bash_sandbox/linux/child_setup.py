@@ -240,51 +240,35 @@ def _recorded(
 class ReplayCache:
     """`ChildSetup.replay` for the spawn helper, reusing what the last replay built.
 
-    Consecutive spawns of an executor record nearly the same ~150 calls (only their cgroup
-    paths and a few descriptor numbers differ), and building each step's ctypes buffers
-    again was 0.38 ms of every spawn in the helper. A step is a pre-bound call whose
-    arguments only say what to do: neither the compiled child (it reads them) nor a forked
-    Python child (it has its own copy) writes them, so one built step serves any number of
-    spawns, at once too. The steps of a call the last replay also made are reused, the
-    others built; what no spawn asked for twice in a row is dropped (one replay's worth is
-    kept)."""
+    Consecutive spawns of an executor record nearly the same ~150 calls in the same order
+    (only their cgroup paths and a few descriptor numbers differ), and building each step's
+    ctypes buffers again was 0.38 ms of every spawn in the helper. A step is a pre-bound
+    call whose arguments only say what to do: neither the compiled child (it reads them)
+    nor a forked Python child (it has its own copy) writes them, so one built step serves
+    any number of spawns, at once too. A call equal to the last replay's call at the same
+    place reuses its steps (a step method uses its arguments' values only); any other is
+    built. One replay's worth is kept."""
 
     def __init__(self) -> None:
-        self._last: dict[object, tuple[tuple[_Step, ...], tuple[object, ...]]] = {}
+        self._calls: tuple[StepCall, ...] = ()
+        self._built: list[tuple[tuple[_Step, ...], tuple[object, ...]]] = []
 
     def replay(self, calls: tuple[StepCall, ...], report_fd: int) -> ChildSetup:
         setup = ChildSetup()
-        now: dict[object, tuple[tuple[_Step, ...], tuple[object, ...]]] = {}
-        for call in calls:
-            key = _call_key(call)
-            built = self._last.get(key) if key is not None else None
-            if built is None:
-                built = setup._replayed(call)
-            else:
-                setup._steps += built[0]
-                setup._keep += built[1]
+        last, previous = self._calls, self._built
+        built: list[tuple[tuple[_Step, ...], tuple[object, ...]]] = []
+        for index, call in enumerate(calls):
+            if index < len(last) and last[index] == call:
+                steps, keep = previous[index]
+                setup._steps += steps
+                setup._keep += keep
                 setup._calls.append(call)
-            if key is not None:
-                now[key] = built
+                built.append((steps, keep))
+            else:
+                built.append(setup._replayed(call))
         setup.report_failures_to(report_fd)
-        self._last = now
+        self._calls, self._built = calls, built
         return setup
-
-
-def _call_key(call: StepCall) -> object:
-    """A recorded call as a dict key (None: not hashable, built every time)."""
-    name, args, kwargs = call
-    # Typed: 1 and True are equal keys, but not the same argument to build from.
-    key = (
-        name,
-        tuple((type(a), a) for a in args),
-        tuple((k, type(v), v) for k, v in sorted(kwargs.items())),
-    )
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 @dataclass(frozen=True)

@@ -189,8 +189,8 @@ def test_the_helpers_replay_cache_builds_the_same_steps_and_reuses_the_unchanged
     name: str, tmp_path: Path
 ) -> None:
     """The helper's `ReplayCache`: a replay yields exactly a fresh replay's steps; the next
-    replay of the same calls reuses every step object; a call that changed (a spawn's own
-    cgroup path) is built afresh from its new arguments, the rest reused."""
+    replay of the same calls reuses every step object; a call that changed in place (a
+    spawn's own cgroup path) is built afresh from its new arguments, the rest reused."""
     require_backend(name)
     backend = BwrapBackend() if name == "bwrap" else LandlockBackend()
     with probe_context(True) as (tmp, ctx):
@@ -219,17 +219,23 @@ def test_the_helpers_replay_cache_builds_the_same_steps_and_reuses_the_unchanged
             # Nothing built again (a call made twice, `no_new_privs`, shares one step).
             assert again.step_names() == first.step_names()
             assert {id(s) for s in again._steps} <= {id(s) for s in first._steps}
-            # One call changes, as a spawn's cgroup path does: the `mkdir` of a new name.
+            # One call changes in place, as a spawn's cgroup path does: built afresh from
+            # its new argument, every other call's steps reused.
             moved = os.path.join(tmp, "elsewhere")
-            changed = (*calls, ("make_dir", (moved,), {}))
+            at = next(i for i, c in enumerate(calls) if c[0] == "make_dir")
+            changed = (*calls[:at], ("make_dir", (moved,), {}), *calls[at + 1 :])
             third = cache.replay(changed, 9)
-            assert third.step_names() == (*fresh.step_names(), f"mkdir {moved}")
-            assert all(a is b for a, b in zip(third._steps[:-1], again._steps, strict=True))
-            assert third._steps[-1] not in first._steps
-            # An argument that is not hashable is built every time, never cached.
-            listed = ("make_dir", (moved,), {"mode": [0o700]})
-            key_less = cache.replay((*calls, listed), 9)
-            assert key_less._steps[-1] is not third._steps[-1]
+            names = list(fresh.step_names())
+            index = names.index(f"mkdir {calls[at][1][0]}")
+            names[index] = f"mkdir {moved}"
+            assert third.step_names() == tuple(names)
+            assert third._steps[index] not in again._steps
+            others = third._steps[:index] + third._steps[index + 1 :]
+            assert {id(s) for s in others} <= {id(s) for s in again._steps}
+            # Calls shifted by one (a call more at the start): all built, still the same.
+            shifted = cache.replay((("make_dir", (moved,), {}), *calls), 9)
+            assert shifted.step_names() == (f"mkdir {moved}", *fresh.step_names())
+            assert shifted.calls() == (("make_dir", (moved,), {}), *calls)
         finally:
             if recorded.release is not None:
                 recorded.release()

@@ -12,7 +12,7 @@ import pytest
 
 from bash_sandbox.linux import sandbox_init
 from tests.workflows.conftest import Workflow
-from tests.workflows.workspaces import describe, have
+from tests.workflows.workspaces import describe, describe_process, have, wait_for_server
 
 # How long a package manager may take to give up under `isolated` before users stop waiting.
 FAST_FAILURE_S = 10.0
@@ -35,13 +35,11 @@ async def test_a_dev_server_from_start_is_reached_by_the_next_run(
     )
     try:
         # The server needs a moment to bind: poll from inside, bounded.
+        url = f"http://127.0.0.1:{port}/notes.txt"
         result = await plain_workflow.sh(
-            ex,
-            f"for i in $(seq 200); do curl -sf http://127.0.0.1:{port}/notes.txt && exit 0; "
-            "sleep 0.05; done; exit 1",
-            timeout_ms=30_000,
+            ex, f"{wait_for_server(url)} && curl -sf {url}", timeout_ms=90_000
         )
-        assert result.exit_code == 0, describe(result)
+        assert result.exit_code == 0, describe(result) + describe_process(server)
         assert result.stdout.text == "notes\n"
         # Isolated: the server listens in the executor's namespace, not on the host.
         with socket.socket() as probe:

@@ -18,7 +18,13 @@ import pytest
 
 from tests.workflows.conftest import HostCaches, Workflow
 from tests.workflows.test_process_and_network_workflows import free_host_port
-from tests.workflows.workspaces import CACHE_IS_WRITABLE, PAGE_RENDERED, describe
+from tests.workflows.workspaces import (
+    CACHE_IS_WRITABLE,
+    PAGE_RENDERED,
+    describe,
+    describe_process,
+    wait_for_server,
+)
 
 MODES = ("read-only", "workspace-write")
 
@@ -189,12 +195,11 @@ async def test_a_headless_browser_renders_and_shoots_the_dev_servers_page(
     try:
         result = await web_workflow.sh(
             ex,
-            f"for i in $(seq 200); do curl -sf -o /dev/null {url} && break; sleep 0.05; done; "
-            f"{CHROMIUM} --dump-dom {url} && "
+            f"{wait_for_server(url)} && {CHROMIUM} --dump-dom {url} && "
             f"{CHROMIUM} --window-size=320,240 --screenshot={shot} {url} && "
             f"head -c 8 {shot} | od -An -tx1",
         )
-        assert result.exit_code == 0, describe(result)
+        assert result.exit_code == 0, describe(result) + describe_process(server)
         # The page's script ran: the DOM holds what it wrote, and the shot is a PNG.
         assert f'<h1 id="t">{PAGE_RENDERED}</h1>' in result.stdout.text, describe(result)
         assert "89 50 4e 47 0d 0a 1a 0a" in result.stdout.text, describe(result)

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bash_seam import BashRunResult
+from bash_seam import BashProcess, BashRunResult
 
 # git identity for commits made on the host while building fixtures (never the user's).
 GIT_ENV = {
@@ -367,6 +367,24 @@ def have(*tools: str) -> bool:
 # Shell after `cache=$(...)`: the tool's cache dir can be made and written (tools create it
 # lazily), and its path is printed for the host-side check.
 CACHE_IS_WRITABLE = 'mkdir -p "$cache" && test -w "$cache" && echo "cache=$cache"'
+
+
+def wait_for_server(url: str, seconds: int = 60) -> str:
+    """Shell that waits, from inside, until ``url`` answers: bounded by time, not by a
+    count of tries (on a loaded machine a server's start and each `curl` are slow), each
+    try bounded too; exits 97 saying so when the server never answered."""
+    return (
+        f"end=$((SECONDS + {seconds})); "
+        f"until curl -sf --max-time 5 -o /dev/null {url}; do "
+        "[ $SECONDS -lt $end ] || { echo 'the server never answered' >&2; exit 97; }; "
+        "sleep 0.05; done"
+    )
+
+
+def describe_process(process: BashProcess) -> str:
+    """A background command's state and output tail, for an assertion message."""
+    out = process.read_output().delta[-400:]
+    return f"; the server: {process.status}, exit {process.exit_code}, output {out!r}"
 
 
 def describe(result: BashRunResult) -> str:
