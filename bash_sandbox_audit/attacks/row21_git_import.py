@@ -32,7 +32,7 @@ from typing import Any
 
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.git_import import CRASH_ENV, KEEP_NAMESPACE, WRITE_POINTS
-from bash_sandbox.state import recover_stale, remove_tree, state_parent
+from bash_sandbox.state import recover_stale, remove_tree
 from bash_sandbox_audit.attacks.common import BEGIN, Render, scenario
 from bash_sandbox_audit.checks import Check
 from bash_sandbox_audit.drives import executor_config, spawn_helper
@@ -237,9 +237,9 @@ def _open_gate(gate: str) -> None:
         pass
 
 
-def _helper_state_lock(pid: int) -> str | None:
-    """The executor state lock file the helper ``pid`` holds open (None until it has one)."""
-    parent = state_parent(())
+def _helper_state_lock(pid: int, parent: str) -> str | None:
+    """The executor state lock file in ``parent`` the helper ``pid`` holds open (None until
+    it has one)."""
     fds = f"/proc/{pid}/fd"
     with contextlib.suppress(OSError):
         for fd in os.listdir(fds):
@@ -281,15 +281,29 @@ async def crash_in_the_import(env: AttackEnv, setup: AttackSetup) -> Outcome:
     fresh executor."""
     outcome = Outcome()
     # The helper runs its command only once the audit has found its state lock: without
-    # the gate a fast helper could take, crash and release it between two looks.
-    gate_dir = tempfile.mkdtemp(prefix="audit-gate-")
+    # the gate a fast helper could take, crash and release it between two looks. And it
+    # keeps its state in a directory of this cell's own: an executor's start recovers any
+    # dead executor's state it finds beside its own, and a helper armed to die at a write
+    # point died in the recovery of another crash cell's state (running at the same time),
+    # before its own command ran ("the command never committed", or no lock ever taken).
+    own, parent = _cell_dirs()
     try:
-        return await _crash_behind(env, setup, outcome, os.path.join(gate_dir, "go"))
+        return await _crash_behind(env, setup, outcome, own, parent)
     finally:
-        shutil.rmtree(gate_dir, ignore_errors=True)
+        shutil.rmtree(own, ignore_errors=True)
 
 
-async def _crash_behind(env: AttackEnv, setup: AttackSetup, outcome: Outcome, gate: str) -> Outcome:
+def _cell_dirs() -> tuple[str, str]:
+    """The cell's own temp dir, and where an executor started with it as TMPDIR keeps its
+    state (`state_parent`: this uid's base below it)."""
+    own = tempfile.mkdtemp(prefix="audit-crash-")
+    return own, os.path.realpath(os.path.join(own, f"bash-sandbox-{os.geteuid()}", "state"))
+
+
+async def _crash_behind(
+    env: AttackEnv, setup: AttackSetup, outcome: Outcome, tmp: str, parent: str
+) -> Outcome:
+    gate = f"{tmp}/go"
     config = {
         "executor": executor_config(env, setup),
         "commands": [setup.command],
@@ -301,15 +315,16 @@ async def _crash_behind(env: AttackEnv, setup: AttackSetup, outcome: Outcome, ga
         env,
         program_text("executor_session.py"),
         config,
-        # The audit's own temp dir: the helper's executor keeps its state where the next
-        # executor (this process's) sweeps, as two executors of one user do.
-        {"TMPDIR": tempfile.gettempdir(), **setup.data["process_env"]},
+        # The cell's own temp dir: the audit recovers the helper's state there itself, as
+        # the next executor's sweep would (`_recover_as_the_next_executor`).
+        {"TMPDIR": tmp, **setup.data["process_env"]},
     )
     # Generous: the helper imports the runtime and starts an executor on a loaded machine.
     await poll_until(
-        lambda: _helper_state_lock(helper.pid) is not None or helper.returncode is not None, 60
+        lambda: _helper_state_lock(helper.pid, parent) is not None or helper.returncode is not None,
+        60,
     )
-    lock = _helper_state_lock(helper.pid)
+    lock = _helper_state_lock(helper.pid, parent)
     taking = asyncio.ensure_future(asyncio.to_thread(_take_over, lock)) if lock else None
     await asyncio.to_thread(_open_gate, gate)  # the helper's command may run now
     if setup.data["point"] == KILLED:  # SIGKILL mid-command, once it committed
