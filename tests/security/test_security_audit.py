@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from bash_sandbox_audit.report import as_json_data, render_json, render_table
 from bash_sandbox_audit.runner import AuditReport, AuditSession, CellResult, ProbeResult
 from policies import SandboxMode
 from tests.sandbox.conftest import probe
+from tests.workflows.workspaces import remove_tree
 
 # Row 17 (resource limits) is audited by the limits work, not by this catalog.
 THREAT_MODEL_ROWS = {*range(1, 17), 18, 19, 20, 21}
@@ -156,12 +158,20 @@ def test_ci_has_every_linux_backend_usable() -> None:
 
 
 @pytest.fixture
-def audit_tag(monkeypatch: pytest.MonkeyPatch) -> str:
+def audit_tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """This test's label in its audit's directory and token names: only what this test
-    started is judged, whatever other audit runs on the machine meanwhile."""
+    started is judged, whatever other audit runs on the machine meanwhile. Afterwards,
+    what an audit killed outright (a failed or skipped test) could not remove is: this
+    tag's processes, by pid, and its directories."""
     tag = "t" + os.urandom(5).hex()
     monkeypatch.setenv("BASH_SANDBOX_AUDIT_TAG", tag)
-    return tag
+    yield tag
+    dirs, pids = _leftovers(tag)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for path in dirs:
+        remove_tree(Path(path))
 
 
 def _leftovers(tag: str) -> tuple[set[str], set[int]]:
