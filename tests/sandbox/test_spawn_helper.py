@@ -17,11 +17,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bash_local.spawn import LaunchedChild, SpawnPlan
+from bash_sandbox.backends.base import BackendContext, SandboxBackend
 from bash_sandbox.backends.bwrap import BwrapBackend
 from bash_sandbox.backends.child_failure import read_child_failure
 from bash_sandbox.backends.landlock import LandlockBackend
@@ -133,112 +135,111 @@ async def test_every_group_kill_finds_the_leader_unreaped(
     assert (signal.SIGKILL, "Z") in seen  # the final kill of an exited leader
 
 
-@pytest.mark.parametrize("name", ["bwrap", "landlock"])
-def test_replayed_steps_are_the_same_steps(name: str, tmp_path: Path) -> None:
-    """What the helper replays (the recorded calls) yields exactly the harness's steps."""
+@contextlib.contextmanager
+def _probe_workspace(name: str) -> Iterator[tuple[SandboxBackend, SandboxPolicy, BackendContext]]:
+    """Backend ``name``, a workspace-write policy on a fresh workspace, and a context shaped
+    like an executor's (its namespaces too), as the backends' probes make them."""
     require_backend(name)
-    backend = BwrapBackend() if name == "bwrap" else LandlockBackend()
+    backend: SandboxBackend = BwrapBackend() if name == "bwrap" else LandlockBackend()
     with probe_context(True) as (tmp, ctx):
         ws = os.path.join(tmp, "ws")
         os.mkdir(ws)
         policy = SandboxPolicy(
             mode=SandboxMode.WORKSPACE_WRITE, workspace_root=ws, network=NetworkMode.ISOLATED
         )
-        plan = backend.wrap(policy, SpawnPlan(argv=("/bin/true",), env={}, cwd=ws), ctx)
-        try:
-            setup = plan.preexec_fn
-            assert isinstance(setup, ChildSetup)
-            replay = ChildSetup()
-            for method, args, kwargs in setup.calls():
-                getattr(replay, method)(*args, **kwargs)
-            assert len(setup.step_names()) > 20
-            assert replay.step_names() == setup.step_names()
-            # Where the helper spawns, the harness records the calls and builds no step.
-            recorded = backend.wrap(
-                policy,
-                SpawnPlan(argv=("/bin/true",), env={}, cwd=ws),
-                dataclasses.replace(ctx, record_only=True, hold_init=True),
-            )
-            try:
-                only = recorded.preexec_fn
-                assert isinstance(only, ChildSetup) and only.step_names() == ()
-                calls, steps = [c[0] for c in only.calls()], only.materialized().step_names()
-                if sandbox_init.built() is not None:
-                    # A child of the helper (or the executor's compiled child) first holds
-                    # the compiled init (Landlock's PID 1, and on both backends what the
-                    # waiter execs); a child `Popen` forks waits as it is.
-                    assert (calls[0], steps[0]) == ("hold_file", f"hold {sandbox_init.built()}")
-                    calls, steps = calls[1:], steps[1:]
-                assert calls == [c[0] for c in setup.calls()]
-                assert steps == setup.step_names()
-                # The waiter execs that init only where it was held.
-                waits = [c[1] for c in only.calls() if c[0] == "fork_waiter"]
-                held = sandbox_init.INIT_FD if sandbox_init.built() is not None else -1
-                assert waits == [(held,)]
-                assert [c[1] for c in setup.calls() if c[0] == "fork_waiter"] == [(-1,)]
-            finally:
-                if recorded.release is not None:
-                    recorded.release()
-        finally:
-            if plan.release is not None:
-                plan.release()
+        yield backend, policy, ctx
+
+
+@contextlib.contextmanager
+def _true_setup(
+    backend: SandboxBackend, policy: SandboxPolicy, ctx: BackendContext, *, record_only: bool
+) -> Iterator[ChildSetup]:
+    """The child setup ``backend`` plans for `/bin/true` (``record_only``: as for the spawn
+    helper, which first holds the compiled init); the plan is released afterwards."""
+    if record_only:
+        ctx = dataclasses.replace(ctx, record_only=True, hold_init=True)
+    cwd = str(policy.workspace_root)
+    plan = backend.wrap(policy, SpawnPlan(argv=("/bin/true",), env={}, cwd=cwd), ctx)
+    try:
+        assert isinstance(plan.preexec_fn, ChildSetup)
+        yield plan.preexec_fn
+    finally:
+        if plan.release is not None:
+            plan.release()
+
+
+@pytest.mark.parametrize("name", ["bwrap", "landlock"])
+def test_replayed_steps_are_the_same_steps(name: str) -> None:
+    """What the helper replays (the recorded calls) yields exactly the harness's steps."""
+    with (
+        _probe_workspace(name) as (backend, policy, ctx),
+        _true_setup(backend, policy, ctx, record_only=False) as setup,
+    ):
+        replay = ChildSetup()
+        for method, args, kwargs in setup.calls():
+            getattr(replay, method)(*args, **kwargs)
+        assert len(setup.step_names()) > 20
+        assert replay.step_names() == setup.step_names()
+        # Where the helper spawns, the harness records the calls and builds no step.
+        with _true_setup(backend, policy, ctx, record_only=True) as only:
+            assert only.step_names() == ()
+            calls, steps = [c[0] for c in only.calls()], only.materialized().step_names()
+            if sandbox_init.built() is not None:
+                # A child of the helper (or the executor's compiled child) first holds
+                # the compiled init (Landlock's PID 1, and on both backends what the
+                # waiter execs); a child `Popen` forks waits as it is.
+                assert (calls[0], steps[0]) == ("hold_file", f"hold {sandbox_init.built()}")
+                calls, steps = calls[1:], steps[1:]
+            assert calls == [c[0] for c in setup.calls()]
+            assert steps == setup.step_names()
+            # The waiter execs that init only where it was held.
+            waits = [c[1] for c in only.calls() if c[0] == "fork_waiter"]
+            held = sandbox_init.INIT_FD if sandbox_init.built() is not None else -1
+            assert waits == [(held,)]
+            assert [c[1] for c in setup.calls() if c[0] == "fork_waiter"] == [(-1,)]
 
 
 @pytest.mark.parametrize("name", ["bwrap", "landlock"])
 def test_the_helpers_replay_cache_builds_the_same_steps_and_reuses_the_unchanged(
-    name: str, tmp_path: Path
+    name: str,
 ) -> None:
     """The helper's `ReplayCache`: a replay yields exactly a fresh replay's steps; the next
-    replay of the same calls reuses every step object; a call that changed in place (a
-    spawn's own cgroup path) is built afresh from its new arguments, the rest reused."""
-    require_backend(name)
-    backend = BwrapBackend() if name == "bwrap" else LandlockBackend()
-    with probe_context(True) as (tmp, ctx):
-        ws = os.path.join(tmp, "ws")
-        os.mkdir(ws)
-        policy = SandboxPolicy(
-            mode=SandboxMode.WORKSPACE_WRITE, workspace_root=ws, network=NetworkMode.ISOLATED
-        )
-        recorded = backend.wrap(
-            policy,
-            SpawnPlan(argv=("/bin/true",), env={}, cwd=ws),
-            dataclasses.replace(ctx, record_only=True, hold_init=True),
-        )
-        try:
-            only = recorded.preexec_fn
-            assert isinstance(only, ChildSetup)
-            calls = only.calls()
-            fresh = ChildSetup.replay(calls, 7)
-            cache = ReplayCache()
-            first = cache.replay(calls, 7)
-            assert first.step_names() == fresh.step_names() and len(calls) > 20
-            assert first.calls() == fresh.calls() and first.report_fd == 7
-            assert len(first._keep) == len(fresh._keep)
-            again = cache.replay(calls, 9)
-            assert again.report_fd == 9
-            # Nothing built again (a call made twice, `no_new_privs`, shares one step).
-            assert again.step_names() == first.step_names()
-            assert {id(s) for s in again._steps} <= {id(s) for s in first._steps}
-            # One call changes in place, as a spawn's cgroup path does: built afresh from
-            # its new argument, every other call's steps reused.
-            moved = os.path.join(tmp, "elsewhere")
-            at = next(i for i, c in enumerate(calls) if c[0] == "make_dir")
-            changed = (*calls[:at], ("make_dir", (moved,), {}), *calls[at + 1 :])
-            third = cache.replay(changed, 9)
-            names = list(fresh.step_names())
-            index = names.index(f"mkdir {calls[at][1][0]}")
-            names[index] = f"mkdir {moved}"
-            assert third.step_names() == tuple(names)
-            assert third._steps[index] not in again._steps
-            others = third._steps[:index] + third._steps[index + 1 :]
-            assert {id(s) for s in others} <= {id(s) for s in again._steps}
-            # Calls shifted by one (a call more at the start): all built, still the same.
-            shifted = cache.replay((("make_dir", (moved,), {}), *calls), 9)
-            assert shifted.step_names() == (f"mkdir {moved}", *fresh.step_names())
-            assert shifted.calls() == (("make_dir", (moved,), {}), *calls)
-        finally:
-            if recorded.release is not None:
-                recorded.release()
+    replay of the same calls reuses every step object, place by place; a call that changed
+    in place (a spawn's own cgroup path) is built afresh from its new arguments, the rest
+    reused."""
+    with (
+        _probe_workspace(name) as (backend, policy, ctx),
+        _true_setup(backend, policy, ctx, record_only=True) as only,
+    ):
+        calls = only.calls()
+        fresh = ChildSetup.replay(calls, 7)
+        cache = ReplayCache()
+        first = cache.replay(calls, 7)
+        assert first.step_names() == fresh.step_names() and len(calls) > 20
+        assert first.calls() == fresh.calls() and first.report_fd == 7
+        assert len(first._keep) == len(fresh._keep)
+        again = cache.replay(calls, 9)
+        assert again.report_fd == 9
+        # Nothing built again: the very step objects, in the same places.
+        assert again.step_names() == first.step_names()
+        assert all(a is b for a, b in zip(again._steps, first._steps, strict=True))
+        # One call changes in place, as a spawn's cgroup path does: built afresh from
+        # its new argument, every other call's steps reused.
+        moved = os.path.join(os.path.dirname(str(policy.workspace_root)), "elsewhere")
+        at = next(i for i, c in enumerate(calls) if c[0] == "make_dir")
+        changed = (*calls[:at], ("make_dir", (moved,), {}), *calls[at + 1 :])
+        third = cache.replay(changed, 9)
+        names = list(fresh.step_names())
+        index = names.index(f"mkdir {calls[at][1][0]}")
+        names[index] = f"mkdir {moved}"
+        assert third.step_names() == tuple(names)
+        assert third._steps[index] not in again._steps
+        others = third._steps[:index] + third._steps[index + 1 :]
+        assert {id(s) for s in others} <= {id(s) for s in again._steps}
+        # Calls shifted by one (a call more at the start): all built, still the same.
+        shifted = cache.replay((("make_dir", (moved,), {}), *calls), 9)
+        assert shifted.step_names() == (f"mkdir {moved}", *fresh.step_names())
+        assert shifted.calls() == (("make_dir", (moved,), {}), *calls)
 
 
 async def test_a_failed_step_reports_errno_and_step(tmp_path: Path) -> None:
