@@ -9,7 +9,9 @@ attributable; the commands themselves see the host's usual environment.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
@@ -31,6 +33,7 @@ from tests.workflows.workspaces import (
     build_rust_project,
     build_web_page,
     build_wheel,
+    free_host_port,
     have,
     host_tree_digest,
     pack_node_package,
@@ -89,6 +92,24 @@ class Workflow:
 
     async def start(self, ex: SandboxBashExecutor, command: str, **kw: Any) -> BashProcess:
         return await ex.start(ex.resolve(self.request(command, **kw)))
+
+    @contextlib.asynccontextmanager
+    async def dev_server(self, ex: SandboxBashExecutor) -> AsyncIterator[tuple[int, BashProcess]]:
+        """`python3 -m http.server` on a free loopback port serving the workspace, started
+        with ``ex``; once the body is done, checked unreachable from the host while it still
+        runs (isolated: it listens in the executor's namespace), then killed."""
+        port = free_host_port()
+        server = await self.start(
+            ex, f"exec python3 -m http.server {port} --bind 127.0.0.1 --directory ."
+        )
+        try:
+            yield port, server
+            with socket.socket() as probe:
+                probe.settimeout(2)
+                assert probe.connect_ex(("127.0.0.1", port)) != 0, "the server is on the host"
+        finally:
+            server.kill()
+            await server.wait()
 
     async def finish(self, expected: Iterable[str] = ()) -> None:
         """Close every executor, then check the host: no empty spill or state dir of
@@ -230,10 +251,7 @@ def shared_parent() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def node_packages(shared_parent: Path) -> dict[str, Path]:
     """Two packed npm packages (made once, with a throw-away cache)."""
-    if not have("node", "npm"):
-        if os.environ.get("CI"):
-            pytest.fail("node and npm must be installed in CI (scripts/setup installs them)")
-        pytest.skip("node and npm are needed for the Node workflows")
+    require_tools("node", "npm")
     directory = shared_parent / "npm-packages"
     directory.mkdir()
     cache = directory / "cache"

@@ -9,7 +9,6 @@ unchanged, and nothing a command put in its /tmp is on the host's.
 
 from __future__ import annotations
 
-import socket
 import sys
 import uuid
 from pathlib import Path
@@ -17,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.workflows.conftest import HostCaches, Workflow
-from tests.workflows.test_process_and_network_workflows import free_host_port
 from tests.workflows.workspaces import (
     CACHE_IS_WRITABLE,
     PAGE_RENDERED,
@@ -185,14 +183,10 @@ async def test_a_headless_browser_renders_and_shoots_the_dev_servers_page(
     mode: str, web_workflow: Workflow
 ) -> None:
     host = HostCaches(".config/chromium", ".cache/chromium")
-    port = free_host_port()
-    url = f"http://127.0.0.1:{port}/"
     shot = "shot.png" if mode == "workspace-write" else _scratch("shot") + ".png"
     ex = web_workflow.executor(mode)
-    server = await web_workflow.start(
-        ex, f"exec python3 -m http.server {port} --bind 127.0.0.1 --directory ."
-    )
-    try:
+    async with web_workflow.dev_server(ex) as (port, server):
+        url = f"http://127.0.0.1:{port}/"
         result = await web_workflow.sh(
             ex,
             f"{wait_for_server(url)} && {CHROMIUM} --dump-dom {url} && "
@@ -203,13 +197,6 @@ async def test_a_headless_browser_renders_and_shoots_the_dev_servers_page(
         # The page's script ran: the DOM holds what it wrote, and the shot is a PNG.
         assert f'<h1 id="t">{PAGE_RENDERED}</h1>' in result.stdout.text, describe(result)
         assert "89 50 4e 47 0d 0a 1a 0a" in result.stdout.text, describe(result)
-        # Isolated: the server listens in the executor's namespace, not on the host.
-        with socket.socket() as probe:
-            probe.settimeout(2)
-            assert probe.connect_ex(("127.0.0.1", port)) != 0, "the server is on the host"
-    finally:
-        server.kill()
-        await server.wait()
     assert host.changed() == []
     if mode == "workspace-write":
         assert (web_workflow.root / "shot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -14,6 +14,7 @@ import fnmatch
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -367,6 +368,15 @@ def have(*tools: str) -> bool:
 # Shell after `cache=$(...)`: the tool's cache dir can be made and written (tools create it
 # lazily), and its path is printed for the host-side check.
 CACHE_IS_WRITABLE = 'mkdir -p "$cache" && test -w "$cache" && echo "cache=$cache"'
+
+
+def free_host_port() -> int:
+    """A loopback port free on the host now (a server started in the sandbox takes it in
+    the executor's own network namespace)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def wait_for_server(url: str, seconds: int = 60) -> str:
