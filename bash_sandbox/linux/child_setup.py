@@ -21,7 +21,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -210,6 +210,8 @@ StepCall = tuple[str, tuple[object, ...], dict[str, object]]
 # A step as the compiled child runs it (`compiled_child.py`): its operation's name and its
 # arguments (numbers, ctypes buffers and structures, pointers), in the C function's order.
 NativeStep = tuple[str, tuple[object, ...]]
+# The same with the step's name and tolerated errnos (`compiled_child.pack_steps`).
+NativeStepWithName = tuple[bytes, NativeStep, tuple[int, ...]]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -247,28 +249,50 @@ class ReplayCache:
     nor a forked Python child (it has its own copy) writes them, so one built step serves
     any number of spawns, at once too. A call equal to the last replay's call at the same
     place reuses its steps (a step method uses its arguments' values only); any other is
-    built. One replay's worth is kept."""
+    built. One replay's worth is kept.
 
-    def __init__(self) -> None:
+    With ``pack`` (`compiled_child.pack_steps`), each call's steps are also kept packed
+    for the compiled child (a pure function of the steps: packing every step again was
+    another 0.25 ms a spawn); a step it has no form for leaves the replay without one."""
+
+    def __init__(self, pack: Callable[[Sequence[NativeStepWithName]], bytes] | None = None) -> None:
+        self._pack = pack
         self._calls: tuple[StepCall, ...] = ()
-        self._built: list[tuple[tuple[_Step, ...], tuple[object, ...]]] = []
+        self._built: list[_Built] = []
 
     def replay(self, calls: tuple[StepCall, ...], report_fd: int) -> ChildSetup:
+        return self.replay_packed(calls, report_fd)[0]
+
+    def replay_packed(
+        self, calls: tuple[StepCall, ...], report_fd: int
+    ) -> tuple[ChildSetup, bytes | None]:
+        """The setup, and its steps packed (None: no ``pack``, or a step has no form)."""
         setup = ChildSetup()
         last, previous = self._calls, self._built
-        built: list[tuple[tuple[_Step, ...], tuple[object, ...]]] = []
+        built: list[_Built] = []
         for index, call in enumerate(calls):
             if index < len(last) and last[index] == call:
-                steps, keep = previous[index]
+                steps, keep, packed = previous[index]
                 setup._steps += steps
                 setup._keep += keep
                 setup._calls.append(call)
-                built.append((steps, keep))
             else:
-                built.append(setup._replayed(call))
+                steps, keep = setup._replayed(call)
+                packed = self._packed(steps)
+            built.append((steps, keep, packed))
         setup.report_failures_to(report_fd)
         self._calls, self._built = calls, built
-        return setup
+        parts = [packed for _, _, packed in built if packed is not None]
+        whole = b"".join(parts) if self._pack is not None and len(parts) == len(built) else None
+        return setup, whole
+
+    def _packed(self, steps: tuple[_Step, ...]) -> bytes | None:
+        if self._pack is None:
+            return None
+        try:
+            return self._pack([(step.what, _native(step), step.ok_errnos) for step in steps])
+        except (TypeError, ValueError, KeyError):
+            return None  # the Python child runs this replay
 
 
 @dataclass(frozen=True)
@@ -279,6 +303,16 @@ class _Step:
     fn: Callable[..., int]
     args: tuple[object, ...]
     ok_errnos: tuple[int, ...] = ()
+
+
+def _native(step: _Step) -> NativeStep:
+    """A step as the compiled child runs it; a libc call is named by its function."""
+    native = getattr(step.fn, "native", None)
+    return native() if native is not None else (step.fn.__name__, step.args)
+
+
+# One replayed call: its steps, the buffers they point into, and their packed form.
+_Built = tuple[tuple["_Step", ...], tuple[object, ...], bytes | None]
 
 
 class ChildSetup:
@@ -337,15 +371,10 @@ class ChildSetup:
         """The steps in order, as the report pipe would name them (exact-output tests)."""
         return tuple(step.what.decode() for step in self._steps)
 
-    def native_steps(self) -> tuple[tuple[bytes, NativeStep, tuple[int, ...]], ...]:
+    def native_steps(self) -> tuple[NativeStepWithName, ...]:
         """Every step as the compiled child runs it (`compiled_child.py`): its name, its
         operation and the errnos it tolerates. A libc call is named by its function."""
-        steps = []
-        for step in self._steps:
-            native = getattr(step.fn, "native", None)
-            operation = native() if native is not None else (step.fn.__name__, step.args)
-            steps.append((step.what, operation, step.ok_errnos))
-        return tuple(steps)
+        return tuple((step.what, _native(step), step.ok_errnos) for step in self._steps)
 
     def __bool__(self) -> bool:
         return bool(self._steps or self._calls)

@@ -110,13 +110,12 @@ def _word(arg: object) -> int:
     raise TypeError(f"no compiled form for a step argument of type {type(arg).__name__}")
 
 
-def _steps(native: Sequence[NativeStep]) -> tuple[ctypes.Array[Step], ctypes.Array[ctypes.c_char]]:
-    """The steps in C form, and the buffer their names point into (packed at once: a
-    field-by-field ctypes fill cost the helper 2 us a step)."""
-    names = ctypes.create_string_buffer(b"".join(what for what, _, _ in native))
-    base = ctypes.addressof(names)
+def pack_steps(native: Sequence[NativeStep]) -> bytes:
+    """The steps in C form, packed at once (a field-by-field ctypes fill cost the helper
+    2 us a step). Each names itself by the address of its own name's bytes: the step that
+    holds them must outlive the spawn (the helper keeps both, and reuses a packed step with
+    its step: `ReplayCache`)."""
     packed = bytearray(_STEP.size * len(native))
-    offset = 0
     for index, (what, (operation, args), ok) in enumerate(native):
         if len(args) > _MAX_ARGS or len(ok) > _MAX_OK:
             raise TypeError(f"step {what!r} does not fit the compiled child")
@@ -128,13 +127,17 @@ def _steps(native: Sequence[NativeStep]) -> tuple[ctypes.Array[Step], ctypes.Arr
             len(ok),
             *ok,
             *(0,) * (_MAX_OK - len(ok)),
-            base + offset,
+            _address(what),
             len(what),
             *words,
             *(0,) * (_MAX_ARGS - len(words)),
         )
-        offset += len(what)
-    return (Step * len(native)).from_buffer_copy(packed), names
+    return bytes(packed)
+
+
+def _address(data: bytes) -> int:
+    # A c_char_p made from bytes points into the bytes object itself (no copy).
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
 
 
 def _strings(values: Sequence[bytes]) -> ctypes.Array[ctypes.c_char_p]:
@@ -148,9 +151,10 @@ def _ints(values: Sequence[int]) -> ctypes.Array[ctypes.c_int32]:
 
 
 class Spawn:
-    """One request in C form: everything the child reads is memory this object holds. The
-    child reads it only until it execs, which `spawn` waits for (or a fork copied it), so
-    it need live only until `spawn` has returned."""
+    """One request in C form: everything the child reads is memory this object holds, but
+    the steps' names and buffers (``steps``: `pack_steps`), which their `ChildSetup` holds.
+    The child reads it only until it execs, which `spawn` waits for (or a fork copied it),
+    so it need live only until `spawn` has returned."""
 
     def __init__(
         self,
@@ -163,7 +167,7 @@ class Spawn:
         inheritable: Sequence[int],
         err_w: int,
         report_fd: int,
-        native: Sequence[NativeStep],
+        steps: bytes,
     ) -> None:
         encoded_argv = [os.fsencode(a) for a in argv]
         encoded_env = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
@@ -171,7 +175,7 @@ class Spawn:
         if any(b"\0" in s for s in (*encoded_argv, *encoded_env, encoded_cwd)) or not argv:
             raise ValueError("embedded null byte")  # os.execve's own refusal
         # Held here for as long as this object lives (the structure's pointers do not).
-        self._steps, self._names = _steps(native)
+        self._steps = (Step * (len(steps) // _STEP.size)).from_buffer_copy(steps)
         self._argv = _strings(encoded_argv)
         self._env = _strings(encoded_env)
         self._fds = _ints(fds)
@@ -185,7 +189,7 @@ class Spawn:
             ntargets=len(targets),
             err_w=err_w,
             report_fd=report_fd,
-            nsteps=len(native),
+            nsteps=len(self._steps),
             steps=self._steps,
             cwd=self._cwd,
             argv=self._argv,

@@ -51,7 +51,7 @@ class CompiledLauncher(Launcher):
                 inheritable=plan.pass_fds,
                 err_w=err_w,
                 report_fd=setup.report_fd,
-                native=setup.native_steps(),
+                steps=compiled_child.pack_steps(setup.native_steps()),
             )
             pid = compiled_child.spawn(self._lib, prepared)
         except TypeError:  # a step or argument C has no form for: the Python child

@@ -206,7 +206,7 @@ class Helper:
         self.running: dict[int, int] = {}  # pidfd -> pid
         self.starting: dict[int, _Starting] = {}  # exec-status pipe -> child being set up
         self.zombies: set[int] = set()
-        self.replays = child_setup.ReplayCache()
+        self.replays = child_setup.ReplayCache(compiled.pack_steps if native is not None else None)
         self.spawners = _Spawners(compiled, native) if native is not None else None
         if self.spawners is not None:
             self.poll.register(self.spawners.wake_r, select.POLLIN)
@@ -214,14 +214,14 @@ class Helper:
     def spawn(self, request: Any, fds: list[int]) -> None:
         _, seq, _, _, _, _, _, calls, report_fd = request
         try:
-            setup = self.replays.replay(calls, report_fd)
+            setup, packed = self.replays.replay_packed(calls, report_fd)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
         except Exception as exc:  # a request this helper cannot replay: nothing forked
             for fd in fds:
                 os.close(fd)
             _send(self.sock, "failed", seq, "helper", 0, repr(exc))
             return
-        prepared = self._compiled(request, fds, err_w, setup)
+        prepared = self._compiled(request, fds, err_w, packed)
         if prepared is not None and self.spawners is not None:
             # The spawner closes err_w and fds once its child has copied them.
             self.spawners.submit(_Job(seq, prepared, setup, fds, (err_r, err_w)))
@@ -238,10 +238,10 @@ class Helper:
         self.starting[err_r] = _Starting(seq, pid)
         self.poll.register(err_r, select.POLLIN)
 
-    def _compiled(self, request: Any, fds: list[int], err_w: int, setup: Any) -> Any:
+    def _compiled(self, request: Any, fds: list[int], err_w: int, steps: bytes | None) -> Any:
         """The request in C form, or None: the Python child runs it (no compiled child, or
-        a step or argument C has no form for)."""
-        if self.native is None:
+        a step or argument C has no form for: no packed ``steps``)."""
+        if self.native is None or steps is None:
             return None
         _, _, argv, env, cwd, targets, inheritable, _, report_fd = request
         try:
@@ -254,7 +254,7 @@ class Helper:
                 inheritable=inheritable,
                 err_w=err_w,
                 report_fd=report_fd,
-                native=setup.native_steps(),
+                steps=steps,
             )
         except (TypeError, ValueError, KeyError):
             return None

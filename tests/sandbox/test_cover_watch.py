@@ -108,12 +108,17 @@ async def test_a_denied_file_replaced_by_the_host_is_never_read_by_a_running_com
     assert any(str(secret) in w for w in proc.sandbox.warnings)
 
 
+@pytest.mark.parametrize("earlier_spawns", [0, 2])
 @pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
 async def test_a_denied_name_the_host_creates_while_a_command_runs_is_never_read(
-    make_executor: ExecutorFactory, workspace: Path, mode: str
+    make_executor: ExecutorFactory, workspace: Path, mode: str, earlier_spawns: int
 ) -> None:
+    """Also after earlier spawns: the survey they kept (and the missing names it keeps
+    with it) still names this one."""
     later = workspace / "conf" / "token"
     ex = make_executor(mode=mode, deny_read=(str(later),))
+    for _ in range(earlier_spawns):
+        await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
     proc = await ex.start(
         ex.resolve(
             BashExecRequest(

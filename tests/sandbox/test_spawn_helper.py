@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import errno
 import os
@@ -240,6 +241,43 @@ def test_the_helpers_replay_cache_builds_the_same_steps_and_reuses_the_unchanged
         shifted = cache.replay((("make_dir", (moved,), {}), *calls), 9)
         assert shifted.step_names() == (f"mkdir {moved}", *fresh.step_names())
         assert shifted.calls() == (("make_dir", (moved,), {}), *calls)
+
+
+@pytest.mark.parametrize("name", ["bwrap", "landlock"])
+def test_the_replay_cache_keeps_each_calls_packed_steps_equal_to_packing_afresh(
+    name: str,
+) -> None:
+    """With the compiled child's packer, a replay's packed steps are byte for byte what
+    packing its setup afresh gives (the same operations, arguments, errnos and name
+    addresses), on the first replay, on a replay reusing every call and on one with a call
+    changed in place; a step the compiled child has no form for leaves no packed form (the
+    helper then forks its Python child)."""
+    pack = compiled_child.pack_steps
+    with (
+        _probe_workspace(name) as (backend, policy, ctx),
+        _true_setup(backend, policy, ctx, record_only=True) as only,
+    ):
+        calls = only.calls()
+        cache = ReplayCache(pack)
+        first, packed = cache.replay_packed(calls, 7)
+        assert packed is not None and packed == pack(first.native_steps())
+        assert len(packed) == len(first.native_steps()) * ctypes.sizeof(compiled_child.Step)
+        again, packed_again = cache.replay_packed(calls, 7)
+        assert packed_again == packed and packed_again == pack(again.native_steps())
+        at = next(i for i, c in enumerate(calls) if c[0] == "make_dir")
+        moved = os.path.join(os.path.dirname(str(policy.workspace_root)), "elsewhere")
+        changed = (*calls[:at], ("make_dir", (moved,), {}), *calls[at + 1 :])
+        third, packed_third = cache.replay_packed(changed, 7)
+        assert packed_third is not None and packed_third != packed
+        assert packed_third == pack(third.native_steps())
+        # Without a packer: steps only.
+        assert ReplayCache().replay_packed(calls, 7)[1] is None
+
+    def refuse(steps: object) -> bytes:
+        raise TypeError("no compiled form")
+
+    setup_calls = (("chdir", ("/",), {}),)
+    assert ReplayCache(refuse).replay_packed(setup_calls, 7)[1] is None
 
 
 async def test_a_failed_step_reports_errno_and_step(tmp_path: Path) -> None:
