@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 import socket
 import sys
@@ -343,7 +344,7 @@ class ConfinedSpawn(SpawnScope):
             namespaces=namespaces,
             scratch=scratch,
             stage=services.state.stage,
-            private_tmpdir=services.state.tmpdir_for(policy),
+            private_tmpdir=self._private_tmpdir,
             listener_fd=listener_fd,
             limits=self.limits,
             record_only=helper is not None,
@@ -414,7 +415,7 @@ class ConfinedSpawn(SpawnScope):
         if ns is not None and backend.mounts:
             devices = [os.fstat(fd).st_dev for fd in (ns.tmp, ns.shm)]
         else:
-            dirs.append(identity(services.state.tmpdir_for(policy)))
+            dirs.append(identity(self._private_tmpdir))
         sockets = [identity(p) for p in policy.allow_unix_sockets if not p.startswith("@")]
         names = [p[1:].encode() for p in policy.allow_unix_sockets if p.startswith("@")]
         # Loopback and abstract names are the command's own only in the executor's private
@@ -432,14 +433,21 @@ class ConfinedSpawn(SpawnScope):
                 policy,
                 backend.binary,
                 view_mounts=backend.mounts,
-                scratch=(services.state.tmpdir_for(policy),),
-                guarded=self._guarded(),
+                scratch=(self._private_tmpdir,),
+                guarded=self._guarded,
             ),
         )
 
+    @functools.cached_property
+    def _private_tmpdir(self) -> str:
+        """The private TMPDIR of this policy's trust domain (made once a spawn)."""
+        return self._services.state.tmpdir_for(self.policy)
+
+    @functools.cached_property
     def _guarded(self) -> dict[str, str] | None:
         """Covered paths inside a root that are not protected names, with their reasons:
-        what the installed git hooks run, and the cache homes a root holds."""
+        what the installed git hooks run, and the cache homes a root holds. Once a spawn,
+        after the survey: the write watch and the hints read the same answer."""
         guarded = dict(self._git.guarded) if self._git is not None else {}
         top = cache_top()
         if self.backend.mounts and top is not None and exposed_to(self._user_policy):
@@ -584,13 +592,13 @@ class ConfinedSpawn(SpawnScope):
                         names += [nested, *_leading_dirs(os.path.dirname(nested))]
             policy = policy.model_copy(update={"protected_paths": tuple(dict.fromkeys(names))})
         context: dict[str, Any] = {"policy": policy, "workdir": self._spec.workdir}
-        guarded = self._guarded()
+        guarded = self._guarded
         if guarded is not None:
             context["guarded"] = guarded  # what the installed hooks run, the cache homes
         if backend.write_refusals is not None:
             context["write_refusals"] = backend.write_refusals
         if backend.scratch_is_private_tmpdir:
-            context["scratch_dirs"] = (self._services.state.tmpdir_for(self.policy),)
+            context["scratch_dirs"] = (self._private_tmpdir,)
         return context
 
 

@@ -16,6 +16,7 @@ limits and, in read-only, the workspace root are not part of it: neither grants 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 
@@ -35,7 +36,9 @@ def domain_fields(policy: SandboxPolicy) -> dict[str, object]:
     }
 
 
+@functools.lru_cache(maxsize=64)
 def domain_key(policy: SandboxPolicy) -> str:
-    """A short stable name for ``policy``'s trust domain (hex of SHA-256 of its fields)."""
+    """A short stable name for ``policy``'s trust domain (hex of SHA-256 of its fields).
+    Kept per policy (a frozen value; each spawn asks three times)."""
     canonical = json.dumps(domain_fields(policy), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
