@@ -279,7 +279,7 @@ def write_setting(directory: str, file: str, value: str) -> None:
 
 
 def cgroup_pids(directory: str) -> list[int]:
-    text = read_text(os.path.join(directory, "cgroup.procs")) or ""
+    text = _read_small(os.path.join(directory, "cgroup.procs")) or ""
     return [int(p) for p in text.split() if p.isdigit()]
 
 
@@ -306,6 +306,57 @@ def kill_cgroup(directory: str) -> int:
                 killed += 1
         signalled |= fresh
     return killed
+
+
+# What an empty memory cgroup may still show charged: the kernel charges in batches of 64
+# pages per CPU (MEMCG_CHARGE_BATCH), precharged and not yet used; a megabyte more of slab.
+_CHARGE_SLACK = (1 << 20) + (os.cpu_count() or 1) * 64 * os.sysconf("SC_PAGE_SIZE")
+
+
+def cgroup_is_clean(directory: str, controllers: Iterable[str], version: CgroupVersion) -> bool:
+    """Whether a command's cgroup (of ``controllers``) is as a new one would be for the next
+    command: no task in it, no limit hit (its counters are 0, so a later hit is the later
+    command's), and no more memory charged than the kernel's batches hold (a page the
+    command wrote to its private /tmp stays charged here, and would count against the
+    next). A file it cannot read: not clean."""
+    tasks = _read_small(os.path.join(directory, "cgroup.procs"))
+    if tasks is None or tasks.strip():
+        return False
+    v1, have = version is CgroupVersion.V1, set(controllers)
+    counters: list[tuple[str, str]] = []
+    if "memory" in have:
+        counters.append(("memory.oom_control" if v1 else "memory.events", "oom_kill"))
+    if "pids" in have:
+        counters.append(("pids.events", "max"))
+    for file, key in counters:
+        text = _read_small(os.path.join(directory, file))
+        if text is None or parse_counter(text, key) != 0:
+            return False
+    if "memory" in have:
+        usage = _read_small(
+            os.path.join(directory, "memory.usage_in_bytes" if v1 else "memory.current")
+        )
+        if usage is None or not usage.strip().isdigit() or int(usage) > _CHARGE_SLACK:
+            return False
+    return True
+
+
+def _read_small(path: str) -> str | None:
+    """The whole file, or None. os-level: a cgroup file is a read or two, and `open()`
+    costs more than the reads."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
 
 
 def remove_cgroup(directory: str) -> bool:

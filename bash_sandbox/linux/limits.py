@@ -4,9 +4,10 @@ Lifetime, in the order the executor calls it:
 
 1. `ExecutorLimits()` reads where this process may make cgroups (`cgroups.py`); it makes
    nothing yet. `enforcement(limits)` says, per limit, how this host enforces it.
-2. `prepare(command_id, limits)` (about 0.2 ms): on first use the per-executor parent
-   cgroups (`bash-sandbox-<pid>-<token>` below the executor's own cgroup of each
-   controller), then the command's cgroup with its limits written. The returned
+2. `prepare(command_id, limits)`: on first use the per-executor parent cgroups
+   (`bash-sandbox-<pid>-<token>` below the executor's own cgroup of each controller), then
+   the command's cgroup: a slot an earlier command with the same settings left clean
+   (0.04 ms), else a new one with its limits written (0.18 ms). The returned
    `LimitsPlan` holds what the child does before exec: write "0" into each
    `procs_files` entry (``tasks`` on v1, ``cgroup.procs`` on v2: the child moves *itself*,
    before it can fork or start a thread, so nothing of the tree starts outside), and the
@@ -18,8 +19,10 @@ Lifetime, in the order the executor calls it:
    the command's output, which it could forge (an rlimit-bounded failure leaves no counter,
    so it is not named).
 4. `release(plan)` once the command settled: SIGKILLs whatever is still in its cgroup (a
-   daemonised grandchild), then removes the cgroup (or retries later while the killed
-   tasks are being reaped).
+   daemonised grandchild), then keeps the cgroup as a slot for the next command when it
+   is as a new one would be (no task, no limit counter above 0, no more memory charged
+   than the kernel's per-CPU batches: `cgroups.cgroup_is_clean`; at most 8 a setting),
+   else removes it (or retries later while the killed tasks are being reaped).
 5. `close()` releases every plan and removes the parents; nothing it made stays under
    /sys/fs/cgroup. A parent left by an executor that was SIGKILLed is removed by the next
    executor of the same cgroup.
@@ -43,7 +46,9 @@ from dataclasses import dataclass
 
 from bash_sandbox.linux.cgroups import (
     CgroupHost,
+    CgroupSetting,
     CgroupVersion,
+    cgroup_is_clean,
     detect_this_host,
     kill_cgroup,
     parse_counter,
@@ -80,6 +85,9 @@ PARENT_PREFIX = "bash-sandbox-"
 _PARENT_NAME = re.compile(r"bash-sandbox-(\d+)-[0-9a-f]{8}")
 # How long `close()` waits for SIGKILLed tasks to be reaped before giving up on a cgroup.
 _CLOSE_WAIT_S = 5.0
+# Idle cgroup slots kept per set of settings, and sets of settings kept.
+_MAX_IDLE_SLOTS = 8
+_MAX_SLOT_KINDS = 4
 # A tmpfs root with less than this free (or no free inode) counts as full.
 _FULL_BELOW_BYTES = 64 * 1024
 
@@ -92,6 +100,10 @@ class LimitsSetupError(OSError):
     """
 
     code = "LIMITS_SETUP_FAILED"
+
+
+# Per cgroup hierarchy (its base directory), the settings a command's cgroup is made with.
+Settings = tuple[tuple[str, tuple[CgroupSetting, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,8 @@ class LimitsPlan:
     enforcement: tuple[LimitEnforcement, ...]
     # The command cgroup's name below each parent; None when no cgroup is used.
     cgroup_name: str | None = None
+    # What its cgroups were made with (a later command with the same may reuse them).
+    settings: Settings = ()
 
     @property
     def summary(self) -> SandboxEnforcement:
@@ -171,6 +185,8 @@ class ExecutorLimits:
         self._counter = itertools.count(1)
         self._live: dict[str, LimitsPlan] = {}  # command cgroup name -> plan
         self._pending: list[str] = []  # cgroups whose killed tasks were not reaped yet
+        # Slots: cgroups a command left clean, by what they were made with (`_reusable`).
+        self._idle: dict[Settings, list[tuple[str, tuple[str, ...]]]] = {}
         self._described: dict[tuple[ResourceLimits, bool], tuple[LimitEnforcement, ...]] = {}
         self.warnings: list[str] = []
         # Every directory made and not yet removed; the finalizer of an executor dropped
@@ -198,36 +214,27 @@ class ExecutorLimits:
     def prepare(
         self, command_id: str, limits: ResourceLimits, *, own_user_namespace: bool = True
     ) -> LimitsPlan:
-        """Make the command's cgroups and return its plan. Raises `LimitsSetupError`."""
+        """The command's cgroups (a slot left clean, or made now) and its plan. Raises
+        `LimitsSetupError`."""
         with self._lock:
             self._retry_pending()
             parents = self._ensure_parents()
-            name = f"cmd-{next(self._counter)}"
-            cgroups: list[tuple[str, str]] = []
-            made: list[str] = []
-            try:
-                for base in self._host.bases:
-                    directory = os.path.join(parents[base.directory], name)
-                    os.mkdir(directory)
-                    made.append(directory)
-                    self._made.add(directory)
-                    settings = render_cgroup_settings(
-                        limits,
-                        self._version,
-                        base.controllers,
-                        swap_accounting=self._swap,
-                    )
-                    for setting in settings:
-                        write_setting(directory, setting.file, setting.value)
-                    cgroups += [(c, directory) for c in base.controllers]
-            except OSError as exc:
-                for directory in reversed(made):
-                    with contextlib.suppress(OSError):
-                        os.rmdir(directory)
-                        self._made.discard(directory)
-                raise LimitsSetupError(
-                    exc.errno or 0, f"cannot set up the command's cgroup: {exc}"
-                ) from exc
+            settings = tuple(
+                (
+                    base.directory,
+                    render_cgroup_settings(
+                        limits, self._version, base.controllers, swap_accounting=self._swap
+                    ),
+                )
+                for base in self._host.bases
+            )
+            idle = self._idle.get(settings)
+            name, made = idle.pop() if idle else self._make(parents, settings)
+            cgroups = tuple(
+                (controller, directory)
+                for base, directory in zip(self._host.bases, made, strict=True)
+                for controller in base.controllers
+            )
             plan = LimitsPlan(
                 command_id=command_id,
                 limits=limits,
@@ -237,13 +244,40 @@ class ExecutorLimits:
                     cgroup_controllers=self._host.controllers,
                     current=current_rlimit,
                 ),
-                cgroups=tuple(cgroups),
+                cgroups=cgroups,
                 enforcement=self.enforcement(limits, own_user_namespace=own_user_namespace),
                 cgroup_name=name if made else None,
+                settings=settings,
             )
             if made:
                 self._live[name] = plan
             return plan
+
+    def _make(
+        self,
+        parents: dict[str, str],
+        settings: Settings,
+    ) -> tuple[str, tuple[str, ...]]:
+        """A new command cgroup below each parent, its settings written."""
+        name = f"cmd-{next(self._counter)}"
+        made: list[str] = []
+        try:
+            for base_directory, wanted in settings:
+                directory = os.path.join(parents[base_directory], name)
+                os.mkdir(directory)
+                made.append(directory)
+                self._made.add(directory)
+                for setting in wanted:
+                    write_setting(directory, setting.file, setting.value)
+        except OSError as exc:
+            for directory in reversed(made):
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
+                    self._made.discard(directory)
+            raise LimitsSetupError(
+                exc.errno or 0, f"cannot set up the command's cgroup: {exc}"
+            ) from exc
+        return name, tuple(made)
 
     @property
     def _version(self) -> CgroupVersion:
@@ -349,15 +383,34 @@ class ExecutorLimits:
     def _release_locked(self, plan: LimitsPlan) -> int:
         if plan.cgroup_name is None or self._live.pop(plan.cgroup_name, None) is None:
             return 0  # no cgroup, or released already
-        directories = {d for _, d in plan.cgroups}
+        directories = tuple(dict.fromkeys(d for _, d in plan.cgroups))  # one per base, in order
         killed = 0
         for directory in directories:
             killed = max(killed, kill_cgroup(directory))
+        if killed == 0 and self._keep_slot(plan, directories):
+            return 0
+        for directory in directories:
             if remove_cgroup(directory):
                 self._made.discard(directory)
             else:
                 self._pending.append(directory)
         return killed
+
+    def _keep_slot(self, plan: LimitsPlan, directories: tuple[str, ...]) -> bool:
+        """Keep a command's cgroups for the next command made with the same settings, when
+        it left them as a new one would be (`cgroup_is_clean`): making and removing them
+        was 0.3 ms of every command, and more of the kernel's in its workers."""
+        assert plan.cgroup_name is not None
+        idle = self._idle.get(plan.settings)
+        if idle is None and len(self._idle) >= _MAX_SLOT_KINDS:
+            return False
+        if idle is not None and len(idle) >= _MAX_IDLE_SLOTS:
+            return False
+        held = {d: [c for c, d2 in plan.cgroups if d2 == d] for d in directories}
+        if not all(cgroup_is_clean(d, held[d], self._version) for d in directories):
+            return False
+        self._idle.setdefault(plan.settings, []).append((plan.cgroup_name, directories))
+        return True
 
     def _retry_pending(self) -> None:
         self._pending = [d for d in self._pending if not self._remove(d)]
@@ -373,6 +426,8 @@ class ExecutorLimits:
         with self._lock:
             for plan in list(self._live.values()):
                 self._release_locked(plan)
+            self._pending += [d for idle in self._idle.values() for _, ds in idle for d in ds]
+            self._idle.clear()
             parents = list((self._parents or {}).values())
             deadline = time.monotonic() + _CLOSE_WAIT_S
             delay = 0.001

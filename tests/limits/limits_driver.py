@@ -216,8 +216,13 @@ def running(pid: int) -> bool:
 
 def cgroups_of(pid: int, proc: str | None = None) -> dict[str, str]:
     """The command's cgroup directories of ``pid`` (those an executor made), by controller."""
+    return cgroups_in(read_text(f"{proc or f'/proc/{pid}'}/cgroup") or "")
+
+
+def cgroups_in(text: str) -> dict[str, str]:
+    """`cgroups_of` from the text of a /proc/<pid>/cgroup."""
     out: dict[str, str] = {}
-    for line in (read_text(f"{proc or f'/proc/{pid}'}/cgroup") or "").splitlines():
+    for line in text.splitlines():
         _, controllers, path = line.split(":", 2)
         if "/bash-sandbox-" not in path:
             continue
@@ -486,6 +491,32 @@ async def sweep(params: dict[str, Any]) -> dict[str, Any]:
     finally:
         await ex.aclose()
     return {**run_result(result), "left_after_close": own_cgroups()}
+
+
+@scenario
+async def slots(params: dict[str, Any]) -> dict[str, Any]:
+    """One executor's commands in turn, and after each (from outside, once it settled) the
+    command cgroups left below the executor's parents, with what is in them."""
+    ex = executor(params)
+    steps = []
+    try:
+        for command in params["commands"]:
+            result = await ex.run(ex.resolve(request(expand(command, params))))
+            left = {
+                parent: {
+                    name: {
+                        "tasks": read_text(os.path.join(parent, name, "tasks")),
+                        "pids.max": read_text(os.path.join(parent, name, "pids.max")),
+                    }
+                    for name in sorted(os.listdir(parent))
+                    if os.path.isdir(os.path.join(parent, name))
+                }
+                for parent in own_cgroups()
+            }
+            steps.append({**run_result(result), "left": left})
+    finally:
+        await ex.aclose()
+    return {"steps": steps, "left_after_close": own_cgroups()}
 
 
 async def main() -> None:

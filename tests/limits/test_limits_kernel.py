@@ -433,6 +433,66 @@ def test_a_daemonised_grandchild_dies_with_its_command(
     assert r["sandbox"]["limit_exceeded"] is None
 
 
+def test_a_commands_cgroups_serve_the_next_only_when_it_left_them_clean(
+    backend: str, workspace: Path
+) -> None:
+    """A command that ended with nothing left running, no limit hit and (almost) nothing
+    charged leaves its cgroups to the executor's next command (making and removing them
+    was 0.3 ms of every command); any other command's are removed once it settled, so the
+    next one starts from fresh counters and a fresh memory charge. Seen from outside after
+    each command: the command cgroups below the executor's parents, and what is in them."""
+    root_only()
+    commands = [
+        "true",
+        "true",
+        "head -c 8388608 /dev/zero > /tmp/fill",  # 8 MiB of its /tmp stays charged
+        "rm /tmp/fill",
+        # 48 forks against a limit of 32: refused, the pids counter counts them.
+        "for i in $(seq 48); do sleep 2 & done 2>/dev/null; wait; exit 1",
+        "exit 1",
+        # A daemon: dead with the command's PID namespace, so its cgroups are clean.
+        "setsid sleep 60 < /dev/null > /dev/null 2>&1 &",
+        "true",
+    ]
+    r = drive(
+        "root",
+        backend,
+        workspace,
+        "slots",
+        commands=commands,
+        limits={"processes": 32, "memory_bytes": 512 * MiB},
+    )
+    steps = r["steps"]
+    # Per command, the cgroups left after it (the same names in every hierarchy): one kept
+    # for the next command, or none. A new command's cgroup is the next number: a name
+    # seen again is the kept one, used again.
+    left: list[list[str]] = []
+    for step in steps:
+        names = {tuple(children) for children in step["left"].values()}
+        assert len(step["left"]) >= 2 and len(names) == 1, step["left"]
+        left.append(list(names.pop()))
+        for children in step["left"].values():
+            for cgroup in children.values():
+                assert cgroup["tasks"] == "", cgroup  # nothing of a command runs in a slot
+                if cgroup["pids.max"] is not None:
+                    assert cgroup["pids.max"].strip() == "32"  # still made with its limits
+    assert left == [
+        ["cmd-1"],
+        ["cmd-1"],  # the second command ran in the first's cgroups
+        [],  # the third too, and left 8 MiB charged: removed
+        ["cmd-2"],
+        [],  # the fifth ran in it and hit the process limit: removed
+        ["cmd-3"],
+        ["cmd-3"],
+        ["cmd-3"],
+    ], steps
+    assert steps[4]["sandbox"]["limit_exceeded"] == "processes"
+    # The next command's counters are its own: its failure names no limit.
+    assert steps[5]["exit_code"] == 1 and steps[5]["sandbox"]["limit_exceeded"] is None
+    assert all(s["exit_code"] == 0 for i, s in enumerate(steps) if i not in (4, 5)), steps
+    assert r["left_after_close"] == []
+
+
 def test_cgroups_of_a_killed_executor_are_removed_by_the_next(
     backend: str, workspace: Path
 ) -> None:
