@@ -461,10 +461,17 @@ class ConfinedSpawn(SpawnScope):
             return self._base_facts()
         self._read_limits(outcome)
         self._unregister()
-        # Git's processes and the host's disk: in a thread, so the loop keeps serving.
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._services.settle_pool(), _Once(self._copy_back))
+        if self._copies_back:
+            # Git's processes and the host's disk: in a thread, so the loop keeps serving.
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._services.settle_pool(), _Once(self._copy_back))
         return self._facts(outcome)
+
+    @property
+    def _copies_back(self) -> bool:
+        """Whether anything can come back to the host: only a workspace-write view can
+        hold git overlays and repositories the command created."""
+        return self.policy.mode is SandboxMode.WORKSPACE_WRITE and self.backend.mounts
 
     def close(self) -> None:
         self._stack.close()
@@ -493,7 +500,7 @@ class ConfinedSpawn(SpawnScope):
         """Git's state back to the host (`git_plane.py`), and the repositories the command
         created or changed reported."""
         policy = self.policy
-        if policy.mode is not SandboxMode.WORKSPACE_WRITE or not self.backend.mounts:
+        if not self._copies_back:
             return
         # The sandbox's own cache home holds tools' git checkouts (cargo): not the user's.
         roots = tuple(r for r in policy.all_writable_roots() if r != self.cache_home)
