@@ -2,9 +2,9 @@
 
 Run as ``python -I -S spawn_helper.py <socket fd> <executor pid> <child_setup.py>
 [<compiled child>]``; it imports only standard modules (os, socket, select, fcntl, marshal,
-importlib.util, sys) and `child_setup.py` and `compiled_child.py` (ctypes), loaded by path:
-a fork of it is a fork of a few MiB, never of the harness. With the compiled child (the
-package's build, checked by the executor) each child runs C only, from start to exec
+array, importlib.util, sys, threading) and `child_setup.py` and `compiled_child.py` (ctypes),
+loaded by path: a fork of it is a fork of a few MiB, never of the harness. With the compiled
+child (the package's build, checked by the executor) each child runs C only, from start to exec
 (`compiled_child.py`), started by one of this process's spawner threads as posix_spawn
 starts a child (on this process's memory, the starting thread suspended until the exec:
 `_Spawners`); without it the child below is forked and runs the same steps in Python. The
@@ -36,6 +36,7 @@ reaped, and the helper exits. It also dies with the executor's thread that start
 
 from __future__ import annotations
 
+import array
 import contextlib
 import fcntl
 import importlib.util
@@ -56,6 +57,7 @@ _SIGKILL = 9
 _SIGCHLD = 17
 _MAX_MESSAGE = 1 << 22
 _MAX_FDS = 250
+_FD_SIZE = 4  # a descriptor in SCM_RIGHTS: a C int
 _CLD_EXITED = 1
 # Children being started at once (each a thread while it sets up; more wait their turn).
 _MAX_SPAWNERS = 16
@@ -206,10 +208,24 @@ class Helper:
         self.running: dict[int, int] = {}  # pidfd -> pid
         self.starting: dict[int, _Starting] = {}  # exec-status pipe -> child being set up
         self.zombies: set[int] = set()
+        self.buffer = bytearray(_MAX_MESSAGE)
+        self.ancillary_size = socket.CMSG_SPACE(_MAX_FDS * _FD_SIZE)
         self.replays = child_setup.ReplayCache(compiled.pack_steps if native is not None else None)
         self.spawners = _Spawners(compiled, native) if native is not None else None
         if self.spawners is not None:
             self.poll.register(self.spawners.wake_r, select.POLLIN)
+
+    def receive(self) -> tuple[memoryview, list[int]]:
+        """One request and its descriptors, read into the buffer kept for it (a new 4 MiB
+        buffer per request, as `socket.recv_fds` makes, was an mmap, an mremap and a
+        munmap of every spawn)."""
+        size, ancillary, _, _ = self.sock.recvmsg_into([self.buffer], self.ancillary_size)
+        fds: list[int] = []
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % _FD_SIZE
+                fds += array.array("i", payload[:usable])
+        return memoryview(self.buffer)[:size], fds
 
     def spawn(self, request: Any, fds: list[int]) -> None:
         _, seq, _, _, _, _, _, calls, report_fd = request
@@ -344,9 +360,9 @@ class Helper:
                     self.exited(fd)
                     continue
                 try:
-                    data, fds, _, _ = socket.recv_fds(self.sock, _MAX_MESSAGE, _MAX_FDS)
+                    data, fds = self.receive()
                 except OSError:
-                    data = b""
+                    return  # as end of file: the executor is gone
                 if not data:
                     return
                 request = marshal.loads(data)  # noqa: S302 - from our own executor
