@@ -185,7 +185,7 @@ class ExecutorLimits:
         self._counter = itertools.count(1)
         self._live: dict[str, LimitsPlan] = {}  # command cgroup name -> plan
         self._pending: list[str] = []  # cgroups whose killed tasks were not reaped yet
-        # Slots: cgroups a command left clean, by what they were made with (`_reusable`).
+        # Slots: cgroups a command left clean, by what they were made with (`_keep_slot`).
         self._idle: dict[Settings, list[tuple[str, tuple[str, ...]]]] = {}
         self._described: dict[tuple[ResourceLimits, bool], tuple[LimitEnforcement, ...]] = {}
         self.warnings: list[str] = []
