@@ -349,6 +349,7 @@ class ConfinedSpawn(SpawnScope):
             limits=self.limits,
             record_only=helper is not None,
             hold_init=helper is not None or here is not None,
+            mount_table=services.mount_table.read() if backend.mounts else None,
         )
         confined = backend.wrap(policy, plan, ctx)
         if confined.release is not None:

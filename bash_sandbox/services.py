@@ -19,6 +19,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from bash_sandbox.backends.base import SandboxBackend
+from bash_sandbox.backends.view_steps import KeptMountTable
 from bash_sandbox.cache_domains import CacheHolds
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.git_tree_watch import GitTreeWatch
@@ -71,6 +72,7 @@ class SandboxServices:
             shm_bytes=config.limits.shm_bytes,
         )
         self.limits = ExecutorLimits()
+        self.mount_table = KeptMountTable()  # read at each spawn, again once it changed
         self.git_tree = GitTreeWatch()  # the repository search, kept current by inotify
         self.survey = HostSurvey(self.state, self.git_tree.find_dotgits)
         self.nameservers = resolv_nameservers()
@@ -240,6 +242,7 @@ class SandboxServices:
         if self._supervisor is not None:
             self._supervisor.close()
         self.limits.close()
+        self.mount_table.close()
         self.cache_holds.close()
         self.namespaces.close()
         self.state.remove()

@@ -53,6 +53,10 @@ class BackendProbe:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+# (mount point, per-mount flags with MS_RDONLY) for each line of a mountinfo (`view_steps`).
+MountTable = tuple[tuple[str, int], ...]
+
+
 @dataclass(frozen=True)
 class BackendContext:
     """Everything one spawn needs beyond the policy, prepared by the executor.
@@ -76,6 +80,9 @@ class BackendContext:
     # child of the spawn helper, and the compiled child from the executor's own process
     # (`compiled_launcher.py`); a child `Popen` forks from the executor waits as it is.
     hold_init: bool = False
+    # The executor's mount table, as the host has it now (`view_steps.KeptMountTable`);
+    # None: the backend reads it.
+    mount_table: MountTable | None = None
 
 
 @dataclass(frozen=True)

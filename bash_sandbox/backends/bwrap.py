@@ -256,7 +256,12 @@ class BwrapBackend(SandboxBackend):
         # The view belongs to this command alone: in a mount namespace of its own.
         setup.unshare(CLONE_NEWNS | CLONE_NEWPID)
         apply_view(
-            setup, ctx, ops, read_mount_table(), cwd=plan.cwd, setattr=mount_setattr_available()
+            setup,
+            ctx,
+            ops,
+            ctx.mount_table if ctx.mount_table is not None else read_mount_table(),
+            cwd=plan.cwd,
+            setattr=mount_setattr_available(),
         )
         setup.fork_waiter(INIT_FD if init is not None else -1)
         supervise(setup, ctx)

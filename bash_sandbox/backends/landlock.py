@@ -42,13 +42,14 @@ from bash_sandbox.backends.base import (
     BackendProbe,
     ConfinedPlan,
     LayerReport,
+    MountTable,
     NetworkNamespaceUse,
     SandboxBackend,
     run_probe_command,
 )
 from bash_sandbox.backends.linux_child import join_executor, probe_context, supervise
 from bash_sandbox.backends.mount_plan import MountOp, render_mount_plan
-from bash_sandbox.backends.view_steps import MountTable, apply_view, read_mount_table
+from bash_sandbox.backends.view_steps import apply_view, read_mount_table
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.linux import sandbox_init
 from bash_sandbox.linux.child_setup import (
@@ -309,7 +310,7 @@ class LandlockBackend(SandboxBackend):
             policy,
             ctx,
             ops=ops,
-            mount_table=read_mount_table(),
+            mount_table=ctx.mount_table if ctx.mount_table is not None else read_mount_table(),
             ruleset_fd=rs.fileno(),  # type: ignore[attr-defined]
             cwd=plan.cwd,
             abi=self._abi,

@@ -34,7 +34,7 @@ import re
 import select
 import threading
 
-from bash_sandbox.backends.base import BackendContext
+from bash_sandbox.backends.base import BackendContext, MountTable
 from bash_sandbox.backends.linux_child import in_user_namespace, mount_overlays
 from bash_sandbox.backends.mount_plan import MountOp
 from bash_sandbox.linux.child_setup import (
@@ -73,8 +73,6 @@ _MOUNT_OPTION_FLAGS = {
     "strictatime": MS_STRICTATIME,
 }
 
-MountTable = tuple[tuple[str, int], ...]
-
 # Where the child keeps the stage open (below the default 1024 descriptor limit; the
 # open-files rlimit is applied only after the stage is closed).
 STAGE_FD = 1000
@@ -99,12 +97,13 @@ def parse_mount_table(mountinfo: str) -> MountTable:
     return tuple(table)
 
 
-class _KeptMountTable:
-    """This process's mount table, read again only once the kernel says it changed: an open
-    mountinfo polls POLLPRI after a mount or unmount in its namespace since the last poll
-    (reading and parsing it was 0.085 ms of every spawn). The poll comes before the read,
-    so a change during the read is polled next time. A fork opens its own (the open file
-    and its poll state would be shared with the parent)."""
+class KeptMountTable:
+    """One executor's copy of this process's mount table, read again only once the kernel
+    says it changed: an open mountinfo polls POLLPRI after a mount or unmount in its
+    namespace since the last poll (reading and parsing it was 0.085 ms of every spawn). The
+    poll comes before the read, so a change during the read is polled next time. Its
+    descriptor is the executor's (`close`); a fork opens its own (the open file and its poll
+    state would be shared with the parent)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -116,17 +115,26 @@ class _KeptMountTable:
     def read(self) -> MountTable:
         with self._lock:
             if self._pid != os.getpid():
-                if self._fd >= 0:
-                    os.close(self._fd)  # a fork's copy: the parent's stays open
-                    self._fd = -1
+                self._close_locked()  # a fork's copy: the parent's stays open
                 self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
-                self._pid, self._table = os.getpid(), None
+                self._pid = os.getpid()
                 self._poll = select.poll()
                 self._poll.register(self._fd, select.POLLPRI)
             changed = bool(self._poll.poll(0))
             if self._table is None or changed:
                 self._table = parse_mount_table(_read_all(self._fd))
             return self._table
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+            self._pid = -1
+
+    def _close_locked(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._table = None
 
 
 def _read_all(fd: int) -> str:
@@ -137,11 +145,10 @@ def _read_all(fd: int) -> str:
     return b"".join(chunks).decode(errors="surrogateescape")
 
 
-_MOUNT_TABLE = _KeptMountTable()
-
-
 def read_mount_table() -> MountTable:
-    return _MOUNT_TABLE.read()
+    """This process's mount table, read now."""
+    with open("/proc/self/mountinfo", "rb") as fh:
+        return parse_mount_table(fh.read().decode(errors="surrogateescape"))
 
 
 def mount_of(path: str, table: MountTable) -> int:

@@ -22,12 +22,15 @@ SCRIPT = textwrap.dedent(
     from bash_sandbox.backends import view_steps
 
     target = sys.argv[1]
-    points = lambda: {point for point, _ in view_steps.read_mount_table()}
-    first = view_steps.read_mount_table()
-    assert view_steps.read_mount_table() is first, "not kept while nothing changed"
+    fds = set(os.listdir("/proc/self/fd"))
+    kept = view_steps.KeptMountTable()
+    points = lambda: {point for point, _ in kept.read()}
+    first = kept.read()
+    assert first == view_steps.read_mount_table(), "not the table as read now"
+    assert kept.read() is first, "not kept while nothing changed"
     assert target not in points()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "kept", target], check=True)
-    table = view_steps.read_mount_table()
+    table = kept.read()
     assert table is not first, "a mount since was not read"
     flags = dict(table)[target]
     assert flags & 1, f"read-only flag missing: {flags}"
@@ -41,6 +44,8 @@ SCRIPT = textwrap.dedent(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the fork's mount was not read"
     assert target in points(), "the parent missed the fork's mount"
+    kept.close()
+    assert set(os.listdir("/proc/self/fd")) == fds, "its descriptor outlived close()"
     print("ok")
     """
 )
