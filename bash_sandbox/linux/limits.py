@@ -228,8 +228,8 @@ class ExecutorLimits:
                 )
                 for base in self._host.bases
             )
-            idle = self._idle.get(settings)
-            name, made = idle.pop() if idle else self._make(parents, settings)
+            slot = self._take_slot(settings)
+            name, made = slot if slot is not None else self._make(parents, settings)
             cgroups = tuple(
                 (controller, directory)
                 for base, directory in zip(self._host.bases, made, strict=True)
@@ -252,6 +252,17 @@ class ExecutorLimits:
             if made:
                 self._live[name] = plan
             return plan
+
+    def _take_slot(self, settings: Settings) -> tuple[str, tuple[str, ...]] | None:
+        """An idle slot made with ``settings`` that is still there (nothing of ours removes
+        one, but root may have)."""
+        idle = self._idle.get(settings, [])
+        while idle:
+            name, directories = idle.pop()
+            if all(os.path.isdir(d) for d in directories):
+                return name, directories
+            self._pending += directories  # whatever is left of it goes with the rest
+        return None
 
     def _make(
         self,

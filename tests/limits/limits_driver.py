@@ -496,11 +496,12 @@ async def sweep(params: dict[str, Any]) -> dict[str, Any]:
 @scenario
 async def slots(params: dict[str, Any]) -> dict[str, Any]:
     """One executor's commands in turn, and after each (from outside, once it settled) the
-    command cgroups left below the executor's parents, with what is in them."""
+    command cgroups left below the executor's parents, with what is in them; after the
+    steps in ``remove_after``, those cgroups are removed from outside."""
     ex = executor(params)
     steps = []
     try:
-        for command in params["commands"]:
+        for n, command in enumerate(params["commands"]):
             result = await ex.run(ex.resolve(request(expand(command, params))))
             left = {
                 parent: {
@@ -514,6 +515,11 @@ async def slots(params: dict[str, Any]) -> dict[str, Any]:
                 for parent in own_cgroups()
             }
             steps.append({**run_result(result), "left": left})
+            if n in params.get("remove_after", ()):
+                # Root removes the kept cgroups behind the executor's back.
+                for parent, children in left.items():
+                    for name in children:
+                        os.rmdir(os.path.join(parent, name))
     finally:
         await ex.aclose()
     return {"steps": steps, "left_after_close": own_cgroups()}

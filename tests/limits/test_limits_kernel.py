@@ -439,8 +439,9 @@ def test_a_commands_cgroups_serve_the_next_only_when_it_left_them_clean(
     """A command that ended with nothing left running, no limit hit and (almost) nothing
     charged leaves its cgroups to the executor's next command (making and removing them
     was 0.3 ms of every command); any other command's are removed once it settled, so the
-    next one starts from fresh counters and a fresh memory charge. Seen from outside after
-    each command: the command cgroups below the executor's parents, and what is in them."""
+    next one starts from fresh counters and a fresh memory charge; a kept one that root
+    removed meanwhile is not used. Seen from outside after each command: the command
+    cgroups below the executor's parents, and what is in them."""
     root_only()
     commands = [
         "true",
@@ -461,6 +462,7 @@ def test_a_commands_cgroups_serve_the_next_only_when_it_left_them_clean(
         "slots",
         commands=commands,
         limits={"processes": 32, "memory_bytes": 512 * MiB},
+        remove_after=[0],
     )
     steps = r["steps"]
     # Per command, the cgroups left after it (the same names in every hierarchy): one kept
@@ -477,14 +479,14 @@ def test_a_commands_cgroups_serve_the_next_only_when_it_left_them_clean(
                 if cgroup["pids.max"] is not None:
                     assert cgroup["pids.max"].strip() == "32"  # still made with its limits
     assert left == [
-        ["cmd-1"],
-        ["cmd-1"],  # the second command ran in the first's cgroups
-        [],  # the third too, and left 8 MiB charged: removed
+        ["cmd-1"],  # then removed from outside: the next command makes its own
         ["cmd-2"],
+        [],  # the third ran in the second's cgroups and left 8 MiB charged: removed
+        ["cmd-3"],
         [],  # the fifth ran in it and hit the process limit: removed
-        ["cmd-3"],
-        ["cmd-3"],
-        ["cmd-3"],
+        ["cmd-4"],
+        ["cmd-4"],
+        ["cmd-4"],
     ], steps
     assert steps[4]["sandbox"]["limit_exceeded"] == "processes"
     # The next command's counters are its own: its failure names no limit.
