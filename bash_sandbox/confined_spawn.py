@@ -499,10 +499,8 @@ class ConfinedSpawn(SpawnScope):
 
     def _copy_back(self) -> None:
         """Git's state back to the host (`git_plane.py`), and the repositories the command
-        created or changed reported."""
+        created or changed reported (only where `_copies_back`)."""
         policy = self.policy
-        if not self._copies_back:
-            return
         # The sandbox's own cache home holds tools' git checkouts (cargo): not the user's.
         roots = tuple(r for r in policy.all_writable_roots() if r != self.cache_home)
         nested: list[str] = []

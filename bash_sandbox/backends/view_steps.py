@@ -147,8 +147,11 @@ def _read_all(fd: int) -> str:
 
 def read_mount_table() -> MountTable:
     """This process's mount table, read now."""
-    with open("/proc/self/mountinfo", "rb") as fh:
-        return parse_mount_table(fh.read().decode(errors="surrogateescape"))
+    fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return parse_mount_table(_read_all(fd))
+    finally:
+        os.close(fd)
 
 
 def mount_of(path: str, table: MountTable) -> int:

@@ -206,11 +206,21 @@ def v2_host(
 
 
 def read_text(path: str) -> str | None:
+    """The whole file, or None. os-level: a cgroup or /proc file is a read or two, and
+    `open()` costs more than the reads (a command's release reads six of them)."""
     try:
-        with open(path) as fh:
-            return fh.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    chunks = []
+    try:
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
 
 
 def host_writable(path: str) -> bool:
@@ -279,7 +289,7 @@ def write_setting(directory: str, file: str, value: str) -> None:
 
 
 def cgroup_pids(directory: str) -> list[int]:
-    text = _read_small(os.path.join(directory, "cgroup.procs")) or ""
+    text = read_text(os.path.join(directory, "cgroup.procs")) or ""
     return [int(p) for p in text.split() if p.isdigit()]
 
 
@@ -319,7 +329,7 @@ def cgroup_is_clean(directory: str, controllers: Iterable[str], version: CgroupV
     command's), and no more memory charged than the kernel's batches hold (a page the
     command wrote to its private /tmp stays charged here, and would count against the
     next). A file it cannot read: not clean."""
-    tasks = _read_small(os.path.join(directory, "cgroup.procs"))
+    tasks = read_text(os.path.join(directory, "cgroup.procs"))
     if tasks is None or tasks.strip():
         return False
     v1, have = version is CgroupVersion.V1, set(controllers)
@@ -329,34 +339,16 @@ def cgroup_is_clean(directory: str, controllers: Iterable[str], version: CgroupV
     if "pids" in have:
         counters.append(("pids.events", "max"))
     for file, key in counters:
-        text = _read_small(os.path.join(directory, file))
+        text = read_text(os.path.join(directory, file))
         if text is None or parse_counter(text, key) != 0:
             return False
     if "memory" in have:
-        usage = _read_small(
+        usage = read_text(
             os.path.join(directory, "memory.usage_in_bytes" if v1 else "memory.current")
         )
         if usage is None or not usage.strip().isdigit() or int(usage) > _CHARGE_SLACK:
             return False
     return True
-
-
-def _read_small(path: str) -> str | None:
-    """The whole file, or None. os-level: a cgroup file is a read or two, and `open()`
-    costs more than the reads."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    chunks = []
-    try:
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode(errors="replace")
 
 
 def remove_cgroup(directory: str) -> bool:

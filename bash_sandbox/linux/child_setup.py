@@ -260,10 +260,7 @@ class ReplayCache:
         self._calls: tuple[StepCall, ...] = ()
         self._built: list[_Built] = []
 
-    def replay(self, calls: tuple[StepCall, ...], report_fd: int) -> ChildSetup:
-        return self.replay_packed(calls, report_fd)[0]
-
-    def replay_packed(
+    def replay(
         self, calls: tuple[StepCall, ...], report_fd: int
     ) -> tuple[ChildSetup, bytes | None]:
         """The setup, and its steps packed (None: no ``pack``, or a step has no form)."""

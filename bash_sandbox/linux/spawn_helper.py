@@ -230,7 +230,7 @@ class Helper:
     def spawn(self, request: Any, fds: list[int]) -> None:
         _, seq, _, _, _, _, _, calls, report_fd = request
         try:
-            setup, packed = self.replays.replay_packed(calls, report_fd)
+            setup, packed = self.replays.replay(calls, report_fd)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
         except Exception as exc:  # a request this helper cannot replay: nothing forked
             for fd in fds:

@@ -215,11 +215,11 @@ def test_the_helpers_replay_cache_builds_the_same_steps_and_reuses_the_unchanged
         calls = only.calls()
         fresh = ChildSetup.replay(calls, 7)
         cache = ReplayCache()
-        first = cache.replay(calls, 7)
+        first, _ = cache.replay(calls, 7)
         assert first.step_names() == fresh.step_names() and len(calls) > 20
         assert first.calls() == fresh.calls() and first.report_fd == 7
         assert len(first._keep) == len(fresh._keep)
-        again = cache.replay(calls, 9)
+        again, _ = cache.replay(calls, 9)
         assert again.report_fd == 9
         # Nothing built again: the very step objects, in the same places.
         assert again.step_names() == first.step_names()
@@ -229,7 +229,7 @@ def test_the_helpers_replay_cache_builds_the_same_steps_and_reuses_the_unchanged
         moved = os.path.join(os.path.dirname(str(policy.workspace_root)), "elsewhere")
         at = next(i for i, c in enumerate(calls) if c[0] == "make_dir")
         changed = (*calls[:at], ("make_dir", (moved,), {}), *calls[at + 1 :])
-        third = cache.replay(changed, 9)
+        third, _ = cache.replay(changed, 9)
         names = list(fresh.step_names())
         index = names.index(f"mkdir {calls[at][1][0]}")
         names[index] = f"mkdir {moved}"
@@ -238,7 +238,7 @@ def test_the_helpers_replay_cache_builds_the_same_steps_and_reuses_the_unchanged
         others = third._steps[:index] + third._steps[index + 1 :]
         assert {id(s) for s in others} <= {id(s) for s in again._steps}
         # Calls shifted by one (a call more at the start): all built, still the same.
-        shifted = cache.replay((("make_dir", (moved,), {}), *calls), 9)
+        shifted, _ = cache.replay((("make_dir", (moved,), {}), *calls), 9)
         assert shifted.step_names() == (f"mkdir {moved}", *fresh.step_names())
         assert shifted.calls() == (("make_dir", (moved,), {}), *calls)
 
@@ -259,25 +259,25 @@ def test_the_replay_cache_keeps_each_calls_packed_steps_equal_to_packing_afresh(
     ):
         calls = only.calls()
         cache = ReplayCache(pack)
-        first, packed = cache.replay_packed(calls, 7)
+        first, packed = cache.replay(calls, 7)
         assert packed is not None and packed == pack(first.native_steps())
         assert len(packed) == len(first.native_steps()) * ctypes.sizeof(compiled_child.Step)
-        again, packed_again = cache.replay_packed(calls, 7)
+        again, packed_again = cache.replay(calls, 7)
         assert packed_again == packed and packed_again == pack(again.native_steps())
         at = next(i for i, c in enumerate(calls) if c[0] == "make_dir")
         moved = os.path.join(os.path.dirname(str(policy.workspace_root)), "elsewhere")
         changed = (*calls[:at], ("make_dir", (moved,), {}), *calls[at + 1 :])
-        third, packed_third = cache.replay_packed(changed, 7)
+        third, packed_third = cache.replay(changed, 7)
         assert packed_third is not None and packed_third != packed
         assert packed_third == pack(third.native_steps())
         # Without a packer: steps only.
-        assert ReplayCache().replay_packed(calls, 7)[1] is None
+        assert ReplayCache().replay(calls, 7)[1] is None
 
     def refuse(steps: object) -> bytes:
         raise TypeError("no compiled form")
 
     setup_calls = (("chdir", ("/",), {}),)
-    assert ReplayCache(refuse).replay_packed(setup_calls, 7)[1] is None
+    assert ReplayCache(refuse).replay(setup_calls, 7)[1] is None
 
 
 async def test_a_failed_step_reports_errno_and_step(tmp_path: Path) -> None:
