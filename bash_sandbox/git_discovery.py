@@ -231,16 +231,22 @@ def _scan(directory: str) -> Listing | None:
     return Listing(tuple(sorted(subdirs)), tuple(sorted(dependencies)), dotgit, bare, has_layout)
 
 
-@functools.cache
 def executor_dirs() -> frozenset[str]:
     """Where executors of this uid keep their state and spills (`state.py`): never searched.
     An overlay's upper layer there looks like a bare repository, and is not the user's."""
+    return _executor_dirs(user_base_dir(), os.path.expanduser("~"))
+
+
+@functools.cache
+def _executor_dirs(base: str, home: str) -> frozenset[str]:
+    # Keyed by what the environment decides (TMPDIR, HOME): a warm daemon's call runs
+    # under its client's, not the daemon's.
     uid = os.geteuid()
     paths = (
-        user_base_dir(),
+        base,
         f"/var/tmp/bash-sandbox-{uid}",
         f"/tmp/bash-sandbox-{uid}",
-        os.path.join(os.path.expanduser("~"), ".cache", "bash-sandbox"),
+        os.path.join(home, ".cache", "bash-sandbox"),
     )
     return frozenset(os.path.realpath(p) for p in paths)
 

@@ -173,7 +173,7 @@ def _candidates(gitdir: str, env: dict[str, str]) -> list[str]:
     home = env.get("HOME", "")
     xdg = env.get("XDG_CONFIG_HOME") or (os.path.join(home, ".config") if home else "")
     found = [
-        *_system_configs(),
+        *_system_configs(os.environ.get("PATH")),
         os.path.join(gitdir, "config"),
         os.path.join(gitdir, "config.worktree"),
     ]
@@ -189,11 +189,12 @@ def _candidates(gitdir: str, env: dict[str, str]) -> list[str]:
 
 
 @functools.cache
-def _system_configs() -> tuple[str, ...]:
+def _system_configs(path: str | None) -> tuple[str, ...]:
     """The system config file git was built to read (`$(prefix)/etc/gitconfig`): /etc for a
-    distribution's git, the prefix's own for one built or brewed elsewhere."""
+    distribution's git, the prefix's own for one built or brewed elsewhere. Keyed by the
+    ``PATH`` that finds git (a warm daemon's call runs under its client's)."""
     found = ["/etc/gitconfig"]
-    binary = shutil.which("git")
+    binary = shutil.which("git", path=path)
     if binary is not None:
         prefix = os.path.dirname(os.path.dirname(os.path.realpath(binary)))
         found.append(os.path.join(prefix, "etc", "gitconfig"))

@@ -69,8 +69,10 @@ def autorun_reason(name: str) -> str | None:
 
 
 @functools.cache
-def _homes() -> frozenset[str]:
-    homes = {os.path.realpath(os.path.expanduser("~"))}
+def _homes(home: str) -> frozenset[str]:
+    """``home`` (this process's HOME, the cache key: a warm daemon's call has its client's)
+    and every account's home directory."""
+    homes = {os.path.realpath(home)}
     for entry in pwd.getpwall():
         if entry.pw_dir not in ("", "/"):
             homes.add(os.path.realpath(entry.pw_dir))
@@ -80,7 +82,7 @@ def _homes() -> frozenset[str]:
 def needs_placeholder(name: str, root: str) -> bool:
     """Whether a missing protected ``name`` in ``root`` must be held by a placeholder:
     a shell start-up file only in a home directory (see the module docstring)."""
-    return name not in SHELL_RC_PATHS or os.path.realpath(root) in _homes()
+    return name not in SHELL_RC_PATHS or os.path.realpath(root) in _homes(os.path.expanduser("~"))
 
 
 def directory_placeholder(name: str) -> bool:

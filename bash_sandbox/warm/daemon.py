@@ -214,8 +214,7 @@ def _become_client(request: dict[str, Any], fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
     os.umask(int(request["umask"]))
-    os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+    spare.adopt_environment({str(k): str(v) for k, v in dict(request["env"]).items()})
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(
         io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=os.isatty(1)

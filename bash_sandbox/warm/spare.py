@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,17 @@ class Prepared:
                 asyncio.run(self.executor.aclose())
 
 
+def adopt_environment(env: dict[str, str]) -> None:
+    """In a fork of the daemon (a call's process, a spare): ``env`` becomes the whole
+    environment, and what the process had read of the daemon's is read again: `tempfile`
+    keeps the temporary directory it found first (TMPDIR) for the process's life, and the
+    per-user directory, the probe cache and the executors' state are under it. (The caches of
+    our own that depend on the environment are keyed by the variables they read.)"""
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None
+
+
 def prepare(request: dict[str, Any], cwd: int, parser: CliArgumentParser) -> Prepared | None:
     """In the spare: the executor ``request`` (a `run` call that just ended) would make, made
     and prepared in its context (``cwd``, a descriptor of its working directory); None when
@@ -98,8 +110,7 @@ def prepare(request: dict[str, Any], cwd: int, parser: CliArgumentParser) -> Pre
         umask = int(request["umask"])
         os.umask(umask)
         env = {str(k): str(v) for k, v in dict(request["env"]).items()}
-        os.environ.clear()
-        os.environ.update(env)
+        adopt_environment(env)
         args, extra = parser.parse_known_args([str(word) for word in request["argv"]])
         if extra or args.subcommand != "run" or not args.command:
             return None

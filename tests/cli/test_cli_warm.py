@@ -173,6 +173,59 @@ def test_the_client_gives_its_own_cwd_environment_and_umask(warm: Warm, workspac
     assert lines[2] == "0027"
 
 
+_ENVIRONMENT_READS = """
+import json, os, sys, tempfile
+from bash_sandbox import git_hook_chain
+from bash_sandbox.git_discovery import executor_dirs
+from bash_sandbox.warm import spare
+from bash_local.userdir import user_base_dir
+from policies.autorun import needs_placeholder
+
+def reads():
+    return [tempfile.gettempdir(), user_base_dir(), sorted(executor_dirs()),
+            needs_placeholder(".profile", os.environ["HOME"]),
+            git_hook_chain._candidates("/nonexistent/.git", dict(os.environ))[:2]]
+
+if sys.argv[1] == "fork":
+    reads()  # the daemon's own, read before the call's environment arrives
+    spare.adopt_environment(json.loads(sys.argv[2]))
+print(json.dumps(reads()))
+"""
+
+
+def test_a_call_reads_its_callers_tmpdir_home_and_path_not_the_daemons(tmp_path: Path) -> None:
+    # What a fork of the daemon reads after taking a call's environment is what a fresh
+    # process started with that environment reads (the state directory under TMPDIR: the
+    # probe cache, the executors' state; the homes; the git found on PATH).
+    bins = []
+    for name in ("daemon", "caller"):
+        for sub in ("tmp", "home", "prefix/bin", "prefix/etc"):
+            (tmp_path / name / sub).mkdir(parents=True)
+        git = tmp_path / name / "prefix" / "bin" / "git"
+        git.write_text("#!/bin/sh\n")
+        git.chmod(0o755)
+        bins.append(str(git.parent))
+
+    def env(name: str, path: str) -> dict[str, str]:
+        return dict(
+            os.environ,
+            TMPDIR=str(tmp_path / name / "tmp"),
+            HOME=str(tmp_path / name / "home"),
+            PATH=f"{path}:{os.environ['PATH']}",
+        )
+
+    caller = env("caller", bins[1])
+    fresh = _python_words(_ENVIRONMENT_READS, "fresh", env=caller)
+    forked = _python_words(
+        _ENVIRONMENT_READS, "fork", json.dumps(caller), env=env("daemon", bins[0])
+    )
+    assert forked == fresh
+    reads = json.loads(" ".join(fresh))
+    assert reads[0] == str(tmp_path / "caller" / "tmp")
+    assert reads[3] is True  # the caller's HOME is a home: its .profile is held
+    assert reads[4][1] == str(tmp_path / "caller" / "prefix" / "etc" / "gitconfig")
+
+
 def _ancestors(pid: int) -> list[int]:
     """``pid``'s parent, its parent, and so on (from /proc)."""
     found: list[int] = []

@@ -119,14 +119,10 @@ async def test_shell_rc_files_are_protected_where_they_exist_and_in_a_home(
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    autorun._homes.cache_clear()
-    try:
-        in_home = make_executor(mode="workspace-write", workspace_root=str(home))
-        planted = await _run(in_home, "echo evil > .profile; echo evil > .zshenv", home)
-        assert planted.exit_code != 0
-        assert not (home / ".profile").exists() and not (home / ".zshenv").exists()
-    finally:
-        autorun._homes.cache_clear()
+    in_home = make_executor(mode="workspace-write", workspace_root=str(home))
+    planted = await _run(in_home, "echo evil > .profile; echo evil > .zshenv", home)
+    assert planted.exit_code != 0
+    assert not (home / ".profile").exists() and not (home / ".zshenv").exists()
 
 
 async def test_ordinary_work_is_unaffected_and_leaves_no_placeholder(
