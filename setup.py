@@ -1,16 +1,23 @@
 """The compiled parts (`bash_sandbox/linux/native/`): the write watch's fast path
 (`fast_writes.py`), the spawn helper's child (`compiled_child.py`) and the Landlock
-backend's PID 1 (`sandbox_init.py`, an executable).
+backend's PID 1 (`sandbox_init.py`, an executable); and the `bash-sandbox` command itself,
+the warm CLI's native client (`bash_sandbox/warm/native/client.c`).
 
 Optional: where they cannot be built (no C compiler, not Linux) the package installs without
 them, and the Python paths serve instead (the supervisor answers every trapped call, the
-helper forks in Python, a bash is PID 1). Each source's hash is compiled in, so a build older
-than its source is never used (`native_build.py`, `sandbox_init.py`).
+helper forks in Python, a bash is PID 1, `bash-sandbox` is a script that runs the Python
+entry). Each library's and the init's source hash is compiled in, so a build older than its
+source is never used (`native_build.py`, `sandbox_init.py`); the command is rebuilt with
+every install.
 """
 
 import hashlib
 import sys
 from pathlib import Path
+
+from distutils.ccompiler import new_compiler
+from distutils.command.build_scripts import build_scripts
+from distutils.sysconfig import customize_compiler
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -51,6 +58,32 @@ class BuildWithInit(build_ext):
             print(f"warning: {INIT_NAME} not built ({exc}): a bash is PID 1 instead")
 
 
+CLIENT_SOURCE = "bash_sandbox/warm/native/client.c"
+# Installed as `bash-sandbox`; replaced by the compiled client wherever that builds.
+COMMAND_SCRIPT = "bash_sandbox/warm/native/bash-sandbox"
+
+
+class BuildNativeCommand(build_scripts):
+    """The scripts, then the native client over the Python `bash-sandbox` script."""
+
+    def run(self) -> None:
+        super().run()
+        if not sys.platform.startswith("linux"):
+            return
+        out = Path(self.build_dir) / Path(COMMAND_SCRIPT).name
+        temp = Path(self.build_dir) / "native-client"
+        try:
+            compiler = new_compiler()
+            customize_compiler(compiler)
+            objects = compiler.compile(
+                [CLIENT_SOURCE], output_dir=str(temp), extra_postargs=["-O2"]
+            )
+            compiler.link_executable(objects, "client", output_dir=str(temp))
+            (temp / "client").replace(out)
+        except Exception as exc:
+            print(f"warning: the native client not built ({exc}): bash-sandbox is the script")
+
+
 ext_modules = []
 if sys.platform.startswith("linux"):
     for name, (source, prefix) in NATIVE.items():
@@ -64,4 +97,8 @@ if sys.platform.startswith("linux"):
             )
         )
 
-setup(ext_modules=ext_modules, cmdclass={"build_ext": BuildWithInit})
+setup(
+    ext_modules=ext_modules,
+    scripts=[COMMAND_SCRIPT],
+    cmdclass={"build_ext": BuildWithInit, "build_scripts": BuildNativeCommand},
+)

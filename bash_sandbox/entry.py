@@ -1,4 +1,5 @@
-"""The `bash-sandbox` console script: through the warm daemon when asked for, else the CLI.
+"""The Python entry (`bash-sandbox-py`, and `bash-sandbox` itself where the native client
+could not be built): through the warm daemon when asked for, else the CLI.
 
 Imports nothing heavy before it knows which (the warm path's point is to skip the CLI's
 imports).
@@ -13,10 +14,13 @@ import sys
 
 def main() -> int:
     argv = sys.argv[1:]
-    from bash_sandbox.warm import client
+    from bash_sandbox.warm import client, wire
 
+    # The native client's hand-over (`warm/native/client.c`): never part of the run's
+    # environment, whether the daemon serves it or it runs fresh.
+    key = os.environ.pop(wire.KEY_ENV, None)
     if client.wanted(argv):
-        status = client.run(argv)
+        status = client.run(argv, key)
         if isinstance(status, client.Signalled):
             # Die of the same signal, as the fresh process would have.
             _signal.signal(status.signum, _signal.SIG_DFL)

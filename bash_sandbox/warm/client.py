@@ -77,11 +77,11 @@ def _start_daemon(path: str) -> None:
     os.waitpid(pid, 0)
 
 
-def _connect_or_start() -> _socket.socket | None:
+def _connect_or_start(key: str | None) -> _socket.socket | None:
     directory = wire.private_dir()
     if directory is None:
         return None
-    path = os.path.join(directory, wire.socket_name())
+    path = os.path.join(directory, wire.socket_name(key))
     sock = _connect(path)
     if sock is not None:
         return sock
@@ -97,9 +97,10 @@ def _connect_or_start() -> _socket.socket | None:
     return None
 
 
-def run(argv: list[str]) -> int | Signalled | None:
-    """The run's exit status (or its signal), or None: run fresh instead (nothing ran)."""
-    sock = _connect_or_start()
+def run(argv: list[str], key: str | None = None) -> int | Signalled | None:
+    """The run's exit status (or its signal), or None: run fresh instead (nothing ran).
+    ``key``: the daemon's name, when the native client handed the call over (`wire.KEY_ENV`)."""
+    sock = _connect_or_start(key)
     if sock is None:
         return None
     cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)

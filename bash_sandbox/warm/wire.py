@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 ENABLE_ENV = "BASH_SANDBOX_DAEMON"  # "1": `bash-sandbox run` goes through the daemon
 IDLE_ENV = "BASH_SANDBOX_DAEMON_IDLE_S"  # seconds the daemon stays without a client
+# Set by the native client (`native/client.c`) when it hands a call to the Python entry: the
+# directory its daemon is named after. The entry removes it from its environment at once.
+KEY_ENV = "BASH_SANDBOX_WARM_KEY"
 DEFAULT_IDLE_S = 600.0
 MAX_FRAME = 64 << 20  # a request carries the whole command and environment
 _HEADER = struct.Struct(">I")
@@ -58,10 +61,12 @@ def private_dir(uid: int | None = None) -> str | None:
     return None
 
 
-def socket_name() -> str:
-    """One daemon per interpreter and installation."""
-    key = f"{os.path.realpath(sys.executable)}\0{_PACKAGE}".encode()
-    return f"warm-{zlib.crc32(key):08x}.sock"
+def socket_name(key: str | None = None) -> str:
+    """One daemon per installation: named after the native client's directory (``key``,
+    `KEY_ENV`), which it finds without an interpreter, or else after the interpreter and the
+    package directory."""
+    raw = key if key is not None else f"{os.path.realpath(sys.executable)}\0{_PACKAGE}"
+    return f"warm-{zlib.crc32(os.fsencode(raw)):08x}.sock"
 
 
 _SUN_PATH_MAX = 100  # sockaddr_un holds 108 bytes with the terminator; a margin
