@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bash_sandbox.warm import spare, wire
+from bash_sandbox.warm.code_watch import CodeWatch
 
 if TYPE_CHECKING:
     from bash_sandbox.cli.arguments import CliArgumentParser
@@ -67,7 +68,6 @@ _PRELOAD = (
     "concurrent.futures.thread",  # the loop's default executor, imported on first use
     "tomllib",  # a workspace's pyproject.toml, read for the notice about its table
 )
-_PREFIXES = ("bash_sandbox", "bash_local", "bash_seam", "policies")
 _REQUEST_TIMEOUT_S = 10.0
 _HANGUP_GRACE_S = 5.0
 _FORWARDED = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
@@ -101,10 +101,10 @@ class _Daemon:
     idle_s: float
     lock: int  # the flock that makes this the socket's one daemon
     parser: CliArgumentParser
+    code: CodeWatch  # the loaded modules' files
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
     wake: tuple[int, int] = (-1, -1)
     retiring: bool = False  # its code changed: serves its running calls, takes no new ones
-    code: dict[str, int] = field(default_factory=dict)  # module file -> mtime at start
     calls: dict[int, _Call] = field(default_factory=dict)  # fork pid -> call
     spares: dict[tuple[Any, ...], _Spare] = field(default_factory=dict)  # call shape -> spare
     doomed: dict[int, float] = field(default_factory=dict)  # hung up: pid -> SIGKILL time
@@ -143,25 +143,7 @@ class _Daemon:
         for fd in (*self.wake, self.lock):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-    def code_changed(self) -> bool:
-        for path, mtime in self.code.items():
-            try:
-                if os.stat(path).st_mtime_ns != mtime:
-                    return True
-            except OSError:
-                return True
-        return False
-
-
-def _loaded_code() -> dict[str, int]:
-    code: dict[str, int] = {}
-    for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
-        if path and name.split(".")[0] in _PREFIXES:
-            with contextlib.suppress(OSError):
-                code[path] = os.stat(path).st_mtime_ns
-    return code
+        self.code.close()  # this process's reference only: the daemon's watch stays
 
 
 def _warm_up() -> CliArgumentParser:
@@ -322,7 +304,7 @@ def _accept(daemon: _Daemon) -> None:
     except OSError:
         conn.close()
         return
-    stale = daemon.code_changed()
+    stale = daemon.code.changed()
     # The request's sender, not the connector: a confined command's connect is made for it
     # by its executor (whose credentials the socket then carries), its frames are its own.
     if len(fds) != 4 or stale or not wire.unconfined_peer(sender):
@@ -476,7 +458,7 @@ def serve(path: str, idle_s: float, lock: int) -> None:
     listener.listen(64)
     listener.setblocking(False)
     parser = _warm_up()
-    daemon = _Daemon(listener, path, idle_s, lock, parser, code=_loaded_code())
+    daemon = _Daemon(listener, path, idle_s, lock, parser, CodeWatch())
     gc.freeze()  # the forks share these pages instead of copying them on the first collection
     daemon.wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(daemon.wake[1])

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,8 +33,10 @@ from cli_probes import (
 
 from bash_sandbox.cli.arguments import build_parser
 from bash_sandbox.config import SandboxBashConfig
+from bash_sandbox.linux import inotify
 from bash_sandbox.warm import daemon as warm_daemon
 from bash_sandbox.warm import spare, wire
+from bash_sandbox.warm.code_watch import CodeWatch
 
 pytestmark = pytest.mark.skipif(
     not (HAS_BWRAP or HAS_LANDLOCK) or sys.platform != "linux", reason="no Linux backend"
@@ -461,13 +463,57 @@ def test_a_daemon_whose_code_changed_is_stale(tmp_path: Path) -> None:
             1.0,
             -1,
             build_parser("bash-sandbox"),
-            code={str(module): module.stat().st_mtime_ns},
+            CodeWatch([str(module)]),
         )
-        assert not daemon.code_changed()
-        os.utime(module, ns=(0, module.stat().st_mtime_ns + 1))
-        assert daemon.code_changed()
+        assert not daemon.code.changed()
+        module.write_text("x = 2\n")
+        assert daemon.code.changed()
+        daemon.code.close()
     finally:
         listener.close()
+
+
+def _replace(path: Path) -> None:
+    new = path.with_name(path.name + ".new")
+    new.write_text("replaced\n")
+    new.replace(path)  # as an install puts a new file in place
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda p: p.write_text("edited\n"),
+        _replace,
+        lambda p: p.unlink(),
+        lambda p: os.utime(p, ns=(0, 0)),
+        lambda p: p.parent.rename(p.parent.with_name("moved")),
+    ],
+    ids=["write", "rename-over", "unlink", "touch", "directory-moved"],
+)
+@pytest.mark.parametrize("watched", [True, False], ids=["inotify", "stat"])
+def test_the_code_watch_sees_every_change_to_a_loaded_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: Callable[[Path], None], watched: bool
+) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    loaded, other = package / "loaded.py", package / "other.py"
+    loaded.write_text("x = 1\n")
+    if not watched:  # no inotify to be had (the user's limits): every file is stated
+        monkeypatch.setattr(inotify.Inotify, "__init__", _no_inotify)
+    watch = CodeWatch([str(loaded)])
+    try:
+        # What is not a loaded file changes nothing: an editor's swap file, a cache.
+        other.write_text("y\n")
+        (package / "__pycache__").mkdir()
+        assert not watch.changed()
+        change(loaded)
+        assert watch.changed() and watch.changed()  # and stays so
+    finally:
+        watch.close()
+
+
+def _no_inotify(self: inotify.Inotify) -> None:
+    raise inotify.InotifyError(24, "too many inotify instances")
 
 
 def test_the_client_imports_nothing_heavy() -> None:
