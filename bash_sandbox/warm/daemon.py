@@ -190,6 +190,7 @@ def _warm_up() -> CliArgumentParser:
 def _become_client(request: dict[str, Any], fds: list[int]) -> None:
     """In the fork: take the client's descriptors, directory, umask and environment."""
     stdin, stdout, stderr, cwd = fds
+    _log.append(os.dup(2))  # the daemon's log, for what comes after the answer (`_reply`)
     for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
         os.dup2(fd, target)
     os.fchdir(cwd)
@@ -268,6 +269,7 @@ def _run_spare(daemon: _Daemon, ctrl: socket.socket, template: dict[str, Any], c
 
 
 _answered: list[int] = []  # in a call's process: the status its client was given
+_log: list[int] = []  # in a call's process: the daemon's stderr, its log
 
 
 def _reply(conn: socket.socket, code: int) -> None:
@@ -287,6 +289,19 @@ def _reply(conn: socket.socket, code: int) -> None:
     with contextlib.suppress(Exception):
         wire.send_frame(conn, {"exit": code})
         conn.shutdown(socket.SHUT_WR)
+    _release_stdio()
+
+
+def _release_stdio() -> None:
+    """Let go of the client's stdin, stdout and stderr with the answer: a caller that reads
+    them to their end (pipes) is done when the client exits, not when this process has
+    closed its executor (a fresh process holds them until its exit, milliseconds later).
+    What the teardown still writes goes to the daemon's log."""
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        for fd, target in ((null, 0), (null, 1), (_log[0] if _log else null, 2)):
+            os.dup2(fd, target)
+        os.close(null)
 
 
 def _accept(daemon: _Daemon) -> None:

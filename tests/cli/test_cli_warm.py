@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -471,6 +472,67 @@ def test_a_daemon_whose_code_changed_is_stale(tmp_path: Path) -> None:
         daemon.code.close()
     finally:
         listener.close()
+
+
+_ANSWERING_CALL = """
+import os, socket, sys
+from bash_sandbox.warm import daemon
+stdin, stdout, stderr, go = map(int, sys.argv[1:])
+ours, theirs = socket.socketpair()
+cwd = os.open(".", os.O_PATH | os.O_DIRECTORY)
+daemon._become_client({"umask": 0o022, "env": dict(os.environ)}, [stdin, stdout, stderr, cwd])
+print("the command's output", flush=True)
+daemon._reply(ours, 0)
+sys.stderr.write("the teardown's note\\n")
+sys.stderr.flush()
+os.read(go, 1)  # the executor's teardown, as long as the test wants
+"""
+
+
+def test_a_call_lets_go_of_the_clients_stdio_with_its_answer(tmp_path: Path) -> None:
+    # A caller reading the client's output to its end (pipes) is done when the client has its
+    # answer and exits, not when the call's process has also closed its executor.
+    log = tmp_path / "daemon.log"
+    (in_r, in_w), (out_r, out_w), (err_r, err_w), (go_r, go_w) = (os.pipe() for _ in range(4))
+    with open(log, "wb") as log_file:
+        call = subprocess.Popen(
+            [sys.executable, "-c", _ANSWERING_CALL, *map(str, (in_r, out_w, err_w, go_r))],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,  # the daemon's stderr: its log
+            pass_fds=(in_r, out_w, err_w, go_r),
+        )
+    for fd in (in_r, out_w, err_w, go_r):
+        os.close(fd)
+    try:
+        assert _read_to_end(out_r) == b"the command's output\n"
+        assert _read_to_end(err_r) == b""
+        assert call.poll() is None  # the call's process is still there
+        with contextlib.suppress(OSError):
+            os.write(in_w, b"x")  # its stdin was let go as well: nobody reads it
+    finally:
+        os.write(go_w, b"x")
+        os.close(go_w)
+        os.close(in_w)
+        call.wait(timeout=30)
+    assert call.returncode == 0
+    assert log.read_bytes().endswith(b"the teardown's note\n")
+
+
+def _read_to_end(fd: int, timeout: float = 20.0) -> bytes:
+    """What the pipe ``fd`` holds up to its end (then closed); fails if the end never comes."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no end of file within {timeout} s (read {got!r})"
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return got
+            got += chunk
+    finally:
+        os.close(fd)
 
 
 def _replace(path: Path) -> None:
