@@ -67,15 +67,16 @@ def call_table(calls: Mapping[int, FileCall]) -> ctypes.Array[Call]:
 
 
 def rules_blob(policy: WritePolicy) -> bytes | None:
-    """``policy``'s fast rules as the C side reads them (five lists of NUL-ended strings, each
-    list ended by an empty one), or None when a rule cannot be written so or a list is longer
-    than the C side holds."""
+    """``policy``'s fast rules as the C side reads them (six lists of NUL-ended strings, each
+    list ended by an empty one; the helpers' identities as "device:inode"), or None when a
+    rule cannot be written so or a list is longer than the C side holds."""
     lists = (
         policy.roots,
         policy.hidden,
         tuple(path for path, _ in policy.guarded),
         policy.protected,
         policy.scratch,
+        tuple(f"{dev}:{ino}" for dev, ino in sorted(policy.helpers)),
     )
     out = bytearray()
     for entries in lists:
@@ -129,6 +130,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.bsf_rules_answer.restype = ctypes.c_int
     lib.bsf_leads_elsewhere.argtypes = [ctypes.c_char_p]
     lib.bsf_leads_elsewhere.restype = ctypes.c_int
+    lib.bsf_helper_answer.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+    lib.bsf_helper_answer.restype = ctypes.c_int
 
 
 def answer(lib: ctypes.CDLL, policy: WritePolicy, path: str) -> bool | None:
@@ -139,6 +142,15 @@ def answer(lib: ctypes.CDLL, policy: WritePolicy, path: str) -> bool | None:
     got = lib.bsf_rules_answer(
         blob, len(blob), int(policy.read_only), int(policy.view_mounts), os.fsencode(path)
     )
+    return None if got < 0 else bool(got)
+
+
+def is_helper(lib: ctypes.CDLL, policy: WritePolicy, pid: int) -> bool | None:
+    """The C side's `write_watch._is_helper` for ``pid`` (for the tests); None: no rules."""
+    blob = rules_blob(policy)
+    if blob is None:
+        return None
+    got = lib.bsf_helper_answer(blob, len(blob), pid)
     return None if got < 0 else bool(got)
 
 

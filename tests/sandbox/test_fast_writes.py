@@ -25,7 +25,12 @@ import pytest
 
 from bash_sandbox.linux import fast_writes, supervisor
 from bash_sandbox.linux.binaries import system_binary
-from bash_sandbox.linux.write_watch import REASON_OUTSIDE_ROOTS, WritePolicy, leads_elsewhere
+from bash_sandbox.linux.write_watch import (
+    REASON_OUTSIDE_ROOTS,
+    WritePolicy,
+    _is_helper,
+    leads_elsewhere,
+)
 from bash_seam import BashExecRequest, BashRunResult, DenialEvidence, DenialKind
 from tests.sandbox.conftest import ExecutorFactory
 
@@ -118,10 +123,51 @@ def test_rules_the_c_side_cannot_hold_are_left_to_python(lib: fast_writes.ctypes
     too_many = tuple(f"/w/{i}" for i in range(fast_writes.MAX_RULES + 1))
     assert fast_writes.rules_blob(WritePolicy(read_only=False, roots=too_many)) is None
     # And the C side refuses such a list itself (no fast rules: every call forwarded).
-    blob = b"".join(os.fsencode(root) + b"\0" for root in too_many) + b"\0" * 5
+    blob = b"".join(os.fsencode(root) + b"\0" for root in too_many) + b"\0" * 6
     assert lib.bsf_rules_answer(blob, len(blob), 0, 0, b"/w/1/x") == -1
-    fitting = b"".join(os.fsencode(root) + b"\0" for root in too_many[:-1]) + b"\0" * 5
+    fitting = b"".join(os.fsencode(root) + b"\0" for root in too_many[:-1]) + b"\0" * 6
     assert lib.bsf_rules_answer(fitting, len(fitting), 0, 0, b"/w/1/x") == 1
+
+
+def test_the_c_side_knows_the_backends_binary_as_the_python_side(
+    lib: fast_writes.ctypes.CDLL,
+) -> None:
+    own = os.stat(f"/proc/{os.getpid()}/exe")
+    other = os.stat("/bin/sh")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for helpers in ({(own.st_dev, own.st_ino)}, {(other.st_dev, other.st_ino)}, set()):
+        policy = WritePolicy(read_only=True, roots=("/w",), helpers=frozenset(helpers))
+        for pid in (os.getpid(), dead.pid):
+            assert fast_writes.is_helper(lib, policy, pid) == _is_helper(pid, policy)
+    mine = WritePolicy(read_only=True, roots=("/w",), helpers=frozenset({(own.st_dev, own.st_ino)}))
+    assert fast_writes.is_helper(lib, mine, os.getpid()) is True  # the premise
+
+
+async def test_bwraps_own_setup_never_wakes_python_and_the_commands_writes_are_still_judged(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    backend: str,
+    fast: bool,
+) -> None:
+    # bwrap writes its user namespaces' uid_map, gid_map and setgroups (and, with
+    # --disable-userns, a second namespace's) before the command starts: the judge drops
+    # them (`_is_helper`), so the fast path answers them without the Python supervisor.
+    tag = os.urandom(4).hex()
+    target = Path("/etc") / f"bsf-helper-{tag}"
+    counting = _Counting(monkeypatch)
+    ex = make_executor(mode="read-only")
+    result = await ex.run(
+        ex.resolve(BashExecRequest(command=f"true; echo x > {target}", workdir=str(workspace)))
+    )
+    assert result.exit_code != 0
+    assert not target.exists()
+    assert str(target) in _write_denials(result)  # the command's own write: still a fact
+    if fast:
+        assert counting.count == 1, counting.count  # that write, and nothing of bwrap's
+    elif backend == "bwrap":
+        assert counting.count >= 7, counting.count  # the premise: bwrap's six, and that write
 
 
 def test_the_c_side_sees_links_as_the_python_side(

@@ -9,7 +9,9 @@
  * any path outside the fast rules, anything unreadable or unusual) is forwarded untouched, as
  * the raw notification, to the Python supervisor, which answers it exactly as before. A wrong
  * "surely writable" can only lose a fact, never allow a write: this code answers nothing but
- * CONTINUE, and only for calls the filter traps to watch, not to decide.
+ * CONTINUE, and only for calls the filter traps to watch, not to decide. A call of the
+ * backend's own binary (bwrap writing its namespaces' uid_map, gid_map and setgroups before
+ * the command starts) is never a fact either (`write_watch._is_helper`): answered here too.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -53,14 +55,15 @@ struct bsf_call {
     int8_t path, dirfd, path2, dirfd2, mode, flags, xattr, write;
 };
 
-/* Mirrors `write_watch.WritePolicy` (the parts `surely_writable` reads). */
+/* Mirrors `write_watch.WritePolicy` (the parts `surely_writable` and `_is_helper` read). */
 struct bsf_rules {
     int read_only;
     int view_mounts;
-    int n[5];
-    const char *list[5][BSF_MAX_RULES];
+    int n[6];
+    const char *list[6][BSF_MAX_RULES];
 };
-enum { ROOTS, HIDDEN, GUARDED, PROTECTED, SCRATCH };
+enum { ROOTS, HIDDEN, GUARDED, PROTECTED, SCRATCH, HELPERS /* "device:inode" */ };
+#define BSF_LISTS 6
 
 static int within(const char *path, const char *root) {
     size_t n = strlen(root);
@@ -128,7 +131,7 @@ int bsf_surely_writable(const struct bsf_rules *r, const char *path) {
     return 0;
 }
 
-/* Rules from NUL-separated strings, each of the five lists ended by an empty string (the
+/* Rules from NUL-separated strings, each of the six lists ended by an empty string (the
  * layout `fast_writes.py` writes). 0: parsed; -1: malformed or too many (no fast path). */
 static int parse_rules(struct bsf_rules *r, const char *blob, size_t len, int read_only,
                        int view_mounts) {
@@ -136,7 +139,7 @@ static int parse_rules(struct bsf_rules *r, const char *blob, size_t len, int re
     r->read_only = read_only;
     r->view_mounts = view_mounts;
     size_t at = 0;
-    for (int which = 0; which < 5; which++) {
+    for (int which = 0; which < BSF_LISTS; which++) {
         for (;;) {
             if (at >= len)
                 return -1;
@@ -268,6 +271,23 @@ static int path_surely_writable(const struct bsf_rules *r, const struct seccomp_
     return !(within_list(r, ROOTS, path) && bsf_leads_elsewhere(path));
 }
 
+/* `write_watch._is_helper`: whether ``pid`` runs one of the backend's binaries. */
+int bsf_is_helper(const struct bsf_rules *r, pid_t pid) {
+    char exe[64], id[64];
+    struct stat st;
+    if (r->n[HELPERS] == 0)
+        return 0;
+    snprintf(exe, sizeof exe, "/proc/%d/exe", (int)pid);
+    if (stat(exe, &st) != 0)
+        return 0;
+    snprintf(id, sizeof id, "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino);
+    for (int i = 0; i < r->n[HELPERS]; i++)
+        if (!strcmp(r->list[HELPERS][i], id))
+            return 1;
+    return 0;
+}
+
 /* Whether the Python supervisor would let this call through without judging it. */
 static int fast(const struct bsf_rules *r, const struct bsf_call *calls, int ncalls,
                 const struct seccomp_notif *n) {
@@ -284,6 +304,8 @@ static int fast(const struct bsf_rules *r, const struct bsf_call *calls, int nca
         if (creates && (mode & 06000))
             return 0;
     }
+    if (bsf_is_helper(r, (pid_t)n->pid))
+        return 1; /* what the judge would find, it drops (`judge`: not a fact) */
     if (!path_surely_writable(r, n, c->path, c->dirfd))
         return 0;
     return c->path2 == BSF_NO_ARG || path_surely_writable(r, n, c->path2, c->dirfd2);
@@ -427,6 +449,14 @@ int bsf_join(struct bsf_thread *t, int timeout_ms) {
 #define BSF_SOURCE_SHA256 ""
 #endif
 const char *bsf_source_sha256(void) { return BSF_SOURCE_SHA256; }
+
+/* For the tests: whether the rules take ``pid`` for a helper, as `write_watch._is_helper`. */
+int bsf_helper_answer(const char *blob, size_t blob_len, pid_t pid) {
+    struct bsf_rules rules;
+    if (parse_rules(&rules, blob, blob_len, 0, 1) < 0)
+        return -1;
+    return bsf_is_helper(&rules, pid);
+}
 
 /* For the tests: the fast rules' answer for one path, as `WritePolicy.surely_writable`. */
 int bsf_rules_answer(const char *blob, size_t blob_len, int read_only, int view_mounts,
