@@ -13,11 +13,10 @@ every install.
 
 import hashlib
 import sys
-from pathlib import Path
-
 from distutils.ccompiler import new_compiler
 from distutils.command.build_scripts import build_scripts
 from distutils.sysconfig import customize_compiler
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
