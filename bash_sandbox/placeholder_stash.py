@@ -63,6 +63,7 @@ class Stash:
         self.path = path
         self._names: list[str] | None = None
         self._device: int | None = None
+        self._parents: dict[str, bool] = {}  # a parent's answer, once per transaction
 
     def _entries(self) -> list[str] | None:
         """The stashed names (listed once per transaction); None where there is no stash."""
@@ -86,10 +87,15 @@ class Stash:
         names = self._entries()
         if names is None:
             return False
-        try:
-            return os.lstat(os.path.dirname(path)).st_dev == self._device
-        except OSError:
-            return False
+        parent = os.path.dirname(path)
+        known = self._parents.get(parent)
+        if known is None:
+            try:
+                known = os.lstat(parent).st_dev == self._device
+            except OSError:
+                known = False
+            self._parents[parent] = known
+        return known
 
     def take(self, path: str, mtime_ns: int) -> bool:
         """Move an empty stashed directory to ``path`` with ``mtime_ns``; False when none

@@ -56,35 +56,29 @@ def _alive(holder: str, seen: dict[str, bool]) -> bool:
     return known
 
 
-def _read(fd: int) -> dict[str, dict[str, object]]:
-    raw = os.pread(fd, 1 << 22, 0).decode(errors="replace").strip("\x00 \n")
+def _read(fd: int) -> tuple[dict[str, dict[str, object]], bytes]:
+    """The ledger's entries, and its bytes as they are (what `_Ledger.flush` compares)."""
+    content = os.pread(fd, 1 << 22, 0)
+    raw = content.decode(errors="replace").strip("\x00 \n")
     try:
         # The first JSON value only: a kill between writing and truncating leaves the old
-        # ledger's tail after the new one (`_write`).
+        # ledger's tail after the new one (`_Ledger.flush`).
         data, _ = json.JSONDecoder().raw_decode(raw) if raw else ({}, 0)
     except ValueError:
-        return {}
+        return {}, content
     if not isinstance(data, dict):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, dict)}
-
-
-def _write(fd: int, data: dict[str, dict[str, object]]) -> None:
-    # In place, one write then a truncate: a kill between them leaves the new ledger followed
-    # by old bytes, which `_read` ignores; never a truncated one. (A new file and a rename
-    # per write cost two journalled metadata operations each, three times per spawn.)
-    encoded = json.dumps(data).encode() + b"\n"
-    os.pwrite(fd, encoded, 0)
-    os.ftruncate(fd, len(encoded))
+        return {}, content
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, dict)}, content
 
 
 class _Ledger:
     """The ledger's entries while its lock is held; `flush` makes them durable now."""
 
-    def __init__(self, fd: int, entries: dict[str, dict[str, object]], stash: str | None) -> None:
+    def __init__(self, fd: int, stash: str | None, me: str | None) -> None:
         self.fd = fd
-        self.entries = entries
-        self.alive: dict[str, bool] = {}
+        self.entries, self._written = _read(fd)
+        # A holder's liveness, read once per transaction; the executor itself is alive.
+        self.alive: dict[str, bool] = {me: True} if me is not None else {}
         self.stash = Stash(stash) if stash is not None else None
 
     def holders(self, entry: dict[str, object]) -> list[str]:
@@ -94,24 +88,37 @@ class _Ledger:
         return [h for h in listed if isinstance(h, str) and _alive(h, self.alive)]
 
     def flush(self) -> None:
-        _write(self.fd, self.entries)
+        """Write the entries unless the file already holds exactly them. In place, one write
+        then a truncate: a kill between them leaves the new ledger followed by old bytes,
+        which `_read` ignores; never a truncated one. (A new file and a rename per write
+        cost two journalled metadata operations each, three times per spawn.)"""
+        encoded = json.dumps(self.entries).encode() + b"\n"
+        if encoded == self._written:
+            return
+        os.pwrite(self.fd, encoded, 0)
+        os.ftruncate(self.fd, len(encoded))
+        self._written = encoded
 
 
 @contextlib.contextmanager
 def _ledger(
-    base: str | None = None, *, create: bool = True, stash: str | None = None
+    base: str | None = None,
+    *,
+    create: bool = True,
+    stash: str | None = None,
+    me: str | None = None,
 ) -> Iterator[_Ledger]:
+    """The ledger, locked, swept of dead holders' placeholders; written back at the end if
+    its entries changed. ``me``: the calling executor's holder name (alive)."""
     base = base or user_base_dir()
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     fd = os.open(os.path.join(base, _LEDGER), flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        ledger = _Ledger(fd, _read(fd), stash)
-        before = json.dumps(ledger.entries, sort_keys=True)
+        ledger = _Ledger(fd, stash, me)
         _sweep_dead(ledger)
         yield ledger
-        if json.dumps(ledger.entries, sort_keys=True) != before:
-            ledger.flush()
+        ledger.flush()
     finally:
         os.close(fd)
 
@@ -219,7 +226,7 @@ class Placeholders:
         existing path is held only when it is a placeholder the ledger knows (another
         command's); any other existing name is not ours and is left out."""
         held: list[str] = []
-        with _ledger(self._base, stash=self._stash) as ledger:
+        with _ledger(self._base, stash=self._stash, me=self._me) as ledger:
             new: list[tuple[str, bool, dict[str, object], int]] = []
             for path, is_dir in wanted:
                 entry = ledger.entries.get(path)
@@ -237,9 +244,13 @@ class Placeholders:
                 return held
             ledger.flush()  # the intents first: a kill after this leaves records
             failure: OSError | None = None
+            parents: set[str] = set()  # made sure of once per call: a workspace's top
             for path, is_dir, entry, intent in new:
                 try:
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    parent = os.path.dirname(path)
+                    if parent not in parents:
+                        os.makedirs(parent, exist_ok=True)
+                        parents.add(parent)
                     stash = ledger.stash
                     if is_dir and (stash is None or not stash.take(path, intent)):
                         os.mkdir(path, 0o755)
@@ -268,7 +279,7 @@ class Placeholders:
 
     def release_all(self, paths: Iterable[str]) -> None:
         """`release` for each path, in one ledger transaction."""
-        with _ledger(self._base, stash=self._stash) as ledger:
+        with _ledger(self._base, stash=self._stash, me=self._me) as ledger:
             for path in paths:
                 self._drop(ledger, path)
 

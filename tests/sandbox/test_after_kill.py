@@ -139,9 +139,26 @@ def test_a_ledger_write_cut_short_by_a_kill_still_reads(tmp_path: Path) -> None:
     from bash_sandbox.placeholders import _read
 
     path = tmp_path / "placeholders.json"
-    path.write_bytes(b'{"/w/a": {"dir": true, "holders": []}}\n": [], "/w/old": {}}')
+    cut = b'{"/w/a": {"dir": true, "holders": []}}\n": [], "/w/old": {}}'
+    path.write_bytes(cut)
     fd = os.open(path, os.O_RDONLY)
     try:
-        assert _read(fd) == {"/w/a": {"dir": True, "holders": []}}
+        # The entries of the new ledger; its bytes as they are, so the next write replaces
+        # the old tail even when the entries do not change.
+        assert _read(fd) == ({"/w/a": {"dir": True, "holders": []}}, cut)
     finally:
         os.close(fd)
+
+
+def test_a_ledger_transaction_writes_only_a_change_and_clears_a_cut_tail(tmp_path: Path) -> None:
+    from bash_sandbox.placeholders import sweep
+
+    path = tmp_path / "placeholders.json"
+    path.write_bytes(b'{}\n": [], "/w/old": {"dir": true}}')  # a write cut short by a kill
+    sweep(str(tmp_path))  # a transaction that changes no entry
+    assert path.read_bytes() == b"{}\n"  # the old tail is gone all the same
+    before = path.stat()
+    sweep(str(tmp_path))
+    after = path.stat()
+    assert path.read_bytes() == b"{}\n"
+    assert (after.st_mtime_ns, after.st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)
