@@ -32,6 +32,8 @@ _SAFE = (
 )  # fmt: skip
 
 GIT_SAFE_OPTIONS = _SAFE  # for the host git the import runs in a worktree (`git_plane`)
+# For writes to the import's own scratch repository only (never the host's): nothing flushed.
+SCRATCH_OPTIONS = ("-c", "core.fsync=none")
 
 _KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 

@@ -4,6 +4,7 @@ locks, host commits, a full disk, oversized and sparse state. Each checked with 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import resource
@@ -356,3 +357,51 @@ def test_an_intent_to_add_stays_one_and_is_not_staged_empty(tmp_path: Path) -> N
     assert host_git(repo, "diff", "--cached", "--name-only").split() == ["s.txt"]
     assert host_git(repo, "diff", "--name-only").split() == ["later.txt"]
     fsck_clean(repo)
+
+
+def _flushes_by_command(trace: Path) -> list[tuple[str, str, int]]:
+    """(git directory, subcommand, hardware flushes) of each git process in a trace2 event
+    log (GIT_TRACE2_EVENT: one JSON object a line, each naming its process's session)."""
+    started: dict[str, list[str]] = {}
+    flushes: dict[str, int] = {}
+    for line in trace.read_text().splitlines():
+        event = json.loads(line)
+        sid = event.get("sid", "")
+        if event.get("event") == "start":
+            started[sid] = event.get("argv", [])
+        elif event.get("event") == "data" and event.get("key") == "fsync/hardware-flush":
+            flushes[sid] = flushes.get(sid, 0) + int(event.get("value", 0))
+    out = []
+    for sid, argv in started.items():
+        gitdir = next((a.split("=", 1)[1] for a in argv if a.startswith("--git-dir=")), "")
+        command = next((a for a in argv[1:] if a in {"update-ref", "fetch", "update-index"}), "")
+        if command:
+            out.append((gitdir, command, flushes.get(sid, 0)))
+    return out
+
+
+def test_the_host_receives_durably_and_the_scratch_view_flushes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bash_sandbox.git_import import gitcmd
+
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state")
+    commit = _command_commit(ov)
+    trace = tmp_path / "trace2.txt"
+    monkeypatch.setenv("GIT_TRACE2_EVENT", str(trace))
+    monkeypatch.setattr(gitcmd, "_KEPT_ENV", (*gitcmd._KEPT_ENV, "GIT_TRACE2_EVENT"))
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    result = import_changes(snap)
+    assert result.outcome is not None and result.outcome.status is GitImportStatus.APPLIED
+    assert host_git(repo, "rev-parse", "feature").strip() == commit
+    runs = _flushes_by_command(trace)
+    host = [(c, n) for d, c, n in runs if d == str(repo / ".git")]
+    view = [(c, n) for d, c, n in runs if d != str(repo / ".git")]
+    # What the host's repository receives is flushed: the objects, the refs the import
+    # applies (the keep-refs' deletion afterwards flushes nothing in git itself).
+    assert sum(n for c, n in host if c == "fetch") > 0, host
+    assert any(c == "update-ref" and n > 0 for c, n in host), host
+    # The import's scratch view: its carrier refs are written, never flushed.
+    assert ("update-ref", 0) in view, view
