@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,3 +73,54 @@ def test_past_the_bound_a_child_holding_the_pipes_is_killed_too(tmp_path: Path) 
 def test_a_missing_program_raises_as_subprocess_does() -> None:
     with pytest.raises(FileNotFoundError):
         run_bounded(["/nonexistent/bash-sandbox-no-such-program"], timeout=5)
+
+
+def test_bounds_of_runs_at_once_are_kept_each_by_one_watchdog(tmp_path: Path) -> None:
+    # One watchdog for every run: runs from several threads, the short bounds among long
+    # ones, each killed at its own deadline while the others finish.
+    results: dict[int, str] = {}
+
+    def one(i: int) -> None:
+        bound = 0.4 if i % 2 else 30.0
+        try:
+            done = run_bounded(
+                ["sh", "-c", f"sleep {0.05 if bound > 1 else 30}; echo {i}"], timeout=bound
+            )
+            results[i] = done.stdout.decode().strip()
+        except subprocess.TimeoutExpired:
+            results[i] = "expired"
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert time.monotonic() - started < 10
+    assert results == {i: ("expired" if i % 2 else str(i)) for i in range(8)}
+    names = [t.name for t in threading.enumerate() if t.name == "bash-sandbox-host-run"]
+    assert names == ["bash-sandbox-host-run"]
+
+
+def test_a_fork_keeps_its_own_bounds() -> None:
+    # The warm daemon forks its calls: the child has no watchdog thread of the parent's.
+    run_bounded(["true"], timeout=30)  # the parent's watchdog is running
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child reports through its status)
+        code = 1
+        try:
+            run_bounded(["sleep", "30"], timeout=0.3)
+        except subprocess.TimeoutExpired:
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the fork's bounded run was never ended")
