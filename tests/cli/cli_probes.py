@@ -198,3 +198,41 @@ def write_user_config(config_home: Path, body: str) -> Path:
     path = directory / "config.toml"
     path.write_text(body)
     return path
+
+
+def warm_daemon_pids(private: Path) -> list[int]:
+    """The warm daemons whose locks are in the private directory ``private``."""
+    pids = []
+    for lock in private.glob("warm-*.sock.lock"):
+        with contextlib.suppress(ValueError, OSError):
+            pids.append(int(lock.read_text().split()[0]))
+    return pids
+
+
+def stop_warm_daemons(private: Path) -> None:
+    """Kill the daemons of ``private`` by pid; their spares close their executors and exit
+    once the daemon is gone (any left are killed)."""
+    daemons = warm_daemon_pids(private)
+    spares = [pid for daemon in daemons if is_alive(daemon) for pid in children(daemon)]
+    for pid in daemons:
+        kill_if_alive(pid)
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not any(map(is_alive, spares)), timeout=10, what="spares gone")
+    for pid in spares:
+        kill_if_alive(pid)
+
+
+def warm_setup(private_tempdir: Path, config_home: Path) -> tuple[Path, dict[str, str]]:
+    """A test's own private directory for warm daemons, and the environment of calls that
+    use it (the daemon wanted, an idle exit within the suite's time)."""
+    from bash_sandbox.warm import wire
+
+    private = private_tempdir / f"bash-sandbox-{os.geteuid()}"
+    private.mkdir(mode=0o700)
+    env = dict(
+        os.environ,
+        TMPDIR=str(private_tempdir),
+        XDG_CONFIG_HOME=str(config_home),
+        **{wire.ENABLE_ENV: "1", wire.IDLE_ENV: "60"},
+    )
+    return private, env

@@ -28,7 +28,10 @@ from cli_probes import (
     host_pids_with_argv,
     is_alive,
     kill_if_alive,
+    stop_warm_daemons,
     wait_until,
+    warm_daemon_pids,
+    warm_setup,
     write_user_config,
 )
 
@@ -65,11 +68,7 @@ class Warm:
         self.readers: list[int] = []  # every "served" pipe, open until teardown
 
     def daemon_pids(self) -> list[int]:
-        pids = []
-        for lock in self.private.glob("warm-*.sock.lock"):
-            with contextlib.suppress(ValueError, OSError):
-                pids.append(int(lock.read_text().split()[0]))
-        return pids
+        return warm_daemon_pids(self.private)
 
     def start(
         self, *args: str, cwd: Path, stdin: int | None = None
@@ -98,29 +97,14 @@ class Warm:
 
 @pytest.fixture
 def warm(private_tempdir: Path, config_home: Path) -> Iterator[Warm]:
-    private = private_tempdir / f"bash-sandbox-{os.geteuid()}"
-    private.mkdir(mode=0o700)
-    env = dict(
-        os.environ,
-        TMPDIR=str(private_tempdir),
-        XDG_CONFIG_HOME=str(config_home),
-        **{wire.ENABLE_ENV: "1", wire.IDLE_ENV: "60"},
-    )
+    private, env = warm_setup(private_tempdir, config_home)
     helper = Warm(env, private)
     try:
         yield helper
     finally:
         for proc in helper.started:
             kill_if_alive(proc.pid)
-        daemons = helper.daemon_pids()
-        spares = [pid for daemon in daemons if is_alive(daemon) for pid in children(daemon)]
-        for pid in daemons:
-            kill_if_alive(pid)
-        # A spare closes its executor and exits once its daemon is gone; any left, killed.
-        with contextlib.suppress(AssertionError):
-            wait_until(lambda: not any(map(is_alive, spares)), timeout=10, what="spares gone")
-        for pid in spares:
-            kill_if_alive(pid)
+        stop_warm_daemons(private)
         for fd in helper.readers:
             os.close(fd)
 

@@ -9,7 +9,6 @@ BASH_SANDBOX_WARM_KEY, as the client's own hand-over does.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -23,11 +22,13 @@ import pytest
 from cli_probes import (
     HAS_BWRAP,
     HAS_LANDLOCK,
-    children,
     host_pids_with_argv,
     is_alive,
     kill_if_alive,
+    stop_warm_daemons,
     wait_until,
+    warm_daemon_pids,
+    warm_setup,
 )
 
 from bash_sandbox.warm import wire
@@ -69,11 +70,7 @@ class Calls:
         self.started: list[int] = []
 
     def daemon_pids(self) -> list[int]:
-        pids = []
-        for lock in self.private.glob("warm-*.sock.lock"):
-            with contextlib.suppress(ValueError, OSError):
-                pids.append(int(lock.read_text().split()[0]))
-        return pids
+        return warm_daemon_pids(self.private)
 
     def start(
         self,
@@ -114,28 +111,14 @@ class Calls:
 
 @pytest.fixture
 def calls(private_tempdir: Path, config_home: Path) -> Iterator[Calls]:
-    private = private_tempdir / f"bash-sandbox-{os.geteuid()}"
-    private.mkdir(mode=0o700)
-    env = dict(
-        os.environ,
-        TMPDIR=str(private_tempdir),
-        XDG_CONFIG_HOME=str(config_home),
-        **{wire.ENABLE_ENV: "1", wire.IDLE_ENV: "60"},
-    )
+    private, env = warm_setup(private_tempdir, config_home)
     helper = Calls(env, private)
     try:
         yield helper
     finally:
         for pid in helper.started:
             kill_if_alive(pid)
-        daemons = helper.daemon_pids()
-        spares = [pid for daemon in daemons if is_alive(daemon) for pid in children(daemon)]
-        for pid in daemons:
-            kill_if_alive(pid)
-        with contextlib.suppress(AssertionError):
-            wait_until(lambda: not any(map(is_alive, spares)), timeout=10, what="spares gone")
-        for pid in spares:
-            kill_if_alive(pid)
+        stop_warm_daemons(private)
 
 
 def _fresh(env: dict[str, str], command: str, cwd: Path) -> subprocess.CompletedProcess[bytes]:
