@@ -42,7 +42,7 @@ from bash_sandbox.backends.base import (
     SandboxBackend,
     run_probe_command,
 )
-from bash_sandbox.backends.linux_child import join_executor, supervise
+from bash_sandbox.backends.linux_child import join_executor, make_descriptor_room, supervise
 from bash_sandbox.backends.mount_plan import MountOp, render_mount_plan
 from bash_sandbox.backends.view_steps import apply_view, read_mount_table
 from bash_sandbox.linux import sandbox_init
@@ -245,6 +245,7 @@ class BwrapBackend(SandboxBackend):
             raise ValueError("bwrap confines commands inside the executor's namespaces")
         ops = render_mount_plan(policy, ctx.view, ctx.sources, private_tmp=ctx.scratch.tmp)
         setup = ChildSetup(record_only=ctx.record_only)
+        given_back = make_descriptor_room(setup)
         init = sandbox_init.for_spawn(ctx.hold_init)
         if init is not None:
             # For the waiter to exec (`sandbox_init`): opened while the package is in view.
@@ -264,7 +265,7 @@ class BwrapBackend(SandboxBackend):
             setattr=mount_setattr_available(),
         )
         setup.fork_waiter(INIT_FD if init is not None else -1)
-        supervise(setup, ctx)
+        supervise(setup, ctx, given_back)
         inner = plan.argv
         if self._runner_prefix:
             inner = confinement_check_argv(inner, executor_pidns_path())

@@ -47,7 +47,12 @@ from bash_sandbox.backends.base import (
     SandboxBackend,
     run_probe_command,
 )
-from bash_sandbox.backends.linux_child import join_executor, probe_context, supervise
+from bash_sandbox.backends.linux_child import (
+    join_executor,
+    make_descriptor_room,
+    probe_context,
+    supervise,
+)
 from bash_sandbox.backends.mount_plan import MountOp, render_mount_plan
 from bash_sandbox.backends.view_steps import apply_view, read_mount_table
 from bash_sandbox.errors import SandboxUnavailableError
@@ -205,6 +210,7 @@ def landlock_child_setup(
     ``setattr``: the kernel has mount_setattr(2) (`view_steps`); ``init``: the compiled
     PID 1 to hold for the exec (`sandbox_init`)."""
     setup = ChildSetup(record_only=ctx.record_only)
+    given_back = make_descriptor_room(setup)
     if init is not None:
         # Opened while the helper's view still has the package (`sandbox_init`).
         setup.hold_file(init, INIT_FD)
@@ -225,7 +231,7 @@ def landlock_child_setup(
     setup.no_new_privs()
     setup.landlock_restrict(ruleset_fd)
     setup.seccomp(compile_seccomp(SeccompOptions()))
-    supervise(setup, ctx)
+    supervise(setup, ctx, given_back)
     return setup
 
 

@@ -27,8 +27,25 @@ from bash_sandbox.linux.child_setup import (
 )
 from bash_sandbox.linux.limits import apply_rlimits, enter_cgroups
 from bash_sandbox.linux.namespaces import NamespaceFds
+from bash_sandbox.linux.rlimits import RlimitSetting, descriptor_room
 from bash_sandbox.linux.seccomp import compile_notify_filter
 from policies import NetworkMode, SandboxPolicy
+
+
+def make_descriptor_room(setup: ChildSetup) -> RlimitSetting | None:
+    """The first step where the open-files limit is below the descriptors the child holds
+    at fixed numbers (`rlimits.descriptor_room`); returns the limits to give back, for
+    `supervise`."""
+    room = descriptor_room()
+    if room is None:
+        return None
+    raised, given_back = room
+    why = (
+        f"the open-files limit raised to {raised.soft} for the set-up's descriptors "
+        "(a hard limit below it takes CAP_SYS_RESOURCE: `ulimit -Hn 1024` first)"
+    )
+    setup.set_rlimit(raised.resource, raised.soft, raised.hard, why)
+    return given_back
 
 
 def join_executor(setup: ChildSetup, policy: SandboxPolicy, ctx: BackendContext) -> None:
@@ -71,9 +88,14 @@ def mount_overlays(setup: ChildSetup, overlays: tuple[GitOverlay, ...], in_usern
         )
 
 
-def supervise(setup: ChildSetup, ctx: BackendContext) -> None:
+def supervise(
+    setup: ChildSetup, ctx: BackendContext, given_back: RlimitSetting | None = None
+) -> None:
     """The rlimits, no_new_privs, then the supervised filter with its listener sent to the
-    executor. Last, so that the setup itself runs under none of them."""
+    executor. Last, so that the setup itself runs under none of them. ``given_back``: the
+    open-files limit `make_descriptor_room` raised, as the command would have had it."""
+    if given_back is not None:
+        setup.set_rlimit(given_back.resource, given_back.soft, given_back.hard)
     if ctx.limits is not None:
         apply_rlimits(setup, ctx.limits)
     setup.no_new_privs()

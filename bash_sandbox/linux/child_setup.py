@@ -573,10 +573,12 @@ class ChildSetup:
         self._add("fork", _ForkWaiter(self._lib, init_fd))
 
     @_recorded
-    def set_rlimit(self, resource: int, soft: int, hard: int) -> None:
+    def set_rlimit(self, resource: int, soft: int, hard: int, why: str = "") -> None:
+        """setrlimit(``resource``); ``why`` names the step in a failure report."""
         limit = _Rlimit(soft, hard)
         self._keep.append(limit)
-        self._add(f"rlimit {resource}", self._lib.prlimit, 0, resource, ctypes.pointer(limit), None)
+        name = why or f"rlimit {resource}"
+        self._add(name, self._lib.prlimit, 0, resource, ctypes.pointer(limit), None)
 
     @_recorded
     def hold_dir(self, path: str, fd: int) -> None:

@@ -90,3 +90,25 @@ def render_rlimits(
     if limits.cpu_seconds is not None:
         capped(resource.RLIMIT_CPU, limits.cpu_seconds, limits.cpu_seconds + CPU_HARD_GRACE_S)
     return tuple(out)
+
+
+# The highest descriptor a child holds at a fixed number while it sets the command up
+# (`view_steps.STAGE_FD`, `sandbox_init.INIT_FD`): its open-files soft limit must exceed it.
+HELD_FDS_TOP = 1001
+
+
+def descriptor_room(
+    current: Callable[[int], tuple[int, int]] = current_rlimit,
+) -> tuple[RlimitSetting, RlimitSetting] | None:
+    """Where the executor's open-files soft limit leaves no room for the descriptors the
+    child holds at fixed numbers (a caller under `ulimit -n 512`: every spawn failed with
+    EBADF): the setting that makes room for the set-up, and the one that gives the command
+    back the limits it would have had (set again before the command's own `apply_rlimits`).
+    None where there is room. Raising the hard limit too (a hard limit below 1002) takes
+    root; unprivileged, that step fails and says so."""
+    soft, hard = current(resource.RLIMIT_NOFILE)
+    need = HELD_FDS_TOP + 1
+    if soft >= need:
+        return None
+    room = RlimitSetting(resource.RLIMIT_NOFILE, need, max(hard, need))
+    return room, RlimitSetting(resource.RLIMIT_NOFILE, soft, hard)

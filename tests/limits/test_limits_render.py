@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,13 @@ from bash_sandbox.linux.limits import (
     enter_cgroups,
     summarize_enforcement,
 )
-from bash_sandbox.linux.rlimits import RLIM_INFINITY, RlimitSetting, render_rlimits
+from bash_sandbox.linux.rlimits import (
+    HELD_FDS_TOP,
+    RLIM_INFINITY,
+    RlimitSetting,
+    descriptor_room,
+    render_rlimits,
+)
 from policies import LimitExceeded, ResourceLimits, SandboxEnforcement
 
 # This host's own files, abridged: a hybrid host (v1 controllers, an empty v2).
@@ -401,3 +408,22 @@ def test_resource_limits_reject_nonsense() -> None:
     with pytest.raises(ValidationError):
         ResourceLimits(memory=1)  # type: ignore[call-arg]
     assert ResourceLimits().processes == 4096
+
+
+def test_the_child_makes_room_for_its_held_descriptors_and_gives_the_limit_back() -> None:
+    nofile = resource.RLIMIT_NOFILE
+
+    def limits(soft: int, hard: int) -> Callable[[int], tuple[int, int]]:
+        return lambda res: (soft, hard) if res == nofile else (RLIM_INFINITY, RLIM_INFINITY)
+
+    assert descriptor_room(limits(1024, 4096)) is None  # room already (1000 and 1001 fit)
+    assert descriptor_room(limits(200, 20000)) == (
+        RlimitSetting(nofile, HELD_FDS_TOP + 1, 20000),
+        RlimitSetting(nofile, 200, 20000),
+    )
+    # A hard limit below the held descriptors: raised too (root's CAP_SYS_RESOURCE), then
+    # given back as it was.
+    assert descriptor_room(limits(200, 200)) == (
+        RlimitSetting(nofile, HELD_FDS_TOP + 1, HELD_FDS_TOP + 1),
+        RlimitSetting(nofile, 200, 200),
+    )
