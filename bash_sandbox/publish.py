@@ -160,7 +160,9 @@ def open_publication(
             sock.close()  # the relay holds them now: its death closes the host ports
     publication = Publication(urls, relay)
     assert relay.stdout is not None and relay.stderr is not None
-    ready, _, _ = select.select([relay.stdout], [], [], READY_TIMEOUT_S)
+    poller = select.poll()  # not select(): a descriptor may be numbered past 1,024
+    poller.register(relay.stdout.fileno(), select.POLLIN)
+    ready = poller.poll(READY_TIMEOUT_S * 1000)
     line = relay.stdout.readline() if ready else b""
     if line != b"ready\n":
         publication.close()

@@ -28,6 +28,7 @@ from bash_sandbox.linux.cover_watch import CoverWatch
 from bash_sandbox.linux.helper_client import SpawnHelper, SpawnHelperError
 from bash_sandbox.linux.limits import ExecutorLimits
 from bash_sandbox.linux.namespaces import ExecutorNamespaces, NamespaceError, NamespaceFds
+from bash_sandbox.linux.rlimits import reserve_held_fds
 from bash_sandbox.linux.supervisor import SeccompSupervisor
 from bash_sandbox.loop_turns import follow_loop
 from bash_sandbox.mirrors import Mirrors
@@ -60,6 +61,8 @@ class SandboxServices:
     (and from `asyncio.to_thread` for `prepare`, never concurrently with a spawn)."""
 
     def __init__(self, config: SandboxBashConfig, *, egress_resolver: Resolver | None) -> None:
+        # Before any descriptor of the executor's exists (`rlimits.reserve_held_fds`).
+        reserve_held_fds()
         self._config = config
         configured = tuple(
             os.path.realpath(r)

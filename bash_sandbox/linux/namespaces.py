@@ -236,7 +236,12 @@ def create_namespaces(
     theirs.close()
     os.close(report_w)
     try:
-        ready, _, _ = select.select([ours.fileno(), report_r], [], [], timeout_s)
+        # poll, not select: an executor of a process with over 1,024 descriptors open
+        # (a busy harness) has its own numbered past what select() takes.
+        poller = select.poll()
+        for fd in (ours.fileno(), report_r):
+            poller.register(fd, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll(timeout_s * 1000)}
         fds: list[int] = []
         if ours.fileno() in ready:
             _, fds, _, _ = socket.recv_fds(ours, 1, len(_FD_NAMES))

@@ -21,6 +21,8 @@ Where each one counts (Linux >= 5.14, measured on 6.18; see tests/limits):
 
 from __future__ import annotations
 
+import fcntl
+import os
 import resource
 from collections.abc import Callable
 from typing import NamedTuple
@@ -112,3 +114,31 @@ def descriptor_room(
         return None
     room = RlimitSetting(resource.RLIMIT_NOFILE, need, max(hard, need))
     return room, RlimitSetting(resource.RLIMIT_NOFILE, soft, hard)
+
+
+_reserved: list[int] = []  # the held numbers this process keeps taken (`reserve_held_fds`)
+
+
+def reserve_held_fds() -> None:
+    """Keep the numbers the child holds (1000, 1001) taken in this process where they are
+    free, so that no descriptor the executor makes later (a namespace's, a listener's, that
+    a child step names) gets one: the child's hold would overwrite it (a harness with ~990
+    descriptors open: setns failed with EBADF). `F_DUPFD_CLOEXEC` takes the lowest free
+    number from one up, never one in use; numbers the process already uses are its own and
+    the child does not need them. Once per process."""
+    if _reserved:
+        return
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for number in (HELD_FDS_TOP - 1, HELD_FDS_TOP):
+            try:
+                got = fcntl.fcntl(null, fcntl.F_DUPFD_CLOEXEC, number)
+            except OSError:
+                break  # past the open-files limit: nothing of ours is numbered there
+            if got in (HELD_FDS_TOP - 1, HELD_FDS_TOP) and got not in _reserved:
+                _reserved.append(got)
+            else:
+                os.close(got)
+        _reserved.append(-1)  # tried: not again
+    finally:
+        os.close(null)
