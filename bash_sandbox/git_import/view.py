@@ -112,6 +112,20 @@ def scan_upper(
     return scan
 
 
+def _alternate_line(path: str) -> bytes:
+    """``path`` as a line of `objects/info/alternates`: as it is, or C-quoted as git reads
+    a line that starts with `"` (git 2.11+) where it holds a newline (a workspace path may:
+    unquoted, git read two paths and the import's fetch failed)."""
+    raw = os.fsencode(path)
+    if b"\n" not in raw:
+        return raw + b"\n"
+    quoted = b"".join(
+        b"\\" + bytes([c]) if c in b'"\\' else bytes([c]) if 0x20 <= c < 0x7F else b"\\%03o" % c
+        for c in raw
+    )
+    return b'"' + quoted + b'"\n'
+
+
 def _link_or_copy(src: str, dst: str, made: set[str] | None = None) -> None:
     parent = os.path.dirname(dst)
     if made is None or parent not in made:
@@ -189,8 +203,8 @@ def build_view(
         # Only loose objects and packs (and whiteouts, which git reads as missing): git
         # reads the upper layer's object directory as a second alternate, nothing copied.
         alternates.append(os.path.join(upper, "objects"))
-    with open(os.path.join(view, "objects", "info", "alternates"), "w") as fh:
-        fh.write("".join(f"{path}\n" for path in alternates))
+    with open(os.path.join(view, "objects", "info", "alternates"), "wb") as fh:
+        fh.write(b"".join(_alternate_line(path) for path in alternates))
     # Refs as the overlay showed them: the host's loose refs and packed-refs, under the
     # command's (its whiteouts remove, its opaque directories hide the host's).
     for rel in _host_files(host_gitdir, "refs"):

@@ -120,3 +120,22 @@ async def test_a_rebase_stopped_on_a_conflict_is_continued_by_host_git(
     assert _subject(repo, "topic~1") == "main edit"
     assert host_git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/topic"
     fsck_clean(repo)
+
+
+async def test_a_repository_whose_path_holds_a_newline_still_imports(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # The import's view names the host's object store in `objects/info/alternates`, one
+    # path a line: written plainly, a newline split it in two and the fetch failed, which
+    # refused the import and lost the commit. Now C-quoted, as git reads such a line.
+    repo = make_repo(workspace / 'odd\nname "q" \\b ünï')
+    ex = make_executor(mode="workspace-write")
+    command = "echo more >> f0.txt && git commit -qam 'from the command'"
+    result = await ex.run(
+        ex.resolve(BashExecRequest(command=command, workdir=str(repo), env=GIT_ENV))
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED], result.sandbox.git
+    assert _subject(repo) == "from the command"
+    fsck_clean(repo)
