@@ -232,6 +232,11 @@ def merge_back(overlay: GitOverlay, started_ns: int) -> MergeReport:
         if outcome.status is GitImportStatus.APPLIED:
             continue
         kept = f"; the command's commits are kept at {outcome.kept_at}" if outcome.kept_at else ""
+        if result.unimported and not outcome.kept_at:
+            kept = (
+                "; the command's git state is kept (this uid's state directory, `exec-kept-*`)"
+                " and a later executor imports its commits into keep-refs once git takes them"
+            )
         reasons = [f"{c.name} (host: {c.host}, command: {c.command})" for c in outcome.conflicts]
         reasons += list(outcome.refused)
         report.conflicts.append(

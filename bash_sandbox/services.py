@@ -33,7 +33,7 @@ from bash_sandbox.linux.supervisor import SeccompSupervisor
 from bash_sandbox.loop_turns import follow_loop
 from bash_sandbox.mirrors import Mirrors
 from bash_sandbox.publish import Publications
-from bash_sandbox.state import ExecutorState, GitUpper, remove_tree
+from bash_sandbox.state import ExecutorState, GitUpper
 from bash_sandbox.view import GitOverlay
 from policies import NetworkMode, SandboxMode, SandboxPolicy
 
@@ -133,7 +133,8 @@ class SandboxServices:
             with contextlib.suppress(RuntimeError):  # the pool shut down meanwhile
                 self.settle_pool().submit(self.state.recycle_upper, upper, overlay.placeholders)
                 return
-        remove_tree(os.path.dirname(overlay.upper))
+        # Inline: kept out of the state when unimported (`ExecutorState.recycle_upper`).
+        self.state.recycle_upper(upper, overlay.placeholders)
 
     def cover_watch(self) -> CoverWatch:
         """The executor's inotify watch, read on the running loop (made on first use; a

@@ -150,6 +150,10 @@ def recover_stale(path: str) -> bool:
 # between mkdtemp and the lock, which takes microseconds).
 _UNLOCKED_GRACE_S = 600
 _LOCK = "lock"
+# A state dir whose recovery failed (its import still refused: a full disk) is tried again
+# by a later sweep, not by every executor's start.
+_RETRY = "recovery-failed"
+_RETRY_AFTER_S = 60
 
 
 def sweep_stale(parent: str) -> None:
@@ -180,10 +184,54 @@ def sweep_stale(parent: str) -> None:
             continue  # held: a live executor
         try:
             # Still locked by us: no other sweeper runs the hooks on it at the same time.
+            if _failed_lately(path):
+                continue  # its recovery failed a moment ago (a disk still full)
             if _hooks_done(path):
                 remove_tree(path)
+            else:
+                _mark_failed(path)
         finally:
             os.close(fd)
+
+
+def _failed_lately(path: str) -> bool:
+    try:
+        return time.time() - os.lstat(os.path.join(path, _RETRY)).st_mtime < _RETRY_AFTER_S
+    except OSError:
+        return False
+
+
+def _mark_failed(path: str) -> None:
+    marker = os.path.join(path, _RETRY)
+    with contextlib.suppress(OSError):
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        os.utime(marker)
+
+
+def _unimported(base: str) -> bool:
+    """Whether the import of the upper layer in ``base`` found the command's objects could
+    not reach the host (`ImportResult.unimported`): the layer is their only copy."""
+    from bash_sandbox.git_import.importer import IMPORT_DIR, UNIMPORTED
+
+    return os.path.exists(os.path.join(base, IMPORT_DIR, UNIMPORTED))
+
+
+def _keep_unimported(base: str, parent: str) -> None:
+    """Move an upper layer whose objects never reached the host (a full disk) out of the
+    executor's state, into a state directory of its own in ``parent`` (`exec-kept-*`): no
+    executor holds its lock, so a later executor's sweep treats it as a dead executor's,
+    and `recover` imports its commits into keep-refs once git takes them; only then is it
+    removed. Its lock is held while it is filled: no sweep sees it half made."""
+    kept = tempfile.mkdtemp(prefix="exec-kept-", dir=parent)
+    fd = os.open(os.path.join(kept, _LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.mkdir(os.path.join(kept, "git"), 0o700)
+        os.rename(base, os.path.join(kept, "git", "1"))
+    except OSError:
+        remove_tree(kept)  # not moved: it stays in the executor's state, swept with it
+    finally:
+        os.close(fd)
 
 
 _SPARE_MAX = 4  # empty uppers kept per executor (one per concurrent spawn in a repository)
@@ -327,6 +375,9 @@ class ExecutorState:
         spawn 0.5 ms of disk work here; an overlay's work directory is emptied for the next
         mount, as the kernel would do at mount time."""
         base = os.path.dirname(upper.upper)
+        if _unimported(base):
+            _keep_unimported(base, os.path.dirname(self.path))
+            return
         if not placeholders and _emptied(upper):
             with self._spare_lock:
                 if len(self._spare) < _SPARE_MAX:
@@ -335,6 +386,12 @@ class ExecutorState:
         remove_tree(base)
 
     def remove(self) -> None:
+        # An upper layer whose objects never reached the host outlives the executor.
+        with contextlib.suppress(OSError):
+            for name in os.listdir(os.path.join(self.path, "git")):
+                base = os.path.join(self.path, "git", name)
+                if _unimported(base):
+                    _keep_unimported(base, os.path.dirname(self.path))
         remove_tree(self.path)
         for fd in (self._fd, self._lock):
             with contextlib.suppress(OSError):

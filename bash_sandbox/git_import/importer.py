@@ -44,6 +44,9 @@ from policies.paths import within as within_path
 
 IMPORT_DIR = "import"
 INTENT = "intent.json"
+# Beside the intent when the command's objects never reached the host: its upper layer is
+# their only copy (`ImportResult.unimported`; `state.py` keeps it out of the executor's state).
+UNIMPORTED = "unimported"
 # A one-page write cannot be split by a kill; intents this small are rewritten in place.
 _INTENT_PAGE = 4096
 KEEP_NAMESPACE = "refs/bash-sandbox"
@@ -79,6 +82,9 @@ class ImportResult:
     modules: list[GitImportOutcome] = field(default_factory=list)  # submodules' outcomes
     denials: list[tuple[str, str]] = field(default_factory=list)  # (path, why) discarded
     new_gitlinks: list[str] = field(default_factory=list)
+    # The command's objects never reached the host (its fetch failed: a full disk, say): the
+    # upper layer is their only copy, and its intent stays for a later import.
+    unimported: bool = False
 
 
 def _identity(path: str) -> list[int] | None:
@@ -197,9 +203,11 @@ def _module_dirs(gitdir: str, depth: int = 3) -> list[str]:
 
 
 def load_snapshot(upper: str) -> Snapshot | None:
+    """The intent beside ``upper``; its upper layer is ``upper``, wherever the two were moved
+    together (an unimported one kept out of its executor's state, `state.py`)."""
     try:
         with open(os.path.join(os.path.dirname(upper), IMPORT_DIR, INTENT)) as fh:
-            return Snapshot(**json.load(fh))
+            return Snapshot(**{**json.load(fh), "upper": upper})
     except (OSError, ValueError, TypeError):
         return None
 
@@ -632,6 +640,7 @@ class _Importer:
         keep_prefix = f"{KEEP_NAMESPACE}/{self.snap.run_id}"
         keep_refs = self._transfer(keep_prefix)
         if keep_refs is None:
+            self.result.unimported = True
             return self.result
         crash_point("objects")
         kept = keep_prefix if keep_refs else None
@@ -836,8 +845,13 @@ def import_changes(
     importer.result.denials += [(rel, "not a regular file") for rel in scan.odd]
     result = importer.run(keep_only=keep_only)
     _import_modules(snap, base, result, keep_only=keep_only)
-    if work_base is None:
-        # Done (whatever the outcome): a recovery has nothing left to import from here.
+    if work_base is None and result.unimported:
+        # The intent stays, and says so: the upper layer is kept and imported later.
+        with open(os.path.join(base, UNIMPORTED), "w"):
+            pass
+    elif work_base is None:
+        # Done (applied, refused with what git took kept, or a conflict with the commits in
+        # keep-refs): a recovery has nothing left to import from here.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(base, INTENT))
     return result
@@ -855,6 +869,7 @@ def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_onl
             continue
         sub = Snapshot(**{**snap.modules[rel], "upper": sub_upper, "modules": {}})
         done = import_changes(sub, keep_only=keep_only, work_base=os.path.join(base, f"m{i}"))
+        result.unimported |= done.unimported
         result.modules += [o for o in (done.outcome, *done.modules) if o is not None]
         result.denials += _module_denials(rel, done.denials)
     for j, rel in enumerate(_module_dirs(modules_upper[: -len("/modules")])):
@@ -911,8 +926,10 @@ def recover_overlay(upper: str) -> bool:
             os.unlink(journal)
         if not found and os.path.exists(os.path.join(imp, INTENT)):
             snap = load_snapshot(upper)
-            if snap is not None and os.path.isdir(snap.gitdir):
-                import_changes(snap, keep_only=True)
+            usable = snap is not None and os.path.isdir(snap.gitdir)
+            kept = import_changes(snap, keep_only=True) if snap is not None and usable else None
+            if kept is not None and kept.unimported:
+                return False  # still the only copy of its objects: kept, tried later
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(imp, INTENT))
     except Exception:

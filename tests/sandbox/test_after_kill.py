@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from bash_sandbox.placeholders import Placeholders, _ledger
@@ -128,7 +129,11 @@ def test_the_state_sweep_runs_the_recovery_hooks_first(tmp_path: Path) -> None:
         STALE_STATE_HOOKS.remove(failing)
     STALE_STATE_HOOKS.append(seen.append)
     try:
-        sweep_stale(str(tmp_path))
+        sweep_stale(str(tmp_path))  # at once: not tried again (every executor start sweeps)
+        assert dead.is_dir() and seen == [str(dead)]
+        marker = dead / "recovery-failed"
+        os.utime(marker, (time.time() - 120, time.time() - 120))
+        sweep_stale(str(tmp_path))  # after the retry interval
     finally:
         STALE_STATE_HOOKS.remove(seen.append)
     assert not dead.exists() and seen == [str(dead), str(dead)]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bash_sandbox import state as executor_state
 from bash_sandbox.git_import import (
     KEEP_NAMESPACE,
     WRITE_POINTS,
@@ -405,3 +406,47 @@ def test_the_host_receives_durably_and_the_scratch_view_flushes_nothing(
     assert any(c == "update-ref" and n > 0 for c, n in host), host
     # The import's scratch view: its carrier refs are written, never flushed.
     assert ("update-ref", 0) in view, view
+
+
+def test_a_full_disk_keeps_the_commits_until_a_later_sweep_imports_them(tmp_path: Path) -> None:
+    # The host's disk is full when the command's commit is imported: git refuses the objects
+    # and nothing is applied. The upper layer is then their only copy: it leaves the
+    # executor's state for a directory of its own (`exec-kept-*`), which a later executor's
+    # sweep imports into keep-refs once the disk has room, and only then removes.
+    with private_tmpfs(tmp_path / "small", "8m") as mounted:
+        repo = make_repo(mounted / "repo")
+        filler = mounted / "filler"
+        filler.write_bytes(b"\0" * (6 << 20))  # what is left cannot hold a 3 MiB object
+        parent = tmp_path / "state"
+        ov = Overlay(repo, parent / "exec-gone")
+        ov.run(
+            "b=$(head -c 3145728 /dev/urandom | git hash-object -w --stdin) && "
+            "git update-index --add --cacheinfo 100644,$b,big && git commit -qm precious"
+        )
+        commit = (ov.upper / "refs" / "heads" / "main").read_text().strip()  # the command's
+        snap = load_snapshot(str(ov.upper))
+        assert snap is not None
+        result = import_changes(snap)
+        assert result.outcome is not None and result.outcome.status is GitImportStatus.REFUSED
+        assert result.unimported
+        base = ov.upper.parent
+        executor_state._keep_unimported(str(base), str(parent))
+        [kept] = parent.glob("exec-kept-*")
+        assert not base.exists() and (kept / "git" / "1" / "upper").is_dir()
+        # A sweep while the disk is still full: kept, and marked for a later try.
+        executor_state.sweep_stale(str(parent))
+        marker = kept / "recovery-failed"
+        assert kept.is_dir() and marker.exists()
+        # Within the retry interval a sweep does not try again (every executor start sweeps).
+        past = time.time() - 5
+        os.utime(marker, (past, past))
+        executor_state.sweep_stale(str(parent))
+        assert marker.stat().st_mtime == pytest.approx(past, abs=1)
+        # Room again, the interval over: imported into keep-refs, and only then removed.
+        filler.unlink()
+        os.utime(marker, (past - 3600, past - 3600))
+        executor_state.sweep_stale(str(parent))
+        assert not kept.exists()
+        assert host_git(repo, "for-each-ref", KEEP_NAMESPACE).strip()
+        assert reachable(repo, commit), "the command's commit is in no ref of the host"
+        fsck_clean(repo)

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from bash_sandbox import state as executor_state
+from bash_sandbox.git_import import KEEP_NAMESPACE
 from bash_seam import BashExecRequest, GitImportStatus
-from tests.sandbox.conftest import ExecutorFactory
-from tests.sandbox.git_import_harness import GIT_ENV, fsck_clean, host_git, make_repo
+from tests.sandbox.conftest import ExecutorFactory, private_tmpfs
+from tests.sandbox.git_import_harness import GIT_ENV, fsck_clean, host_git, make_repo, reachable
 
 
 def _topic(repo: Path) -> None:
@@ -139,3 +141,39 @@ async def test_a_repository_whose_path_holds_a_newline_still_imports(
     assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED], result.sandbox.git
     assert _subject(repo) == "from the command"
     fsck_clean(repo)
+
+
+async def test_a_commit_refused_by_a_full_host_disk_is_kept_and_imported_later(
+    make_executor: ExecutorFactory, tmp_path: Path, private_base: Path
+) -> None:
+    # The executor's own flow: the command commits, the host's disk cannot take the objects,
+    # the result says so, and the commit outlives the executor (`exec-kept-*` beside the
+    # executors' state) until a later sweep imports it into keep-refs.
+    with private_tmpfs(tmp_path / "small", "8m") as mounted:
+        repo = make_repo(mounted / "repo")
+        filler = mounted / "filler"
+        filler.write_bytes(b"\0" * (6 << 20))
+        ex = make_executor(mode="workspace-write", workspace_root=str(repo))
+        command = (
+            "b=$(head -c 3145728 /dev/urandom | git hash-object -w --stdin) && "
+            "git update-index --add --cacheinfo 100644,$b,big && git commit -qm precious && "
+            "git rev-parse HEAD"
+        )
+        result = await ex.run(
+            ex.resolve(BashExecRequest(command=command, workdir=str(repo), env=GIT_ENV))
+        )
+        assert result.exit_code == 0, result.stderr.text
+        commit = result.stdout.text.strip()
+        assert result.sandbox is not None
+        assert [o.status for o in result.sandbox.git] == [GitImportStatus.REFUSED]
+        assert any("kept" in w for w in result.sandbox.warnings), result.sandbox.warnings
+        parent = Path(ex._services.state.path).parent
+        await ex.aclose()
+        assert not reachable(repo, commit)  # nothing applied on the host
+        [kept] = parent.glob("exec-kept-*")
+        filler.unlink()
+        executor_state.sweep_stale(str(parent))  # as the next executor's start does
+        assert not kept.exists()
+        assert host_git(repo, "for-each-ref", KEEP_NAMESPACE).strip()
+        assert reachable(repo, commit)
+        fsck_clean(repo)
