@@ -51,6 +51,7 @@ from bash_sandbox.linux.child_setup import (
     MS_STRICTATIME,
     ChildSetup,
 )
+from bash_sandbox.linux.rlimits import HELD_FDS
 from policies.paths import within
 
 FRESH_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -73,9 +74,10 @@ _MOUNT_OPTION_FLAGS = {
     "strictatime": MS_STRICTATIME,
 }
 
-# Where the child keeps the stage open (below the default 1024 descriptor limit; the
-# open-files rlimit is applied only after the stage is closed).
-STAGE_FD = 1000
+# Where the child keeps the stage open: beside the held init, below the default 1024
+# descriptor limit (the open-files rlimit is applied only after the stage is closed; a lower
+# one is raised for the set-up, `rlimits.descriptor_room`).
+STAGE_FD = HELD_FDS[0]
 STAGE = f"/proc/self/fd/{STAGE_FD}"
 
 

@@ -22,11 +22,13 @@ Where each one counts (Linux >= 5.14, measured on 6.18; see tests/limits):
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import resource
 from collections.abc import Callable
 from typing import NamedTuple
 
+from bash_sandbox.linux.sandbox_init import INIT_FD
 from policies import ResourceLimits
 
 RLIM_INFINITY = 2**64 - 1  # rlim_t's RLIM_INFINITY on Linux (Python spells it -1)
@@ -94,9 +96,11 @@ def render_rlimits(
     return tuple(out)
 
 
-# The highest descriptor a child holds at a fixed number while it sets the command up
-# (`view_steps.STAGE_FD`, `sandbox_init.INIT_FD`): its open-files soft limit must exceed it.
-HELD_FDS_TOP = 1001
+# The descriptors a child holds at fixed numbers while it sets the command up
+# (`view_steps.STAGE_FD`, just below `sandbox_init.INIT_FD`): its open-files soft limit
+# must exceed the higher one.
+HELD_FDS = (INIT_FD - 1, INIT_FD)
+HELD_FDS_TOP = max(HELD_FDS)
 
 
 def descriptor_room(
@@ -116,29 +120,26 @@ def descriptor_room(
     return room, RlimitSetting(resource.RLIMIT_NOFILE, soft, hard)
 
 
-_reserved: list[int] = []  # the held numbers this process keeps taken (`reserve_held_fds`)
-
-
-def reserve_held_fds() -> None:
+@functools.cache
+def reserve_held_fds() -> tuple[int, ...]:
     """Keep the numbers the child holds (1000, 1001) taken in this process where they are
     free, so that no descriptor the executor makes later (a namespace's, a listener's, that
     a child step names) gets one: the child's hold would overwrite it (a harness with ~990
     descriptors open: setns failed with EBADF). `F_DUPFD_CLOEXEC` takes the lowest free
     number from one up, never one in use; numbers the process already uses are its own and
-    the child does not need them. Once per process."""
-    if _reserved:
-        return
+    the child does not need them. Once per process; the numbers it holds."""
+    held: list[int] = []
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        for number in (HELD_FDS_TOP - 1, HELD_FDS_TOP):
+        for number in HELD_FDS:
             try:
                 got = fcntl.fcntl(null, fcntl.F_DUPFD_CLOEXEC, number)
             except OSError:
                 break  # past the open-files limit: nothing of ours is numbered there
-            if got in (HELD_FDS_TOP - 1, HELD_FDS_TOP) and got not in _reserved:
-                _reserved.append(got)
+            if got == number:
+                held.append(got)
             else:
-                os.close(got)
-        _reserved.append(-1)  # tried: not again
+                os.close(got)  # in use: the process's own
     finally:
         os.close(null)
+    return tuple(held)
