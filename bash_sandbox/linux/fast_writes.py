@@ -5,8 +5,10 @@ refused one can be reported (`write_watch.py`). Nearly all of them land inside a
 root, where judging finds nothing; in Python each still costs a wake-up of the harness's
 supervisor thread and the GIL: 95 us a trap against 12 us here (`scripts/bench-writes`; a
 C build +6-10% against within 5%). The C thread answers those, and only those, with
-CONTINUE; every other notification reaches the Python supervisor unchanged over a socket
-pair (`supervisor.py`), so what is decided and what is recorded do not change.
+CONTINUE; it also answers a connect to a unix socket path that does not exist with ENOENT,
+as the supervisor would (glibc's nscd probes: two per first user lookup). Every other
+notification reaches the Python supervisor unchanged over a socket pair (`supervisor.py`),
+so what is decided and what is recorded do not change.
 
 The package's build compiles it (`setup.py`, an optional extension: the install goes on
 without a C compiler), next to this module, as trusted as the Python beside it; nothing is
@@ -111,6 +113,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         ctypes.c_int,
         ctypes.c_int,
         ctypes.POINTER(Call),
+        ctypes.c_int,
         ctypes.c_int,
         ctypes.c_char_p,
         ctypes.c_size_t,

@@ -307,6 +307,7 @@ class SeccompSupervisor:
             theirs.fileno(),
             self._call_table,
             len(self._call_table),
+            _SYSCALLS.get("connect", -1),
             blob,
             len(blob),
             int(watch.read_only),

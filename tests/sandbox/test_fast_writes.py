@@ -15,11 +15,13 @@ import itertools
 import os
 import random
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,6 +156,9 @@ async def test_bwraps_own_setup_never_wakes_python_and_the_commands_writes_are_s
     # bwrap writes its user namespaces' uid_map, gid_map and setgroups (and, with
     # --disable-userns, a second namespace's) before the command starts: the judge drops
     # them (`_is_helper`), so the fast path answers them without the Python supervisor.
+    # Without SHELL bash looks its user up at start (glibc then probes nscd's socket twice):
+    # those connects are answered in C too, so the count holds whatever the runner's env.
+    monkeypatch.delenv("SHELL", raising=False)
     tag = os.urandom(4).hex()
     target = Path("/etc") / f"bsf-helper-{tag}"
     counting = _Counting(monkeypatch)
@@ -231,18 +236,103 @@ async def test_a_write_through_a_link_out_of_the_root_is_a_denial(
         shutil.rmtree(outside, ignore_errors=True)
 
 
+CONNECTS = (
+    # Each connect the command tries, and its result as an errno name (or "ok").
+    "import errno, os, socket, sys\n"
+    "def attempt(address):\n"
+    "    s = socket.socket(socket.AF_UNIX)\n"
+    "    try:\n"
+    "        s.connect(address)\n"
+    "        return 'ok'\n"
+    "    except OSError as e:\n"
+    "        return errno.errorcode.get(e.errno, str(e.errno))\n"
+    "    finally:\n"
+    "        s.close()\n"
+    "own = socket.socket(socket.AF_UNIX)\n"
+    "own.bind('own.sock')\n"
+    "own.listen(1)\n"
+    "for name, address in (\n"
+    "    ('missing-dir', '/bsf-missing-dir/x.sock'),\n"
+    "    ('missing', os.path.abspath('gone.sock')),\n"
+    "    ('dangling', os.path.abspath('dangling.sock')),\n"
+    "    ('relative', 'gone.sock'),\n"
+    "    ('own', os.path.abspath('own.sock')),\n"
+    "    ('host', sys.argv[1]),\n"
+    "    ('host-link', os.path.abspath('host-link.sock')),\n"
+    "    ('nscd', '/var/run/nscd/socket'),\n"
+    "):\n"
+    "    print(name, attempt(address))\n"
+)
+
+
+async def test_a_connect_to_a_missing_unix_socket_is_refused_in_c_as_python_refuses_it(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    lib: fast_writes.ctypes.CDLL,
+) -> None:
+    # glibc probes nscd's socket twice on a first user lookup (bash without SHELL, id, ls -l):
+    # the C side answers such a connect ENOENT when nothing is at the path in the command's
+    # view; everything else (a socket that is there, a relative name) is Python's, as before.
+    # The same command runs with the fast path and without: same answers, same facts.
+    monkeypatch.setenv("SHELL", "/bin/bash")  # bash's own lookup would add its probes
+    outside = Path(tempfile.mkdtemp(prefix="bsf-sock-", dir="/var/tmp"))
+    host = socket.socket(socket.AF_UNIX)
+    try:
+        host.bind(str(outside / "h.sock"))
+        host.listen(8)
+        (workspace / "dangling.sock").symlink_to("/bsf-missing-dir/y.sock")
+        (workspace / "host-link.sock").symlink_to(outside / "h.sock")
+        (workspace / "probe.py").write_text(CONNECTS)
+        connects: dict[bool, int] = {}
+        seen: dict[bool, tuple[str, set[str]]] = {}
+        for enabled in (True, False):
+            monkeypatch.setattr(fast_writes, "ENABLED", enabled)
+            counting = _Counting(monkeypatch, only=supervisor._SYSCALLS["connect"])
+            ex = make_executor(mode="workspace-write")
+            command = f"rm -f own.sock; {PY} probe.py {outside / 'h.sock'}"
+            result = await ex.run(
+                ex.resolve(BashExecRequest(command=command, workdir=str(workspace)))
+            )
+            assert result.exit_code == 0, result.stderr.text
+            assert result.sandbox is not None
+            refused = {d.target for d in result.sandbox.denials if d.kind is DenialKind.SOCKET}
+            seen[enabled] = (result.stdout.text, refused)
+            connects[enabled] = counting.count
+        assert seen[True] == seen[False]
+        answers = dict(line.split() for line in seen[True][0].splitlines())
+        assert answers["missing-dir"] == answers["missing"] == answers["dangling"] == "ENOENT"
+        assert answers["relative"] == "ENOENT"
+        assert answers["own"] == "ok"
+        # The host's socket outside the roots (its /var/tmp is in both backends' views):
+        # refused by Python with a fact, never connected.
+        assert answers["host"] == answers["host-link"] == "EACCES", answers
+        assert str(outside / "h.sock") in seen[True][1]
+        host.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            host.accept()  # the host's server saw nothing
+        nscd = 1 if answers["nscd"] == "ENOENT" else 0
+        # Answered in C: the three absolute missing paths (and nscd's where it is absent).
+        assert connects[False] - connects[True] == 3 + nscd, connects
+        assert connects[True] >= 4  # relative, own, host, host-link: still Python's
+    finally:
+        host.close()
+        shutil.rmtree(outside, ignore_errors=True)
+
+
 class _Counting:
     """How many notifications reached the Python supervisor (patched in per test)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, only: int | None = None) -> None:
         self.count = 0
         self._lock = threading.Lock()
         real = supervisor.SeccompSupervisor._dispatch
 
-        def dispatch(sup: supervisor.SeccompSupervisor, command: object, notif: object) -> None:
-            with self._lock:
-                self.count += 1
-            real(sup, command, notif)  # type: ignore[arg-type]
+        def dispatch(sup: supervisor.SeccompSupervisor, command: object, notif: Any) -> None:
+            if only is None or notif.data.nr == only:
+                with self._lock:
+                    self.count += 1
+            real(sup, command, notif)
 
         monkeypatch.setattr(supervisor.SeccompSupervisor, "_dispatch", dispatch)
 

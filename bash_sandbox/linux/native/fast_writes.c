@@ -8,16 +8,21 @@
  * kernel decides the call either way. Everything else (connect, socket, set-id modes, xattrs,
  * any path outside the fast rules, anything unreadable or unusual) is forwarded untouched, as
  * the raw notification, to the Python supervisor, which answers it exactly as before. A wrong
- * "surely writable" can only lose a fact, never allow a write: this code answers nothing but
- * CONTINUE, and only for calls the filter traps to watch, not to decide. A call of the
+ * "surely writable" can only lose a fact, never allow a write: this code answers CONTINUE
+ * only for calls the filter traps to watch, not to decide. A call of the
  * backend's own binary (bwrap writing its namespaces' uid_map, gid_map and setgroups before
  * the command starts) is never a fact either (`write_watch._is_helper`): answered here too.
+ * One refusal is answered here as well: a connect to an absolute unix socket path that does
+ * not exist in the command's view gets ENOENT, as the supervisor's `_connect` answers it
+ * (glibc probes nscd's socket twice on every first user lookup: bash without SHELL, ls -l,
+ * id, git). Refusing lets nothing through; whatever else a connect is goes to Python.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/seccomp.h>
 #include <poll.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +34,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define BSF_PATH_MAX 4096
@@ -42,6 +48,8 @@
 /* openat2(2) (Linux 5.6; older headers lack it). */
 #define BSF_SYS_OPENAT2 437
 #define BSF_RESOLVE_NO_SYMLINKS 0x04
+#define BSF_RESOLVE_NO_MAGICLINKS 0x02
+#define BSF_RESOLVE_IN_ROOT 0x10
 struct bsf_open_how {
     uint64_t flags, mode, resolve;
 };
@@ -288,6 +296,45 @@ int bsf_is_helper(const struct bsf_rules *r, pid_t pid) {
     return 0;
 }
 
+/* Whether `SeccompSupervisor._connect` would answer this connect ENOENT: ``fd`` is a socket
+ * of the caller, the address an absolute unix path, and nothing is at that path in the
+ * command's view (resolved in its root, links followed there, as `_resolve_in_view`). Any
+ * other connect (a relative or abstract name, an unreadable address, a path that exists or
+ * fails otherwise) is left to Python. */
+static int missing_unix_socket(const struct seccomp_notif *n) {
+    pid_t pid = (pid_t)n->pid;
+    uint64_t len = n->data.args[2];
+    char raw[sizeof(struct sockaddr_un) + 1];
+    size_t offset = offsetof(struct sockaddr_un, sun_path);
+    if (len <= offset || len > sizeof(struct sockaddr_un))
+        return 0;
+    memset(raw, 0, sizeof raw);
+    struct iovec local = {raw, (size_t)len}, remote = {(void *)(uintptr_t)n->data.args[1], len};
+    if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != (ssize_t)len)
+        return 0;
+    sa_family_t family;
+    memcpy(&family, raw, sizeof family);
+    if (family != AF_UNIX || raw[offset] != '/')
+        return 0;
+    char link[64];
+    struct stat st;
+    snprintf(link, sizeof link, "/proc/%d/fd/%d", (int)pid, signed_int(n->data.args[0]));
+    if (stat(link, &st) != 0 || !S_ISSOCK(st.st_mode))
+        return 0; /* Python answers EBADF or ENOTSOCK first */
+    snprintf(link, sizeof link, "/proc/%d/root", (int)pid);
+    int root = open(link, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0)
+        return 0;
+    struct bsf_open_how how = {O_PATH | O_CLOEXEC, 0,
+                               BSF_RESOLVE_IN_ROOT | BSF_RESOLVE_NO_MAGICLINKS};
+    int fd = (int)syscall(BSF_SYS_OPENAT2, root, raw + offset, &how, sizeof how);
+    int missing = fd < 0 && errno == ENOENT;
+    if (fd >= 0)
+        close(fd);
+    close(root);
+    return missing;
+}
+
 /* Whether the Python supervisor would let this call through without judging it. */
 static int fast(const struct bsf_rules *r, const struct bsf_call *calls, int ncalls,
                 const struct seccomp_notif *n) {
@@ -315,7 +362,8 @@ static int fast(const struct bsf_rules *r, const struct bsf_call *calls, int nca
  * pair) or every process of the filter is gone. Returns 0, or -errno on a failure that
  * stops forwarding (the Python side then sees end of file and stops answering too). */
 static int bsf_serve(int listener, int forward, const struct bsf_call *calls, int ncalls,
-                     const char *blob, size_t blob_len, int read_only, int view_mounts) {
+                     int connect_nr, const char *blob, size_t blob_len, int read_only,
+                     int view_mounts) {
     struct bsf_rules rules;
     int have_rules = blob != NULL && parse_rules(&rules, blob, blob_len, read_only,
                                                  view_mounts) == 0;
@@ -355,6 +403,15 @@ static int bsf_serve(int listener, int forward, const struct bsf_call *calls, in
                 ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, &resp);
                 continue;
             }
+            if (n.data.nr == connect_nr && missing_unix_socket(&n)) {
+                struct seccomp_notif_resp resp;
+                memset(&resp, 0, sizeof resp);
+                resp.id = n.id;
+                resp.val = -1;
+                resp.error = -ENOENT;
+                ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, &resp);
+                continue;
+            }
             if (send(forward, &n, sizeof n, MSG_NOSIGNAL) < 0)
                 return -errno;
         } else if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) {
@@ -370,7 +427,7 @@ static int bsf_serve(int listener, int forward, const struct bsf_call *calls, in
  * when it ends: the supervisor's end then reads end of file. */
 struct bsf_thread {
     pthread_t tid;
-    int listener, forward, ncalls, read_only, view_mounts, rc;
+    int listener, forward, ncalls, connect_nr, read_only, view_mounts, rc;
     size_t blob_len;
     struct bsf_call *calls;
     char *blob;
@@ -378,8 +435,8 @@ struct bsf_thread {
 
 static void *bsf_thread_main(void *arg) {
     struct bsf_thread *t = arg;
-    t->rc = bsf_serve(t->listener, t->forward, t->calls, t->ncalls, t->blob, t->blob_len,
-                      t->read_only, t->view_mounts);
+    t->rc = bsf_serve(t->listener, t->forward, t->calls, t->ncalls, t->connect_nr, t->blob,
+                      t->blob_len, t->read_only, t->view_mounts);
     close(t->forward);
     return NULL;
 }
@@ -393,8 +450,8 @@ static void bsf_thread_free(struct bsf_thread *t) {
 /* Start serving ``listener`` on a new thread; NULL (errno set) when it cannot start, and
  * then ``forward`` is still the caller's. */
 struct bsf_thread *bsf_start(int listener, int forward, const struct bsf_call *calls,
-                             int ncalls, const char *blob, size_t blob_len, int read_only,
-                             int view_mounts) {
+                             int ncalls, int connect_nr, const char *blob, size_t blob_len,
+                             int read_only, int view_mounts) {
     struct bsf_thread *t = calloc(1, sizeof *t);
     if (t == NULL)
         return NULL;
@@ -411,6 +468,7 @@ struct bsf_thread *bsf_start(int listener, int forward, const struct bsf_call *c
     t->listener = listener;
     t->forward = forward;
     t->ncalls = ncalls;
+    t->connect_nr = connect_nr;
     t->blob_len = blob_len;
     t->read_only = read_only;
     t->view_mounts = view_mounts;
