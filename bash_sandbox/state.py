@@ -216,13 +216,32 @@ def _unimported(base: str) -> bool:
     return os.path.exists(os.path.join(base, IMPORT_DIR, UNIMPORTED))
 
 
+# Upper layers kept for their unimported commits (`exec-kept-*`) per uid's state parent: each
+# holds at most a command's git cap and costs a failed fetch a minute while the host refuses
+# it, so a command cannot leave one per run without bound (a first import past it is
+# refused, and says why; concurrent imports may pass it by their number).
+KEPT_MAX = 8
+_KEPT_PREFIX = "exec-kept-"
+
+
+def room_to_keep(upper: str) -> bool:
+    """Whether the upper layer at ``upper`` (`<parent>/exec-*/git/<n>/upper`) may be kept
+    when its objects do not reach the host: fewer than `KEPT_MAX` are kept in its parent."""
+    parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(upper))))
+    try:
+        kept = sum(name.startswith(_KEPT_PREFIX) for name in os.listdir(parent))
+    except OSError:
+        return False
+    return kept < KEPT_MAX
+
+
 def _keep_unimported(base: str, parent: str) -> None:
     """Move an upper layer whose objects never reached the host (a full disk) out of the
     executor's state, into a state directory of its own in ``parent`` (`exec-kept-*`): no
     executor holds its lock, so a later executor's sweep treats it as a dead executor's,
     and `recover` imports its commits into keep-refs once git takes them; only then is it
     removed. Its lock is held while it is filled: no sweep sees it half made."""
-    kept = tempfile.mkdtemp(prefix="exec-kept-", dir=parent)
+    kept = tempfile.mkdtemp(prefix=_KEPT_PREFIX, dir=parent)
     fd = os.open(os.path.join(kept, _LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

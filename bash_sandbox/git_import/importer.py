@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bash_sandbox import state as executor_state
 from bash_sandbox.git_import import state_files as sf
 from bash_sandbox.git_import.gitcmd import SCRATCH_OPTIONS, GitError, git, git_env
 from bash_sandbox.git_import.kept_refs import snapshot_refs
@@ -845,6 +846,18 @@ def import_changes(
     importer.result.denials += [(rel, "not a regular file") for rel in scan.odd]
     result = importer.run(keep_only=keep_only)
     _import_modules(snap, base, result, keep_only=keep_only)
+    if (
+        work_base is None
+        and result.unimported
+        and not keep_only
+        and not executor_state.room_to_keep(snap.upper)
+    ):
+        # A first import past the bound of kept layers: refused as any other, and says so.
+        result.unimported = False
+        if result.outcome is not None:
+            waiting = f"{executor_state.KEPT_MAX} imports of this uid already wait for the host"
+            refused = (*result.outcome.refused, f"not kept: {waiting}")
+            result.outcome = result.outcome.model_copy(update={"refused": refused})
     if work_base is None and result.unimported:
         # The intent stays, and says so: the upper layer is kept and imported later.
         with open(os.path.join(base, UNIMPORTED), "w"):

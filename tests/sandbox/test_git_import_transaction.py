@@ -450,3 +450,52 @@ def test_a_full_disk_keeps_the_commits_until_a_later_sweep_imports_them(tmp_path
         assert host_git(repo, "for-each-ref", KEEP_NAMESPACE).strip()
         assert reachable(repo, commit), "the command's commit is in no ref of the host"
         fsck_clean(repo)
+
+
+def test_kept_imports_are_bounded_and_those_kept_are_never_dropped_by_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A command can leave commits the host cannot take at every run (a full disk, or objects
+    # git refuses for what they are): at most KEPT_MAX upper layers are kept per uid; a first
+    # import past it is refused as before last session and says so, while those kept stay
+    # until a sweep imports them, however many there are.
+    monkeypatch.setattr(executor_state, "KEPT_MAX", 2)
+    with private_tmpfs(tmp_path / "small", "8m") as mounted:
+        repo = make_repo(mounted / "repo")
+        filler = mounted / "filler"
+        filler.write_bytes(b"\0" * (6 << 20))
+        parent = tmp_path / "state"
+        commits, outcomes = [], []
+        for run in range(3):
+            ov = Overlay(repo, parent / f"exec-gone{run}")
+            ov.run(
+                "b=$(head -c 3145728 /dev/urandom | git hash-object -w --stdin) && "
+                f"git update-index --add --cacheinfo 100644,$b,big && git commit -qm run{run}"
+            )
+            commits.append((ov.upper / "refs" / "heads" / "main").read_text().strip())
+            snap = load_snapshot(str(ov.upper))
+            assert snap is not None
+            result = import_changes(snap)
+            assert result.outcome is not None
+            assert result.outcome.status is GitImportStatus.REFUSED
+            outcomes.append(result)
+            if result.unimported:  # as `ExecutorState.recycle_upper` does
+                executor_state._keep_unimported(str(ov.upper.parent), str(parent))
+        assert [r.unimported for r in outcomes] == [True, True, False]
+        third = outcomes[2].outcome
+        assert third is not None
+        assert any("not kept: 2 imports" in why for why in third.refused), third.refused
+        assert len(list(parent.glob("exec-kept-*"))) == 2
+        # At the bound, a sweep while the disk is still full keeps both (a recovery is not a
+        # first import: the bound never drops what is kept).
+        executor_state.sweep_stale(str(parent))
+        assert len(list(parent.glob("exec-kept-*"))) == 2
+        filler.unlink()
+        for kept in parent.glob("exec-kept-*"):
+            past = time.time() - 3600
+            os.utime(kept / "recovery-failed", (past, past))
+        executor_state.sweep_stale(str(parent))
+        assert list(parent.glob("exec-kept-*")) == []
+        assert reachable(repo, commits[0]) and reachable(repo, commits[1])
+        assert not reachable(repo, commits[2])  # refused and not kept: as the result said
+        fsck_clean(repo)
