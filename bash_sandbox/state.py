@@ -216,10 +216,11 @@ def _unimported(base: str) -> bool:
     return os.path.exists(os.path.join(base, IMPORT_DIR, UNIMPORTED))
 
 
-# Upper layers kept for their unimported commits (`exec-kept-*`) per uid's state parent: each
-# holds at most a command's git cap and costs a failed fetch a minute while the host refuses
-# it, so a command cannot leave one per run without bound (a first import past it is
-# refused, and says why; concurrent imports may pass it by their number).
+# Upper layers kept for unimported commits (`exec-kept-*`) per uid's state parent when the
+# host had room for them (git refused the objects themselves, or a quota did): each holds at
+# most a command's git cap and costs a failed fetch a minute, so a command cannot leave one
+# per run without bound (a first import past it is refused, and says why; concurrent
+# imports may pass it by their number). What a full disk refused is kept regardless.
 KEPT_MAX = 8
 _KEPT_PREFIX = "exec-kept-"
 

@@ -850,9 +850,12 @@ def import_changes(
         work_base is None
         and result.unimported
         and not keep_only
+        and not _host_lacks_room(snap.gitdir, scan.total)
         and not executor_state.room_to_keep(snap.upper)
     ):
-        # A first import past the bound of kept layers: refused as any other, and says so.
+        # The host had room, so git refused the objects for what they are (or a quota, a
+        # read-only store): a first import past the bound of kept layers is refused as any
+        # other, and says so. A full disk's is always kept: no commit is lost to it.
         result.unimported = False
         if result.outcome is not None:
             waiting = f"{executor_state.KEPT_MAX} imports of this uid already wait for the host"
@@ -868,6 +871,18 @@ def import_changes(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(base, INTENT))
     return result
+
+
+def _host_lacks_room(gitdir: str, upper_bytes: int) -> bool:
+    """Whether the host repository's filesystem lacks the room the fetch of at most
+    ``upper_bytes`` of objects writes (a pack of them, its index: twice that, and a MiB),
+    or a few inodes. Unknown counts as lacking (the layer is then kept)."""
+    try:
+        st = os.statvfs(os.path.join(gitdir, "objects"))
+    except OSError:
+        return True
+    inodes_short = st.f_files > 0 and st.f_favail < 64  # btrfs reports no inode count
+    return st.f_bavail * st.f_frsize < 2 * upper_bytes + (1 << 20) or inodes_short
 
 
 def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_only: bool) -> None:

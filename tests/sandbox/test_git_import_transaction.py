@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -452,50 +453,93 @@ def test_a_full_disk_keeps_the_commits_until_a_later_sweep_imports_them(tmp_path
         fsck_clean(repo)
 
 
-def test_kept_imports_are_bounded_and_those_kept_are_never_dropped_by_the_bound(
+def _plant_wrong_hash(ov: Overlay, run: int) -> str:
+    """The command commits a blob stored under another content's hash: git's checks refuse
+    it at the host's fetch whatever the room. Returns the command's commit."""
+    oid = subprocess.run(
+        ["git", "hash-object", "--stdin"],
+        input=f"reviewed {run}\n".encode(),
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    oid = oid.strip()
+    ov.run(
+        'python3 -c "import os, sys, zlib; oid = sys.argv[1];'
+        " d = os.path.join('.git/objects', oid[:2]); os.makedirs(d, exist_ok=True);"
+        " open(os.path.join(d, oid[2:]), 'wb').write(zlib.compress(b'blob 5\\0evil\\n'))\""
+        f" {oid} && git update-index --add --cacheinfo 100644,{oid},f{run} &&"
+        f" git commit -qm planted{run}"
+    )
+    return (ov.upper / "refs" / "heads" / "main").read_text().strip()
+
+
+def _fill_disk(ov: Overlay, run: int) -> str:
+    ov.run(
+        "b=$(head -c 3145728 /dev/urandom | git hash-object -w --stdin) && "
+        f"git update-index --add --cacheinfo 100644,$b,big{run} && git commit -qm run{run}"
+    )
+    return (ov.upper / "refs" / "heads" / "main").read_text().strip()
+
+
+def _import_three(
+    repo: Path, parent: Path, command: Callable[[Overlay, int], str]
+) -> list[tuple[str, Any]]:
+    """Three commands' imports refused by the host, each upper layer kept when the import
+    says so (as `ExecutorState.recycle_upper` does)."""
+    results = []
+    for run in range(3):
+        ov = Overlay(repo, parent / f"exec-gone{run}")
+        commit = command(ov, run)
+        snap = load_snapshot(str(ov.upper))
+        assert snap is not None
+        result = import_changes(snap)
+        assert result.outcome is not None
+        assert result.outcome.status is GitImportStatus.REFUSED, result.outcome
+        if result.unimported:
+            executor_state._keep_unimported(str(ov.upper.parent), str(parent))
+        results.append((commit, result))
+    return results
+
+
+def test_layers_git_refuses_with_room_are_kept_up_to_a_bound_and_never_dropped_by_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A command can leave commits the host cannot take at every run (a full disk, or objects
-    # git refuses for what they are): at most KEPT_MAX upper layers are kept per uid; a first
-    # import past it is refused as before last session and says so, while those kept stay
-    # until a sweep imports them, however many there are.
+    # Objects git refuses for what they are, with room on the host's disk: a command could
+    # leave one kept layer per run, each retried a minute. At most KEPT_MAX are kept; a
+    # first import past it is refused as before the layers were kept, and says so; a sweep
+    # at the bound never drops one that is kept.
     monkeypatch.setattr(executor_state, "KEPT_MAX", 2)
-    with private_tmpfs(tmp_path / "small", "8m") as mounted:
+    repo = make_repo(tmp_path / "repo")
+    parent = tmp_path / "state"
+    results = _import_three(repo, parent, _plant_wrong_hash)
+    assert [r.unimported for _, r in results] == [True, True, False]
+    third = results[2][1].outcome
+    assert any("not kept: 2 imports" in why for why in third.refused), third.refused
+    assert len(list(parent.glob("exec-kept-*"))) == 2
+    executor_state.sweep_stale(str(parent))  # still refused: both stay, marked
+    kept = list(parent.glob("exec-kept-*"))
+    assert len(kept) == 2 and all((k / "recovery-failed").exists() for k in kept)
+    for commit, _ in results:
+        assert not reachable(repo, commit)
+    fsck_clean(repo)
+
+
+def test_layers_a_full_disk_refuses_are_kept_past_the_bound_and_all_land_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The disk's refusals are kept whatever the bound (no commit lost to a full disk): three
+    # under a bound of 2, and once there is room every one lands in keep-refs.
+    monkeypatch.setattr(executor_state, "KEPT_MAX", 2)
+    with private_tmpfs(tmp_path / "small", "16m") as mounted:
         repo = make_repo(mounted / "repo")
         filler = mounted / "filler"
-        filler.write_bytes(b"\0" * (6 << 20))
+        filler.write_bytes(b"\0" * (14 << 20))  # room for all three once it goes
         parent = tmp_path / "state"
-        commits, outcomes = [], []
-        for run in range(3):
-            ov = Overlay(repo, parent / f"exec-gone{run}")
-            ov.run(
-                "b=$(head -c 3145728 /dev/urandom | git hash-object -w --stdin) && "
-                f"git update-index --add --cacheinfo 100644,$b,big && git commit -qm run{run}"
-            )
-            commits.append((ov.upper / "refs" / "heads" / "main").read_text().strip())
-            snap = load_snapshot(str(ov.upper))
-            assert snap is not None
-            result = import_changes(snap)
-            assert result.outcome is not None
-            assert result.outcome.status is GitImportStatus.REFUSED
-            outcomes.append(result)
-            if result.unimported:  # as `ExecutorState.recycle_upper` does
-                executor_state._keep_unimported(str(ov.upper.parent), str(parent))
-        assert [r.unimported for r in outcomes] == [True, True, False]
-        third = outcomes[2].outcome
-        assert third is not None
-        assert any("not kept: 2 imports" in why for why in third.refused), third.refused
-        assert len(list(parent.glob("exec-kept-*"))) == 2
-        # At the bound, a sweep while the disk is still full keeps both (a recovery is not a
-        # first import: the bound never drops what is kept).
-        executor_state.sweep_stale(str(parent))
-        assert len(list(parent.glob("exec-kept-*"))) == 2
+        results = _import_three(repo, parent, _fill_disk)
+        assert [r.unimported for _, r in results] == [True, True, True]
+        assert len(list(parent.glob("exec-kept-*"))) == 3
         filler.unlink()
-        for kept in parent.glob("exec-kept-*"):
-            past = time.time() - 3600
-            os.utime(kept / "recovery-failed", (past, past))
         executor_state.sweep_stale(str(parent))
         assert list(parent.glob("exec-kept-*")) == []
-        assert reachable(repo, commits[0]) and reachable(repo, commits[1])
-        assert not reachable(repo, commits[2])  # refused and not kept: as the result said
+        assert all(reachable(repo, commit) for commit, _ in results)
         fsck_clean(repo)
