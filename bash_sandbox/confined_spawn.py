@@ -124,6 +124,8 @@ class ConfinedSpawn(SpawnScope):
         self._git: GitInspection | None = None
         # Loopback connects the command's own namespace refused (None: nobody watched).
         self._loopback_refused: tuple[str, ...] | None = None
+        # Given back once the command is over, before the copy-back (`_release_early`).
+        self._early: list[_Idempotent] = []
 
     @classmethod
     async def open(
@@ -260,7 +262,7 @@ class ConfinedSpawn(SpawnScope):
         survey = self._services.survey
         self.started_ns = time.time_ns()
         view, held, self._git = survey.take(self.policy, self.backend.mounts, self._user_policy)
-        self._stack.callback(survey.release, held)
+        self._stack.callback(self._early_release(functools.partial(survey.release, held)))
         for overlay in view.overlays:
             self._stack.callback(self._services.recycle_upper, overlay)
         self.overlays = view.overlays
@@ -277,7 +279,7 @@ class ConfinedSpawn(SpawnScope):
         except (CoverWatchError, RuntimeError) as exc:
             why = f"covers are not watched ({exc}): a host change of a covered name uncovers it"
             return dataclasses.replace(view, partial=(*view.partial, why))
-        self._stack.callback(watch.release, ticket)
+        self._stack.callback(self._early_release(functools.partial(watch.release, ticket)))
         return view
 
     def _egress_grant(self) -> ProxyGrant | None:
@@ -463,6 +465,7 @@ class ConfinedSpawn(SpawnScope):
         self._read_limits(outcome)
         self._unregister()
         if self._copies_back:
+            self._release_early()
             # Git's processes and the host's disk: in a thread, so the loop keeps serving.
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._services.settle_pool(), _Once(self._copy_back))
@@ -476,6 +479,18 @@ class ConfinedSpawn(SpawnScope):
 
     def close(self) -> None:
         self._stack.close()
+
+    def _early_release(self, call: Callable[[], None]) -> _Idempotent:
+        release = _Idempotent(call)
+        self._early.append(release)
+        return release
+
+    def _release_early(self) -> None:
+        """The command is over: its cover watch (first: nothing it sees now can stop it)
+        and the host placeholders, before the copy-back, whose search then never lists the
+        placeholder directories (16 listings and watches a spawn, made and dropped)."""
+        for release in reversed(self._early):
+            release()
 
     def _read_limits(self, outcome: SpawnOutcome) -> None:
         if self.limits is None:
@@ -614,6 +629,19 @@ def _leading_dirs(relative: str) -> list[str]:
         return []
     parts = relative.split("/")
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+class _Idempotent:
+    """A release that may come early (`ConfinedSpawn._release_early`) and again from the
+    stack: only the first call acts."""
+
+    def __init__(self, call: Callable[[], None]) -> None:
+        self._call: Callable[[], None] | None = call
+
+    def __call__(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call()
 
 
 class _Once:

@@ -79,10 +79,13 @@ def _homes(home: str) -> frozenset[str]:
     return frozenset(homes)
 
 
-def needs_placeholder(name: str, root: str) -> bool:
+def needs_placeholder(name: str, root: str, *, real_root: str | None = None) -> bool:
     """Whether a missing protected ``name`` in ``root`` must be held by a placeholder:
-    a shell start-up file only in a home directory (see the module docstring)."""
-    return name not in SHELL_RC_PATHS or os.path.realpath(root) in _homes(os.path.expanduser("~"))
+    a shell start-up file only in a home directory (see the module docstring).
+    ``real_root``: ``root`` resolved, where the caller has it (once a spawn, not per name)."""
+    if name not in SHELL_RC_PATHS:
+        return True
+    return (real_root or os.path.realpath(root)) in _homes(os.path.expanduser("~"))
 
 
 def directory_placeholder(name: str) -> bool:

@@ -384,7 +384,8 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
         if owner is not None:
             pins += _pins_between(owner, gitdir, looks)
     for root in roots:
-        root_is_real = os.path.realpath(root) == root
+        real_root = os.path.realpath(root)
+        root_is_real = real_root == root
         for name in policy.protected_paths:
             lexical = os.path.join(root, name)
             if name == ".git" or name.startswith(".git/"):
@@ -408,7 +409,7 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
             pins += _pins_between(owner, resolved if first is None else first, looks)
             if first is None:
                 protect.append(resolved)
-            elif needs_placeholder(name, root):
+            elif needs_placeholder(name, root, real_root=real_root):
                 # An auto-run name is held by a directory: git never shows an empty one.
                 is_dir = first != resolved or name.endswith("/") or directory_placeholder(name)
                 missing.append((first, is_dir))

@@ -194,3 +194,48 @@ async def test_an_executors_stash_serves_its_spawns_and_goes_with_it(
     assert {entry.inode() for entry in os.scandir(stash)} == kept  # moved in and out again
     await ex.aclose()
     assert not stash.exists()  # nothing of the executor stays
+
+
+async def test_placeholders_leave_before_the_copy_back_so_its_search_never_watches_them(
+    make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The spawn gives its placeholders back as soon as the command is over, before the
+    # copy-back's repository search: that search then never lists and watches the
+    # placeholder directories (16 of each a spawn, dropped again at the next survey), and a
+    # repository the command made is still found and reset, on the host.
+    from bash_sandbox.linux import dir_watch
+
+    git_env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+    watched: list[str] = []
+    real_add = dir_watch.DirectoryWatch.add
+
+    def add(self: dir_watch.DirectoryWatch, path: str) -> bool:
+        watched.append(path)
+        return real_add(self, path)
+
+    monkeypatch.setattr(dir_watch.DirectoryWatch, "add", add)
+    ex = make_executor(mode="workspace-write")
+    spec = ex.resolve(
+        BashExecRequest(command="test -d .envrc && echo held", workdir=str(workspace))
+    )
+    first = await ex.run(spec)
+    assert first.stdout.text == "held\n", first.stderr.text
+    watched.clear()
+    for _ in range(3):
+        again = await ex.run(spec)
+        assert again.stdout.text == "held\n", again.stderr.text
+        assert os.listdir(workspace) == []  # the host's workspace: no placeholder left
+    placeholders = {str(workspace / name) for name in AUTORUN_PATHS}
+    assert not placeholders & set(watched), sorted(placeholders & set(watched))
+    made = await ex.run(
+        ex.resolve(
+            BashExecRequest(
+                command="git init -q made && git -C made config core.hooksPath /tmp/x",
+                workdir=str(workspace),
+                env=git_env,
+            )
+        )
+    )
+    assert made.exit_code == 0, made.stderr.text
+    config = (workspace / "made" / ".git" / "config").read_text()
+    assert "hooksPath" not in config  # the new repository's control plane reset on the host
