@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from bash_local.userdir import registered_spill_parents, user_base_dir
 from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholder_sources
 from bash_sandbox.errors import SandboxUnavailableError
+from bash_sandbox.linux.dir_watch import filesystem_type
 from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
 from bash_sandbox.trust_domain import domain_key
 from policies import SandboxPolicy
@@ -50,8 +51,28 @@ def _safe_dir(path: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0
 
 
+# Filesystems a git overlay's upper layer (kept in the executor's state) can live on. Not
+# overlayfs: a container's root filesystem, where /tmp and ~/.cache usually are, refuses to
+# be an upper (the mount fails with EINVAL, and every workspace-write spawn in a repository
+# with it); nor FUSE or network filesystems.
+UPPER_FILESYSTEMS = frozenset(
+    {
+        0xEF53,  # ext2, ext3, ext4
+        0x58465342,  # xfs
+        0x9123683E,  # btrfs
+        0x01021994,  # tmpfs
+        0xF2F52010,  # f2fs
+        0x2FC12FC1,  # zfs
+        0xCA451A4E,  # bcachefs
+    }
+)
+
+
 def state_parent(roots: tuple[str, ...]) -> str:
-    """A 0700 directory of this uid for executor state, outside every root in ``roots``."""
+    """A 0700 directory of this uid for executor state, outside every root in ``roots``:
+    the first candidate on a filesystem that can hold an overlay's upper layer; where none
+    is (a container whose disk is overlayfs), this uid's directory in /dev/shm (a tmpfs);
+    else the first usable one (then only a repository's overlay fails, as it must)."""
     uid = os.geteuid()
     candidates = [
         os.path.join(user_base_dir(), "state"),
@@ -59,12 +80,18 @@ def state_parent(roots: tuple[str, ...]) -> str:
         f"/tmp/bash-sandbox-{uid}/state",
         os.path.join(os.path.expanduser("~"), ".cache", "bash-sandbox", "state"),
     ]
-    for candidate in candidates:
+    usable: list[str] = []
+    for candidate in [*candidates, f"/dev/shm/bash-sandbox-{uid}/state"]:
         real = os.path.realpath(candidate)
         if any(within(real, r) or within(r, real) for r in roots):
             continue
-        if _safe_dir(os.path.dirname(real)) and _safe_dir(real):
+        if not _safe_dir(os.path.dirname(real)) or not _safe_dir(real):
+            continue
+        if filesystem_type(real) in UPPER_FILESYSTEMS:
             return real
+        usable.append(real)
+    if usable:
+        return usable[0]
     raise SandboxUnavailableError(
         "read-only",
         "no place for the executor's state outside the writable roots "

@@ -4,6 +4,7 @@ next one, what a live executor holds never is."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,8 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 from bash_sandbox.state import ExecutorState, sweep_stale
 from bash_seam import BashExecRequest
@@ -138,3 +141,92 @@ async def test_a_link_a_command_leaves_in_git_never_breaks_the_cleanup(
     again = await later.run(later.resolve(BashExecRequest(command="echo ok")))
     assert again.stdout.text == "ok\n"
     assert os.path.isdir("/") and not os.path.lexists(workspace / ".git" / "dirlink")
+
+
+CONTAINER = textwrap.dedent(
+    """
+    import asyncio, json, os, subprocess, sys
+    from bash_sandbox import SandboxBashExecutor
+    from bash_sandbox.state import state_parent
+
+    ws, backend = sys.argv[1], sys.argv[2]
+
+    async def main():
+        ex = SandboxBashExecutor(backend=backend, workspace_root=ws, mode="workspace-write")
+        command = "echo x > f && git add f && git commit -qm from-the-command"
+        env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b",
+               "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b"}
+        from bash_seam import BashExecRequest
+        result = await ex.run(ex.resolve(BashExecRequest(command=command, workdir=ws, env=env)))
+        state = ex._services.state.path
+        await ex.aclose()
+        print(json.dumps({"exit": result.exit_code, "stderr": result.stderr.text,
+                          "git": [o.status.value for o in result.sandbox.git],
+                          "state": state, "parent": state_parent((ws,))}))
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "landlock"])
+def test_a_container_whose_disk_is_overlayfs_still_commits_in_workspace_write(
+    tmp_path: Path, backend: str
+) -> None:
+    # In a container every candidate for the executor's state (TMPDIR, /var/tmp, /tmp,
+    # ~/.cache) is on the container's overlayfs, which refuses to be an overlay's upper
+    # layer: every workspace-write spawn in a repository failed ("mount overlay: EINVAL").
+    # The state goes to this uid's directory in /dev/shm instead. Run in a mount namespace
+    # of the test's own, each candidate (and /dev/shm) a mount of its own there.
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount in a namespace of its own (the root run has it)")
+    uid = os.geteuid()
+    layers = tmp_path / "layers"
+    points = {
+        "tmpdir": tmp_path / "tmpdir",
+        "home": tmp_path / "home",
+        "var": Path(f"/var/tmp/bash-sandbox-{uid}"),
+        "tmp": Path(f"/tmp/bash-sandbox-{uid}"),
+    }
+    # /var/tmp gets a tmpfs of the namespace's first: its candidate is made there, not on the
+    # host (the /tmp one is this uid's base, which every run makes anyway).
+    script = ["set -e", "mount --make-rprivate /", "mount -t tmpfs -o size=1m var /var/tmp"]
+    for name, point in points.items():
+        for part in ("lower", "upper", "work"):
+            (layers / name / part).mkdir(parents=True)
+        if name in ("tmpdir", "home"):
+            point.mkdir()
+        script.append(
+            f"mkdir -p {point} && mount -t overlay overlay -o lowerdir={layers / name}/lower,"
+            f"upperdir={layers / name}/upper,workdir={layers / name}/work {point}"
+        )
+    script.append("mount -t tmpfs -o size=64m,mode=1777 shm /dev/shm")
+    script.append('exec "$@"')
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    git = ["git", "-C", str(ws)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run(
+        [*git, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty",
+         "-m", "host"],
+        check=True,
+    )  # fmt: skip
+    env = {**os.environ, "TMPDIR": str(points["tmpdir"]), "HOME": str(points["home"])}
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "\n".join(script), "sh", sys.executable, "-c", CONTAINER,
+         str(ws), backend],
+        check=False, capture_output=True, text=True, timeout=120, env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["exit"] == 0, got["stderr"]
+    assert got["git"] == ["applied"], got
+    assert got["parent"] == f"/dev/shm/bash-sandbox-{uid}/state", got
+    assert got["state"].startswith(got["parent"] + "/exec-"), got
+    # From the host: the command's commit is in the repository, which fsck finds clean.
+    log = subprocess.run([*git, "log", "--format=%s"], check=True, capture_output=True, text=True)
+    assert log.stdout.split() == ["from-the-command", "host"]
+    subprocess.run([*git, "fsck", "--strict", "--no-progress"], check=True, capture_output=True)
+    # The host's own /dev/shm and state candidates were never touched (the namespace's).
+    assert not Path(f"/dev/shm/bash-sandbox-{uid}").exists()
