@@ -29,17 +29,27 @@ from typing import Literal
 
 from bash_local.output import OutputCollector, decode
 from bash_local.spawn import (
+    ChildrenReapedError,
     LaunchedChild,
     Launcher,
     SpawnOutcome,
     SpawnPlan,
     Started,
+    children_stay_to_be_reaped,
     folded_signal,
     popen,
 )
 from bash_seam import AbortSignal, BashProcess, BashProcessRead, ProcessStatus, SandboxFacts
 
 logger = logging.getLogger("bash_local")
+
+
+def _refuse_unreapable(launcher: Launcher | None) -> None:
+    """Refuse, before anything runs, a leader this process would parent while the kernel
+    reaps its children for it (`children_stay_to_be_reaped`)."""
+    if (launcher is None or launcher.parents_here) and not children_stay_to_be_reaped():
+        raise ChildrenReapedError()
+
 
 READ_CHUNK = 1 << 16
 # Upper bound of the last non-blocking drain once the group is dead (pipe buffers only).
@@ -176,6 +186,7 @@ class SpawnedCommand:
         scope owns them), so the caller can still read them to explain the failure.
         """
         plan = self.plan
+        _refuse_unreapable(plan.launcher)
         stdio = self._open_stdio()
         try:
             if plan.launcher is not None:
@@ -192,6 +203,7 @@ class SpawnedCommand:
     async def spawn_launched(self, launcher: Launcher) -> None:
         """`spawn()` through a launcher that forks elsewhere: the loop awaits its answer
         instead of blocking on a fork. Same failures, same descriptors afterwards."""
+        _refuse_unreapable(launcher)
         stdio = self._open_stdio()
         try:
             self._proc = await launcher.launch_async(

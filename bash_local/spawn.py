@@ -9,9 +9,12 @@ it until `close()`.
 from __future__ import annotations
 
 import abc
+import ctypes
+import functools
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -85,6 +88,47 @@ class OwnChild:
 Started = subprocess.Popen[bytes] | LaunchedChild | OwnChild
 
 
+_SA_NOCLDWAIT = {"linux": 0x2, "darwin": 0x20}
+# Where `struct sigaction` keeps sa_flags: after the handler and a 1024-bit sa_mask on Linux
+# (glibc and musl alike), after the handler and a 32-bit mask on macOS.
+_SA_FLAGS_AT = {"linux": 8 + 128, "darwin": 8 + 4}
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def children_stay_to_be_reaped() -> bool:
+    """Whether this process's exited children wait for it to read their status: not when
+    it ignores SIGCHLD or set SA_NOCLDWAIT (a daemon's way never to wait), since the kernel
+    then reaps them itself: a leader's exit status is lost (`Popen` reads 0) and its
+    process group id may be reused before the group is killed. Read from the kernel's
+    table (a C library may have set it without Python's `signal` knowing)."""
+    platform = "darwin" if sys.platform == "darwin" else sys.platform[:5]
+    if platform not in _SA_FLAGS_AT:
+        return signal.getsignal(signal.SIGCHLD) != signal.SIG_IGN
+    action = ctypes.create_string_buffer(256)
+    if _libc().sigaction(signal.SIGCHLD, None, action) != 0:
+        return True  # cannot tell: as before
+    handler = ctypes.c_void_p.from_buffer(action, 0).value
+    flags = ctypes.c_int.from_buffer(action, _SA_FLAGS_AT[platform]).value
+    return handler != int(signal.SIG_IGN) and not flags & _SA_NOCLDWAIT[platform]
+
+
+class ChildrenReapedError(BashExecError):
+    """This process ignores SIGCHLD (or set SA_NOCLDWAIT): nothing was spawned."""
+
+    code = "CHILDREN_REAPED_BY_KERNEL"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this process ignores SIGCHLD (SIG_IGN or SA_NOCLDWAIT), so the kernel reaps its "
+            "children itself and no command's exit status could be read (it would read as 0); "
+            "set it back first: signal.signal(signal.SIGCHLD, signal.SIG_DFL)"
+        )
+
+
 def popen(plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
     """``plan`` started by `subprocess.Popen`, its pre-exec step in the forked child."""
     return subprocess.Popen(
@@ -107,6 +151,10 @@ class Launcher(abc.ABC):
     """Spawns a plan in a new session with the given stdio descriptors, on the loop thread.
     Raises as `subprocess.Popen` does (OSError with the failing filename, or
     `subprocess.SubprocessError` for a failed pre-exec step): nothing runs then."""
+
+    # Whether the leader is this process's own child (then `children_stay_to_be_reaped`
+    # must hold), or another process's that reports its exit (a spawn helper).
+    parents_here = True
 
     @abc.abstractmethod
     def launch(self, plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> Started:

@@ -13,6 +13,10 @@ import sys
 
 
 def main() -> int:
+    # Ignored dispositions survive exec: a parent that ignores SIGCHLD (a daemon's way never
+    # to wait) would have the kernel reap this process's children, and the run would wait
+    # for an exit status that never comes. Every child here is the CLI's own.
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
     argv = sys.argv[1:]
     from bash_sandbox.warm import client, wire
 

@@ -96,6 +96,8 @@ class _HelperChild(LaunchedChild):
 class SpawnHelper(Launcher):
     """One executor's spawn helper. Not thread-safe: used from the executor's loop."""
 
+    parents_here = False  # the helper is the leader's parent, and reports its exit
+
     def __init__(self, python: str | None = None) -> None:
         ours, theirs = socket.socketpair(
             socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
