@@ -42,7 +42,7 @@ from policies.paths import within
 
 
 def _safe_dir(path: str) -> bool:
-    with contextlib.suppress(FileExistsError):
+    with contextlib.suppress(OSError):  # another's, or not ours to make: lstat says which
         os.makedirs(path, 0o700, exist_ok=True)
     try:
         st = os.lstat(path)

@@ -45,6 +45,11 @@ if cfg["overlay"]:
                     libc.mount(mp.encode(), target.encode(), None, MS_BIND | MS_REC, None),
                     "bind " + mp,
                 )
+    # Every state candidate of the executor is on this overlay, so its state goes to
+    # /dev/shm (`state.state_parent`): a tmpfs of this view's own, never the host's.
+    if os.path.isdir(merged + "/dev/shm"):
+        shm = (merged + "/dev/shm").encode()
+        check(libc.mount(b"tmpfs", shm, b"tmpfs", 0, b"mode=1777,size=64m"), "mount /dev/shm")
     os.chroot(merged)
     os.chdir("/")
 
