@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from bash_local.userdir import registered_spill_parents, user_base_dir
 from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholder_sources
 from bash_sandbox.errors import SandboxUnavailableError
-from bash_sandbox.linux.dir_watch import filesystem_type
+from bash_sandbox.linux.dir_watch import LOCAL_FILESYSTEMS, filesystem_type
 from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
 from bash_sandbox.trust_domain import domain_key
 from policies import SandboxPolicy
@@ -51,21 +51,12 @@ def _safe_dir(path: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0
 
 
-# Filesystems a git overlay's upper layer (kept in the executor's state) can live on. Not
-# overlayfs: a container's root filesystem, where /tmp and ~/.cache usually are, refuses to
-# be an upper (the mount fails with EINVAL, and every workspace-write spawn in a repository
-# with it); nor FUSE or network filesystems.
-UPPER_FILESYSTEMS = frozenset(
-    {
-        0xEF53,  # ext2, ext3, ext4
-        0x58465342,  # xfs
-        0x9123683E,  # btrfs
-        0x01021994,  # tmpfs
-        0xF2F52010,  # f2fs
-        0x2FC12FC1,  # zfs
-        0xCA451A4E,  # bcachefs
-    }
-)
+# Filesystems a git overlay's upper layer (kept in the executor's state) can live on: the
+# local ones but overlayfs itself (a container's root filesystem, where /tmp and ~/.cache
+# usually are: the overlay's mount fails with EINVAL, and every workspace-write spawn in a
+# repository with it) and ramfs (no extended attributes).
+_OVERLAYFS, _RAMFS = 0x794C7630, 0x858458F6
+UPPER_FILESYSTEMS = LOCAL_FILESYSTEMS - {_OVERLAYFS, _RAMFS}
 
 
 def state_parent(roots: tuple[str, ...]) -> str:
