@@ -57,11 +57,16 @@ def register_spill_parent(path: str) -> None:
     if real in registered_spill_parents():
         return
     registry = os.path.join(user_base_dir(), _REGISTRY)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(registry, flags, 0o600)
+    fd = os.open(registry, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, real.encode() + b"\n")
+        fcntl.flock(fd, fcntl.LOCK_EX)  # every writer takes it: the end is ours to write at
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
+        if data and b"\0" not in data:
+            # Written one path a line before: rewritten with NULs first, so the two never mix.
+            data = b"".join(line + b"\0" for line in data.split(b"\n") if line)
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        os.pwrite(fd, os.fsencode(real) + b"\0", len(data))
     finally:
         os.close(fd)
 
@@ -95,9 +100,13 @@ def _live(named: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _named(fd: int) -> tuple[str, ...]:
+    """The registry's paths: each ended by a NUL, as the bytes the filesystem has (a path
+    may hold a newline, or bytes that are not UTF-8, and must still be hidden); a registry
+    written before that holds one path a line."""
     with os.fdopen(os.dup(fd), "rb") as fh:
-        lines = fh.read(1 << 20).decode(errors="replace").splitlines()
-    return tuple(dict.fromkeys(lines))
+        data = fh.read(1 << 20)
+    records = data.split(b"\0") if b"\0" in data else data.split(b"\n")
+    return tuple(dict.fromkeys(os.fsdecode(r) for r in records if r))
 
 
 def _prune(registry: str) -> None:
@@ -112,7 +121,7 @@ def _prune(registry: str) -> None:
         live = _live(named)
         if len(live) == len(named):
             return
-        data = "".join(f"{p}\n" for p in live).encode()
+        data = b"".join(os.fsencode(p) + b"\0" for p in live)
         os.pwrite(fd, data, 0)
         os.ftruncate(fd, len(data))
     finally:

@@ -76,7 +76,7 @@ def named_cache_folder() -> str:
 
 
 def _record_of(named: str) -> str:
-    digest = hashlib.sha256(named.encode()).hexdigest()[:32]
+    digest = hashlib.sha256(os.fsencode(named)).hexdigest()[:32]
     return os.path.join(user_base_dir(), _RECORDS, digest)
 
 
@@ -102,7 +102,7 @@ def _read_record(record: str) -> str | None:
     except OSError:
         return None
     with os.fdopen(fd, "rb") as fh:
-        text = fh.read(8192).decode(errors="replace")
+        text = os.fsdecode(fh.read(8192))  # the path's own bytes, as written
     return text if text.startswith("/") and "\n" not in text else None
 
 
@@ -114,7 +114,7 @@ def _write_record(record: str, folder: str) -> None:
     tmp = f"{record}.{uuid.uuid4().hex}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, folder.encode())
+        os.write(fd, os.fsencode(folder))
     finally:
         os.close(fd)
     try:

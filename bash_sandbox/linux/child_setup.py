@@ -379,7 +379,7 @@ class ChildSetup:
     def _add(
         self, what: str, fn: Callable[..., int], *args: object, ok: tuple[int, ...] = ()
     ) -> None:
-        self._steps.append(_Step(what.encode(), fn, args, ok))
+        self._steps.append(_Step(os.fsencode(what), fn, args, ok))
 
     def _buf(self, data: bytes) -> ctypes.Array[ctypes.c_char]:
         buf = ctypes.create_string_buffer(data)
@@ -401,7 +401,7 @@ class ChildSetup:
         """open/write/close, e.g. for /proc/self/uid_map after a user-namespace unshare."""
         self._add(
             "write " + path,
-            _WriteFile(self._lib, self._buf(path.encode()), self._buf(data), len(data)),
+            _WriteFile(self._lib, self._buf(os.fsencode(path)), self._buf(data), len(data)),
         )
 
     @_recorded
@@ -435,7 +435,7 @@ class ChildSetup:
     def bind_read_only(self, source: str, target: str, *, optional: bool = False) -> None:
         """A read-only bind; ``optional``: a source or target that vanished is skipped (and
         so is the remount, which then finds no mount of its own at ``target``, or nothing)."""
-        src, dst = self._buf(source.encode()), self._buf(target.encode())
+        src, dst = self._buf(os.fsencode(source)), self._buf(os.fsencode(target))
         missing = (ENOENT,) if optional else ()
         flags = MS_BIND | MS_REC
         self._add("bind " + target, self._lib.mount, src, dst, None, flags, None, ok=missing)
@@ -458,7 +458,7 @@ class ChildSetup:
         """A bind with the source mount's flags; onto itself it pins a directory (mount
         points cannot be renamed). ``optional``: a source or target that vanished is
         skipped."""
-        src, dst = self._buf(source.encode()), self._buf(target.encode())
+        src, dst = self._buf(os.fsencode(source)), self._buf(os.fsencode(target))
         flags = MS_BIND | (MS_REC if recursive else 0)
         missing = (ENOENT,) if optional else ()
         self._add("bind " + target, self._lib.mount, src, dst, None, flags, None, ok=missing)
@@ -470,7 +470,7 @@ class ChildSetup:
             "remount " + target,
             self._lib.mount,
             None,
-            self._buf(target.encode()),
+            self._buf(os.fsencode(target)),
             None,
             MS_REMOUNT | MS_BIND | flags,
             None,
@@ -496,7 +496,7 @@ class ChildSetup:
             self._lib.syscall,
             _SYS_MOUNT_SETATTR,
             _AT_FDCWD,
-            self._buf(target.encode()),
+            self._buf(os.fsencode(target)),
             _AT_RECURSIVE if recursive else 0,
             ctypes.pointer(attr),
             ctypes.sizeof(attr),
@@ -508,8 +508,8 @@ class ChildSetup:
         self._add(
             "move " + source,
             self._lib.mount,
-            self._buf(source.encode()),
-            self._buf(target.encode()),
+            self._buf(os.fsencode(source)),
+            self._buf(os.fsencode(target)),
             None,
             MS_MOVE,
             None,
@@ -521,39 +521,41 @@ class ChildSetup:
             f"mount {fstype} {target}",
             self._lib.mount,
             self._buf(fstype.encode()),
-            self._buf(target.encode()),
+            self._buf(os.fsencode(target)),
             self._buf(fstype.encode()),
             flags,
-            self._buf(data.encode()),
+            self._buf(os.fsencode(data)),
         )
 
     @_recorded
     def unmount(self, target: str) -> None:
         """Detach a staging mount (lazily: binds taken from it stay)."""
-        self._add("umount " + target, self._lib.umount2, self._buf(target.encode()), MNT_DETACH)
+        self._add("umount " + target, self._lib.umount2, self._buf(os.fsencode(target)), MNT_DETACH)
 
     @_recorded
     def create_file(self, path: str, mode: int = 0o666) -> None:
-        self._add("create " + path, _CreateFile(self._lib, self._buf(path.encode()), mode))
+        self._add("create " + path, _CreateFile(self._lib, self._buf(os.fsencode(path)), mode))
 
     @_recorded
     def symlink(self, target: str, path: str) -> None:
         self._add(
             "symlink " + path,
             self._lib.symlink,
-            self._buf(target.encode()),
-            self._buf(path.encode()),
+            self._buf(os.fsencode(target)),
+            self._buf(os.fsencode(path)),
         )
 
     @_recorded
     def make_dir(self, path: str, mode: int = 0o755) -> None:
         """mkdir a mount point; EEXIST is fine (it may be there already)."""
-        self._add("mkdir " + path, self._lib.mkdir, self._buf(path.encode()), mode, ok=(EEXIST,))
+        self._add(
+            "mkdir " + path, self._lib.mkdir, self._buf(os.fsencode(path)), mode, ok=(EEXIST,)
+        )
 
     @_recorded
     def chdir(self, path: str) -> None:
         """Re-enter ``path``: a cwd taken before the mounts still points below them."""
-        self._add("chdir " + path, self._lib.chdir, self._buf(path.encode()))
+        self._add("chdir " + path, self._lib.chdir, self._buf(os.fsencode(path)))
 
     # -- processes ----------------------------------------------------------------
     @_recorded
@@ -585,14 +587,14 @@ class ChildSetup:
         """Open ``path`` and keep it at descriptor ``fd`` (close-on-exec): later steps reach
         it as `/proc/self/fd/<fd>` even after its path has been mounted over."""
         flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-        self._add(f"hold {path}", _Hold(self._lib, self._buf(path.encode()), fd, flags))
+        self._add(f"hold {path}", _Hold(self._lib, self._buf(os.fsencode(path)), fd, flags))
 
     @_recorded
     def hold_file(self, path: str, fd: int) -> None:
         """`hold_dir` for a file: the exec of `/proc/self/fd/<fd>` runs it wherever the
         view puts (or hides) its path; close-on-exec, so what it runs does not hold it."""
         flags = os.O_PATH | os.O_CLOEXEC
-        self._add(f"hold {path}", _Hold(self._lib, self._buf(path.encode()), fd, flags))
+        self._add(f"hold {path}", _Hold(self._lib, self._buf(os.fsencode(path)), fd, flags))
 
     @_recorded
     def close_fd(self, fd: int) -> None:
@@ -646,7 +648,7 @@ class ChildSetup:
         child's own mount namespace (an overlay it mounted), the parent cannot open it."""
         self._add(
             f"landlock rule {path}",
-            _LandlockAllow(self._lib, self._buf(path.encode()), ruleset_fd, rights),
+            _LandlockAllow(self._lib, self._buf(os.fsencode(path)), ruleset_fd, rights),
         )
 
     @_recorded

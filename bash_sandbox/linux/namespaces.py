@@ -112,9 +112,9 @@ class _Holder:
 
         self._b = buf
         self._tmp, self._shm, self._pts = (
-            buf(paths.tmp.encode()),
-            buf(paths.shm.encode()),
-            buf(paths.pts.encode()),
+            buf(os.fsencode(paths.tmp)),
+            buf(os.fsencode(paths.shm)),
+            buf(os.fsencode(paths.pts)),
         )
         self._tmpfs, self._devpts = buf(b"tmpfs"), buf(b"devpts")
         self._tmp_opts = buf(tmpfs_options(tmp_bytes).encode())

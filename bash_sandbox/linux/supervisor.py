@@ -710,7 +710,7 @@ class SeccompSupervisor:
                     return fd, directory, name.decode(errors="replace")
                 link = os.readlink(base, dir_fd=directory)
                 os.close(directory)
-                target = link.encode() if isinstance(link, str) else link
+                target = os.fsencode(link)
                 name = target if target.startswith(b"/") else (parent or b"") + b"/" + target
             raise OSError(errno.ELOOP, "too many symbolic links")
         finally:

@@ -3,6 +3,7 @@ confined spawn, so parents that are gone are dropped, and never a registration w
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -21,7 +22,10 @@ def base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _lines(base: Path) -> list[str]:
-    return (base / "spill-dirs").read_text().splitlines()
+    """The registry's paths (each ended by a NUL, as the filesystem's bytes)."""
+    data = (base / "spill-dirs").read_bytes()
+    assert data.endswith(b"\0"), data
+    return [os.fsdecode(r) for r in data.split(b"\0")[:-1]]
 
 
 def test_parents_that_are_gone_are_dropped_from_the_registry(base: Path, tmp_path: Path) -> None:
@@ -65,3 +69,35 @@ def test_no_registration_is_lost_to_a_concurrent_prune(base: Path, tmp_path: Pat
         writer.join()
     assert set(registered) <= set(userdir.registered_spill_parents())
     assert set(_lines(base)) == set(registered)
+
+
+def test_a_parent_whose_path_holds_a_newline_or_bytes_not_utf8_is_named_exactly(
+    base: Path, tmp_path: Path
+) -> None:
+    # One path a line split a parent named with a newline in two (neither hidden, so a
+    # confined command could read the spill files there), and one with bytes that are not
+    # UTF-8 failed to register at all. Each is now recorded as its own bytes.
+    odd = [
+        tmp_path / "spill\nsecond",
+        Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/spill-\xff")),
+        tmp_path / "plain",
+    ]
+    for parent in odd:
+        parent.mkdir()
+        userdir.register_spill_parent(str(parent))
+    assert userdir.registered_spill_parents() == tuple(str(p) for p in odd)
+    odd[1].rmdir()  # a prune rewrites them as they are
+    assert userdir.registered_spill_parents() == (str(odd[0]), str(odd[2]))
+    assert _lines(base) == [str(odd[0]), str(odd[2])]
+
+
+def test_a_registry_written_one_path_a_line_is_still_read(base: Path, tmp_path: Path) -> None:
+    older = [tmp_path / "a", tmp_path / "b"]
+    for parent in older:
+        parent.mkdir()
+    (base / "spill-dirs").write_bytes(b"".join(os.fsencode(p) + b"\n" for p in older))
+    assert userdir.registered_spill_parents() == tuple(str(p) for p in older)
+    newer = tmp_path / "c"
+    newer.mkdir()
+    userdir.register_spill_parent(str(newer))  # appended after the old lines: read as one
+    assert str(newer) in userdir.registered_spill_parents()

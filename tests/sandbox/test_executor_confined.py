@@ -912,3 +912,28 @@ async def test_runs_racing_aclose_end_or_are_refused_as_closed(
         await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=True), 60)
     )
     assert processes_naming(token) == set()
+
+
+@pytest.mark.parametrize("name", [b"spill\nline", b"spill-\xff"], ids=["newline", "not-utf8"])
+async def test_a_spill_dir_named_with_a_newline_or_bytes_not_utf8_stays_hidden(
+    make_executor: ExecutorFactory, workspace: Path, private_base: Path, name: bytes
+) -> None:
+    # The registry of spill parents held one path a line: a parent with a newline in its
+    # name was recorded as two paths, neither hidden, and the next command read the spill
+    # file an earlier result named; one with bytes not UTF-8 failed the run that spilled.
+    # (The registry is this test's own: `private_base`.)
+    outside = Path(tempfile.mkdtemp(prefix="bsx-spill-", dir="/var/tmp"))  # seen unless hidden
+    spill = Path(os.fsdecode(os.fsencode(str(outside)) + b"/" + name))
+    spill.mkdir()
+    try:
+        ex = make_executor(mode="workspace-write", spill_dir=str(spill))
+        big = "echo TOPSECRET; head -c 3000000 /dev/zero | tr '\\0' x"
+        first = await _run(ex, big, workspace)
+        path = first.stdout.spill_path
+        assert path is not None and Path(path).read_bytes().startswith(b"TOPSECRET")
+        spec = BashExecRequest(command='head -c 20 "$P"', workdir=str(workspace), env={"P": path})
+        second = await ex.run(ex.resolve(spec))
+        assert "TOPSECRET" not in second.stdout.text, second.stdout.text
+        assert second.exit_code != 0
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)

@@ -143,6 +143,39 @@ async def test_a_repository_whose_path_holds_a_newline_still_imports(
     fsck_clean(repo)
 
 
+@pytest.mark.parametrize("spawn_helper", [True, False], ids=["helper", "no-helper"])
+async def test_a_workspace_whose_path_is_not_utf8_confines_and_imports(
+    make_executor: ExecutorFactory, workspace: Path, spawn_helper: bool
+) -> None:
+    # A path with bytes that are not UTF-8 (a Latin-1 directory name) reaches Python as
+    # surrogate escapes: the child's steps encoded paths strictly, so every workspace-write
+    # spawn in such a repository raised UnicodeEncodeError. Paths go as the bytes they are.
+    repo = make_repo(Path(os.fsdecode(os.fsencode(str(workspace)) + b"/caf\xe9-\xff")))
+    outside = workspace.parent / "outside-target"
+    ex = make_executor(mode="workspace-write", workspace_root=str(repo), spawn_helper=spawn_helper)
+    command = (
+        f"echo more >> f0.txt && git commit -qam 'from the command'; echo x > {outside}; "
+        "touch made-here"
+    )
+    result = await ex.run(
+        ex.resolve(BashExecRequest(command=command, workdir=str(repo), env=GIT_ENV))
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED], result.sandbox.git
+    assert _subject(repo) == "from the command"
+    assert (repo / "made-here").exists()  # the root is writable under its own bytes
+    assert not outside.exists()  # and nothing outside it, from the host's side
+    assert str(outside) in {d.target for d in result.sandbox.denials}
+    fsck_clean(repo)
+    read_only = make_executor(mode="read-only", workspace_root=str(repo))
+    looked = await read_only.run(
+        read_only.resolve(BashExecRequest(command="cat f0.txt; touch nope", workdir=str(repo)))
+    )
+    assert looked.stdout.text.endswith("more\n"), looked.stderr.text
+    assert not (repo / "nope").exists()
+
+
 async def test_a_commit_refused_by_a_full_host_disk_is_kept_and_imported_later(
     make_executor: ExecutorFactory, tmp_path: Path, private_base: Path
 ) -> None:
