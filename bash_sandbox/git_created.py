@@ -368,6 +368,10 @@ def _alternates(fd: int, gitdir: str, roots: tuple[str, ...], dropped: list[str]
             base = os.path.join(gitdir, "objects")
 
             def leads_out(data: bytes) -> bool:
+                # Git C-unquotes a line that starts with a quote (and may read on after its
+                # closing one): not read here as git would, so any quote is taken to lead out.
+                if b'"' in data:
+                    return True
                 lines = [ln for ln in data.splitlines() if ln.strip() and not ln.startswith(b"#")]
                 return any(
                     not within_any(os.path.realpath(os.path.join(base, os.fsdecode(ln))), roots)

@@ -138,6 +138,38 @@ async def test_a_created_repository_comes_back_with_gits_default_control_plane(
     assert host_git("fsck", "--full", cwd=repo).returncode == 0
 
 
+@pytest.mark.parametrize(
+    "line",
+    ['"{store}"', '"{store}"trailing', "{store}"],
+    ids=["quoted", "quoted-then-more", "plain"],
+)
+async def test_a_created_repositorys_alternates_never_lead_host_git_out_of_the_roots(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, line: str
+) -> None:
+    # Git C-unquotes an alternates line that starts with a quote: read as a plain path that
+    # line looked relative (inside the objects directory), was kept, and host git then read
+    # objects from a store outside the roots, for the command (a pushed branch naming them
+    # would carry them off). Any quote now counts as leading out, as a plain path outside.
+    outside = tmp_path / "private"
+    _repo(outside)
+    secret = host_git("rev-parse", "HEAD", cwd=outside).stdout.strip()
+    store = outside / ".git" / "objects"
+    ex = make_executor(mode="workspace-write")
+    plant = (
+        "git init -q x && printf '%s\\n' '"
+        + line.format(store=store)
+        + "' > x/.git/objects/info/alternates"
+    )
+    result = await _run(ex, plant, workspace)
+    assert result.exit_code == 0, result.stderr.text
+    alternates = workspace / "x" / ".git" / "objects" / "info" / "alternates"
+    assert not alternates.exists()  # from the host: dropped
+    assert result.sandbox is not None
+    assert any(str(alternates) in w for w in result.sandbox.warnings), result.sandbox.warnings
+    seen = host_git("cat-file", "-e", secret, cwd=workspace / "x", check=False)
+    assert seen.returncode != 0  # host git reaches no object of the private store
+
+
 async def test_clone_worktree_submodule_and_cargo_new_work_and_run_nothing_planted(
     make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
 ) -> None:
