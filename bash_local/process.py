@@ -29,7 +29,6 @@ from typing import Literal
 
 from bash_local.output import OutputCollector, decode
 from bash_local.spawn import (
-    ChildrenReapedError,
     LaunchedChild,
     Launcher,
     SpawnOutcome,
@@ -39,7 +38,14 @@ from bash_local.spawn import (
     folded_signal,
     popen,
 )
-from bash_seam import AbortSignal, BashProcess, BashProcessRead, ProcessStatus, SandboxFacts
+from bash_seam import (
+    AbortSignal,
+    BashProcess,
+    BashProcessRead,
+    ChildrenReapedError,
+    ProcessStatus,
+    SandboxFacts,
+)
 
 logger = logging.getLogger("bash_local")
 

@@ -116,19 +116,6 @@ def children_stay_to_be_reaped() -> bool:
     return handler != int(signal.SIG_IGN) and not flags & _SA_NOCLDWAIT[platform]
 
 
-class ChildrenReapedError(BashExecError):
-    """This process ignores SIGCHLD (or set SA_NOCLDWAIT): nothing was spawned."""
-
-    code = "CHILDREN_REAPED_BY_KERNEL"
-
-    def __init__(self) -> None:
-        super().__init__(
-            "this process ignores SIGCHLD (SIG_IGN or SA_NOCLDWAIT), so the kernel reaps its "
-            "children itself and no command's exit status could be read (it would read as 0); "
-            "set it back first: signal.signal(signal.SIGCHLD, signal.SIG_DFL)"
-        )
-
-
 def popen(plan: SpawnPlan, *, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
     """``plan`` started by `subprocess.Popen`, its pre-exec step in the forked child."""
     return subprocess.Popen(

@@ -4,6 +4,7 @@ from bash_seam.abort import AbortController, AbortSignal
 from bash_seam.errors import (
     AbortedBeforeStartError,
     BashExecError,
+    ChildrenReapedError,
     CommandTooLargeError,
     EnvChannelError,
     InvalidRequestError,
@@ -46,6 +47,7 @@ __all__ = [
     "BashProcess",
     "BashProcessRead",
     "BashRunResult",
+    "ChildrenReapedError",
     "CollectedOutput",
     "CommandTooLargeError",
     "DenialEvidence",

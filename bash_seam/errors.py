@@ -33,6 +33,21 @@ class ShellNotFoundError(BashExecError):
     code = "SHELL_NOT_FOUND"
 
 
+class ChildrenReapedError(BashExecError):
+    """This process ignores SIGCHLD (or set SA_NOCLDWAIT), so the kernel reaps its children
+    itself and no exit status of a command it would parent could be read; nothing was
+    spawned. The message says how to set it back."""
+
+    code = "CHILDREN_REAPED_BY_KERNEL"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this process ignores SIGCHLD (SIG_IGN or SA_NOCLDWAIT), so the kernel reaps its "
+            "children itself and no command's exit status could be read (it would read as 0); "
+            "set it back first: signal.signal(signal.SIGCHLD, signal.SIG_DFL)"
+        )
+
+
 class EnvChannelError(BashExecError, ValueError):
     """`env` carried a `DSH_*` name, or `dsh_env` carried a name outside `DSH_*`."""
 
