@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bash_local.spawn import SpawnPlan
+from bash_local.spawn import SpawnPlan, children_stay_to_be_reaped
 from bash_sandbox.backends.child_failure import read_child_failure
 from bash_sandbox.backends.mount_plan import HostView, PlaceholderSources
 from bash_sandbox.linux.limits import LimitsPlan
@@ -142,6 +143,19 @@ class SandboxBackend(abc.ABC):
         return str(failure) if failure is not None else str(exc)
 
 
+_SIGNAL = ctypes.CDLL(None, use_errno=True).signal  # bound before any fork
+
+
+def _with_default_sigchld(inner: Callable[[], object] | None) -> Callable[[], object]:
+    """``inner`` preceded, in the forked child, by SIGCHLD set back to the default."""
+
+    def preexec() -> object:
+        _SIGNAL(signal.SIGCHLD, 0)  # SIG_DFL, through the C library: no Python state
+        return inner() if inner is not None else None
+
+    return preexec
+
+
 def run_probe_command(
     argv: tuple[str, ...] | list[str],
     timeout_ms: int,
@@ -156,6 +170,11 @@ def run_probe_command(
     Killing only the runner would leave a grandchild holding the pipes, and the read would
     hang past the timeout. Raises `subprocess.TimeoutExpired` after the group is dead.
     """
+    if not children_stay_to_be_reaped():
+        # This process ignores SIGCHLD, which the probe would inherit: bwrap then never sees
+        # its own child exit (the probe timed out, and the backend was called unusable). Its
+        # exit status reads 0 here: each probe's verdict stands on what the host sees.
+        preexec_fn = _with_default_sigchld(preexec_fn)
     proc = subprocess.Popen(
         list(argv),
         stdin=subprocess.DEVNULL,

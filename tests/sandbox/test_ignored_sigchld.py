@@ -4,13 +4,15 @@ The kernel then reaps the harness's children itself: a `Popen` leader's exit sta
 (`Popen` reads 0, so every command "succeeded") and its group id may be reused before the
 group is killed; a leader cloned from the harness (no spawn helper) was waited for forever.
 Such spawns now refuse up front (`ChildrenReapedError`, nothing runs); a spawn helper is
-the leader's parent and reports its exit, so confined runs through it are exact. Each case
+the leader's parent and reports its exit, so confined runs through it are exact, and the
+backends' probes give their child SIGCHLD's default (bwrap's own waits). Each case
 runs in a process of its own (the test process keeps its default), checked from outside.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,9 +65,14 @@ def test_spawns_the_harness_cannot_reap_refuse_and_helper_spawns_are_exact(
 ) -> None:
     target = tmp_path / "outside" / "planted"
     target.parent.mkdir()
+    # A TMPDIR of its own: a cold probe cache, so the backend's probe runs under it too
+    # (bwrap inherited the ignored SIGCHLD and never saw its child exit: "probe timed out").
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, how, backend, str(workspace), str(target)],
         check=False, capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
