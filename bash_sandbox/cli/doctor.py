@@ -51,6 +51,10 @@ class HostFacts(BaseModel):
     # The package's compiled parts this install has (`linux/native/`): speed only; without
     # them the Python paths serve, with the same confinement.
     compiled: tuple[str, ...] = ()
+    # Where executors keep their state (their git overlays' upper layers among it), and what
+    # that filesystem is: one that cannot hold an upper fails workspace-write in a repository.
+    state: str | None = None
+    state_detail: str = ""
 
 
 class LayerStatus(BaseModel):
@@ -192,6 +196,7 @@ def collect_report(
         landlock_abi=landlock_abi(),
         namespaces=Check(available=possible, detail=why),
         compiled=_compiled_parts(),
+        **_state_place(),
     )
     limits: tuple[LimitEnforcement, ...] = ()
     if sys.platform.startswith("linux"):
@@ -214,6 +219,49 @@ def collect_report(
 
 
 _NO_BUILD = "the Python paths serve: slower, as confined"
+_FILESYSTEM_NAMES = {
+    0xEF53: "ext4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0x01021994: "tmpfs",
+    0xF2F52010: "f2fs",
+    0x2FC12FC1: "zfs",
+    0xCA451A4E: "bcachefs",
+    0x794C7630: "overlayfs",
+    0x858458F6: "ramfs",
+}
+
+
+def _state_place() -> dict[str, str | None]:
+    """Where an executor of this uid puts its state (`state.state_parent`), and whether that
+    filesystem can hold a git overlay's upper layer, with its free space."""
+    if not sys.platform.startswith("linux"):
+        return {}
+    from bash_sandbox.errors import SandboxUnavailableError
+    from bash_sandbox.linux.dir_watch import filesystem_type
+    from bash_sandbox.state import UPPER_FILESYSTEMS, state_parent
+
+    try:
+        place = state_parent(())
+    except SandboxUnavailableError as exc:
+        return {"state": None, "state_detail": exc.detail}
+    kind = filesystem_type(place)
+    name = _FILESYSTEM_NAMES.get(kind or 0, f"filesystem {kind:#x}" if kind else "unknown")
+    st = os.statvfs(place)
+    free = f"{st.f_bavail * st.f_frsize / (1 << 20):.0f} MiB free"
+    if kind not in UPPER_FILESYSTEMS:
+        return {
+            "state": place,
+            "state_detail": f"{name}, {free}: cannot hold git overlays, "
+            "so workspace-write fails in a repository; point TMPDIR at another disk",
+        }
+    detail = f"{name}, {free}"
+    if place.startswith("/dev/shm/"):
+        detail += (
+            ": every other place is on overlayfs (a container's disk); a command's "
+            "new git objects must fit here (mount a volume for TMPDIR to lift it)"
+        )
+    return {"state": place, "state_detail": detail}
 
 
 def _compiled_parts() -> tuple[str, ...]:
@@ -251,6 +299,7 @@ def render_text(report: DoctorReport) -> str:
                 ("Landlock ABI:", str(host.landlock_abi) if host.landlock_abi else "none"),
                 ("namespaces:", f"{'yes' if ns.available else 'no'} ({ns.detail})"),
                 ("compiled parts:", ", ".join(host.compiled) or f"none ({_NO_BUILD})"),
+                ("executor state:", f"{host.state or 'nowhere'} ({host.state_detail})"),
                 ("chosen backend:", chosen),
                 ("layers shown for:", f"network = {report.network.value}"),
             ]

@@ -212,3 +212,26 @@ def test_doctor_shows_the_configs_limits_allowlist_and_where_config_comes_from(
     assert "limits per command (bwrap):" in out
     memory = next(line for line in out.splitlines() if line.strip().startswith("memory "))
     assert "1 GiB" in memory
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the state's place is Linux's")
+def test_doctor_says_where_executor_state_goes_and_whether_git_overlays_fit_there(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from bash_sandbox import state
+    from bash_sandbox.linux import dir_watch
+
+    assert main(["doctor", "--json"]) in (0, 1)
+    host = json.loads(capsys.readouterr().out)["host"]
+    place = Path(host["state"])
+    assert place.is_dir() and place.stat().st_uid == os.geteuid()
+    assert place == Path(state.state_parent(()))  # where an executor would put it
+    assert "MiB free" in host["state_detail"] and "cannot" not in host["state_detail"]
+    # A place on overlayfs (a container's disk, with /dev/shm unusable): said, with the fix.
+    monkeypatch.setattr(state, "state_parent", lambda roots: str(tmp_path))
+    monkeypatch.setattr(dir_watch, "filesystem_type", lambda path: 0x794C7630)
+    assert main(["doctor"]) in (0, 1)
+    text = capsys.readouterr().out
+    line = next(ln for ln in text.splitlines() if ln.startswith("executor state:"))
+    assert str(tmp_path) in line and "overlayfs" in line
+    assert "cannot hold git overlays" in line and "TMPDIR" in line
