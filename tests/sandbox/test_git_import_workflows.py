@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from bash_sandbox import SandboxBashExecutor
 from bash_sandbox import state as executor_state
 from bash_sandbox.git_import import KEEP_NAMESPACE
-from bash_seam import BashExecRequest, GitImportStatus
+from bash_seam import BashExecRequest, BashRunResult, GitImportStatus
 from tests.sandbox.conftest import ExecutorFactory, private_tmpfs
 from tests.sandbox.git_import_harness import GIT_ENV, fsck_clean, host_git, make_repo, reachable
 
@@ -28,6 +29,19 @@ def _topic(repo: Path) -> None:
 
 def _subject(repo: Path, rev: str = "HEAD") -> str:
     return host_git(repo, "log", "-1", "--format=%s", rev).strip()
+
+
+async def _committed(ex: SandboxBashExecutor, repo: Path, command: str) -> BashRunResult:
+    """``command`` (a commit titled "from the command", maybe more) run in ``repo``: it
+    exits 0 and its commit is applied on the host."""
+    result = await ex.run(
+        ex.resolve(BashExecRequest(command=command, workdir=str(repo), env=GIT_ENV))
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED], result.sandbox.git
+    assert _subject(repo) == "from the command"
+    return result
 
 
 CASES: dict[str, tuple[str, Callable[[Path], bool]]] = {
@@ -132,14 +146,7 @@ async def test_a_repository_whose_path_holds_a_newline_still_imports(
     # refused the import and lost the commit. Now C-quoted, as git reads such a line.
     repo = make_repo(workspace / 'odd\nname "q" \\b ünï')
     ex = make_executor(mode="workspace-write")
-    command = "echo more >> f0.txt && git commit -qam 'from the command'"
-    result = await ex.run(
-        ex.resolve(BashExecRequest(command=command, workdir=str(repo), env=GIT_ENV))
-    )
-    assert result.exit_code == 0, result.stderr.text
-    assert result.sandbox is not None
-    assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED], result.sandbox.git
-    assert _subject(repo) == "from the command"
+    await _committed(ex, repo, "echo more >> f0.txt && git commit -qam 'from the command'")
     fsck_clean(repo)
 
 
@@ -157,13 +164,8 @@ async def test_a_workspace_whose_path_is_not_utf8_confines_and_imports(
         f"echo more >> f0.txt && git commit -qam 'from the command'; echo x > {outside}; "
         "touch made-here"
     )
-    result = await ex.run(
-        ex.resolve(BashExecRequest(command=command, workdir=str(repo), env=GIT_ENV))
-    )
-    assert result.exit_code == 0, result.stderr.text
+    result = await _committed(ex, repo, command)
     assert result.sandbox is not None
-    assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED], result.sandbox.git
-    assert _subject(repo) == "from the command"
     assert (repo / "made-here").exists()  # the root is writable under its own bytes
     assert not outside.exists()  # and nothing outside it, from the host's side
     assert str(outside) in {d.target for d in result.sandbox.denials}
