@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from typing import Literal
 from bash_local.spawn import SpawnPlan, children_stay_to_be_reaped
 from bash_sandbox.backends.child_failure import read_child_failure
 from bash_sandbox.backends.mount_plan import HostView, PlaceholderSources
+from bash_sandbox.linux.child_setup import libc
 from bash_sandbox.linux.limits import LimitsPlan
 from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
 from policies import NetworkMode, SandboxEnforcement, SandboxPolicy
@@ -143,14 +143,12 @@ class SandboxBackend(abc.ABC):
         return str(failure) if failure is not None else str(exc)
 
 
-_SIGNAL = ctypes.CDLL(None, use_errno=True).signal  # bound before any fork
-
-
 def _with_default_sigchld(inner: Callable[[], object] | None) -> Callable[[], object]:
     """``inner`` preceded, in the forked child, by SIGCHLD set back to the default."""
+    set_handler = libc().signal  # bound here, before the fork
 
     def preexec() -> object:
-        _SIGNAL(signal.SIGCHLD, 0)  # SIG_DFL, through the C library: no Python state
+        set_handler(signal.SIGCHLD, 0)  # SIG_DFL, through the C library: no Python state
         return inner() if inner is not None else None
 
     return preexec
