@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from bash_local.userdir import registered_spill_parents, user_base_dir
 from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholder_sources
 from bash_sandbox.errors import SandboxUnavailableError
-from bash_sandbox.linux.dir_watch import LOCAL_FILESYSTEMS, filesystem_type
+from bash_sandbox.linux.dir_watch import FILESYSTEM_MAGIC, LOCAL_FILESYSTEMS, filesystem_type
 from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
 from bash_sandbox.trust_domain import domain_key
 from policies import SandboxPolicy
@@ -55,8 +55,7 @@ def _safe_dir(path: str) -> bool:
 # local ones but overlayfs itself (a container's root filesystem, where /tmp and ~/.cache
 # usually are: the overlay's mount fails with EINVAL, and every workspace-write spawn in a
 # repository with it) and ramfs (no extended attributes).
-_OVERLAYFS, _RAMFS = 0x794C7630, 0x858458F6
-UPPER_FILESYSTEMS = LOCAL_FILESYSTEMS - {_OVERLAYFS, _RAMFS}
+UPPER_FILESYSTEMS = LOCAL_FILESYSTEMS - {FILESYSTEM_MAGIC["overlayfs"], FILESYSTEM_MAGIC["ramfs"]}
 
 
 def state_parent(roots: tuple[str, ...]) -> str:

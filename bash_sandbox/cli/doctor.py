@@ -219,17 +219,6 @@ def collect_report(
 
 
 _NO_BUILD = "the Python paths serve: slower, as confined"
-_FILESYSTEM_NAMES = {
-    0xEF53: "ext4",
-    0x58465342: "xfs",
-    0x9123683E: "btrfs",
-    0x01021994: "tmpfs",
-    0xF2F52010: "f2fs",
-    0x2FC12FC1: "zfs",
-    0xCA451A4E: "bcachefs",
-    0x794C7630: "overlayfs",
-    0x858458F6: "ramfs",
-}
 
 
 def _state_place() -> dict[str, str | None]:
@@ -238,7 +227,7 @@ def _state_place() -> dict[str, str | None]:
     if not sys.platform.startswith("linux"):
         return {}
     from bash_sandbox.errors import SandboxUnavailableError
-    from bash_sandbox.linux.dir_watch import filesystem_type
+    from bash_sandbox.linux.dir_watch import FILESYSTEM_MAGIC, filesystem_type
     from bash_sandbox.state import UPPER_FILESYSTEMS, state_parent
 
     try:
@@ -246,7 +235,8 @@ def _state_place() -> dict[str, str | None]:
     except SandboxUnavailableError as exc:
         return {"state": None, "state_detail": exc.detail}
     kind = filesystem_type(place)
-    name = _FILESYSTEM_NAMES.get(kind or 0, f"filesystem {kind:#x}" if kind else "unknown")
+    names = {magic: name for name, magic in FILESYSTEM_MAGIC.items()}
+    name = names.get(kind or 0, f"filesystem {kind:#x}" if kind else "unknown")
     st = os.statvfs(place)
     free = f"{st.f_bavail * st.f_frsize / (1 << 20):.0f} MiB free"
     if kind not in UPPER_FILESYSTEMS:
