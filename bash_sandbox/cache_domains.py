@@ -169,9 +169,13 @@ def exposed_to(policy: SandboxPolicy) -> bool:
     code in every other domain's cache and links for the sweep, so that policy gets no
     cache home there, and its view covers the directory read-only (`host_view.py`)."""
     top = cache_top()
+    return top is not None and exposes(top, policy)  # None: no cache homes at all
+
+
+def exposes(top: str, policy: SandboxPolicy) -> bool:
+    """`exposed_to` for a ``top`` the caller already looked up (each look is a read of the
+    record and a few stats)."""
     roots = policy.all_writable_roots()
-    if top is None:
-        return False  # no cache homes at all
     return within_any(top, roots) or any(within(r, top) for r in roots)
 
 

@@ -33,6 +33,7 @@ from bash_sandbox.cache_domains import (
     cache_moved,
     cache_top,
     exposed_to,
+    exposes,
     named_cache_folder,
 )
 from bash_sandbox.egress_guards import egress_setting_problem
@@ -453,7 +454,7 @@ class ConfinedSpawn(SpawnScope):
         after the survey: the write watch and the hints read the same answer."""
         guarded = dict(self._git.guarded) if self._git is not None else {}
         top = cache_top()
-        if self.backend.mounts and top is not None and exposed_to(self._user_policy):
+        if self.backend.mounts and top is not None and exposes(top, self._user_policy):
             guarded[top] = REASON_CACHE_HOMES
         return guarded or None
 

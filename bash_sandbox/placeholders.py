@@ -226,6 +226,9 @@ class Placeholders:
         existing path is held only when it is a placeholder the ledger knows (another
         command's); any other existing name is not ours and is left out."""
         held: list[str] = []
+        wanted = tuple(wanted)
+        if not wanted:
+            return held  # a read-only spawn: no ledger transaction (a lock, a read, a sweep)
         with _ledger(self._base, stash=self._stash, me=self._me) as ledger:
             new: list[tuple[str, bool, dict[str, object], int]] = []
             for path, is_dir in wanted:
@@ -278,7 +281,10 @@ class Placeholders:
         self.release_all((path,))
 
     def release_all(self, paths: Iterable[str]) -> None:
-        """`release` for each path, in one ledger transaction."""
+        """`release` for each path, in one ledger transaction (none for no path)."""
+        paths = tuple(paths)
+        if not paths:
+            return
         with _ledger(self._base, stash=self._stash, me=self._me) as ledger:
             for path in paths:
                 self._drop(ledger, path)

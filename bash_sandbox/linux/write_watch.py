@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import stat
 from collections.abc import Callable, Mapping
@@ -159,13 +160,18 @@ def write_policy(
         roots=roots,
         protected=tuple(policy.protected_paths),
         helpers=frozenset(helpers),
-        hidden=tuple(
-            h for h in policy.deny_read if any(within(h, r) or within(r, h) for r in roots)
-        ),
+        hidden=_denied_near(tuple(policy.deny_read), roots),
         view_mounts=view_mounts,
         scratch=scratch,
         guarded=tuple((guarded or {}).items()),
     )
+
+
+@functools.lru_cache(maxsize=32)
+def _denied_near(deny_read: tuple[str, ...], roots: tuple[str, ...]) -> tuple[str, ...]:
+    """The denied paths inside a root or holding one: strings only, so kept for the next
+    spawn of the same policy (each of ~80 names against each root was 0.05 ms a spawn)."""
+    return tuple(h for h in deny_read if any(within(h, r) or within(r, h) for r in roots))
 
 
 @dataclass
