@@ -36,6 +36,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 from bash_sandbox.git_discovery import SCRUBBED_GIT, SCRUBBED_GIT_ENV
+from bash_sandbox.git_import.state_files import worktree_inside
 from bash_sandbox.host_run import run_bounded
 from policies.paths import within_any
 
@@ -87,6 +88,7 @@ _REMOVED = (
 )
 _CONFIG_MAX = 1 << 20
 _MODULES_DEPTH = 8
+_NESTED_MAX = 100_000  # directories below one created git dir looked at for hidden ones
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -101,9 +103,69 @@ def reset_control_plane(gitdir: str, roots: tuple[str, ...]) -> list[str]:
         return dropped
     try:
         _reset(fd, gitdir, roots, dropped, rel="", depth=0)
+        _nested(fd, gitdir, roots, dropped)
     finally:
         os.close(fd)
     return dropped
+
+
+def _nested(fd: int, gitdir: str, roots: tuple[str, ...], dropped: list[str]) -> None:
+    """Reset every other git directory hidden below the created one (`x/.git/evil`): the
+    repository search never looks inside a `.git`, but a gitfile or a link elsewhere (one
+    already there, or one a later command writes in another workspace) can lead host git
+    into it. A linked worktree's directory is git's own (`_worktree` judged it); a
+    submodule's was reset with `modules/`, and again here does nothing. Depth first, one
+    directory open at a time, each reached from ``fd`` without following a link."""
+    pending = [""]
+    seen = 0
+    while pending:
+        rel = pending.pop()
+        try:
+            parent = _open_below(fd, rel)
+        except OSError:
+            continue
+        try:
+            for name, sub in _subdirs(parent, None):
+                try:
+                    path = os.path.join(rel, name)
+                    seen += 1
+                    if seen > _NESTED_MAX:
+                        dropped.append(f"(not searched past {_NESTED_MAX} directories)")
+                        return
+                    if _looks_git(sub) and os.path.basename(rel) != "worktrees":
+                        _reset(sub, os.path.join(gitdir, path), roots, dropped, rel=path,
+                               depth=_MODULES_DEPTH)  # fmt: skip
+                    pending.append(path)
+                finally:
+                    os.close(sub)
+        finally:
+            os.close(parent)
+
+
+def _open_below(fd: int, rel: str) -> int:
+    """A descriptor of the directory ``rel`` below ``fd``, no component followed as a link."""
+    cur = os.dup(fd)
+    try:
+        for part in rel.split("/") if rel else ():
+            nxt = os.open(part, _O_DIR, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+    except BaseException:
+        os.close(cur)
+        raise
+    return cur
+
+
+def _looks_git(fd: int) -> bool:
+    """Whether git may take the directory ``fd`` for a git directory, erring towards yes
+    (`git_discovery.is_git_directory`: a `HEAD` that is not a directory, and `objects` and
+    `refs`, or a `commondir`)."""
+    try:
+        if stat.S_ISDIR(os.lstat("HEAD", dir_fd=fd).st_mode):
+            return False
+    except OSError:
+        return False
+    return _lexists(fd, "commondir") or (_lexists(fd, "objects") and _lexists(fd, "refs"))
 
 
 def _open_path(path: str) -> int:
@@ -145,7 +207,7 @@ def _reset(
         note("index (paths git refuses to check out)")
     for name, sub in _subdirs(fd, "worktrees"):
         try:
-            _worktree(sub, dropped, os.path.join(rel, "worktrees", name))
+            _worktree(sub, roots, dropped, os.path.join(rel, "worktrees", name))
             if _refused_index(sub, gitdir):
                 dropped.append(os.path.join(rel, "worktrees", name, "index"))
         finally:
@@ -176,10 +238,16 @@ def _module(
             os.close(sub)
 
 
-def _worktree(fd: int, dropped: list[str], rel: str) -> None:
+def _worktree(fd: int, roots: tuple[str, ...], dropped: list[str], rel: str) -> None:
     for name in ("config.worktree", "rebase-merge", "rebase-apply", "sequencer"):
         if _remove(fd, name):
             dropped.append(os.path.join(rel, name))
+    # Where host git writes the worktree's `.git` (`git worktree repair`) and what
+    # `git worktree remove --force` deletes: only inside the roots.
+    named = _read(fd, "gitdir", 1 << 16)
+    if _lexists(fd, "gitdir") and (named is None or not worktree_inside(named, roots)):
+        _remove(fd, "gitdir")
+        dropped.append(os.path.join(rel, "gitdir"))
     # git's own layout: `<common>/worktrees/<name>/commondir` holds `../..`.
     if _read(fd, "commondir") not in (None, b"../..\n", b"../.."):
         _remove(fd, "commondir")

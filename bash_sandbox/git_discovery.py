@@ -133,19 +133,34 @@ class GitDiscovery:
         )
 
 
-def read_gitfile(path: str) -> str | None:
-    """The directory a gitfile (linked worktree, submodule) names, absolute and resolved,
-    read as git's `read_gitfile_gently` reads it: `gitdir: ` exactly, the rest up to a NUL
-    with trailing CR/LF cut, relative to the directory of ``path``."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(_GITFILE_MAX)
-    except OSError:
-        return None
-    data = data.split(b"\0", 1)[0]
+def gitfile_target(data: bytes, whole: bool = True) -> bytes | None:
+    """The path a gitfile's bytes name, in git's order (`read_gitfile_gently`): the
+    `gitdir: ` prefix, then trailing CR/LF cut from the whole file, then the C string up to
+    the first NUL. So `gitdir: x\\n\\0` names `x\\n` (the NUL keeps the newline), and
+    `gitdir: x\\0\\n` names `x`. ``whole``: ``data`` is the whole file (else only its
+    start, and a path with no NUL there is longer than any path git opens)."""
     if not data.startswith(b"gitdir: "):
         return None
-    target = os.fsdecode(data[8:].rstrip(b"\r\n"))
+    if whole:
+        data = data.rstrip(b"\r\n")
+    path, nul, _ = data[8:].partition(b"\0")
+    if not (whole or nul):
+        return None
+    return path or None
+
+
+def read_gitfile(path: str) -> str | None:
+    """The directory a gitfile (linked worktree, submodule) names, absolute and resolved,
+    read as git reads it (`gitfile_target`), relative to the directory of ``path``."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(_GITFILE_MAX + 1)
+    except OSError:
+        return None
+    named = gitfile_target(data[:_GITFILE_MAX], whole=len(data) <= _GITFILE_MAX)
+    if named is None:
+        return None
+    target = os.fsdecode(named)
     if not target:
         return None
     if not os.path.isabs(target):
@@ -526,7 +541,9 @@ def after_command(
     symlink or gitfile that changed, is a repository host git would trust and the command
     controls. A changed one that was there before is put back; a new one's git directory
     is listed in ``created`` (unless it is one of the ``overlaid`` ones, whose writes never
-    reached the host); a new one leading out of the roots is removed."""
+    reached the host); a new one leading out of the roots is removed. An unchanged link or
+    gitfile is followed again: the directory it names may have become a repository during
+    the command (named by an earlier one before it existed), and is then the command's."""
     result = AfterCommand()
     dotgits, unlisted = search(roots, budget)
     if unlisted:
@@ -538,15 +555,16 @@ def after_command(
     for path in dotgits:
         now = snapshot(path)
         old = previous.get(path)
-        if old is not None and old == now:
-            continue
-        changed = old is not None and {old.kind, now.kind} <= {"link", "file"}
+        same = old is not None and old == now
+        if same and (now.kind == "dir" or within_any(_target(path) or "/", overlaid)):
+            continue  # there before and overlaid: the command's writes are in the upper
+        changed = not same and old is not None and {old.kind, now.kind} <= {"link", "file"}
         if changed and old is not None and _put_back(old):
             result.restored.append(path)
             continue
         behind = gitdirs_behind(path, roots)
         if not behind:
-            if now.kind in ("link", "file") and _leads_out(path, roots, overlaid):
+            if not same and now.kind in ("link", "file") and _leads_out(path, roots, overlaid):
                 # Host git would follow it to a repository the user never chose.
                 with contextlib.suppress(OSError):
                     os.unlink(path)
@@ -573,13 +591,15 @@ def after_command(
     return result
 
 
+def _target(dotgit: str) -> str | None:
+    """Where a `.git` link or gitfile leads, resolved (None: a gitfile git cannot read)."""
+    return os.path.realpath(dotgit) if os.path.islink(dotgit) else read_gitfile(dotgit)
+
+
 def _leads_out(dotgit: str, roots: tuple[str, ...], overlaid: tuple[str, ...]) -> bool:
     """Whether a `.git` link or gitfile leads out of the roots, to somewhere other than an
     overlaid git dir (a submodule's git dir there appears on the host with the copy-back)."""
-    if os.path.islink(dotgit):
-        target: str | None = os.path.realpath(dotgit)
-    else:
-        target = read_gitfile(dotgit)
+    target = _target(dotgit)
     return target is not None and not within_any(target, (*roots, *overlaid))
 
 

@@ -133,7 +133,7 @@ class HostSurvey:
                     else:
                         partial.append(f"{path} links to {target}, which does not exist yet")
             made = prepare_placeholders(gitdir, upper.upper, tuple(names))
-            git_import.begin(gitdir, upper.upper)  # the refs the import compares with
+            git_import.begin(gitdir, upper.upper, roots)  # what the import compares with
             overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
         # A missing protected name outside git: a placeholder of the right kind, covered,
         # removed once no command of this uid needs it (`placeholders.py`). An existing one

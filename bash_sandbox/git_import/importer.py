@@ -75,6 +75,9 @@ class Snapshot:
     # Submodules' git directories below `modules/`: their own snapshots (as dicts).
     modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     taken_ns: int = 0  # when it was taken (0: unknown)
+    # The command's writable roots: a new linked worktree must lie in one (none recorded,
+    # an intent written before they were: no new worktree is taken).
+    roots: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -115,15 +118,18 @@ def _read_head(gitdir: str, admin: str) -> str | None:
         return None
 
 
-def begin(gitdir: str, upper: str) -> Snapshot:
+def begin(gitdir: str, upper: str, roots: Iterable[str] = ()) -> Snapshot:
     """Record, before the command starts, the host's refs, HEADs and indexes of ``gitdir``
     (the compare-and-swap values), durably beside ``upper``: a later executor finds it there
-    and imports the command's commits even if this one dies."""
+    and imports the command's commits even if this one dies. ``roots``: the command's
+    writable roots (where a worktree it adds may lie)."""
     base = os.path.join(os.path.dirname(upper), IMPORT_DIR)
     os.makedirs(base, 0o700, exist_ok=True)
     snap = _take(gitdir, upper, f"{time.time_ns():x}-{os.getpid()}")
+    snap.roots = list(roots)
     for i, rel in enumerate(_module_dirs(gitdir)):
         sub = _take(os.path.join(gitdir, "modules", rel), "", f"{snap.run_id}-m{i}")
+        sub.roots = snap.roots
         snap.modules[rel] = asdict(sub)
     _record(base, json.dumps(asdict(snap)).encode())
     return snap
@@ -511,6 +517,10 @@ class _Importer:
                 text = data.decode()
                 if not text.startswith("/") or text.count("\n") > 1:
                     raise sf.StateRefused("not an absolute path")
+                if not sf.worktree_inside(data, self.snap.roots):
+                    # Host git writes there (`git worktree repair` makes its `.git` file)
+                    # and `git worktree remove --force` deletes it.
+                    raise sf.StateRefused("a worktree outside the writable roots")
             elif name == "commondir":
                 if data.strip() != b"../..":
                     raise sf.StateRefused("a common dir other than git's own")

@@ -11,10 +11,13 @@ those directories is refused: a name the host's git might act on is never guesse
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from bash_sandbox.git_import.gitcmd import GitError, git
+from policies.paths import within_any
 
 MAX_TEXT = 8 << 20
 
@@ -134,6 +137,16 @@ def parse_reflog(
         oids.update(dict.fromkeys(pair))
         out.append(b" ".join(match.group(1, 2, 3, 4, 5)) + (match.group(6) or b"") + b"\n")
     return b"".join(out), list(oids)
+
+
+def worktree_inside(data: bytes, roots: Iterable[str]) -> bool:
+    """Whether a linked worktree's `gitdir` file (``data``) names a place inside ``roots``,
+    read as git reads it (`get_linked_worktree`: trailing blanks cut from the whole file,
+    then the C string up to a NUL), every link in it resolved as host git would follow it."""
+    named = data.rstrip(b" \t\n\r\v\f").partition(b"\0")[0]
+    if not named.startswith(b"/"):
+        return False
+    return within_any(os.path.realpath(os.fsdecode(named)), tuple(roots))
 
 
 def check_text(data: bytes) -> bytes:

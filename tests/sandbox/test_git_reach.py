@@ -656,3 +656,98 @@ async def test_a_hooks_path_the_host_sets_between_commands_is_covered_for_the_ne
     assert not (workspace / ".githooks" / "post-checkout").exists()
     host_git("checkout", "-q", "-b", "other", cwd=workspace)
     assert not marker.exists()
+
+
+# -- git directories hidden where the search never looks, named by a `.git` elsewhere ------
+
+_EVIL = "git init -q --bare {d} && git --git-dir={d} config core.bare false && " \
+    "git --git-dir={d} config core.fsmonitor 'touch {marker}; false'"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "route",
+    ["newline-gitfile", "gitfile-first", "symlink-first", "other-workspace"],
+)
+async def test_a_git_dir_hidden_in_a_created_one_and_named_by_a_gitfile_runs_nothing(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, route: str
+) -> None:
+    # A complete git directory below a new `.git` (`sub/.git/evil`), where the repository
+    # search never looks, led host git into by a gitfile or a link: (a) in one command,
+    # through a gitfile git reads as `evil\n` (`gitdir: x\n\0`: the NUL keeps the newline)
+    # where the sandbox read `evil`, which did not exist, so the gitfile was kept; (b) the
+    # gitfile or link written by one command while its target did not exist yet (kept: it
+    # leads nowhere), the git directory by the next one (the unchanged gitfile was never
+    # looked at again); (c) the gitfile in another workspace, the git directory made by an
+    # executor whose roots do not hold that gitfile at all. Found by a red team: host
+    # `git status` in `a/` ran the planted fsmonitor on both backends.
+    marker = tmp_path / "pwned"
+    ex = make_executor(mode="workspace-write")
+    here = workspace
+    if route == "newline-gitfile":
+        evil = "\"$(printf 'sub/.git/evil\\nX')\"; d=${d%X}"
+        plant = (
+            f"mkdir -p a sub/.git && d={evil} && " + _EVIL.format(d='"$d"', marker=marker)
+            + " && printf 'gitdir: ../sub/.git/evil\\n\\0' > a/.git"
+        )  # fmt: skip
+        result = await _run(ex, plant, workspace)
+        assert result.exit_code == 0, result.stderr.text
+    else:
+        target = "../sub/.git/evil"
+        maker = ex
+        if route == "other-workspace":
+            # The gitfile in this workspace names a place in another writable root; the git
+            # directory there is made later by an executor of that root alone.
+            other = tmp_path / "other"
+            other.mkdir()
+            ex = make_executor(mode="workspace-write", writable_roots=[str(other)])
+            maker = make_executor(mode="workspace-write", workspace_root=str(other))
+            target, here = f"{other}/sub/.git/evil", other
+        link = f"ln -s {target} a/.git" if route == "symlink-first" else (
+            f"printf 'gitdir: {target}\\n' > a/.git")  # fmt: skip
+        first = await _run(ex, f"mkdir a && {link}", workspace)
+        assert first.exit_code == 0, first.stderr.text
+        second = await _run(
+            maker, "mkdir -p sub/.git && " + _EVIL.format(d="sub/.git/evil", marker=marker), here
+        )
+        assert second.exit_code == 0, second.stderr.text
+    # From the host: git in `a` (wherever its gitfile or link leads) runs nothing planted.
+    (workspace / "a" / "f.txt").write_text("x\n")
+    host_git("status", "--short", cwd=workspace / "a", check=False)
+    host_git("diff", cwd=workspace / "a", check=False)
+    assert not marker.exists()
+
+
+async def test_a_worktree_the_import_or_the_reset_would_place_outside_the_roots_is_refused(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A linked worktree's `gitdir` names where its `.git` file is: host `git worktree
+    # repair` writes one there, and `git worktree remove --force` deletes the directory. The
+    # import took any absolute path (found by a red team: repair then made `victim/.git`
+    # outside every root), and a created repository's reset did not look at it.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    _repo(workspace)
+    # In the host's repository (imported) and in one the same command creates (reset).
+    plant = (
+        "git init -q made && git -C made commit -q --allow-empty -m m && "
+        "for g in .git made/.git; do mkdir -p $g/worktrees/x && git rev-parse HEAD > "
+        f"$g/worktrees/x/HEAD && echo ../.. > $g/worktrees/x/commondir && echo {victim}/.git "
+        "> $g/worktrees/x/gitdir && cp .git/index $g/worktrees/x/index; done"
+    )
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, plant, workspace)
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert any("worktrees/x/gitdir" in w for w in result.sandbox.warnings), result.sandbox.warnings
+    for repo in (workspace, workspace / "made"):
+        host_git("worktree", "repair", cwd=repo, check=False)
+        host_git("worktree", "prune", cwd=repo, check=False)
+    assert not (victim / ".git").exists()
+    assert os.listdir(victim) == []
+    # A worktree inside the roots is still made, imported and usable from the host.
+    added = await _run(ex, "git worktree add -q -b wt-in wt-in", workspace)
+    assert added.exit_code == 0, added.stderr.text
+    assert host_git("status", "--short", cwd=workspace / "wt-in").returncode == 0
+    listed = host_git("worktree", "list", "--porcelain", cwd=workspace).stdout
+    assert f"worktree {workspace / 'wt-in'}" in listed
+    assert host_git("fsck", "--strict", cwd=workspace).returncode == 0
