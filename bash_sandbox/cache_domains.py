@@ -206,12 +206,13 @@ class CacheHolds:
                 os.close(fd)
 
 
-def tool_cache_home(policy: SandboxPolicy, holds: CacheHolds) -> str | None:
+def tool_cache_home(policy: SandboxPolicy, holds: CacheHolds, reach: str = "") -> str | None:
     """The sandbox's own cache home for ``policy``'s trust domain (created 0700, held in
     ``holds``), or None when the home cannot hold one (read-only, not ours): caches then
-    stay in the call's private /tmp."""
+    stay in the call's private /tmp. ``reach``: what the executor's own settings add
+    (`trust_domain.executor_reach`): the homes are shared by every executor of the user."""
     base = cache_base()
-    key = domain_key(policy)
+    key = domain_key(policy, reach)
     if base is None or exposed_to(policy):
         return None
     with _mutex:
@@ -233,13 +234,13 @@ def tool_cache_home(policy: SandboxPolicy, holds: CacheHolds) -> str | None:
                 holds.fds[path] = fd
             if not _owned_dir(path):
                 return None
-            _stamp(base, key, policy)
+            _stamp(base, key, domain_fields(policy, reach))
         except OSError:
             return None
         return path
 
 
-def _stamp(base: str, key: str, policy: SandboxPolicy) -> None:
+def _stamp(base: str, key: str, fields: dict[str, object]) -> None:
     """Record that ``key`` was used now (its description file's mtime: the LRU order)."""
     described = os.path.join(base, _LOCKS, key + ".json")
     now = time.time()
@@ -249,7 +250,7 @@ def _stamp(base: str, key: str, policy: SandboxPolicy) -> None:
         # Which policy this domain is, for a human looking at ~/.cache/bash-sandbox/caches.
         tmp = f"{described}.{uuid.uuid4().hex}"
         with open(tmp, "w") as fh:
-            json.dump(domain_fields(policy), fh, indent=1)
+            json.dump(fields, fh, indent=1)
         os.replace(tmp, described)
     os.utime(described)
     _stamped[described] = now

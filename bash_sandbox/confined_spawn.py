@@ -233,7 +233,8 @@ class ConfinedSpawn(SpawnScope):
         if policy.mode is not SandboxMode.WORKSPACE_WRITE or not self._settings.tool_caches:
             return
         # Per trust domain, held until the executor closes (`cache_domains.py`).
-        self.cache_home = tool_cache_home(policy, self._services.cache_holds)
+        services = self._services
+        self.cache_home = tool_cache_home(policy, services.cache_holds, services.cache_reach)
         if self.cache_home is None and exposed_to(policy):
             self.warnings.append(
                 "the tool cache homes (~/.cache/bash-sandbox) lie inside a writable root, "

@@ -34,6 +34,7 @@ from bash_sandbox.loop_turns import follow_loop
 from bash_sandbox.mirrors import Mirrors
 from bash_sandbox.publish import Publications
 from bash_sandbox.state import ExecutorState, GitUpper
+from bash_sandbox.trust_domain import executor_reach
 from bash_sandbox.view import GitOverlay
 from policies import NetworkMode, SandboxMode, SandboxPolicy
 
@@ -83,6 +84,7 @@ class SandboxServices:
         self.publications = Publications()
         self.mirrors = Mirrors()
         self.cache_holds = CacheHolds()
+        self.cache_reach = executor_reach(config)  # part of the shared cache homes' key
         self._egress_resolver = egress_resolver
         self._supervisor: SeccompSupervisor | None = None
         self._proxy: EgressProxy | None = None

@@ -7,14 +7,20 @@ listener), while a call with exactly the first call's policy does (multi-step wo
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 from pathlib import Path
 
-from bash_sandbox import SandboxBashExecutor
-from bash_sandbox.trust_domain import domain_key
+from bash_sandbox import SandboxBashConfig, SandboxBashExecutor
+from bash_sandbox.trust_domain import domain_key, executor_reach
 from bash_seam import BashExecRequest, BashRunResult
 from policies import NetworkMode, SandboxMode, SandboxPolicy
+from policies.egress import EgressCredential
 from tests.sandbox.conftest import ExecutorFactory
+
+_GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@e"}  # fmt: skip
 
 
 async def _run(
@@ -87,6 +93,7 @@ def test_domain_key_is_exact_and_order_free(tmp_path: Path) -> None:
         _policy(tmp_path, allow_domains=("example.com",)),
         _policy(tmp_path, allow_unix_sockets=("/run/x.sock",)),
         _policy(tmp_path, deny_read=()),
+        _policy(tmp_path, protect_hook_chain=False),
         SandboxPolicy(mode=SandboxMode.WORKSPACE_WRITE, workspace_root=str(tmp_path)),
     ]
     assert len({domain_key(p) for p in [base, *wider]}) == len(wider) + 1
@@ -99,3 +106,87 @@ def test_domain_key_is_exact_and_order_free(tmp_path: Path) -> None:
         mode=SandboxMode.WORKSPACE_WRITE, workspace_root=str(b), writable_roots=(str(a),)
     )
     assert domain_key(one) == domain_key(other) != domain_key(ww)
+
+    # What an executor's own settings add is part of the shared cache homes' key; at their
+    # defaults they add nothing (the homes made before keep their names).
+    assert executor_reach(SandboxBashConfig()) == ""
+    reaches = [
+        executor_reach(SandboxBashConfig(**kw))  # type: ignore[arg-type]
+        for kw in (
+            {},
+            {"allow_domains": ("example.test",), "credentials": (_CREDENTIAL,)},
+            {"allow_private_domains": ("intranet.test",)},
+            {"pin": {"intranet.test": "10.1.2.3"}},
+            {"hosts_file": ""},
+        )
+    ]
+    assert len({domain_key(ww, r) for r in reaches}) == len(reaches)
+    assert domain_key(ww, "") == domain_key(ww)
+
+
+_CREDENTIAL = EgressCredential(domain="example.test", source="env:NO_SUCH_SECRET", env="TOKEN")
+
+
+async def test_a_hook_chain_call_and_an_unprotected_one_share_no_tmp_or_cache(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A call that keeps the hook chain read-only could not edit `.husky/pre-commit`, but it
+    # could leave a script in /tmp (or its cache home) that appends to it, and a later call
+    # of the same executor with the protection off ran it (found by a red team: the host's
+    # next `git commit` ran the planted line). The two now have separate trust domains.
+    marker = tmp_path / "pwned"
+    env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1", **_GIT_ENV)
+    for args in (("init", "-q"), ("config", "core.hooksPath", ".husky")):
+        subprocess.run(["git", *args], cwd=workspace, env=env, check=True, timeout=30)
+    hook = workspace / ".husky" / "pre-commit"
+    hook.parent.mkdir()
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    ex = make_executor()
+    ww = SandboxPolicy(mode=SandboxMode.WORKSPACE_WRITE, workspace_root=str(workspace))
+    plant = (
+        f"printf 'echo touch {marker} >> .husky/pre-commit' > /tmp/build.sh && "
+        'mkdir -p "$XDG_CACHE_HOME" && cp /tmp/build.sh "$XDG_CACHE_HOME/hook.sh" && '
+        "echo $XDG_CACHE_HOME && "
+        "(echo 'touch x' >> .husky/pre-commit || echo REFUSED)"
+    )
+    first = await _run(ex, plant, workspace, ww)
+    assert first.exit_code == 0 and "REFUSED" in first.stdout.text, first.stderr
+    open_chain = ww.model_copy(update={"protect_hook_chain": False})
+    run = 'sh /tmp/build.sh || echo NO-TMP; sh "$XDG_CACHE_HOME/hook.sh" || echo NO-CACHE'
+    second = await _run(ex, run + "; echo $XDG_CACHE_HOME", workspace, open_chain)
+    assert "NO-TMP" in second.stdout.text and "NO-CACHE" in second.stdout.text, second.stdout
+    assert first.stdout.text.split()[0] != second.stdout.text.split()[-1]  # cache homes
+    # From the host: the hook is as it was, and the user's commit runs nothing planted.
+    assert hook.read_text() == "#!/bin/sh\nexit 0\n"
+    (workspace / "f").write_text("f\n")
+    subprocess.run(["git", "add", "f"], cwd=workspace, env=env, check=True, timeout=30)
+    subprocess.run(["git", "commit", "-qm", "f"], cwd=workspace, env=env, check=True, timeout=30)
+    assert not marker.exists()
+
+
+async def test_executors_that_reach_private_addresses_share_no_cache_home_with_others(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # The cache homes are shared by every executor of the user, keyed on the call's policy
+    # alone: code one executor left there ran in another whose settings add private
+    # addresses (pins, private domains) or injected secrets (found by a red team).
+    plain = make_executor(mode="workspace-write", allow_domains=("intranet.test",))
+    plant = 'mkdir -p "$XDG_CACHE_HOME" && echo "echo RAN" > "$XDG_CACHE_HOME/hook.sh" && '
+    plant += "echo $XDG_CACHE_HOME"
+    first = await _run(plain, plant, workspace)
+    assert first.exit_code == 0, first.stderr
+    home = Path(first.stdout.text.strip())
+    assert (home / "hook.sh").is_file()  # from the host: planted in the first home
+    wide = make_executor(
+        mode="workspace-write",
+        allow_domains=("intranet.test",),
+        allow_private_domains=("intranet.test",),
+        pin={"intranet.test": "10.1.2.3"},
+    )
+    second = await _run(wide, 'sh "$XDG_CACHE_HOME/hook.sh" || echo NO-HOOK', workspace)
+    assert "RAN" not in second.stdout.text and "NO-HOOK" in second.stdout.text, second.stdout
+    # The same settings again share one home: a warm cache keeps working.
+    again = make_executor(mode="workspace-write", allow_domains=("intranet.test",))
+    third = await _run(again, 'sh "$XDG_CACHE_HOME/hook.sh"', workspace)
+    assert third.stdout.text == "RAN\n", third.stderr
