@@ -41,6 +41,11 @@ class SpillDirectory:
     def __init__(self, parent: str | None) -> None:
         self._parent = parent
         self._path: str | None = None
+        if parent is not None:
+            # Now, not at the first spill: a background command started before that would
+            # see the parent unhidden, and read the spill files its later results name.
+            with contextlib.suppress(OSError):
+                register_spill_parent(parent)
 
     @property
     def path(self) -> str | None:

@@ -41,6 +41,21 @@ def denied_paths(deny_read: tuple[str, ...]) -> tuple[str, ...]:
     return (*deny_read, *host_secrets())
 
 
+def _hidden_pins(hidden: tuple[str, ...], roots: tuple[str, ...]) -> list[str]:
+    """The real directories between a root and each private path inside it (a spill dir
+    of some executor of this uid, configured inside a workspace): each is hidden by a mount
+    on its path, so renaming a directory above it would carry it out from under that mount
+    (and out of the registry, which drops paths that are gone) for the next command to read;
+    pinned, a rename of one fails."""
+    return [
+        pin
+        for path in hidden
+        for root in roots
+        if within(path, root) and path != root
+        for pin in _pins_between(root, path)
+    ]
+
+
 class HostSurvey:
     """One executor's surveys: its placeholders, its shadow cache, the `.git` entries
     earlier spawns found (looked at again by every later one, so flooding a root with
@@ -177,7 +192,7 @@ class HostSurvey:
             shadows=shadows,
             tmp_tops=tops,
             overlays=tuple(overlays),
-            pins=(*protected.pins, *git.pins(roots), *cache_pins),
+            pins=(*protected.pins, *git.pins(roots), *cache_pins, *_hidden_pins(hidden, roots)),
             protect=tuple(dict.fromkeys(covers)),
             deny_dirs=deny_dirs,
             deny_files=deny_files,

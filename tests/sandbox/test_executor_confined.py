@@ -937,3 +937,44 @@ async def test_a_spill_dir_named_with_a_newline_or_bytes_not_utf8_stays_hidden(
         assert second.exit_code != 0
     finally:
         shutil.rmtree(outside, ignore_errors=True)
+
+
+async def test_a_spill_dir_inside_the_workspace_stays_hidden_however_the_command_moves_it(
+    make_executor: ExecutorFactory, workspace: Path, private_base: Path
+) -> None:
+    # A spill dir configured inside a writable root: (a) renaming a directory above it was
+    # allowed, the registry then dropped the old path (gone), and the next command read
+    # the spill file an earlier result named at its new place; (b) a background command
+    # started before the executor's first spill saw the parent unhidden (registered only
+    # then). Found by a red team on both backends. The directories above a hidden path in
+    # a root are pinned now, and a custom parent is registered when the executor is made.
+    parent = workspace / "out" / "spill"
+    parent.mkdir(parents=True)
+    ex = make_executor(mode="workspace-write", spill_dir=str(parent))
+    waiting = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="for i in $(seq 200); do [ -e go ] && break; sleep 0.05; done; "
+                'head -c 9 "$(cat go)" > seen-by-background 2>&1; echo done > finished',
+                workdir=str(workspace),
+            )
+        )
+    )
+    big = "echo TOPSECRET; head -c 3000000 /dev/zero | tr '\\0' x"
+    first = await _run(ex, big, workspace)
+    path = first.stdout.spill_path
+    assert path is not None and Path(path).read_bytes().startswith(b"TOPSECRET")
+    (workspace / "go").write_text(path)
+    for _ in range(200):
+        if (workspace / "finished").exists():
+            break
+        await asyncio.sleep(0.05)
+    assert (workspace / "finished").exists()
+    assert b"TOPSECRET" not in (workspace / "seen-by-background").read_bytes()
+    moved = await _run(ex, "mv out out-moved || echo REFUSED", workspace)
+    assert "REFUSED" in moved.stdout.text, moved.stderr.text
+    assert parent.is_dir() and not (workspace / "out-moved").exists()  # from the host
+    steal = f'head -c 9 "$(echo {path} | sed s/out/out-moved/)" {path}'
+    third = await _run(ex, steal, workspace)
+    assert "TOPSECRET" not in third.stdout.text, third.stdout.text
+    await waiting.wait()  # finished already: nothing of it is left
