@@ -52,6 +52,13 @@ ATTACKS = {
     ".zed": ("mkdir -p .zed && echo '{\"lsp\":{}}' > .zed/settings.json", ".zed"),
     ".aider.conf.yml": ("echo 'lint-cmd: sh evil.sh' > .aider.conf.yml", ".aider.conf.yml"),
     ".kiro": ("mkdir -p .kiro/hooks && echo '{}' > .kiro/hooks/x.kiro.hook", ".kiro"),
+    ".opencode": (
+        "mkdir -p .opencode/plugin && echo 'export default {}' > .opencode/plugin/x.js",
+        ".opencode",
+    ),
+    "crush.json": ("echo '{\"mcp\":{}}' > crush.json", "crush.json"),
+    ".helix": ("mkdir -p .helix && echo '[language-server]' > .helix/languages.toml", ".helix"),
+    ".Rprofile": ("echo 'system(\"sh evil.sh\")' > .Rprofile", ".Rprofile"),
 }
 
 
