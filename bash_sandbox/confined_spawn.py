@@ -42,6 +42,7 @@ from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
 from bash_sandbox.git_plane import MergeReport, merge_back
 from bash_sandbox.git_spawn import GitInspection, settle_git
+from bash_sandbox.linux.binaries import host_git
 from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.compiled_launcher import compiled_launcher
 from bash_sandbox.linux.cover_watch import CoverWatchError
@@ -206,6 +207,13 @@ class ConfinedSpawn(SpawnScope):
                 f"the {backend.name} binary {binary} lies inside a writable root: "
                 "a command could replace it",
             )
+        with contextlib.suppress(FileNotFoundError):  # no git: nothing of git runs after
+            if within_any(host_git(), policy.all_writable_roots()):
+                raise SandboxUnavailableError(
+                    policy.mode,
+                    f"the git the executor runs after each command ({host_git()}) lies inside "
+                    "a writable root: a command could replace it",
+                )
         if policy.network is NetworkMode.ISOLATED and backend.mounts:
             # Every command in the namespace can reach the proxy, which serves requests
             # without a grant token under the executor's list: a per-call list without all

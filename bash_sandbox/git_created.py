@@ -35,7 +35,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 
-from bash_sandbox.git_discovery import SCRUBBED_GIT, SCRUBBED_GIT_ENV
+from bash_sandbox.git_discovery import scrubbed_git, scrubbed_git_env
 from bash_sandbox.git_import.state_files import worktree_inside
 from bash_sandbox.host_run import run_bounded
 from policies.paths import within_any
@@ -267,10 +267,10 @@ def _refused_index(fd: int, gitdir: str) -> bool:
         copy, scratch = os.path.join(tmp, "index"), os.path.join(tmp, "scratch")
         if not _copy_regular(fd, "index", copy):
             return _remove(fd, "index")  # a link, a fifo: not an index git would read as one
-        env = {**SCRUBBED_GIT_ENV, "GIT_DIR": gitdir}
+        env = scrubbed_git_env(GIT_DIR=gitdir)
         try:
             listed = run_bounded(
-                [*SCRUBBED_GIT, "ls-files", "--stage", "-z"],
+                [*scrubbed_git(), "ls-files", "--stage", "-z"],
                 env={**env, "GIT_INDEX_FILE": copy},
                 cwd="/",
                 timeout=60,
@@ -281,14 +281,14 @@ def _refused_index(fd: int, gitdir: str) -> bool:
             if not entries:
                 return False
             run_bounded(
-                [*SCRUBBED_GIT, "update-index", "-z", "--index-info"],
+                [*scrubbed_git(), "update-index", "-z", "--index-info"],
                 env={**env, "GIT_INDEX_FILE": scratch},
                 cwd="/",
                 input=listed.stdout,
                 timeout=60,
             )
             kept = run_bounded(
-                [*SCRUBBED_GIT, "ls-files", "--stage", "-z"],
+                [*scrubbed_git(), "ls-files", "--stage", "-z"],
                 env={**env, "GIT_INDEX_FILE": scratch},
                 cwd="/",
                 timeout=60,
@@ -492,8 +492,8 @@ def parse_config(data: bytes) -> list[tuple[str, str | None]] | None:
             fh.write(data)
         try:
             done = run_bounded(
-                [*SCRUBBED_GIT, "config", "--file", path, "--no-includes", "--list", "-z"],
-                env=SCRUBBED_GIT_ENV,
+                [*scrubbed_git(), "config", "--file", path, "--no-includes", "--list", "-z"],
+                env=scrubbed_git_env(),
                 timeout=10,
             )
         except (OSError, subprocess.SubprocessError):

@@ -43,6 +43,7 @@ from typing import Protocol
 
 from bash_local.userdir import user_base_dir
 from bash_sandbox.host_run import run_bounded
+from bash_sandbox.linux.binaries import host_git, host_git_path
 from policies import SandboxPolicy
 from policies.paths import within, within_any
 
@@ -433,24 +434,34 @@ def _read_small(path: str) -> str | None:
 
 
 # git reading a file it is given, with nothing of the host's or the repository's config
-# that runs code: no system or global config, no hooks, no fsmonitor.
-SCRUBBED_GIT_ENV = {
-    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+# that runs code: no system or global config, no hooks, no fsmonitor; the git itself, and
+# the PATH of what it runs, never from the harness's PATH (`binaries.host_git`).
+_SCRUBBED_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_CONFIG_GLOBAL": "/dev/null",
     "GIT_TERMINAL_PROMPT": "0",
     "HOME": "/nonexistent",
     "LC_ALL": "C",
 }
-SCRUBBED_GIT = ("git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+_SCRUBBED_OPTIONS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+
+
+def scrubbed_git() -> list[str]:
+    """argv of host git without hooks or fsmonitor (see `scrubbed_git_env`)."""
+    return [host_git(), *_SCRUBBED_OPTIONS]
+
+
+def scrubbed_git_env(**extra: str) -> dict[str, str]:
+    """The environment for `scrubbed_git`: no system or global config, ``extra`` added."""
+    return {"PATH": host_git_path(), **_SCRUBBED_ENV, **extra}
 
 
 def git_config_get(path: str, key: str) -> str | None:
     """``key`` in the config file ``path`` as git reads it (no includes followed)."""
     try:
         done = run_bounded(
-            [*SCRUBBED_GIT, "config", "--file", path, "--no-includes", "--get", key],
-            env=SCRUBBED_GIT_ENV,
+            [*scrubbed_git(), "config", "--file", path, "--no-includes", "--get", key],
+            env=scrubbed_git_env(),
             timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
@@ -500,8 +511,8 @@ def index_gitlinks(index_path: str, git_dir: str) -> set[str]:
     repository at ``git_dir`` (the host's: its object format) reads it."""
     try:
         done = run_bounded(
-            [*SCRUBBED_GIT, "ls-files", "--stage", "-z"],
-            env={**SCRUBBED_GIT_ENV, "GIT_INDEX_FILE": index_path, "GIT_DIR": git_dir},
+            [*scrubbed_git(), "ls-files", "--stage", "-z"],
+            env=scrubbed_git_env(GIT_INDEX_FILE=index_path, GIT_DIR=git_dir),
             cwd="/",
             timeout=30,
         )

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from bash_sandbox.host_run import run_bounded
 from bash_sandbox.kept_answers import KeptAnswers
+from bash_sandbox.linux.binaries import host_git, host_git_path
 from policies.paths import within, within_any
 
 # The hooks git runs on a client (githooks(5)).
@@ -136,8 +137,8 @@ def _ask_git(gitdir: str, env: dict[str, str]) -> tuple[HostConfig, list[str]] |
     """Git's answer, and the include targets its config names (existing or not)."""
     try:
         done = run_bounded(
-            ["git", "--git-dir", gitdir, "config", "--list", "--show-origin", "-z"],
-            env=env,
+            [host_git(), "--git-dir", gitdir, "config", "--list", "--show-origin", "-z"],
+            env={**env, "PATH": host_git_path()},
             cwd="/",
             timeout=10,
         )

@@ -52,6 +52,7 @@ from bash_sandbox.git_discovery import (  # noqa: F401 - discovery's home; names
 from bash_sandbox.git_import import begin, import_changes, load_snapshot, recover_overlay
 from bash_sandbox.git_import.gitcmd import GIT_SAFE_OPTIONS, git_env
 from bash_sandbox.host_run import run_bounded
+from bash_sandbox.linux.binaries import host_git
 from bash_sandbox.view import GitOverlay
 from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
 
@@ -257,8 +258,8 @@ def init_submodule(gitdir: str, path: str) -> str | None:
     modules = os.path.join(worktree, ".gitmodules")
     if not os.path.isfile(modules) or os.path.islink(modules):
         return "no regular .gitmodules"
-    argv = ["git", *GIT_SAFE_OPTIONS, f"--git-dir={gitdir}", f"--work-tree={worktree}"]
     try:
+        argv = [host_git(), *GIT_SAFE_OPTIONS, f"--git-dir={gitdir}", f"--work-tree={worktree}"]
         done = run_bounded(
             [*argv, "submodule", "init", "--", path],
             env=git_env(),

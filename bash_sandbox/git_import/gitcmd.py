@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Sequence
 
 from bash_sandbox.host_run import run_bounded
+from bash_sandbox.linux.binaries import host_git, host_git_path
 
 GIT_TIMEOUT_S = 120.0
 
@@ -35,7 +36,7 @@ GIT_SAFE_OPTIONS = _SAFE  # for the host git the import runs in a worktree (`git
 # For writes to the import's own scratch repository only (never the host's): nothing flushed.
 SCRATCH_OPTIONS = ("-c", "core.fsync=none")
 
-_KEPT_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
+_KEPT_ENV = ("LANG", "LC_ALL", "TZ")
 
 
 class GitError(Exception):
@@ -49,7 +50,7 @@ class GitError(Exception):
 
 def git_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in _KEPT_ENV}
-    env.setdefault("PATH", "/usr/bin:/bin")
+    env["PATH"] = host_git_path()  # never the harness's: it may hold a workspace's bin dir
     env.update(
         GIT_CONFIG_NOSYSTEM="1",
         GIT_CONFIG_GLOBAL="/dev/null",
@@ -74,7 +75,7 @@ def git(
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``git --git-dir=<git_dir> <args>`` for the import (outputs are small: lists of
     names and ids, never object contents)."""
-    argv = ["git", *_SAFE, f"--git-dir={git_dir}", *args]
+    argv = [host_git(), *_SAFE, f"--git-dir={git_dir}", *args]
     done = run_bounded(
         argv,
         input=input,

@@ -9,10 +9,21 @@ spawn the executor also checks that no writable root of the call contains the bi
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 
 SYSTEM_DIRS = ("/usr/bin", "/bin", "/usr/sbin", "/sbin", "/usr/local/bin")
+# Where a package manager puts git when the system has none (Homebrew, MacPorts, Linuxbrew,
+# Nix): used only owned by root or this uid, like the bwrap wheel's copy.
+GIT_PREFIXES = (
+    "/opt/homebrew/bin",
+    "/opt/local/bin",
+    "/home/linuxbrew/.linuxbrew/bin",
+    "/run/current-system/sw/bin",
+    "/nix/var/nix/profiles/default/bin",
+)
+GIT_ENV = "BASH_SANDBOX_GIT"  # the operator's own git, by absolute path
 
 
 def trusted_path(path: str, *, owners: tuple[int, ...] = (0,)) -> bool:
@@ -55,3 +66,34 @@ def wheel_bwrap() -> str | None:
     if os.path.isfile(path) and os.access(path, os.X_OK) and trusted_path(path, owners=owners):
         return path
     return None
+
+
+@functools.cache
+def host_git() -> str:
+    """The git the executor itself runs on the host (the import, the resets, the repository
+    questions), never one found through ``PATH``: a harness whose ``PATH`` holds an activated
+    workspace venv or `node_modules/.bin` would otherwise run a `git` a command wrote there,
+    unconfined. ``$BASH_SANDBOX_GIT`` (absolute), else the system's, else a package
+    manager's; each only where nobody else could have written it. Raises FileNotFoundError
+    (as running a missing git would) when there is none."""
+    named = os.environ.get(GIT_ENV)
+    mine: tuple[int, ...] = (0, os.geteuid())
+    candidates: list[tuple[str, tuple[int, ...]]] = [(named, mine)] if named else []
+    candidates += [(os.path.join(d, "git"), (0,)) for d in SYSTEM_DIRS]
+    candidates += [(os.path.join(d, "git"), mine) for d in GIT_PREFIXES]
+    for candidate, owners in candidates:
+        if not os.path.isabs(candidate):
+            continue
+        real = os.path.realpath(candidate)
+        if os.path.isfile(real) and os.access(real, os.X_OK) and trusted_path(real, owners=owners):
+            return real
+    raise FileNotFoundError(f"no git in {', '.join(SYSTEM_DIRS)} (or set {GIT_ENV})")
+
+
+def host_git_path() -> str:
+    """``PATH`` for host git's own children (a pager, `sh`): its directory and the system's."""
+    try:
+        first = os.path.dirname(host_git())
+    except FileNotFoundError:
+        return "/usr/bin:/bin"
+    return ":".join(dict.fromkeys((first, "/usr/bin", "/bin")))

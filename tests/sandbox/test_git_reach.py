@@ -751,3 +751,41 @@ async def test_a_worktree_the_import_or_the_reset_would_place_outside_the_roots_
     listed = host_git("worktree", "list", "--porcelain", cwd=workspace).stdout
     assert f"worktree {workspace / 'wt-in'}" in listed
     assert host_git("fsck", "--strict", cwd=workspace).returncode == 0
+
+
+async def test_a_git_planted_on_the_harness_path_never_runs_on_the_host(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A harness whose PATH holds a directory in the workspace (an activated `.venv`,
+    # `node_modules/.bin`): the executor ran `git` by name for its own work after each
+    # command (the repository questions, the resets, the import), so a `git` the command
+    # wrote there ran on the host, unconfined (found by a red team on both backends: the
+    # marker named every call). Host git is now the system's, by absolute path, and what it
+    # runs finds only the system's directories.
+    marker = tmp_path / "ran-planted-git"
+    _repo(workspace)
+    monkeypatch.setenv("PATH", f"{workspace}/.venv/bin:{os.environ['PATH']}")
+    ex = make_executor(mode="workspace-write")
+    plant = (
+        "mkdir -p .venv/bin && for g in git git-upload-pack git-receive-pack sh; do "
+        f"printf '#!/bin/sh\\necho \"$0 $*\" >> {marker}\\nexec /usr/bin/'$g' \"$@\"\\n' "
+        "> .venv/bin/$g; chmod +x .venv/bin/$g; done"
+    )
+    result = await _run(ex, plant, workspace)
+    assert result.exit_code == 0, result.stderr.text
+    assert (workspace / ".venv" / "bin" / "git").is_file()  # from the host: it is there
+    # Every host-side git the executor runs: a commit imported, a repository created and
+    # reset, a submodule's gitlink, the hook chain asked again.
+    work = (
+        "echo b > b.txt && git add b.txt && git commit -qm second && git init -q made && "
+        "git -C made commit -q --allow-empty -m m && echo x > .git/info/exclude-not"
+    )
+    again = await _run(ex, work, workspace)
+    assert again.exit_code == 0, again.stderr.text
+    assert not marker.exists(), marker.read_text()
+    # (The user's own shell with that PATH would run it too: the check uses the system's.)
+    monkeypatch.undo()
+    assert host_git("log", "-1", "--format=%s", cwd=workspace).stdout.strip() == "second"
