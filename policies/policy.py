@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import PurePosixPath
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -13,6 +14,7 @@ from policies.dir_glob import expand
 from policies.egress import canonical_allowlist
 from policies.limits import ResourceLimits
 from policies.modes import NetworkMode, SandboxMode
+from policies.paths import within
 from policies.types import CanonicalPath, NormalPath, UserCanonicalPath
 
 # Kept read-only inside every writable root, so `git commit` works while hooks and config
@@ -136,6 +138,32 @@ def default_deny_read(home: str | None = None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p for pattern in patterns for p in expand(pattern)))
 
 
+def root_through_a_link_in_a_root(named: tuple[str, ...]) -> str | None:
+    """Why one of the roots ``named`` (as given: ``~`` allowed) is refused, or None: a root
+    reached through a symlink that lies inside one of the roots (a command could have written
+    that link: a root `ws/sub` that is a link to `/etc` would make `/etc` writable)."""
+    given = [os.path.expanduser(p) for p in named]
+    given = [os.path.normpath(p) for p in given if os.path.isabs(p)]
+    reals = [os.path.realpath(p) for p in given]
+    for path in given:
+        prefix = "/"
+        for part in path.strip("/").split("/"):
+            prefix = os.path.join(prefix, part)
+            if not os.path.islink(prefix):
+                continue
+            where = os.path.join(os.path.realpath(os.path.dirname(prefix)), part)
+            # `/` holds everything and is never a root (a stand-in while a config is checked).
+            holder = next((r for r in reals if r not in (where, "/") and within(where, r)), None)
+            if holder is not None:
+                return (
+                    f"writable root {path} leads through the symlink {prefix} (to "
+                    f"{os.path.realpath(prefix)}), which lies inside the writable root {holder}: "
+                    "a command there could have planted it; name the directory it leads to "
+                    "if you mean that one"
+                )
+    return None
+
+
 @functools.lru_cache(maxsize=32)
 def _checked_names(value: tuple[str, ...]) -> tuple[str, ...]:
     """``value`` normalised, each a name relative to a writable root (else ValueError).
@@ -188,6 +216,20 @@ class SandboxPolicy(BaseModel):
     @classmethod
     def _relative_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return _checked_names(tuple(value))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_root_through_a_link_in_a_root(cls, data: Any) -> Any:
+        # Roots are kept by their real names; a root named through a symlink that lies in
+        # another root is refused: a command there could have planted that link, and the
+        # next call naming the root would make wherever it leads writable.
+        writes = (SandboxMode.WORKSPACE_WRITE, SandboxMode.WORKSPACE_WRITE.value)
+        if isinstance(data, dict) and data.get("mode") in writes:
+            named = [data.get("workspace_root"), *(data.get("writable_roots") or ())]
+            problem = root_through_a_link_in_a_root(tuple(p for p in named if isinstance(p, str)))
+            if problem is not None:
+                raise ValueError(problem)
+        return data
 
     @model_validator(mode="after")
     def _unprotected_names(self) -> SandboxPolicy:

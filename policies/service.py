@@ -134,9 +134,9 @@ class SandboxPolicyService:
         self._protected_paths = _path_tuple(protected_paths, "protected_paths")
         self._unprotected_paths = _path_tuple(unprotected_paths, "unprotected_paths")
         self._deny_read = None if deny_read is None else _path_tuple(deny_read, "deny_read")
-        # Validate the path lists now (against a stand-in root) so a bad config fails at
-        # startup, not on the first command.
-        self._build(self._default_mode, os.sep)
+        # Validate the path lists now (against the configured root, else a stand-in, with
+        # every root writable) so a bad config fails at startup, not on the first command.
+        self._build(SandboxMode.WORKSPACE_WRITE, self._workspace_root or os.sep)
 
     @property
     def default_mode(self) -> SandboxMode:

@@ -89,3 +89,29 @@ def test_writable_roots_only_count_under_workspace_write(tmp_path: Path) -> None
         mode=SandboxMode.READ_ONLY, workspace_root=root, writable_roots=(str(extra),)
     )
     assert read.all_writable_roots() == ()
+
+
+def test_a_root_named_through_a_link_inside_another_root_is_refused(tmp_path: Path) -> None:
+    # A command in workspace `ws` replaced `ws/sub` with a link to a host directory; a later
+    # call naming `ws/sub` as a writable root (or as its workspace, with `ws` a root) made
+    # the link's target writable, with `full` and no word (found by a red team, both
+    # backends). Refused now, naming the link; the real directory can still be named.
+    ws, target = tmp_path / "ws", tmp_path / "host" / "tgt"
+    ws.mkdir()
+    target.mkdir(parents=True)
+    (ws / "sub").symlink_to(target)
+    ww = SandboxMode.WORKSPACE_WRITE
+    with pytest.raises(ValidationError, match=r"symlink .*sub"):
+        SandboxPolicy(mode=ww, workspace_root=str(ws), writable_roots=(str(ws / "sub"),))
+    with pytest.raises(ValidationError, match=r"symlink .*sub"):
+        SandboxPolicy(mode=ww, workspace_root=str(ws / "sub"), writable_roots=(str(ws),))
+    named = SandboxPolicy(mode=ww, workspace_root=str(ws), writable_roots=(str(target),))
+    assert named.writable_roots == (str(target),)
+    # A link outside every root (the usual `/home -> /usr/home`, `~/code -> /data`) is fine,
+    # and so is read-only, where no root is writable.
+    (tmp_path / "code").symlink_to(ws)
+    alone = SandboxPolicy(mode=ww, workspace_root=str(tmp_path / "code"))
+    assert alone.workspace_root == str(ws)
+    ro = SandboxPolicy(mode=SandboxMode.READ_ONLY, workspace_root=str(ws),
+                       writable_roots=(str(ws / "sub"),))  # fmt: skip
+    assert ro.all_writable_roots() == ()

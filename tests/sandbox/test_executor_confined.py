@@ -21,7 +21,7 @@ from bash_local.userdir import register_spill_parent
 from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
 from bash_sandbox.confined_spawn import ConfinedSpawn, _Once
 from bash_seam import BashExecRequest, BashRunResult
-from policies import SandboxPolicy, sandbox_denial_marker
+from policies import PolicyError, SandboxPolicy, sandbox_denial_marker
 from tests.facts.evidence import WRITE_INTENT_WITNESSED, file_refusal_reported
 from tests.sandbox.conftest import (
     ExecutorFactory,
@@ -978,3 +978,25 @@ async def test_a_spill_dir_inside_the_workspace_stays_hidden_however_the_command
     third = await _run(ex, steal, workspace)
     assert "TOPSECRET" not in third.stdout.text, third.stdout.text
     await waiting.wait()  # finished already: nothing of it is left
+
+
+async def test_a_root_a_command_turned_into_a_link_never_makes_its_target_writable(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # One command replaces `sub` with a link to a host directory; the next call names
+    # `sub` as a writable root. Its target became writable, `full`, no word (red team).
+    target = tmp_path / "host-target"
+    target.mkdir()
+    (workspace / "sub").mkdir()
+    ex = make_executor(mode="workspace-write")
+    plant = await _run(ex, f"rm -rf sub && ln -s {target} sub", workspace)
+    assert plant.exit_code == 0, plant.stderr.text
+    with pytest.raises(PolicyError, match="symlink"):  # the config's mistake, named
+        make_executor(mode="workspace-write", writable_roots=[str(workspace / "sub")])
+    with pytest.raises(ValueError, match="symlink"):  # a harness's own per-call policy
+        SandboxPolicy(
+            mode="workspace-write",  # type: ignore[arg-type]
+            workspace_root=str(workspace),
+            writable_roots=(str(workspace / "sub"),),
+        )
+    assert os.listdir(target) == []  # from the host: nothing written there
