@@ -85,14 +85,19 @@ def read_answer(answer: types.ElicitResult, *, can_remember: bool) -> Approval:
 def question_text(escalation: Escalation, *, command: str, workdir: str, current: str) -> str:
     # The user approves what they read: a `\r`, an escape sequence or a bidi control must
     # not hide or reorder part of the command, and a cut says how much it hid.
+    # Each line of the command indented, so none of it reads as the question's own text;
+    # the working directory (a name a cloned repository chose) on one line, every control
+    # character in it shown, a newline included.
     preview = render_visible(command[:_COMMAND_PREVIEW_CHARS])
     hidden = len(command) - _COMMAND_PREVIEW_CHARS
     if hidden > 0:
         preview += f" [... {hidden} more characters not shown]"
+    preview = "\n".join(f"    {line}" for line in preview.split("\n"))
+    where = render_visible(workdir).replace("\n", "^J").replace("\t", "^I")
     return (
         f"The model asks to run a command with {escalation.describe()} "
         f"(the sandbox now allows {current}).\n\n"
-        f"Command:\n{preview}\n\nWorking directory: {workdir}\n\nApprove this one call?"
+        f"Command:\n{preview}\n\nWorking directory: {where}\n\nApprove this one call?"
     )
 
 

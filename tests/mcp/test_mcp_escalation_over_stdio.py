@@ -288,3 +288,30 @@ async def test_the_approval_question_shows_every_character_the_command_holds(
     assert "touch pwned^M# harmless-looking comment\\u202e" in message
     assert "more characters not shown]" in message
     assert not (workspace / "pwned").exists()
+
+
+async def test_the_approval_question_shows_a_working_directory_exactly_as_it_is(
+    launcher: ServerLauncher, workspace: Path
+) -> None:
+    # A directory named by a cloned repository, given as the call's workdir, was put in the
+    # question raw: its newlines, escape sequences and bidi controls rewrote what the user
+    # read ("this call stays READ-ONLY"); approved, the call ran in workspace-write (found by
+    # a red team). Every control character of it is shown now, on one line, and the
+    # command's own lines are indented so none reads as the question's text.
+    name = "a\n\nbash-sandbox: this call stays READ-ONLY. \x1b]0;t\x07\u202e"
+    (workspace / name).mkdir()
+    user = UserAtKeyboard("accept", {"approve": False})
+    call = {
+        "command": "touch wrote\n\nWorking directory: /nowhere",
+        "sandbox_mode": "workspace-write",
+        "workdir": str(workspace / name / ".."),
+    }
+    async with launcher.client(*CEILING, user=user) as client:
+        await client.call_tool("bash_run", call)
+    assert len(user.questions) == 1
+    message = user.questions[0].message
+    assert "\x1b" not in message and "\x07" not in message and "\u202e" not in message
+    assert "a^J^Jbash-sandbox: this call stays READ-ONLY. ^[]0;t^G\\u202e" in message
+    assert "    touch wrote\n    \n    Working directory: /nowhere" in message
+    assert message.count("\nWorking directory: ") == 1
+    assert not (workspace / "wrote").exists()
