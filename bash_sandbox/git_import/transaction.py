@@ -29,7 +29,10 @@ import stat
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
+from bash_sandbox.git_discovery import is_git_directory
+from bash_sandbox.git_import import state_files as sf
 from bash_sandbox.git_import.gitcmd import GitError, git
+from policies.paths import within
 
 CRASH_ENV = "BASH_SANDBOX_GIT_IMPORT_CRASH"
 # Set by tests in-process; the environment variable is read at each write point, never at
@@ -426,9 +429,66 @@ def drop_keep_refs(journal: Journal, zero: str, *, landed: bool = False) -> None
 # -- recovery --------------------------------------------------------------------------------
 
 
+# What a journal may name: the host repository's admin dirs and the state files the import
+# writes (`state_files.py`), each as git's own layout has them.
+_JOURNAL_FILES = frozenset(
+    {"HEAD", "gitdir", "commondir", "locked", *sf.PSEUDO_REFS, *sf.MESSAGES, *sf.STATE_DIRS}
+)
+
+
+def _safe_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+
+
+def _journal_problem(journal: Journal, work: str) -> str | None:
+    """Why a journal found on disk is not one an import wrote, or None. Checked before a
+    recovery applies it: a recovery runs in a later executor, which trusts the state dir
+    only as far as its own checks go (a command that could write an executor's state
+    would otherwise have it write any file, or replace a repository's config)."""
+    gitdir = journal.gitdir
+    if not os.path.isabs(gitdir) or os.path.realpath(gitdir) != gitdir:
+        return f"repository {gitdir!r} is not a real absolute path"
+    if not is_git_directory(gitdir):
+        return f"{gitdir} is not a git directory"
+
+    def below_admin(admin: str) -> list[str] | None:
+        """What follows the admin dir ("" or `worktrees/<name>`) in ``admin``; None when
+        ``admin`` is not below one."""
+        parts = admin.split("/") if admin else []
+        if parts[:1] == ["worktrees"]:
+            if len(parts) < 2 or not _safe_name(parts[1]):
+                return None
+            parts = parts[2:]
+        return parts if all(_safe_name(p) for p in parts) else None
+
+    def source_ok(source: str | None) -> bool:
+        return source is None or within(os.path.realpath(source), work)
+
+    for change in (*journal.heads, *journal.files):
+        rest = below_admin(change.admin)
+        parts = change.rel.split("/")
+        if rest is None or not all(_safe_name(p) for p in parts) or not source_ok(change.source):
+            return f"a change outside the repository's own layout: {change}"
+        state_file = rest == [] and parts[0] in _JOURNAL_FILES
+        reflog = rest[:1] == ["logs"] and len(parts) == 1  # `logs/<ref dirs>`, the ref's name
+        worktree_gone = (
+            change.admin == "" and change.source is None and len(parts) == 2
+        ) and parts[0] == "worktrees"
+        if not (state_file or reflog or worktree_gone):
+            return f"a file the import never writes: {change.admin}/{change.rel}"
+    for index in journal.indexes:
+        below = below_admin(index.admin)
+        if not (below == [] and source_ok(index.source) and _safe_name(index.tmp_name)):
+            return f"an index change outside the repository's own layout: {index}"
+    return None
+
+
 def recover_journal(path: str) -> str:
     """Finish or undo the transaction ``path`` describes; returns what was done."""
     journal = Journal.load(path)
+    problem = _journal_problem(journal, os.path.realpath(os.path.dirname(path)))
+    if problem is not None:
+        return f"refused: {problem}"
     zero = ZERO if not journal.keep_refs else "0" * len(next(iter(journal.keep_refs.values())))
     if not os.path.isdir(journal.gitdir):
         return "gone"
