@@ -543,3 +543,49 @@ def test_layers_a_full_disk_refuses_are_kept_past_the_bound_and_all_land_later(
         assert list(parent.glob("exec-kept-*")) == []
         assert all(reachable(repo, commit) for commit, _ in results)
         fsck_clean(repo)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"admin": "", "rel": "config"},
+        {"admin": "../../outside", "rel": "canary"},
+        {"admin": "", "rel": "../../outside/canary"},
+        {"admin": "hooks", "rel": "pre-commit"},
+        {"admin": "worktrees/..", "rel": "HEAD"},
+        {"admin": "", "rel": "HEAD", "elsewhere": True},
+    ],
+    ids=["config", "admin-dots", "rel-dots", "hooks", "worktree-dots", "source-outside"],
+)
+def test_a_planted_journal_is_refused_and_writes_nothing(
+    tmp_path: Path, change: dict[str, Any]
+) -> None:
+    # A command that could write an executor's state (another TMPDIR's base inside its
+    # workspace) planted a committed journal; the next executor's start recovered it and
+    # wrote any file it named, and replaced a repository's config (found by a red team,
+    # then `git status` there ran the planted fsmonitor). A journal names only what an
+    # import writes, below the repository, from its own work dir; else nothing is applied.
+    repo = make_repo(tmp_path / "victim")
+    gitdir = repo / ".git"
+    config_before = (gitdir / "config").read_bytes()
+    head_before = (gitdir / "HEAD").read_bytes()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    state = tmp_path / "state"
+    work = state / "git" / "1" / "import" / "work"
+    work.mkdir(parents=True)
+    (state / "git" / "1" / "upper").mkdir()
+    payload = (tmp_path / "payload") if change.pop("elsewhere", False) else (work / "payload")
+    payload.write_text('[core]\n\tfsmonitor = "touch pwned; false"\n')
+    journal = {
+        "gitdir": str(gitdir), "run_id": "x", "keep_prefix": "refs/bash-sandbox/x",
+        "keep_refs": {}, "refs": [], "heads": [], "indexes": [], "old_heads": {},
+        "files": [{**change, "source": str(payload), "is_dir": False}], "committed": True,
+    }  # fmt: skip
+    (work / "journal.json").write_text(json.dumps(journal))
+    recover(str(state))
+    assert (gitdir / "config").read_bytes() == config_before
+    assert (gitdir / "HEAD").read_bytes() == head_before
+    assert os.listdir(outside) == []
+    assert not (gitdir / "hooks" / "pre-commit").exists()
+    fsck_clean(repo)
