@@ -132,7 +132,7 @@ def _nested(fd: int, gitdir: str, roots: tuple[str, ...], dropped: list[str]) ->
                     if seen > _NESTED_MAX:
                         dropped.append(f"(not searched past {_NESTED_MAX} directories)")
                         return
-                    if _looks_git(sub) and os.path.basename(rel) != "worktrees":
+                    if _looks_git(sub) and not _linked_worktree(sub, rel):
                         _reset(sub, os.path.join(gitdir, path), roots, dropped, rel=path,
                                depth=_MODULES_DEPTH)  # fmt: skip
                     pending.append(path)
@@ -154,6 +154,17 @@ def _open_below(fd: int, rel: str) -> int:
         os.close(cur)
         raise
     return cur
+
+
+def _linked_worktree(fd: int, parent: str) -> bool:
+    """Whether the directory ``fd`` (in ``parent``) is a linked worktree's in git's own
+    layout: in a `worktrees/`, naming its common dir `../..`, whose config and hooks git
+    uses (its own `config` is never read). Without that `commondir`, a directory there
+    holding `objects` and `refs` is a repository of its own to git: reset like any other."""
+    return os.path.basename(parent) == "worktrees" and _read(fd, "commondir") in (
+        b"../..\n",
+        b"../..",
+    )
 
 
 def _looks_git(fd: int) -> bool:

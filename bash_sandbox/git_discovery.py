@@ -31,6 +31,7 @@ the gitlinks (submodules) a command added, whatever the index version.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -100,6 +101,9 @@ class DotGit:
     path: str
     kind: str  # "dir", "link", "file", "other"
     content: bytes | None = None
+    # Where a link or gitfile leads, resolved when found: the same bytes can lead elsewhere
+    # once a link on the way is replaced (`after_command`).
+    target: str | None = None
 
 
 @dataclass(frozen=True)
@@ -349,7 +353,14 @@ def is_git_directory(path: str) -> bool:
 
 
 def snapshot(path: str) -> DotGit:
-    """A `.git` entry as it is now (a link's target, a gitfile's bytes)."""
+    """A `.git` entry as it is now (a link's target, a gitfile's bytes, where they lead)."""
+    found = _snapshot(path)
+    if found.kind in ("link", "file"):
+        return dataclasses.replace(found, target=_target(path))
+    return found
+
+
+def _snapshot(path: str) -> DotGit:
     try:
         st = os.lstat(path)
     except OSError:
@@ -566,16 +577,25 @@ def after_command(
     for path in dotgits:
         now = snapshot(path)
         old = previous.get(path)
-        same = old is not None and old == now
-        if same and (now.kind == "dir" or within_any(_target(path) or "/", overlaid)):
-            continue  # there before and overlaid: the command's writes are in the upper
-        changed = not same and old is not None and {old.kind, now.kind} <= {"link", "file"}
-        if changed and old is not None and _put_back(old):
+        changed = old is not None and (old.kind, old.content) != (now.kind, now.content)
+        kinds = {now.kind, old.kind if old is not None else ""}
+        if changed and old is not None and kinds <= {"link", "file"} and _put_back(old):
             result.restored.append(path)
-            continue
+            now = snapshot(path)  # as it was, but a link on its way may lead elsewhere
+        same = old is not None and (old.kind, old.content) == (now.kind, now.content)
+        # A link or gitfile whose bytes are the same may still lead elsewhere now: a link
+        # on its way replaced, or its target made a repository (`gitdir: ../x` written by
+        # one command while `x` did not exist, `x` by the next).
+        moved = same and old is not None and old.target != now.target
+        if same and (now.kind == "dir" or within_any(now.target or "/", overlaid)) and not moved:
+            continue  # there before and overlaid: the command's writes are in the upper
         behind = gitdirs_behind(path, roots)
         if not behind:
-            if not same and now.kind in ("link", "file") and _leads_out(path, roots, overlaid):
+            if (
+                (not same or moved)
+                and now.kind in ("link", "file")
+                and _leads_out(path, roots, overlaid)
+            ):
                 # Host git would follow it to a repository the user never chose.
                 with contextlib.suppress(OSError):
                     os.unlink(path)

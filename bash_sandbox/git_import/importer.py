@@ -343,6 +343,11 @@ class _Importer:
             s, c, h = start.get(name), view_refs.get(name), host_now.get(name)
             if c in (s, h):
                 continue  # unchanged, or the host's own change the command saw
+            if name.startswith("refs/replace/"):
+                # Host git would show the replacement wherever the object appears (a diff
+                # of a file the command never touched), while a push sends the original.
+                self.result.denials.append((name, "a replace ref: what host git shows"))
+                continue
             if c is None:
                 broken = git(self.view, "rev-parse", "-q", "--verify", name, check=False)
                 if broken.returncode == 0:
@@ -524,6 +529,8 @@ class _Importer:
             elif name == "commondir":
                 if data.strip() != b"../..":
                     raise sf.StateRefused("a common dir other than git's own")
+            elif name == "BISECT_START":
+                data = sf.check_bisect_start(data)
             else:
                 data = sf.check_text(data)
         except (sf.StateRefused, UnicodeError) as exc:

@@ -149,6 +149,16 @@ def worktree_inside(data: bytes, roots: Iterable[str]) -> bool:
     return within_any(os.path.realpath(os.fsdecode(named)), tuple(roots))
 
 
+def check_bisect_start(data: bytes) -> bytes:
+    """`BISECT_START`: the branch or commit `git bisect reset` checks out again, which git
+    passes to `git checkout` as a word: one that begins with `-` would be an option
+    (`-f` throws away the user's uncommitted work)."""
+    value = data.strip()
+    if not value or value.startswith(b"-") or any(c in value for c in b" \t\r\n\0"):
+        raise StateRefused("not a branch or a commit to return to")
+    return value + b"\n"
+
+
 def check_text(data: bytes) -> bytes:
     if len(data) > MAX_TEXT or b"\0" in data:
         raise StateRefused("not a bounded text file")

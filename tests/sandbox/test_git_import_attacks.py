@@ -289,3 +289,49 @@ async def test_a_command_that_leaves_git_alone_reports_no_git_outcome(
     assert result.exit_code == 0
     assert result.sandbox is not None and result.sandbox.git == ()
     assert os.listdir(repo / ".git" / "refs" / "heads") == ["main"]
+
+
+async def test_a_replace_ref_never_changes_what_host_git_shows(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # `git replace` makes host git show another object wherever the replaced one appears
+    # (a diff hid a backdoor while a push sent it; a file the command never touched showed
+    # forged text, and `git checkout` wrote it): imported as any ref, found by a red team.
+    repo = make_repo(workspace / "repo")
+    real = host_git(repo, "rev-parse", "HEAD:f0.txt").strip()
+    ex = make_executor(mode="workspace-write")
+    forge = (
+        "fake=$(printf 'forged\\n' | git hash-object -w --stdin) && "
+        f"git replace -f {real} $fake && git show HEAD:f0.txt && echo new > n.txt && "
+        "git add n.txt && git commit -qm 'also a commit'"
+    )
+    result = await _run(ex, forge, repo)
+    assert result.exit_code == 0, result.stderr.text
+    assert result.stdout.text == "forged\n"  # inside, the command's git shows its forgery
+    # From the host: the commit is there, the replace ref is not, the file shows as it is.
+    assert host_git(repo, "log", "-1", "--format=%s") == "also a commit\n"
+    assert host_git(repo, "for-each-ref", "refs/replace/") == ""
+    assert host_git(repo, "show", "HEAD:f0.txt") == "file 0\n"
+    assert result.sandbox is not None
+    named = [d for d in result.sandbox.denials if "refs/replace/" in d.target]
+    assert named and "replace ref" in named[0].reason, result.sandbox.denials
+    fsck_clean(repo)
+
+
+async def test_a_bisect_start_that_git_would_read_as_an_option_is_refused(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # `git bisect reset` checks out what BISECT_START names, as a word on checkout's
+    # command line: `-f` there threw away the user's uncommitted work (red team).
+    repo = make_repo(workspace / "repo")
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex, "git bisect start -q 2>/dev/null; printf -- '-f\\n' > .git/BISECT_START", repo
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert not (repo / ".git" / "BISECT_START").exists() or (
+        (repo / ".git" / "BISECT_START").read_text().strip() != "-f"
+    )
+    (repo / "f0.txt").write_text("the user's uncommitted work\n")
+    host_git(repo, "bisect", "reset", check=False)
+    assert (repo / "f0.txt").read_text() == "the user's uncommitted work\n"

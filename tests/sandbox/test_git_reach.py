@@ -789,3 +789,56 @@ async def test_a_git_planted_on_the_harness_path_never_runs_on_the_host(
     # (The user's own shell with that PATH would run it too: the check uses the system's.)
     monkeypatch.undo()
     assert host_git("log", "-1", "--format=%s", cwd=workspace).stdout.strip() == "second"
+
+
+async def test_a_repository_posing_as_a_linked_worktrees_admin_dir_is_reset(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # `r/.git/worktrees/evil` with objects, refs and a config of its own and no `commondir`
+    # is a repository to git, not a linked worktree's admin dir: the reset skipped every
+    # directory in a `worktrees/`, and host `git status` in `w` (a gitfile naming it) ran
+    # its fsmonitor (red team, both backends, one command, nothing reported).
+    marker = tmp_path / "pwned"
+    ex = make_executor(mode="workspace-write")
+    plant = (
+        "git init -q r && E=r/.git/worktrees/evil && mkdir -p $E/objects $E/refs && "
+        "echo 'ref: refs/heads/main' > $E/HEAD && "
+        f"printf '[core]\\n\\tfsmonitor = \"touch {marker}; false\"\\n' > $E/config && "
+        "mkdir w && printf 'gitdir: ../r/.git/worktrees/evil\\n' > w/.git"
+    )
+    result = await _run(ex, plant, workspace)
+    assert result.exit_code == 0, result.stderr.text
+    (workspace / "w" / "f").write_text("x\n")
+    host_git("status", cwd=workspace / "w", check=False)
+    assert not marker.exists()
+
+
+async def test_a_gitfile_that_a_later_link_leads_out_of_the_roots_is_removed(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # `sub/.git` says `gitdir: ../lnk` while `lnk` does not exist (inside the roots: kept);
+    # the next command makes `lnk` a link to a repository outside. The gitfile's bytes never
+    # changed, so it was not looked at again, and the user's `git add -A && git commit` in
+    # `sub` wrote into that other repository (red team, both backends).
+    victim = tmp_path / "victim"
+    _repo(victim)
+    before = host_git("rev-parse", "HEAD", cwd=victim).stdout
+    ex = make_executor(mode="workspace-write")
+    first = await _run(ex, "mkdir sub && printf 'gitdir: ../lnk\\n' > sub/.git", workspace)
+    assert first.exit_code == 0, first.stderr.text
+    for link in (
+        f"ln -s {victim}/.git lnk",
+        f"ln -s {victim} lnk-dir && ln -s lnk-dir/.git lnk",
+    ):
+        second = await _run(ex, link + " && echo planted > sub/planted.txt", workspace)
+        assert second.exit_code == 0, second.stderr.text
+        # From the host: git in `sub` never reaches the other repository.
+        seen = host_git("rev-parse", "--absolute-git-dir", cwd=workspace / "sub", check=False)
+        assert str(victim) not in seen.stdout
+        host_git("add", "-A", cwd=workspace / "sub", check=False)
+        host_git("commit", "-qm", "user", cwd=workspace / "sub", check=False)
+        assert host_git("rev-parse", "HEAD", cwd=victim).stdout == before
+        assert host_git("status", "--porcelain", cwd=victim).stdout == ""
+        # The next round starts as the first did: the gitfile leading nowhere yet.
+        (workspace / "lnk").unlink()
+        (workspace / "sub" / ".git").write_text("gitdir: ../lnk\n")
