@@ -32,11 +32,22 @@ def _usable(path: str) -> bool:
 @functools.cache
 def _base_for(uid: int, tempdir: str) -> str:
     name = f"bash-sandbox-{uid}"
+    roots = recorded(_ROOTS)
     for parent in dict.fromkeys((tempdir, "/tmp", "/var/tmp")):
         candidate = os.path.join(parent, name)
-        if _usable(candidate):
-            return os.path.realpath(candidate)
+        # Inside a root some executor granted, a command may have made it, state and all
+        # (the fixed ones never are: every executor refuses a root holding them).
+        fixed = parent in _FIXED_PARENTS
+        if (fixed or not _inside(os.path.realpath(candidate), roots)) and _usable(candidate):
+            base = os.path.realpath(candidate)
+            with contextlib.suppress(OSError):
+                record(_BASES, base)
+            return base
     raise OSError(f"no safe per-user directory for bash-sandbox (tried {tempdir}, /tmp, /var/tmp)")
+
+
+def _inside(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def user_base_dir() -> str:
@@ -56,7 +67,18 @@ def register_spill_parent(path: str) -> None:
     real = os.path.realpath(path)
     if real in registered_spill_parents():
         return
-    registry = os.path.join(user_base_dir(), _REGISTRY)
+    _append(os.path.join(user_base_dir(), _REGISTRY), real)
+
+
+def registered_spill_parents() -> tuple[str, ...]:
+    """Every custom spill parent this uid's executors registered that still exists. Those
+    gone are dropped from the registry (read before every confined spawn: it must not grow
+    with every parent ever used)."""
+    return _read_live(os.path.join(user_base_dir(), _REGISTRY))
+
+
+def _append(registry: str, real: str) -> None:
+    """Add the path ``real`` to ``registry`` (NUL-ended records, under its lock)."""
     fd = os.open(registry, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # every writer takes it: the end is ours to write at
@@ -71,11 +93,8 @@ def register_spill_parent(path: str) -> None:
         os.close(fd)
 
 
-def registered_spill_parents() -> tuple[str, ...]:
-    """Every custom spill parent this uid's executors registered that still exists. Those
-    gone are dropped from the registry (read before every confined spawn: it must not grow
-    with every parent ever used)."""
-    registry = os.path.join(user_base_dir(), _REGISTRY)
+def _read_live(registry: str) -> tuple[str, ...]:
+    """The paths in ``registry`` that still exist; the registry pruned of the others."""
     try:
         fd = os.open(registry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -93,6 +112,74 @@ def registered_spill_parents() -> tuple[str, ...]:
         with contextlib.suppress(OSError):
             _prune(registry)
     return live
+
+
+# -- where every base is known ----------------------------------------------------------
+#
+# A base may lie under any `TMPDIR`, and a harness whose `TMPDIR` is inside another's
+# workspace has its base (state, journals, the warm daemon's socket) where that one's
+# commands can write. So the bases and the writable roots every executor of this uid used
+# are recorded in the fixed bases (`/tmp`, `/var/tmp`), which every confined command has
+# hidden: a base is never taken inside a recorded root, and each recorded base is hidden
+# from every command whatever its roots.
+_FIXED_PARENTS = ("/tmp", "/var/tmp")
+_ROOTS, _BASES = "roots", "bases"
+_recorded: set[tuple[str, str]] = set()
+
+
+def fixed_bases() -> tuple[str, ...]:
+    """This uid's directories in `/tmp` and `/var/tmp` (made when missing), resolved."""
+    return _fixed_bases(os.geteuid())
+
+
+@functools.cache
+def _fixed_bases(uid: int) -> tuple[str, ...]:
+    found = (os.path.join(p, f"bash-sandbox-{uid}") for p in _FIXED_PARENTS)
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in found if _usable(p)))
+
+
+def record(kind: str, path: str) -> None:
+    """Record ``path`` (a writable root, `roots`, or a base, `bases`) in every fixed base;
+    once per process and path."""
+    real = os.path.realpath(path)
+    if (kind, real) in _recorded:
+        return
+    for base in fixed_bases():
+        registry = os.path.join(base, kind)
+        if real not in _read_live(registry):
+            with contextlib.suppress(OSError):
+                _append(registry, real)
+    _recorded.add((kind, real))
+
+
+def recorded(kind: str) -> tuple[str, ...]:
+    """Every path of ``kind`` recorded in a fixed base that still existed when its
+    registry was last read (read again when the file changed: a spawn asks each time)."""
+    found: dict[str, None] = {}
+    for base in fixed_bases():
+        registry = os.path.join(base, kind)
+        try:
+            st = os.stat(registry)
+        except OSError:
+            continue
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        kept = _read_kept.get(registry)
+        if kept is None or kept[0] != stamp:
+            kept = _read_kept[registry] = (stamp, _read_live(registry))
+        found.update(dict.fromkeys(kept[1]))
+    return tuple(found)
+
+
+_read_kept: dict[str, tuple[tuple[int, int, int], tuple[str, ...]]] = {}
+
+
+def record_roots(roots: tuple[str, ...]) -> None:
+    for root in roots:
+        record(_ROOTS, root)
+
+
+def recorded_bases() -> tuple[str, ...]:
+    return recorded(_BASES)
 
 
 def _live(named: tuple[str, ...]) -> tuple[str, ...]:

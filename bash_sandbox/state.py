@@ -31,7 +31,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bash_local.userdir import registered_spill_parents, user_base_dir
+from bash_local.userdir import (
+    fixed_bases,
+    record_roots,
+    recorded_bases,
+    registered_spill_parents,
+    user_base_dir,
+)
 from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholder_sources
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.linux.dir_watch import FILESYSTEM_MAGIC, LOCAL_FILESYSTEMS, filesystem_type
@@ -344,6 +350,9 @@ class ExecutorState:
         if not within(parent, base):
             paths.append(parent)
         paths += registered_spill_parents()
+        # Every other executor's base too: under another TMPDIR it may lie in this call's
+        # roots, and a command there would plant state a later executor recovers.
+        paths += [*fixed_bases(), *recorded_bases()]
         return tuple(dict.fromkeys(paths))
 
     def check(self, policy: SandboxPolicy) -> None:
@@ -361,14 +370,19 @@ class ExecutorState:
             raise SandboxUnavailableError(
                 policy.mode, f"executor state {self.path} was replaced or opened to others"
             )
-        for root in policy.all_writable_roots():
-            if within(self.path, root) or within(user_base_dir(), root):
+        roots = policy.all_writable_roots()
+        for root in roots:
+            if within(self.path, root) or any(
+                within(b, root) for b in (user_base_dir(), *fixed_bases())
+            ):
                 raise SandboxUnavailableError(
                     policy.mode,
                     f"writable root {root} contains the executor's private state "
                     f"({self.path}): a command could redirect the next spawn; "
                     "use a narrower writable root",
                 )
+        # Recorded before the command runs: no executor of this uid takes its base there.
+        record_roots(roots)
 
     def scratch_for(self, policy: SandboxPolicy, ns: NamespaceFds) -> ScratchPaths:
         """The private /tmp and /dev/shm of ``policy``'s trust domain: a directory of that

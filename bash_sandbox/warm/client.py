@@ -45,8 +45,13 @@ def _connect(path: str) -> _socket.socket | None:
         pid, uid = wire.peer_creds(sock)
         if uid != os.geteuid():
             raise PermissionError("the daemon runs as another user")
-        if not wire.unconfined_peer(pid):
-            raise PermissionError("the socket's listener is a confined command")
+        pidfd = wire.peer_pidfd(sock)  # pinned: the listener's pid reused meanwhile fails
+        try:
+            if not wire.unconfined_peer(pid, pidfd):
+                raise PermissionError("the socket's listener is a confined command")
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
     except OSError:
         sock.close()
         return None

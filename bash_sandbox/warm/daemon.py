@@ -315,14 +315,24 @@ def _accept(daemon: _Daemon) -> None:
             conn.close()  # another user: never served, told nothing
             return
         conn.settimeout(_REQUEST_TIMEOUT_S)
-        request, fds, sender = wire.recv_request(conn, max_fds=4)
+        # The whole request within the timeout: one trickled in a byte at a time held the
+        # daemon (and every other client) as long as the sender liked.
+        deadline = time.monotonic() + _REQUEST_TIMEOUT_S
+        request, fds, (sender, pidfd) = wire.recv_request(conn, max_fds=4, deadline=deadline)
     except OSError:
         conn.close()
         return
     stale = daemon.code.changed()
     # The request's sender, not the connector: a confined command's connect is made for it
-    # by its executor (whose credentials the socket then carries), its frames are its own.
-    if len(fds) != 4 or stale or not wire.unconfined_peer(sender):
+    # by its executor (whose credentials the socket then carries), its frames are its own;
+    # pinned by its pidfd where the kernel gives one, so its pid reused meanwhile by an
+    # unconfined process does not pass for it.
+    try:
+        free = wire.unconfined_peer(sender, pidfd)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    if len(fds) != 4 or stale or not free:
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
@@ -469,6 +479,8 @@ def serve(path: str, idle_s: float, lock: int) -> None:
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # inherited by each call
+    with contextlib.suppress(OSError):  # Linux 6.5+: the sender's pidfd too
+        listener.setsockopt(socket.SOL_SOCKET, wire.SO_PASSPIDFD, 1)
     wire.at_path(listener, path, bind=True)
     listener.listen(64)
     listener.setblocking(False)

@@ -22,6 +22,7 @@ import os
 import stat
 import struct
 import sys
+import time
 import zlib
 from _json import encode_basestring_ascii as _quote
 
@@ -140,9 +141,14 @@ def send_frame(sock: _socket.socket, message: dict[str, Any], fds: list[int] | N
     sock.sendall(data)
 
 
-def _read_exact(sock: _socket.socket, size: int) -> bytes:
+def _read_exact(sock: _socket.socket, size: int, deadline: float | None = None) -> bytes:
     chunks = bytearray()
     while len(chunks) < size:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WireError("the frame did not arrive in time")
+            sock.settimeout(left)
         chunk = sock.recv(min(size - len(chunks), 1 << 20))
         if not chunk:
             raise WireError("connection closed mid-frame")
@@ -215,33 +221,49 @@ def recv_answer(sock: _socket.socket) -> dict[str, int | bool] | None:
     return None if body is None else _flat_object(body)
 
 
+# Linux 6.5+: a pidfd of the sender (SCM_PIDFD, with SO_PASSPIDFD) or of the listener
+# (SO_PEERPIDFD). A pid alone names whoever has it when /proc is read, and a confined sender
+# that exits can leave its pid to an unconfined process by then.
+SO_PASSPIDFD = 76
+SO_PEERPIDFD = 77
+SCM_PIDFD = 0x04
+
+
 def recv_request(
-    sock: _socket.socket, max_fds: int
-) -> tuple[dict[str, Any], list[int], int | None]:
-    """The first frame, the descriptors that came with it, and the pid of the process that
-    sent it (from the kernel's SCM_CREDENTIALS: ``sock`` has SO_PASSCRED; None when none
-    came)."""
+    sock: _socket.socket, max_fds: int, deadline: float | None = None
+) -> tuple[dict[str, Any], list[int], tuple[int | None, int | None]]:
+    """The first frame, the descriptors that came with it, and the process that sent it:
+    its pid (SCM_CREDENTIALS: ``sock`` has SO_PASSCRED; None when none came) and a pidfd of
+    it (SCM_PIDFD, with SO_PASSPIDFD; None on an older kernel), the caller's to close.
+    ``deadline`` (`time.monotonic`): the whole frame by then, however it trickles in."""
     head, ancillary, _, _ = sock.recvmsg(
-        _HEADER.size, rights_space(max_fds) + _socket.CMSG_SPACE(_UCRED.size)
+        _HEADER.size,
+        rights_space(max_fds) + _socket.CMSG_SPACE(_UCRED.size) + _socket.CMSG_SPACE(_INT.size),
     )
-    fds = received_fds(ancillary)
+    fds: list[int] = []
     sender: int | None = None
+    pidfd: int | None = None
     for level, kind, data in ancillary:
-        credentials = (level, kind) == (_socket.SOL_SOCKET, _socket.SCM_CREDENTIALS)
-        if credentials and len(data) >= _UCRED.size:
+        if level != _socket.SOL_SOCKET:
+            continue
+        if kind == _socket.SCM_RIGHTS:
+            fds += received_fds([(level, kind, data)])
+        elif kind == _socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
             sender = _UCRED.unpack(data[: _UCRED.size])[0]
+        elif kind == SCM_PIDFD and len(data) >= _INT.size:
+            pidfd = _INT.unpack(data[: _INT.size])[0]
     try:
         if len(fds) > max_fds:
             raise WireError(f"{len(fds)} descriptors")
         if not head:
             raise WireError("no request")
-        head += _read_exact(sock, _HEADER.size - len(head))
+        head += _read_exact(sock, _HEADER.size - len(head), deadline)
         (size,) = _HEADER.unpack(head)
         if size > MAX_FRAME:
             raise WireError(f"request of {size} bytes")
-        return _decode(_read_exact(sock, size)), fds, sender
+        return _decode(_read_exact(sock, size, deadline)), fds, (sender, pidfd)
     except BaseException:
-        for fd in fds:
+        for fd in (*fds, *([pidfd] if pidfd is not None else [])):
             os.close(fd)
         raise
 
@@ -270,7 +292,30 @@ def _restrictions(pid: int | str) -> tuple[int, int, int, int]:
     return ns.st_dev, ns.st_ino, fields["NoNewPrivs"], fields["Seccomp_filters"]
 
 
-def unconfined_peer(pid: int | None) -> bool:
+def pidfd_names(pidfd: int, pid: int) -> bool:
+    """Whether ``pidfd`` still refers to the live process ``pid`` (its fdinfo's `Pid:`; -1
+    once that process is gone, so a pid reused since never matches)."""
+    try:
+        with open(f"/proc/self/fdinfo/{pidfd}", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Pid:"):
+                    return int(line.split()[1]) == pid
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def peer_pidfd(sock: _socket.socket) -> int | None:
+    """A pidfd of the process that made ``sock``'s peer (a listener: whoever called
+    `listen`), or None on a kernel without SO_PEERPIDFD."""
+    try:
+        (pidfd,) = _INT.unpack(sock.getsockopt(_socket.SOL_SOCKET, SO_PEERPIDFD, _INT.size))
+        return int(pidfd)
+    except OSError:
+        return None
+
+
+def unconfined_peer(pid: int | None, pidfd: int | None = None) -> bool:
     """Whether process ``pid`` is as free as this one: the same mount namespace, and not
     no_new_privs or more seccomp filters where this process is not. A confined command
     never is (its own mount namespace, or, under Landlock alone, no_new_privs and the
@@ -283,5 +328,9 @@ def unconfined_peer(pid: int | None) -> bool:
         dev, ino, nnp, filters = _restrictions(pid)
         own_dev, own_ino, own_nnp, own_filters = _restrictions("self")
     except (OSError, ValueError):
+        return False
+    # Read from /proc first, then the pidfd checked: alive and the same pid after the reads,
+    # so what they read was that process's (a pid is not reused while its process lives).
+    if pidfd is not None and not pidfd_names(pidfd, pid):
         return False
     return (dev, ino) == (own_dev, own_ino) and nnp <= own_nnp and filters <= own_filters

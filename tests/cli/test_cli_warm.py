@@ -662,8 +662,13 @@ print("reply:", s.recv(struct.unpack(">I", head)[0]).decode() if len(head) == 4 
 """
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded-base", "unrecorded-base"])
 def test_a_confined_command_cannot_have_the_daemon_run_it_unconfined(
-    warm: Warm, workspace: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+    warm: Warm,
+    workspace: Path,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    recorded: bool,
 ) -> None:
     for _ in range(2):  # the first call starts the daemon, the second is served by it
         _, _, err, served = warm.run("run", "--mode", "read-only", "--", "true", cwd=workspace)
@@ -672,6 +677,23 @@ def test_a_confined_command_cannot_have_the_daemon_run_it_unconfined(
     other_tmp = tmp_path_factory.mktemp("harness-tmp")  # the harness's TMPDIR: elsewhere
     marker = other_tmp / "escaped"  # outside every writable root of the attack
     (tmp_path / "attack.py").write_text(_FAKE_CLIENT)
+    if recorded:
+        # Recorded when the daemon took it: hidden from every command, whatever its roots
+        # (a command reached it while it lay in a workspace, before bases were recorded).
+        seen = _fresh(
+            dict(warm.env, TMPDIR=str(other_tmp)),
+            "run", "--mode", "workspace-write", "--workspace", str(tmp_path), "--",
+            f"ls {warm.private} || echo HIDDEN; touch {warm.private}/x || echo REFUSED",
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert b"HIDDEN" in seen.stdout and b"REFUSED" in seen.stdout, seen.stderr
+        assert not (warm.private / "x").exists()
+        return
+    # The layer behind the hiding: the socket reached all the same (a hard link the host
+    # left in the workspace), the daemon must still refuse whoever sends the request.
+    link = tmp_path / "reach.sock"
+    os.link(sock_path, link)
+    sock_path = link
     attack = _fresh(
         dict(warm.env, TMPDIR=str(other_tmp)),
         "run",
@@ -736,7 +758,7 @@ def test_a_client_never_talks_to_a_confined_listener(
             "--timeout-ms",
             "60000",
             "--",
-            f"{sys.executable} listen.py {sock_path} {record}",
+            f"{sys.executable} listen.py {tmp_path / 'squat.sock'} {record}",
         ],
         env=dict(warm.env, TMPDIR=str(other_tmp), **{wire.ENABLE_ENV: "0"}),
         cwd=tmp_path,
@@ -746,6 +768,12 @@ def test_a_client_never_talks_to_a_confined_listener(
     )
     try:
         wait_until(lambda: Path(f"{record}.ready").exists(), timeout=30, what="listener up")
+        # The private dir is hidden from every command (its base is recorded), so the
+        # confined listener reaches the client's path only as the host links it there: the
+        # client's own check of who listens is what is tested.
+        with contextlib.suppress(FileNotFoundError):
+            sock_path.unlink()
+        os.link(tmp_path / "squat.sock", sock_path)
         warm.env["WARM_SECRET"] = "s3cret-for-the-daemon-only"
         code, out, err, served = warm.run(
             "run", "--mode", "read-only", "--", "echo real", cwd=workspace
@@ -994,3 +1022,26 @@ def test_the_console_script_exits_with_the_warm_runs_status(warm: Warm, workspac
         )
         assert (done.returncode, done.stdout) == (5, b"hi\n"), done.stderr
     assert warm.daemon_pids() and all(map(is_alive, warm.daemon_pids()))
+
+
+def test_a_sender_or_listener_is_pinned_by_its_pidfd_and_a_request_by_its_deadline() -> None:
+    # The daemon judged a request's sender by its pid when the last byte came, and a sender
+    # could trickle bytes for as long as it liked: a confined sender that exited left its
+    # pid to be reused by an unconfined process, which then passed for it (red team: served
+    # `danger-full-access`). A pidfd (SCM_PIDFD, SO_PEERPIDFD) names that one process only.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        pidfd = os.pidfd_open(child.pid)
+        assert wire.unconfined_peer(child.pid, pidfd)  # alive: judged as its pid says
+        child.kill()
+        child.wait()
+        assert not wire.pidfd_names(pidfd, child.pid)  # gone: whatever has its pid now
+        assert not wire.unconfined_peer(os.getpid(), pidfd)  # a live pid, not that process
+        os.close(pidfd)
+    finally:
+        kill_if_alive(child.pid)
+    a, b = socket.socketpair()
+    with a, b:
+        b.sendall(b"\0\0\0\x10{")  # 16 bytes announced, one sent, then nothing
+        with pytest.raises(OSError):
+            wire.recv_request(a, max_fds=4, deadline=time.monotonic() + 0.3)

@@ -325,6 +325,28 @@ static int restrictions(const char *pid, unsigned long r[4]) {
 }
 
 /* Whether the listener is this uid's and as free as this process (`wire.unconfined_peer`). */
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/* Whether the pidfd still names the live process pid (fdinfo's "Pid:", -1 once it is gone). */
+static int pidfd_names(int pidfd, int pid) {
+    char path[64], line[128];
+    snprintf(path, sizeof path, "/proc/self/fdinfo/%d", pidfd);
+    FILE *f = fopen(path, "re");
+    int found = 0;
+    if (f == NULL)
+        return 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "Pid:", 4) == 0) {
+            found = atoi(line + 4) == pid;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
 static int trusted_listener(int sock) {
     struct ucred cred;
     socklen_t len = sizeof cred;
@@ -333,11 +355,19 @@ static int trusted_listener(int sock) {
     if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid() ||
         cred.pid <= 0)
         return 0;
+    /* Linux 6.5+: the listener pinned by a pidfd, checked after /proc is read, so a confined
+       listener whose pid an unconfined process has taken since never passes for it. */
+    int pidfd = -1;
+    socklen_t fdlen = sizeof pidfd;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &fdlen) != 0)
+        pidfd = -1;
     snprintf(pid, sizeof pid, "%d", (int)cred.pid);
-    if (restrictions(pid, theirs) != 0 || restrictions("self", ours) != 0)
-        return 0;
-    return theirs[0] == ours[0] && theirs[1] == ours[1] && theirs[2] <= ours[2] &&
-           theirs[3] <= ours[3];
+    int ok = restrictions(pid, theirs) == 0 && restrictions("self", ours) == 0 &&
+             theirs[0] == ours[0] && theirs[1] == ours[1] && theirs[2] <= ours[2] &&
+             theirs[3] <= ours[3] && (pidfd < 0 || pidfd_names(pidfd, (int)cred.pid));
+    if (pidfd >= 0)
+        close(pidfd);
+    return ok;
 }
 
 /* -- the call ------------------------------------------------------------------------------ */
