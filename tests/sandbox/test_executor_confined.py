@@ -6,9 +6,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import weakref
@@ -1000,3 +1003,63 @@ async def test_a_root_a_command_turned_into_a_link_never_makes_its_target_writab
             writable_roots=(str(workspace / "sub"),),
         )
     assert os.listdir(target) == []  # from the host: nothing written there
+
+
+def _cli(backend: str, tmpdir: Path, workspace: Path, mode: str, command: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "bash_sandbox.cli", "run", "--backend", backend, "--mode", mode,
+         "--workspace", str(workspace), "--", command],
+        env=dict(os.environ, TMPDIR=str(tmpdir), BASH_SANDBOX_DAEMON="0"),
+        cwd=workspace, capture_output=True, check=False, timeout=120,
+    )  # fmt: skip
+    return done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
+
+
+def test_another_tmpdirs_base_inside_a_workspace_is_never_trusted_or_reached(
+    backend: str, tmp_path: Path
+) -> None:
+    # Two harnesses of one user, one with TMPDIR inside the other's workspace: (a) a command
+    # of the second made that base first, with a committed journal in a fake executor's
+    # state; the first harness's next executor swept it and its recovery wrote any file and
+    # a repository's config (then `git status` ran the planted fsmonitor); (b) made by its
+    # own harness first, the base was still open to the other's commands. Red team, both
+    # backends. A base is never taken inside a root some executor granted, and every
+    # base is hidden from every command.
+    home, other, ws, outside = (tmp_path / n for n in ("home", "other-tmp", "ws", "outside"))
+    for d in (home, other, ws, outside):
+        d.mkdir()
+    victim = tmp_path / "victim"
+    subprocess.run(["git", "init", "-q", str(victim)], check=True)
+    config = (victim / ".git" / "config").read_bytes()
+    state = home / "tmp" / f"bash-sandbox-{os.geteuid()}" / "state" / "exec-planted"
+    work = state / "git" / "1" / "import" / "work"
+    journal = json.dumps({
+        "gitdir": str(victim / ".git"), "run_id": "x", "keep_prefix": "refs/bash-sandbox/x",
+        "keep_refs": {}, "refs": [], "heads": [], "indexes": [], "old_heads": {},
+        "files": [{"admin": "", "rel": "config", "source": f"{work}/c", "is_dir": False},
+                  {"admin": "../../outside", "rel": "x", "source": f"{work}/c", "is_dir": False}],
+        "committed": True,
+    })  # fmt: skip
+    plant = (
+        f"mkdir -p {work} {state}/git/1/upper && chmod 700 {state.parent.parent} {state.parent} && "
+        f": > {state}/lock && printf '[core]\\n\\tfsmonitor = touch {outside}/ran\\n' > {work}/c "
+        f"&& printf '%s' '{journal}' > {work}/journal.json && echo PLANTED"
+    )
+    assert "PLANTED" in _cli(backend, other, home, "workspace-write", plant)
+    # The other harness, its TMPDIR in that workspace: any run starts an executor.
+    _cli(backend, home / "tmp", ws, "read-only", "true")
+    assert (victim / ".git" / "config").read_bytes() == config
+    assert os.listdir(outside) == []
+    subprocess.run(["git", "status"], cwd=victim, capture_output=True, check=False)
+    assert not (outside / "ran").exists()
+    # (b): a base its own harness made first is hidden from the workspace's commands.
+    home2 = tmp_path / "home2"
+    (home2 / "tmp").mkdir(parents=True)
+    _cli(backend, home2 / "tmp", ws, "read-only", "true")
+    base2 = home2 / "tmp" / f"bash-sandbox-{os.geteuid()}"
+    assert base2.is_dir()
+    before = sorted(os.listdir(base2))
+    seen = _cli(backend, other, home2, "workspace-write",
+                f"ls {base2} || echo HIDDEN; mkdir {base2}/state/x || echo REFUSED")  # fmt: skip
+    assert "HIDDEN" in seen and "REFUSED" in seen, seen
+    assert sorted(os.listdir(base2)) == before
