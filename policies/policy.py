@@ -142,7 +142,8 @@ def root_through_a_link_in_a_root(named: tuple[str, ...]) -> str | None:
     """Why one of the roots ``named`` (as given: ``~`` allowed) is refused, or None: a root
     reached through a symlink that lies inside one of the roots (a command could have written
     that link: a root `ws/sub` that is a link to `/etc` would make `/etc` writable)."""
-    given = [os.path.expanduser(p) for p in named]
+    # A relative path or one with a NUL is the field's own validator's to refuse, by name.
+    given = [os.path.expanduser(p) for p in named if "\0" not in p]
     given = [os.path.normpath(p) for p in given if os.path.isabs(p)]
     reals = [os.path.realpath(p) for p in given]
     for path in given:
