@@ -95,18 +95,8 @@ def _append(registry: str, real: str) -> None:
 
 def _read_live(registry: str) -> tuple[str, ...]:
     """The paths in ``registry`` that still exist; the registry pruned of the others."""
-    try:
-        fd = os.open(registry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return ()
-    try:
-        # Shared: the prune rewrites the file in place under the exclusive lock.
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        named = _named(fd)
-    except OSError:
-        return ()
-    finally:
-        os.close(fd)
+    # Shared lock: the prune rewrites the file in place under the exclusive one.
+    named = _read_names(registry)
     live = _live(named)
     if len(live) < len(named):
         with contextlib.suppress(OSError):
@@ -146,10 +136,24 @@ def record(kind: str, path: str) -> None:
         return
     for base in fixed_bases():
         registry = os.path.join(base, kind)
-        if real not in _read_live(registry):
+        if real not in _read_names(registry):  # not `_read_live`: no stat of every entry
             with contextlib.suppress(OSError):
                 _append(registry, real)
     _recorded.add((kind, real))
+
+
+def _read_names(registry: str) -> tuple[str, ...]:
+    try:
+        fd = os.open(registry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return _named(fd)
+    except OSError:
+        return ()
+    finally:
+        os.close(fd)
 
 
 def recorded(kind: str) -> tuple[str, ...]:

@@ -114,7 +114,7 @@ class HostSurvey:
         cache home has no git directory or protected names)."""
         partial: list[str] = []
         roots = policy.all_writable_roots()
-        hidden = self._state.hidden_paths()
+        hidden = self._state.hidden_paths(roots)
         if not mounts:
             return HostView(hidden=hidden)
         private_tmp = True

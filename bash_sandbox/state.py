@@ -44,7 +44,7 @@ from bash_sandbox.linux.dir_watch import FILESYSTEM_MAGIC, LOCAL_FILESYSTEMS, fi
 from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
 from bash_sandbox.trust_domain import domain_key
 from policies import SandboxPolicy
-from policies.paths import within
+from policies.paths import within, within_any
 
 
 def _safe_dir(path: str) -> bool:
@@ -340,7 +340,7 @@ class ExecutorState:
         self._spare: list[GitUpper] = []
         self._spare_lock = threading.Lock()
 
-    def hidden_paths(self) -> tuple[str, ...]:
+    def hidden_paths(self, roots: tuple[str, ...] = ()) -> tuple[str, ...]:
         """What no confined command may see: this uid's base (every executor's state and
         spills), this state dir when it lives elsewhere, and every registered spill parent
         (a result names its spill path, so a model knows it: unlistable dirs are not enough)."""
@@ -350,9 +350,12 @@ class ExecutorState:
         if not within(parent, base):
             paths.append(parent)
         paths += registered_spill_parents()
-        # Every other executor's base too: under another TMPDIR it may lie in this call's
-        # roots, and a command there would plant state a later executor recovers.
-        paths += [*fixed_bases(), *recorded_bases()]
+        # The fixed bases (where every base and root is recorded), and every other
+        # executor's base inside this call's ``roots``: under another TMPDIR it may lie
+        # there, and a command would plant state a later executor recovers. (Only those:
+        # a machine that ran a test suite has hundreds, each a mount.)
+        paths += fixed_bases()
+        paths += [b for b in recorded_bases() if within_any(b, roots)]
         return tuple(dict.fromkeys(paths))
 
     def check(self, policy: SandboxPolicy) -> None:
