@@ -32,6 +32,8 @@ def _usable(path: str) -> bool:
 @functools.cache
 def _base_for(uid: int, tempdir: str) -> str:
     name = f"bash-sandbox-{uid}"
+    with contextlib.suppress(OSError):
+        prune_recorded()
     roots = recorded(_ROOTS)
     for parent in dict.fromkeys((tempdir, "/tmp", "/var/tmp")):
         candidate = os.path.join(parent, name)
@@ -74,7 +76,13 @@ def registered_spill_parents() -> tuple[str, ...]:
     """Every custom spill parent this uid's executors registered that still exists. Those
     gone are dropped from the registry (read before every confined spawn: it must not grow
     with every parent ever used)."""
-    return _read_live(os.path.join(user_base_dir(), _REGISTRY))
+    registry = os.path.join(user_base_dir(), _REGISTRY)
+    named = _read_kept(registry)
+    live = _live(named)
+    if len(live) < len(named):
+        with contextlib.suppress(OSError):
+            _prune(registry)
+    return live
 
 
 def _append(registry: str, real: str) -> None:
@@ -157,24 +165,37 @@ def _read_names(registry: str) -> tuple[str, ...]:
 
 
 def recorded(kind: str) -> tuple[str, ...]:
-    """Every path of ``kind`` recorded in a fixed base that still existed when its
-    registry was last read (read again when the file changed: a spawn asks each time)."""
+    """Every path of ``kind`` recorded in a fixed base (some may be gone: a base process's
+    start prunes them, `prune_recorded`)."""
     found: dict[str, None] = {}
     for base in fixed_bases():
-        registry = os.path.join(base, kind)
-        try:
-            st = os.stat(registry)
-        except OSError:
-            continue
-        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
-        kept = _read_kept.get(registry)
-        if kept is None or kept[0] != stamp:
-            kept = _read_kept[registry] = (stamp, _read_live(registry))
-        found.update(dict.fromkeys(kept[1]))
+        found.update(dict.fromkeys(_read_kept(os.path.join(base, kind))))
     return tuple(found)
 
 
-_read_kept: dict[str, tuple[tuple[int, int, int], tuple[str, ...]]] = {}
+_kept: dict[str, tuple[tuple[int, int, int], tuple[str, ...]]] = {}
+
+
+def _read_kept(registry: str) -> tuple[str, ...]:
+    """The paths in ``registry``, read again only when the file changed (its inode, size or
+    mtime): a registry is asked at every spawn and a machine's can hold hundreds of paths.
+    Whether each still exists is the caller's to ask."""
+    try:
+        st = os.stat(registry)
+    except OSError:
+        return ()
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+    kept = _kept.get(registry)
+    if kept is None or kept[0] != stamp:
+        kept = _kept[registry] = (stamp, _read_names(registry))
+    return kept[1]
+
+
+def prune_recorded() -> None:
+    """Drop the recorded paths that are gone (once a process: a stat of each)."""
+    for base in fixed_bases():
+        for kind in (_ROOTS, _BASES):
+            _read_live(os.path.join(base, kind))
 
 
 def record_roots(roots: tuple[str, ...]) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import shutil
 import stat
@@ -177,6 +178,12 @@ _LOCK = "lock"
 # by a later sweep, not by every executor's start.
 _RETRY = "recovery-failed"
 _RETRY_AFTER_S = 60
+
+
+@functools.lru_cache(maxsize=16)
+def _bases_within(bases: tuple[str, ...], roots: tuple[str, ...]) -> tuple[str, ...]:
+    """The recorded ``bases`` inside ``roots`` (kept: the same hundreds asked each spawn)."""
+    return tuple(b for b in bases if within_any(b, roots))
 
 
 def sweep_stale(parent: str) -> None:
@@ -355,7 +362,8 @@ class ExecutorState:
         # there, and a command would plant state a later executor recovers. (Only those:
         # a machine that ran a test suite has hundreds, each a mount.)
         paths += fixed_bases()
-        paths += [b for b in recorded_bases() if within_any(b, roots)]
+        if roots:
+            paths += _bases_within(recorded_bases(), roots)
         return tuple(dict.fromkeys(paths))
 
     def check(self, policy: SandboxPolicy) -> None:
