@@ -1,7 +1,8 @@
 """The per-user directory every executor of this uid shares, and the spill dirs it knows of.
 
 `user_base_dir()` is `<tempdir>/bash-sandbox-<uid>` (0700, owned by this uid; a planted path,
-a symlink or a directory open to others is never used: the next candidate is). Every
+a symlink, a directory open to others, or one inside a writable root some executor of this
+uid granted is never used: the next candidate is). Every
 executor spills under `<base>/spill/` unless its config names another parent; such a parent
 is registered in `<base>/spill-dirs`, so a confining executor can hide every spill this
 uid's executors write, whichever executor wrote it.
@@ -118,8 +119,8 @@ def _read_live(registry: str) -> tuple[str, ...]:
 # workspace has its base (state, journals, the warm daemon's socket) where that one's
 # commands can write. So the bases and the writable roots every executor of this uid used
 # are recorded in the fixed bases (`/tmp`, `/var/tmp`), which every confined command has
-# hidden: a base is never taken inside a recorded root, and each recorded base is hidden
-# from every command whatever its roots.
+# hidden: a base is never taken inside a recorded root, and each recorded base inside a
+# call's writable roots is hidden from its commands (`state.hidden_paths`).
 _FIXED_PARENTS = ("/tmp", "/var/tmp")
 _ROOTS, _BASES = "roots", "bases"
 _recorded: set[tuple[str, str]] = set()
@@ -165,8 +166,8 @@ def _read_names(registry: str) -> tuple[str, ...]:
 
 
 def recorded(kind: str) -> tuple[str, ...]:
-    """Every path of ``kind`` recorded in a fixed base (some may be gone: a base process's
-    start prunes them, `prune_recorded`)."""
+    """Every path of ``kind`` recorded in a fixed base (some may be gone: each process
+    prunes them when it picks its base, `prune_recorded`)."""
     found: dict[str, None] = {}
     for base in fixed_bases():
         found.update(dict.fromkeys(_read_kept(os.path.join(base, kind))))

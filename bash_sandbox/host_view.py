@@ -43,7 +43,7 @@ def denied_paths(deny_read: tuple[str, ...]) -> tuple[str, ...]:
 
 def _hidden_pins(hidden: tuple[str, ...], roots: tuple[str, ...]) -> list[str]:
     """The real directories between a root and each private path inside it (a spill dir
-    of some executor of this uid, configured inside a workspace): each is hidden by a mount
+    configured inside a workspace, another TMPDIR's base): each is hidden by a mount
     on its path, so renaming a directory above it would carry it out from under that mount
     (and out of the registry, which drops paths that are gone) for the next command to read;
     pinned, a rename of one fails."""

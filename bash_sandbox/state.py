@@ -349,8 +349,9 @@ class ExecutorState:
 
     def hidden_paths(self, roots: tuple[str, ...] = ()) -> tuple[str, ...]:
         """What no confined command may see: this uid's base (every executor's state and
-        spills), this state dir when it lives elsewhere, and every registered spill parent
-        (a result names its spill path, so a model knows it: unlistable dirs are not enough)."""
+        spills), this state dir when it lives elsewhere, every registered spill parent (a
+        result names its spill path, so a model knows it: unlistable dirs are not enough),
+        the fixed bases, and the other bases recorded inside ``roots``."""
         base = os.path.realpath(user_base_dir())
         paths = [base]
         parent = os.path.dirname(self.path)
