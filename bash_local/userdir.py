@@ -78,12 +78,7 @@ def registered_spill_parents() -> tuple[str, ...]:
     gone are dropped from the registry (read before every confined spawn: it must not grow
     with every parent ever used)."""
     registry = os.path.join(user_base_dir(), _REGISTRY)
-    named = _read_kept(registry)
-    live = _live(named)
-    if len(live) < len(named):
-        with contextlib.suppress(OSError):
-            _prune(registry)
-    return live
+    return _pruned(registry, _read_kept(registry))
 
 
 def _append(registry: str, real: str) -> None:
@@ -104,8 +99,12 @@ def _append(registry: str, real: str) -> None:
 
 def _read_live(registry: str) -> tuple[str, ...]:
     """The paths in ``registry`` that still exist; the registry pruned of the others."""
-    # Shared lock: the prune rewrites the file in place under the exclusive one.
-    named = _read_names(registry)
+    return _pruned(registry, _read_names(registry))
+
+
+def _pruned(registry: str, named: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``named`` (read from ``registry``) that exist; ``registry`` pruned of the
+    others when there are any."""
     live = _live(named)
     if len(live) < len(named):
         with contextlib.suppress(OSError):
@@ -157,7 +156,7 @@ def _read_names(registry: str) -> tuple[str, ...]:
     except OSError:
         return ()
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # a prune rewrites it in place under LOCK_EX
         return _named(fd)
     except OSError:
         return ()

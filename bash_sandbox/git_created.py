@@ -181,18 +181,11 @@ def _looks_git(fd: int) -> bool:
 
 def _open_path(path: str) -> int:
     """A directory descriptor for the absolute ``path``, no component followed as a link."""
-    fd = os.open("/", _O_DIR)
+    top = os.open("/", _O_DIR)
     try:
-        for part in path.strip("/").split("/"):
-            if not part:
-                continue
-            nxt = os.open(part, _O_DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        return _open_below(top, "/".join(p for p in path.split("/") if p))
+    finally:
+        os.close(top)
 
 
 def _reset(
