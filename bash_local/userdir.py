@@ -16,6 +16,9 @@ import functools
 import os
 import stat
 import tempfile
+from collections.abc import Iterable
+
+from policies.paths import within_any
 
 _REGISTRY = "spill-dirs"
 
@@ -33,24 +36,22 @@ def _usable(path: str) -> bool:
 @functools.cache
 def _base_for(uid: int, tempdir: str) -> str:
     name = f"bash-sandbox-{uid}"
+    roots: tuple[str, ...] = ()
     with contextlib.suppress(OSError):
-        prune_recorded()
-    roots = recorded(_ROOTS)
+        # Pruned of the gone ones here, once a process (a stat of each): read as they are.
+        roots = _recorded_live(_ROOTS)
+        _recorded_live(_BASES)
     for parent in dict.fromkeys((tempdir, "/tmp", "/var/tmp")):
         candidate = os.path.join(parent, name)
         # Inside a root some executor granted, a command may have made it, state and all
         # (the fixed ones never are: every executor refuses a root holding them).
         fixed = parent in _FIXED_PARENTS
-        if (fixed or not _inside(os.path.realpath(candidate), roots)) and _usable(candidate):
+        if (fixed or not within_any(os.path.realpath(candidate), roots)) and _usable(candidate):
             base = os.path.realpath(candidate)
             with contextlib.suppress(OSError):
                 record(_BASES, base)
             return base
     raise OSError(f"no safe per-user directory for bash-sandbox (tried {tempdir}, /tmp, /var/tmp)")
-
-
-def _inside(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def user_base_dir() -> str:
@@ -67,10 +68,7 @@ def default_spill_parent() -> str:
 
 def register_spill_parent(path: str) -> None:
     """Record a custom spill parent so every sandbox of this uid hides it."""
-    real = os.path.realpath(path)
-    if real in registered_spill_parents():
-        return
-    _append(os.path.join(user_base_dir(), _REGISTRY), real)
+    _append(os.path.join(user_base_dir(), _REGISTRY), os.path.realpath(path))
 
 
 def registered_spill_parents() -> tuple[str, ...]:
@@ -82,7 +80,9 @@ def registered_spill_parents() -> tuple[str, ...]:
 
 
 def _append(registry: str, real: str) -> None:
-    """Add the path ``real`` to ``registry`` (NUL-ended records, under its lock)."""
+    """Add the path ``real`` to ``registry`` (NUL-ended records, under its lock) unless it
+    is there already."""
+    record = os.fsencode(real)
     fd = os.open(registry, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # every writer takes it: the end is ours to write at
@@ -92,7 +92,8 @@ def _append(registry: str, real: str) -> None:
             data = b"".join(line + b"\0" for line in data.split(b"\n") if line)
             os.pwrite(fd, data, 0)
             os.ftruncate(fd, len(data))
-        os.pwrite(fd, os.fsencode(real) + b"\0", len(data))
+        if record not in data.split(b"\0"):
+            os.pwrite(fd, record + b"\0", len(data))
     finally:
         os.close(fd)
 
@@ -143,10 +144,8 @@ def record(kind: str, path: str) -> None:
     if (kind, real) in _recorded:
         return
     for base in fixed_bases():
-        registry = os.path.join(base, kind)
-        if real not in _read_names(registry):  # not `_read_live`: no stat of every entry
-            with contextlib.suppress(OSError):
-                _append(registry, real)
+        with contextlib.suppress(OSError):
+            _append(os.path.join(base, kind), real)
     _recorded.add((kind, real))
 
 
@@ -166,10 +165,19 @@ def _read_names(registry: str) -> tuple[str, ...]:
 
 def recorded(kind: str) -> tuple[str, ...]:
     """Every path of ``kind`` recorded in a fixed base (some may be gone: each process
-    prunes them when it picks its base, `prune_recorded`)."""
+    prunes them when it picks its base)."""
+    return _union(_read_kept(os.path.join(base, kind)) for base in fixed_bases())
+
+
+def _recorded_live(kind: str) -> tuple[str, ...]:
+    """`recorded`, only those that exist, the registries pruned of the others."""
+    return _union(_read_live(os.path.join(base, kind)) for base in fixed_bases())
+
+
+def _union(lists: Iterable[tuple[str, ...]]) -> tuple[str, ...]:
     found: dict[str, None] = {}
-    for base in fixed_bases():
-        found.update(dict.fromkeys(_read_kept(os.path.join(base, kind))))
+    for paths in lists:
+        found.update(dict.fromkeys(paths))
     return tuple(found)
 
 
@@ -189,13 +197,6 @@ def _read_kept(registry: str) -> tuple[str, ...]:
     if kept is None or kept[0] != stamp:
         kept = _kept[registry] = (stamp, _read_names(registry))
     return kept[1]
-
-
-def prune_recorded() -> None:
-    """Drop the recorded paths that are gone (once a process: a stat of each)."""
-    for base in fixed_bases():
-        for kind in (_ROOTS, _BASES):
-            _read_live(os.path.join(base, kind))
 
 
 def record_roots(roots: tuple[str, ...]) -> None:

@@ -587,14 +587,15 @@ def after_command(
         # on its way replaced, or its target made a repository (`gitdir: ../x` written by
         # one command while `x` did not exist, `x` by the next).
         moved = same and old is not None and old.target != now.target
-        if same and (now.kind == "dir" or within_any(now.target or "/", overlaid)) and not moved:
+        overlaid_target = now.target is not None and within_any(now.target, overlaid)
+        if same and (now.kind == "dir" or overlaid_target) and not moved:
             continue  # there before and overlaid: the command's writes are in the upper
         behind = gitdirs_behind(path, roots)
         if not behind:
             if (
                 (not same or moved)
                 and now.kind in ("link", "file")
-                and _leads_out(path, roots, overlaid)
+                and _leads_out(now.target, roots, overlaid)
             ):
                 # Host git would follow it to a repository the user never chose.
                 with contextlib.suppress(OSError):
@@ -627,10 +628,10 @@ def _target(dotgit: str) -> str | None:
     return os.path.realpath(dotgit) if os.path.islink(dotgit) else read_gitfile(dotgit)
 
 
-def _leads_out(dotgit: str, roots: tuple[str, ...], overlaid: tuple[str, ...]) -> bool:
-    """Whether a `.git` link or gitfile leads out of the roots, to somewhere other than an
-    overlaid git dir (a submodule's git dir there appears on the host with the copy-back)."""
-    target = _target(dotgit)
+def _leads_out(target: str | None, roots: tuple[str, ...], overlaid: tuple[str, ...]) -> bool:
+    """Whether a `.git` link or gitfile leading to ``target`` (its `DotGit.target`) leads
+    out of the roots, to somewhere other than an overlaid git dir (a submodule's git dir
+    there appears on the host with the copy-back)."""
     return target is not None and not within_any(target, (*roots, *overlaid))
 
 

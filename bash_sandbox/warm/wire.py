@@ -240,15 +240,13 @@ def recv_request(
         _HEADER.size,
         rights_space(max_fds) + _socket.CMSG_SPACE(_UCRED.size) + _socket.CMSG_SPACE(_INT.size),
     )
-    fds: list[int] = []
+    fds = received_fds(ancillary)
     sender: int | None = None
     pidfd: int | None = None
     for level, kind, data in ancillary:
         if level != _socket.SOL_SOCKET:
             continue
-        if kind == _socket.SCM_RIGHTS:
-            fds += received_fds([(level, kind, data)])
-        elif kind == _socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+        if kind == _socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
             sender = _UCRED.unpack(data[: _UCRED.size])[0]
         elif kind == SCM_PIDFD and len(data) >= _INT.size:
             pidfd = _INT.unpack(data[: _INT.size])[0]
