@@ -711,9 +711,15 @@ async def test_a_git_dir_hidden_in_a_created_one_and_named_by_a_gitfile_runs_not
         )
         assert second.exit_code == 0, second.stderr.text
     # From the host: git in `a` (wherever its gitfile or link leads) runs nothing planted.
-    (workspace / "a" / "f.txt").write_text("x\n")
-    host_git("status", "--short", cwd=workspace / "a", check=False)
-    host_git("diff", cwd=workspace / "a", check=False)
+    _host_git_runs_nothing(workspace / "a", marker)
+
+
+def _host_git_runs_nothing(where: Path, marker: Path) -> None:
+    """The user's `git status` and `git diff` in ``where``, a file changed first (so
+    git looks at the worktree, where an fsmonitor runs): ``marker`` never appears."""
+    (where / "f.txt").write_text("x\n")
+    host_git("status", "--short", cwd=where, check=False)
+    host_git("diff", cwd=where, check=False)
     assert not marker.exists()
 
 
@@ -801,16 +807,12 @@ async def test_a_repository_posing_as_a_linked_worktrees_admin_dir_is_reset(
     marker = tmp_path / "pwned"
     ex = make_executor(mode="workspace-write")
     plant = (
-        "git init -q r && E=r/.git/worktrees/evil && mkdir -p $E/objects $E/refs && "
-        "echo 'ref: refs/heads/main' > $E/HEAD && "
-        f"printf '[core]\\n\\tfsmonitor = \"touch {marker}; false\"\\n' > $E/config && "
-        "mkdir w && printf 'gitdir: ../r/.git/worktrees/evil\\n' > w/.git"
-    )
+        "git init -q r && " + _EVIL.format(d="r/.git/worktrees/evil", marker=marker)
+        + " && mkdir w && printf 'gitdir: ../r/.git/worktrees/evil\\n' > w/.git"
+    )  # fmt: skip
     result = await _run(ex, plant, workspace)
     assert result.exit_code == 0, result.stderr.text
-    (workspace / "w" / "f").write_text("x\n")
-    host_git("status", cwd=workspace / "w", check=False)
-    assert not marker.exists()
+    _host_git_runs_nothing(workspace / "w", marker)
 
 
 async def test_a_gitfile_that_a_later_link_leads_out_of_the_roots_is_removed(
