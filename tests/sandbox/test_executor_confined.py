@@ -658,9 +658,11 @@ async def test_git_overlay_uppers_are_given_back_after_the_run_and_nothing_stays
     for n in range(5):
         result = await _run(ex, f"echo {n} > f{n}", workspace)
         assert result.exit_code == 0, result.stderr.text
-    # Given back off the runs' way, but given back: every upper of the five runs removed, or
-    # kept empty for the next spawn (the commands left `.git` alone: one, reused each time).
-    assert await _git_uppers(ex) == []
+        # Given back off the runs' way, but given back: each run's upper removed, or kept
+        # empty for the next spawn. Waited for here, so the next run finds it (on a loaded
+        # machine a run could start first and make a second one, as designed).
+        assert await _git_uppers(ex) == []
+    # The commands left `.git` alone: one upper, reused each time.
     assert len(ex._services.state._spare) == 1
     started = await ex.start(
         ex.resolve(BashExecRequest(command="sleep 30", workdir=str(workspace)))
