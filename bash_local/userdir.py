@@ -67,8 +67,18 @@ def default_spill_parent() -> str:
 
 
 def register_spill_parent(path: str) -> None:
-    """Record a custom spill parent so every sandbox of this uid hides it."""
-    _append(os.path.join(user_base_dir(), _REGISTRY), os.path.realpath(path))
+    """Record a custom spill parent so every sandbox of this uid hides it (and drop those
+    gone: each executor's start prunes the registry)."""
+    registry = os.path.join(user_base_dir(), _REGISTRY)
+    _append(registry, os.path.realpath(path))
+    _pruned(registry, _read_kept(registry))
+
+
+def recorded_spill_parents() -> tuple[str, ...]:
+    """Every spill parent recorded, gone or not, read again only when the registry changed:
+    what each spawn hides (a gone one costs nothing there; the spawn's own look at each
+    hidden path is the only stat, not one here as well)."""
+    return tuple(p for p in _read_kept(os.path.join(user_base_dir(), _REGISTRY)) if p[:1] == "/")
 
 
 def registered_spill_parents() -> tuple[str, ...]:

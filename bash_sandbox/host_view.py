@@ -13,6 +13,7 @@ data the backends render and the mount plan applies.
 from __future__ import annotations
 
 import os
+import stat
 
 from bash_sandbox import git_import
 from bash_sandbox.backends.mount_plan import (
@@ -175,10 +176,10 @@ class HostSurvey:
         denied = denied_paths(policy.deny_read)
         shadows, deny_dirs, deny_files = self._shadows.inspect(denied, roots)
         # The executor's private paths are its own directories: covered, never shadowed.
-        for path in hidden:
-            if os.path.isdir(path) and not os.path.islink(path):
-                deny_dirs = (*deny_dirs, path)
+        # Those out of sight (under the host's /tmp, which the private one hides) are not
+        # looked at: a machine may have recorded hundreds.
         deny_dirs = tuple(p for p in deny_dirs if visible(p, tops, private_tmp))
+        deny_dirs += tuple(p for p in hidden if visible(p, tops, private_tmp) and _a_directory(p))
         deny_files = tuple(p for p in deny_files if visible(p, tops, private_tmp))
         shadows = tuple(s for s in shadows if visible(s.directory, tops, private_tmp))
         # What a host rename or delete would uncover while the command runs: every name
@@ -252,3 +253,11 @@ class HostSurvey:
                 if within_any(os.path.realpath(path), roots):
                     found.setdefault(path, False)
         return list(found.items())
+
+
+def _a_directory(path: str) -> bool:
+    """A directory itself, not a link to one (one lstat: a spawn asks it of every hidden path)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False

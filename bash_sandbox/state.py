@@ -36,7 +36,7 @@ from bash_local.userdir import (
     fixed_bases,
     record_roots,
     recorded_bases,
-    registered_spill_parents,
+    recorded_spill_parents,
     user_base_dir,
 )
 from bash_sandbox.backends.mount_plan import PlaceholderSources, make_placeholder_sources
@@ -357,7 +357,7 @@ class ExecutorState:
         parent = os.path.dirname(self.path)
         if not within(parent, base):
             paths.append(parent)
-        paths += registered_spill_parents()
+        paths += recorded_spill_parents()
         # The fixed bases (where every base and root is recorded), and every other
         # executor's base inside this call's ``roots``: under another TMPDIR it may lie
         # there, and a command would plant state a later executor recovers. (Only those:
