@@ -97,10 +97,15 @@ def _append(registry: str, real: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # every writer takes it: the end is ours to write at
         data = os.pread(fd, os.fstat(fd).st_size, 0)
-        if data and b"\0" not in data:
+        if data and b"\0" not in data and data.endswith(b"\n"):
             # Written one path a line before: rewritten with NULs first, so the two never mix.
             data = b"".join(line + b"\0" for line in data.split(b"\n") if line)
             os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        elif not data.endswith(b"\0"):
+            # A record cut short (a kill or a full disk within its write): dropped, or the
+            # next one would be joined to it and neither named.
+            data = data[: data.rfind(b"\0") + 1]
             os.ftruncate(fd, len(data))
         if record not in data.split(b"\0"):
             os.pwrite(fd, record + b"\0", len(data))
@@ -153,10 +158,14 @@ def record(kind: str, path: str) -> None:
     real = os.path.realpath(path)
     if (kind, real) in _recorded:
         return
+    done = True
     for base in fixed_bases():
-        with contextlib.suppress(OSError):
+        try:
             _append(os.path.join(base, kind), real)
-    _recorded.add((kind, real))
+        except OSError:
+            done = False  # a full disk, say: asked again at the next spawn
+    if done:
+        _recorded.add((kind, real))
 
 
 def _read_names(registry: str) -> tuple[str, ...]:
@@ -228,7 +237,11 @@ def _named(fd: int) -> tuple[str, ...]:
     written before that holds one path a line."""
     with os.fdopen(os.dup(fd), "rb") as fh:
         data = fh.read(1 << 20)
-    records = data.split(b"\0") if b"\0" in data else data.split(b"\n")
+    if b"\0" in data or not data.endswith(b"\n"):
+        # Only whole records: one cut short by a kill or a full disk names some other path.
+        records = data.split(b"\0")[:-1]
+    else:
+        records = data.split(b"\n")
     return tuple(dict.fromkeys(os.fsdecode(r) for r in records if r))
 
 

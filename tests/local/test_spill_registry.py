@@ -101,3 +101,23 @@ def test_a_registry_written_one_path_a_line_is_still_read(base: Path, tmp_path: 
     newer.mkdir()
     userdir.register_spill_parent(str(newer))  # appended after the old lines: read as one
     assert str(newer) in userdir.registered_spill_parents()
+
+
+def test_a_record_cut_short_is_never_read_as_a_path_nor_joined_to_the_next(
+    base: Path, tmp_path: Path
+) -> None:
+    # A kill or a full disk within an append leaves a record without its NUL: read as it
+    # is, `/x/sp` names some other directory, and the next record joined to it names none.
+    whole, cut, later = tmp_path / "whole", tmp_path / "sp", tmp_path / "spill-later"
+    for parent in (whole, cut, later):
+        parent.mkdir()
+    (base / "spill-dirs").write_bytes(os.fsencode(whole) + b"\0" + os.fsencode(cut))
+    assert userdir.registered_spill_parents() == (str(whole),)
+    assert userdir.recorded_spill_parents() == (str(whole),)
+    userdir.register_spill_parent(str(later))
+    assert _lines(base) == [str(whole), str(later)]
+    # The first record alone cut short: no NUL at all, and no newline a legacy file ends with.
+    (base / "spill-dirs").write_bytes(os.fsencode(cut))
+    assert userdir.recorded_spill_parents() == ()
+    userdir.register_spill_parent(str(later))
+    assert _lines(base) == [str(later)]
