@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import replace
 
 from bash_sandbox import git_import
 from bash_sandbox.backends.mount_plan import (
@@ -25,6 +26,7 @@ from bash_sandbox.backends.mount_plan import (
 )
 from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.cache_domains import cache_top, ensure_cache_base
+from bash_sandbox.envrc_chain import envrc_chain
 from bash_sandbox.git_discovery import DotGitSearch
 from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
 from bash_sandbox.git_spawn import GitInspection, inspect_git
@@ -83,6 +85,11 @@ class HostSurvey:
         if not mounts:
             return
         git = inspect_git(user_policy, known=tuple(self._known_dotgits), search=self.search)
+        if user_policy.protect_hook_chain:
+            # What an allowed `.envrc` loads is covered as the hook chain is.
+            loaded = envrc_chain(user_policy.all_writable_roots())
+            if loaded:
+                git = replace(git, chain=(*git.chain, *loaded))
         self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
         inspect_protected(user_policy, git.gitdirs)
         self._shadows.inspect(denied_paths(policy.deny_read), policy.all_writable_roots())
@@ -122,6 +129,11 @@ class HostSurvey:
         tops = tmp_tops((policy.workspace_root, *roots))
         # The user's roots: the sandbox's own cache home has no git dir or protected names.
         git = inspect_git(user_policy, known=tuple(self._known_dotgits), search=self.search)
+        if user_policy.protect_hook_chain:
+            # What an allowed `.envrc` loads is covered as the hook chain is.
+            loaded = envrc_chain(user_policy.all_writable_roots())
+            if loaded:
+                git = replace(git, chain=(*git.chain, *loaded))
         found.append(git)
         self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
         gitdirs = git.gitdirs

@@ -423,8 +423,11 @@ def _refused(captured: Captured, policy: WritePolicy | None = None) -> bool:
 
 def _placeholder_name(path: str, policy: WritePolicy) -> bool:
     """Whether ``path`` is a protected name itself (where a missing one is held by a
-    placeholder directory), not a file below one."""
-    return any(path == os.path.join(r, name) for r in policy.roots for name in policy.protected)
+    placeholder directory), or a covered path a missing one of which is held the same way
+    (what a hook or an `.envrc` loads), not a file below one."""
+    return any(path == g for g, _ in policy.guarded) or any(
+        path == os.path.join(r, name) for r in policy.roots for name in policy.protected
+    )
 
 
 def _reason(target: str, policy: WritePolicy) -> str:
