@@ -49,7 +49,13 @@ from bash_sandbox.git_discovery import (  # noqa: F401 - discovery's home; names
     discover_gitdirs,
     read_gitfile,
 )
-from bash_sandbox.git_import import begin, import_changes, load_snapshot, recover_overlay
+from bash_sandbox.git_import import (
+    begin,
+    import_changes,
+    load_snapshot,
+    mark_unimported,
+    recover_overlay,
+)
 from bash_sandbox.git_import.gitcmd import GIT_SAFE_OPTIONS, git_env
 from bash_sandbox.host_run import run_bounded
 from bash_sandbox.linux.binaries import host_git
@@ -208,8 +214,17 @@ def merge_back(overlay: GitOverlay, started_ns: int) -> MergeReport:
         result = import_changes(snap, skip=frozenset(overlay.placeholders))
     except Exception as exc:  # whatever failed, the result must say so
         # A transaction cut short is finished or undone from its journal, as after a crash.
-        recover_overlay(overlay.upper)
         reason = f"the import failed ({exc}); its journal was rolled forward or back"
+        if not recover_overlay(overlay.upper):
+            # Not even kept (a full disk before the fetch): the upper layer holds the only
+            # copy of the command's objects, so it outlives this spawn and is tried again.
+            if mark_unimported(overlay.upper):
+                reason += (
+                    "; the command's git state is kept (this uid's state directory, "
+                    "`exec-kept-*`) and a later executor imports its commits into keep-refs"
+                )
+            else:
+                reason += "; the command's git state could not be kept"
         report.conflicts.append(f"{overlay.gitdir}: {reason}")
         report.outcomes = [
             GitImportOutcome(

@@ -25,6 +25,7 @@ from bash_sandbox.git_import.importer import (
     import_changes,
     import_created,
     load_snapshot,
+    mark_unimported,
     recover,
     recover_overlay,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "import_changes",
     "import_created",
     "load_snapshot",
+    "mark_unimported",
     "recover",
     "recover_overlay",
 ]

@@ -957,6 +957,19 @@ def recover(state_dir: str) -> bool:
     return safe
 
 
+def mark_unimported(upper: str) -> bool:
+    """Mark the upper layer at ``upper`` as the only copy of the command's objects (kept out
+    of the executor's state, imported by a later executor): for an import that failed before
+    it could say so itself. False when even the mark could not be written."""
+    base = os.path.join(os.path.dirname(upper), IMPORT_DIR)
+    try:
+        os.makedirs(base, 0o700, exist_ok=True)
+        os.close(os.open(os.path.join(base, UNIMPORTED), os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError:
+        return False
+    return True
+
+
 def recover_overlay(upper: str) -> bool:
     """`recover` for one overlay (its upper layer's path); True when nothing is left."""
     imp = os.path.join(os.path.dirname(upper), IMPORT_DIR)

@@ -589,3 +589,49 @@ def test_a_planted_journal_is_refused_and_writes_nothing(
     assert os.listdir(outside) == []
     assert not (gitdir / "hooks" / "pre-commit").exists()
     fsck_clean(repo)
+
+
+def test_an_import_a_full_disk_stops_before_the_fetch_keeps_the_commits(tmp_path: Path) -> None:
+    # The executor's state fills up (the rebuilt index is written there before any object
+    # reaches the host): the import fails, and so does the keep-only retry. The upper layer
+    # is the only copy of the command's commit: it must be marked and kept, never recycled.
+    from bash_sandbox.git_plane import merge_back
+    from bash_sandbox.view import GitOverlay
+
+    repo = make_repo(tmp_path / "repo")
+    with private_tmpfs(tmp_path / "small", "16m") as mounted:
+        parent = mounted / "state"
+        ov = Overlay(repo, parent / "exec-gone")
+        ov.run(
+            "mkdir d && for i in $(seq 1500); do echo $i > d/f$i; done && "
+            "git add d && git commit -qm precious"
+        )
+        commit = (ov.upper / "refs" / "heads" / "main").read_text().strip()
+        filler = mounted / "filler"
+        with open(filler, "wb") as fh:  # every block left, then some: the disk is full
+            with pytest.raises(OSError):
+                while True:
+                    fh.write(b"\0" * (1 << 16))
+                    fh.flush()
+        report = merge_back(GitOverlay(str(repo / ".git"), str(ov.upper), str(ov.work)), 0)
+        [outcome] = report.outcomes
+        assert outcome.status is GitImportStatus.REFUSED, outcome
+        assert "the import failed" in outcome.refused[0], outcome
+        assert "git state is kept" in outcome.refused[0], outcome
+        assert not reachable(repo, commit)  # nothing landed: not applied, not lost either
+        # What the executor does with the layer now: kept out of its state, not recycled.
+        state = executor_state.ExecutorState.__new__(executor_state.ExecutorState)
+        state.path = str(parent / "exec-gone")
+        executor_state.ExecutorState.recycle_upper(
+            state, executor_state.GitUpper(str(ov.upper), str(ov.work)), ()
+        )
+        [kept] = parent.glob("exec-kept-*")
+        # Room again: a later executor's sweep imports the commit into keep-refs.
+        filler.unlink()
+        for marker in kept.glob("recovery-failed"):
+            os.utime(marker, (0, 0))
+        executor_state.sweep_stale(str(parent))
+        assert not kept.exists()
+        assert reachable(repo, commit), "the command's commit is in no ref of the host"
+        assert host_git(repo, "for-each-ref", KEEP_NAMESPACE).strip()
+        fsck_clean(repo)
