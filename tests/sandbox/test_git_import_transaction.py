@@ -608,11 +608,11 @@ def test_an_import_a_full_disk_stops_before_the_fetch_keeps_the_commits(tmp_path
         )
         commit = (ov.upper / "refs" / "heads" / "main").read_text().strip()
         filler = mounted / "filler"
-        with open(filler, "wb") as fh:  # every block left, then some: the disk is full
-            with pytest.raises(OSError):
-                while True:
-                    fh.write(b"\0" * (1 << 16))
-                    fh.flush()
+        # Every block left, then some: the disk is full (16 MiB: bounded by 64 writes).
+        with open(filler, "wb") as fh, pytest.raises(OSError):
+            for _ in range(1024):
+                fh.write(b"\0" * (1 << 16))
+                fh.flush()
         report = merge_back(GitOverlay(str(repo / ".git"), str(ov.upper), str(ov.work)), 0)
         [outcome] = report.outcomes
         assert outcome.status is GitImportStatus.REFUSED, outcome
