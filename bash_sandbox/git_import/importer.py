@@ -685,7 +685,9 @@ class _Importer:
         try:
             check_head_locks(journal)
             take_index_locks(journal)
+            self._unchanged_under_lock(journal)
         except Conflict as exc:
+            release_index_locks(self.gitdir, journal.indexes)
             os.unlink(journal_path)
             plan.conflicts.append(GitRefConflict(name=exc.name, host=exc.host, command=exc.command))
             return self._outcome(GitImportStatus.CONFLICT, kept=kept)
@@ -708,6 +710,27 @@ class _Importer:
             plan.refused += [f"{w}: the host's git held or moved it; kept as it was" for w in lost]
             return self._outcome(GitImportStatus.PARTIAL, applied=applied)
         return self._outcome(GitImportStatus.APPLIED, applied=applied)
+
+    def _unchanged_under_lock(self, journal: Journal) -> None:
+        """Each index the plan rebuilt, checked again now that git's own `index.lock` is
+        ours (git's rule: lock, then compare): a host `git add` or `git commit` while the
+        objects were fetched changed the index or moved the branch it was staged against,
+        and installing the rebuilt one would drop that work. Raises Conflict."""
+        refs: dict[str, str] | None = None
+        moved = {c.name for c in journal.refs}  # compared and swapped by the ref update
+        for change in journal.indexes:
+            admin = change.admin
+            if _identity(os.path.join(self.gitdir, admin, "index")) != self.snap.indexes.get(admin):
+                raise Conflict(os.path.join(admin, "index"), "changed", "changed")
+            head = _read_head(self.gitdir, admin)
+            if head != self.snap.heads.get(admin):
+                raise Conflict(os.path.join(admin, "HEAD"), head, "index")
+            branch = head[5:].strip() if head and head.startswith("ref: ") else None
+            if branch is None or branch in moved:
+                continue
+            refs = host_refs(self.gitdir) if refs is None else refs
+            if refs.get(branch) != (self.snap.refs or {}).get(branch):
+                raise Conflict(branch, refs.get(branch), "index")
 
     def _transfer(self, keep_prefix: str) -> dict[str, str] | None:
         """Every object the plan names, into the host's store through `git fetch` with git's

@@ -635,3 +635,41 @@ def test_an_import_a_full_disk_stops_before_the_fetch_keeps_the_commits(tmp_path
         assert reachable(repo, commit), "the command's commit is in no ref of the host"
         assert host_git(repo, "for-each-ref", KEEP_NAMESPACE).strip()
         fsck_clean(repo)
+
+
+@pytest.mark.parametrize("host_step", ["add", "commit"])
+def test_a_host_index_change_while_the_objects_are_fetched_is_a_conflict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_step: str
+) -> None:
+    # The command only stages (no ref of its own moves). The host's `git add` or `git commit`
+    # lands after the plan compared the index and before the rebuilt one is installed (the
+    # fetch of a large object takes that long): installing it would drop the host's work.
+    from bash_sandbox.git_import import importer
+
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state" / "exec-x")
+    ov.run("echo staged > staged.txt && git add staged.txt")
+    (repo / "host.txt").write_text("host work\n")
+
+    def host_acts(point: str) -> None:
+        if point == "objects":  # right after the fetch, before the locks
+            if host_step == "add":
+                host_git(repo, "add", "host.txt")
+            else:
+                host_git(repo, "add", "host.txt")
+                host_git(repo, "commit", "-qm", "host commit")
+
+    monkeypatch.setattr(importer, "crash_point", host_acts)
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    result = import_changes(snap)
+    assert result.outcome is not None
+    assert result.outcome.status is GitImportStatus.CONFLICT, result.outcome
+    # The host's work is all there: staged (or committed), and nothing reverted it.
+    assert "host.txt" in host_git(repo, "ls-files")
+    assert host_git(repo, "diff", "--cached", "--name-status", "HEAD").strip() in (
+        "",
+        "A\thost.txt",
+    )
+    assert not (repo / ".git" / "index.lock").exists()
+    fsck_clean(repo)
