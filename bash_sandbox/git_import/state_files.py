@@ -212,6 +212,61 @@ class CheckedFile:
     data: bytes
 
 
+# Files git reads as one object id (`onto`, `orig-head`, ...); `stopped-sha` may be abbreviated.
+_OID_FILES = frozenset(
+    {"rebase-merge/onto", "rebase-merge/orig-head", "rebase-merge/squash-onto",
+     "rebase-merge/amend", "rebase-merge/autostash", "rebase-apply/onto",
+     "rebase-apply/orig-head", "rebase-apply/abort-safety", "rebase-apply/original-commit",
+     "rebase-apply/autostash", "sequencer/head", "sequencer/abort-safety"}
+)  # fmt: skip
+_OID = re.compile(rb"[0-9a-f]{40}|[0-9a-f]{64}")
+_SHORT_OID = re.compile(rb"[0-9a-f]{4,64}")
+_HEAD_NAMES = frozenset({"rebase-merge/head-name", "rebase-apply/head-name"})
+
+
+def _branch(name: bytes) -> bool:
+    """A local branch's full name, as git's own `check-ref-format` reads it: git finishing
+    or aborting a rebase writes to the ref a state file names (`head-name`, `update-refs`),
+    and any name git's format allows is a path under the git directory (`shallow`,
+    `info/grafts`, `refs/replace/*`)."""
+    if not name.startswith(b"refs/heads/") or len(name) > 4096:
+        return False
+    done = git("/nonexistent", "check-ref-format", os.fsdecode(name), check=False)
+    return done.returncode == 0
+
+
+def _head_name(data: bytes) -> bytes:
+    value = check_text(data).strip()
+    if value != b"detached HEAD" and not _branch(value):
+        raise StateRefused("head-name is neither a local branch nor `detached HEAD`")
+    return value + b"\n"
+
+
+def _update_refs(data: bytes) -> bytes:
+    """`rebase-merge/update-refs`: a branch, its object id before, its object id after, per
+    three lines (`sequencer_get_update_refs_state`); re-written from what was read."""
+    lines = check_text(data).split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if len(lines) % 3 or len(lines) > 3 * 1024:
+        raise StateRefused("update-refs is not a list of (branch, before, after)")
+    for i in range(0, len(lines), 3):
+        ref, before, after = lines[i : i + 3]
+        if not _branch(ref) or not (_OID.fullmatch(before) and _OID.fullmatch(after)):
+            raise StateRefused("update-refs names something other than a branch and two ids")
+    return b"".join(line + b"\n" for line in lines)
+
+
+def _oid_file(rel: str, data: bytes) -> bytes:
+    value = check_text(data).strip()
+    pattern = _SHORT_OID if rel.endswith("stopped-sha") else _OID
+    if not value and rel.endswith("abort-safety"):
+        return b""  # git writes it empty where there was no HEAD
+    if not pattern.fullmatch(value):
+        raise StateRefused(f"{rel} is not an object id")
+    return value + b"\n"
+
+
 def check_state_file(rel: str, path: str, data: bytes) -> CheckedFile:
     """One file of a state directory (``rel`` = `<dir>/<name>`), checked and re-serialized."""
     top, _, name = rel.partition("/")
@@ -224,6 +279,12 @@ def check_state_file(rel: str, path: str, data: bytes) -> CheckedFile:
         return CheckedFile(rel, _todo(data))
     if rel == "sequencer/opts":
         return CheckedFile(rel, _opts(path))
+    if rel in _HEAD_NAMES:
+        return CheckedFile(rel, _head_name(data))
+    if rel == "rebase-merge/update-refs":
+        return CheckedFile(rel, _update_refs(data))
+    if rel in _OID_FILES or rel == "rebase-merge/stopped-sha":
+        return CheckedFile(rel, _oid_file(rel, data))
     strategy = data.decode(errors="replace").strip()
     if rel == "rebase-merge/strategy" and strategy not in BUILTIN_STRATEGIES:
         raise StateRefused("a merge strategy that is not git's own (the host's git would run it)")

@@ -335,3 +335,37 @@ async def test_a_bisect_start_that_git_would_read_as_an_option_is_refused(
     (repo / "f0.txt").write_text("the user's uncommitted work\n")
     host_git(repo, "bisect", "reset", check=False)
     assert (repo / "f0.txt").read_text() == "the user's uncommitted work\n"
+
+
+async def test_a_rebase_state_naming_control_files_as_refs_writes_none_on_continue(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # A rebase the command left stopped, its `update-refs` naming `shallow`, `info/grafts`
+    # and a replace ref: the user's `git rebase --continue` wrote each (history hidden, a
+    # forged object shown), since git checks only their format (red team). Now refused.
+    repo = make_repo(workspace / "repo")
+    for i in (1, 2, 3):
+        (repo / f"c{i}.txt").write_text(f"{i}\n")
+        host_git(repo, "add", ".")
+        host_git(repo, "commit", "-qm", f"c{i}")
+    before = host_git(repo, "log", "--format=%H")
+    ex = make_executor(mode="workspace-write")
+    plant = (
+        "GIT_SEQUENCE_EDITOR='sed -i 1ibreak' git rebase -q -i HEAD~1 >/dev/null 2>&1; "
+        "h=$(git rev-parse HEAD); z=$(printf %040d 0); p=$(git rev-parse HEAD~1); "
+        'printf "shallow\\n$z\\n$h\\ninfo/grafts\\n$z\\n$h\\nrefs/replace/$p\\n$z\\n$h\\n" '
+        "> .git/rebase-merge/update-refs; ls .git/rebase-merge/update-refs"
+    )
+    result = await _run(ex, plant, repo)
+    assert result.exit_code == 0, result.stderr.text
+    # The user finishes (or aborts) whatever rebase the host has: no control file written.
+    host_git(repo, "rebase", "--continue", check=False)
+    host_git(repo, "rebase", "--abort", check=False)
+    git = repo / ".git"
+    assert not (git / "shallow").exists() and not (git / "info" / "grafts").exists()
+    assert host_git(repo, "for-each-ref", "refs/replace/") == ""
+    assert host_git(repo, "log", "--format=%H") == before  # every commit still shown
+    fsck_clean(repo)
+    assert result.sandbox is not None
+    refused = [r for o in result.sandbox.git for r in o.refused]
+    assert any("update-refs" in r for r in refused), result.sandbox.git

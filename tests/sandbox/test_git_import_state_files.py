@@ -49,6 +49,24 @@ def test_sequencer_options_are_rewritten_from_what_git_parsed(tmp_path: Path) ->
         ("rebase-apply/apply-opt", " '--unsafe-paths' '--directory=../..'\n"),
         ("rebase-merge/hooks", "x\n"),
         ("sequencer/../config", "x\n"),
+        # Git finishing (or aborting) the rebase writes the ref these name: a control file.
+        ("rebase-merge/head-name", "shallow\n"),
+        ("rebase-apply/head-name", "refs/replace/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n"),
+        ("rebase-merge/head-name", "refs/heads/a..b\n"),
+        (
+            "rebase-merge/update-refs",
+            "info/grafts\n0000000000000000000000000000000000000000\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+        ),
+        (
+            "rebase-merge/update-refs",
+            "refs/heads/ok\n0000000000000000000000000000000000000000\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\nshallow\n0000000000000000000000000000000000000000\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+        ),
+        (
+            "rebase-merge/update-refs",
+            "refs/heads/ok\nHEAD~1\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+        ),
+        ("rebase-merge/onto", "HEAD~3\n"),
+        ("rebase-apply/orig-head", "--all\n"),
     ],
 )
 def test_state_files_that_run_or_reach_something_are_refused(
@@ -65,7 +83,15 @@ def test_state_files_that_run_or_reach_something_are_refused(
     [
         ("rebase-merge/git-rebase-todo", "pick 1234 a\n# exec comment\nfixup -C 1234 b\n"),
         ("rebase-merge/strategy", "ort\n"),
-        ("rebase-merge/onto", "1234\n"),
+        ("rebase-merge/onto", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n"),
+        ("rebase-merge/head-name", "refs/heads/topic\n"),
+        ("rebase-apply/head-name", "detached HEAD\n"),
+        (
+            "rebase-merge/update-refs",
+            "refs/heads/a\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n0000000000000000000000000000000000000000\n",
+        ),
+        ("rebase-merge/stopped-sha", "1234abc\n"),
+        ("sequencer/abort-safety", ""),
         ("rebase-apply/0001", "From 1234\nSubject: x\n"),
     ],
 )
