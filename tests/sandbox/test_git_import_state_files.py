@@ -22,6 +22,8 @@ EVIL_OPTS = [
     "[options]\n\tgpg-sign = -Sattacker\n",
 ]
 
+_A, _Z = "a" * 40, "0" * 40  # an object id, the null one
+
 
 @pytest.mark.parametrize("text", EVIL_OPTS)
 def test_sequencer_options_git_would_act_on_are_refused(text: str, tmp_path: Path) -> None:
@@ -51,19 +53,19 @@ def test_sequencer_options_are_rewritten_from_what_git_parsed(tmp_path: Path) ->
         ("sequencer/../config", "x\n"),
         # Git finishing (or aborting) the rebase writes the ref these name: a control file.
         ("rebase-merge/head-name", "shallow\n"),
-        ("rebase-apply/head-name", "refs/replace/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n"),
+        ("rebase-apply/head-name", f"refs/replace/{_A}\n"),
         ("rebase-merge/head-name", "refs/heads/a..b\n"),
         (
             "rebase-merge/update-refs",
-            "info/grafts\n0000000000000000000000000000000000000000\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+            f"info/grafts\n{_Z}\n{_A}\n",
         ),
         (
             "rebase-merge/update-refs",
-            "refs/heads/ok\n0000000000000000000000000000000000000000\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\nshallow\n0000000000000000000000000000000000000000\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+            f"refs/heads/ok\n{_Z}\n{_A}\nshallow\n{_Z}\n{_A}\n",
         ),
         (
             "rebase-merge/update-refs",
-            "refs/heads/ok\nHEAD~1\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n",
+            f"refs/heads/ok\nHEAD~1\n{_A}\n",
         ),
         ("rebase-merge/onto", "HEAD~3\n"),
         ("rebase-apply/orig-head", "--all\n"),
@@ -83,12 +85,12 @@ def test_state_files_that_run_or_reach_something_are_refused(
     [
         ("rebase-merge/git-rebase-todo", "pick 1234 a\n# exec comment\nfixup -C 1234 b\n"),
         ("rebase-merge/strategy", "ort\n"),
-        ("rebase-merge/onto", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n"),
+        ("rebase-merge/onto", f"{_A}\n"),
         ("rebase-merge/head-name", "refs/heads/topic\n"),
         ("rebase-apply/head-name", "detached HEAD\n"),
         (
             "rebase-merge/update-refs",
-            "refs/heads/a\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\n0000000000000000000000000000000000000000\n",
+            f"refs/heads/a\n{_A}\n{_Z}\n",
         ),
         ("rebase-merge/stopped-sha", "1234abc\n"),
         ("sequencer/abort-safety", ""),
