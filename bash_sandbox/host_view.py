@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import replace
 
 from bash_sandbox import git_import
@@ -44,12 +45,12 @@ def denied_paths(deny_read: tuple[str, ...]) -> tuple[str, ...]:
     return (*deny_read, *host_secrets())
 
 
-def _hidden_pins(hidden: tuple[str, ...], roots: tuple[str, ...]) -> list[str]:
-    """The real directories between a root and each private path inside it (a spill dir
-    configured inside a workspace, another TMPDIR's base): each is hidden by a mount
-    on its path, so renaming a directory above it would carry it out from under that mount
-    (and out of the registry, which drops paths that are gone) for the next command to read;
-    pinned, a rename of one fails."""
+def _pins_within(hidden: tuple[str, ...], roots: tuple[str, ...]) -> list[str]:
+    """The real directories between a root and each path hidden inside it (a spill dir
+    configured inside a workspace, another TMPDIR's base, a `deny_read` file): each is
+    hidden by a mount on its path, so renaming a directory above it would carry it out from
+    under that mount (and out of the registry, or away from the denied name) for the next
+    command to read; pinned, a rename of one fails."""
     return [
         pin
         for path in hidden
@@ -195,8 +196,12 @@ class HostSurvey:
         deny_files = tuple(p for p in deny_files if visible(p, tops, private_tmp))
         shadows = tuple(s for s in shadows if visible(s.directory, tops, private_tmp))
         # What a host rename or delete would uncover while the command runs: every name
-        # covered where it lies, and every denied name missing outside the shadows.
+        # covered where it lies, every denied name missing outside the shadows, and each
+        # shadowed directory with every directory above it (a snapshot is a mount on the
+        # directory: the host's `rm -rf` or `mv` of it, or of a parent, and a new one made
+        # at the path, would show the command a secret written there since).
         watched = [p for p in (*deny_dirs, *deny_files) if p not in hidden]
+        watched += _with_ancestors(s.directory for s in shadows)
         watched += [c for c in covers if not within_any(c, gitdirs)]
         watched += [
             name for name in self._unshadowed(denied, shadows, tops) if not os.path.lexists(name)
@@ -205,7 +210,12 @@ class HostSurvey:
             shadows=shadows,
             tmp_tops=tops,
             overlays=tuple(overlays),
-            pins=(*protected.pins, *git.pins(roots), *cache_pins, *_hidden_pins(hidden, roots)),
+            pins=(
+                *protected.pins,
+                *git.pins(roots),
+                *cache_pins,
+                *_pins_within((*hidden, *deny_dirs, *deny_files), roots),
+            ),
             protect=tuple(dict.fromkeys(covers)),
             deny_dirs=deny_dirs,
             deny_files=deny_files,
@@ -273,3 +283,14 @@ def _a_directory(path: str) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def _with_ancestors(directories: Iterable[str]) -> list[str]:
+    """Each directory and every one above it but `/`, once."""
+    found: dict[str, None] = {}
+    for directory in directories:
+        path = directory
+        while path not in ("/", "") and path not in found:
+            found[path] = None
+            path = os.path.dirname(path)
+    return list(found)

@@ -251,3 +251,67 @@ def test_the_watch_reports_a_rename_over_a_name_until_released_and_forgets_a_rem
         watch.release(fourth)
     finally:
         watch.close()
+
+
+@pytest.mark.parametrize("replaced", ["directory", "parent"])
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+async def test_a_shadowed_directory_the_host_replaces_never_shows_the_new_secret(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, mode: str, replaced: str
+) -> None:
+    # A denied name outside the roots is hidden by a snapshot of its directory: a mount on
+    # that directory. The host's `rm -rf` (or `mv`) of it, or of a directory above it, and
+    # a new one at the path, left the running command reading the new secret (red team:
+    # clearing a cache directory and logging in again during a background command).
+    cache = tmp_path / "home" / ".cache"
+    secret = cache / "tool" / "token"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("OLD-SECRET\n")
+    ex = make_executor(mode=mode, deny_read=(str(secret),))
+    proc = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="while [ ! -e go ]; do sleep 0.05; done; "
+                f"for i in $(seq 60); do cat {secret} 2>/dev/null; sleep 0.1; done",
+                workdir=str(workspace),
+            )
+        )
+    )
+    await asyncio.sleep(0.5)
+    gone = secret.parent if replaced == "directory" else cache
+    os.rename(gone, gone.with_name(gone.name + ".old"))
+    secret.parent.mkdir(parents=True)
+    secret.write_text("NEW-SECRET\n")
+    await _go(workspace)
+    await asyncio.wait_for(proc.wait(), 30)
+    assert "SECRET" not in proc.read_output().delta
+    assert proc.signal == "SIGKILL"
+    assert proc.sandbox is not None
+    assert any("stopped" in w for w in proc.sandbox.warnings), proc.sandbox.warnings
+
+
+async def test_a_denied_files_parent_the_command_renames_stays_denied_next_time(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # Covered where it lies in a root, a denied file's cover moved with its parent when the
+    # command renamed that: the next call found no `config/secret.env` and read the file
+    # under its new path (red team). The directories above it are pinned now.
+    secret = workspace / "config" / "secret.env"
+    secret.parent.mkdir()
+    secret.write_text("DB_PASSWORD=hunter2\n")
+    ex = make_executor(mode="workspace-write", deny_read=(str(secret),))
+    first = await ex.run(
+        ex.resolve(BashExecRequest(command="mv config c2", workdir=str(workspace)))
+    )
+    assert first.exit_code != 0
+    assert sorted(os.listdir(workspace)) == ["config"]  # the host: nothing moved
+    second = await ex.run(
+        ex.resolve(
+            BashExecRequest(command="cat c2/secret.env config/secret.env", workdir=str(workspace))
+        )
+    )
+    assert "hunter2" not in second.stdout.text + second.stderr.text
+    # Ordinary work beside it still goes on.
+    third = await ex.run(
+        ex.resolve(BashExecRequest(command="echo x > config/other", workdir=str(workspace)))
+    )
+    assert third.exit_code == 0 and (secret.parent / "other").read_text() == "x\n"
