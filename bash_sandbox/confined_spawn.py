@@ -558,7 +558,8 @@ class ConfinedSpawn(SpawnScope):
 
     def _facts(self, outcome: SpawnOutcome) -> SandboxFacts:
         policy, backend = self.policy, self.backend
-        failure = backend.runner_failure(outcome.exit_code, outcome.stderr)
+        started = backend.command_started(self.plan)
+        failure = backend.runner_failure(outcome.exit_code, outcome.stderr, started)
         if failure is not None:
             if not outcome.background:
                 raise SandboxUnavailableError(policy.mode, failure)

@@ -92,6 +92,8 @@ class ConfinedPlan(SpawnPlan):
 
     backend_name: str = ""
     report_fd: int | None = None
+    # Where the runner says whether the command itself was started (bwrap's JSON status).
+    status_fd: int | None = None
 
 
 class SandboxBackend(abc.ABC):
@@ -133,8 +135,17 @@ class SandboxBackend(abc.ABC):
     def layers(self, network: NetworkMode) -> tuple[LayerReport, ...]:
         """How each layer is enforced by this backend for ``network`` (for `doctor`)."""
 
-    def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
-        """The runner's own fatal line when the wrapper (not the command) failed, else None."""
+    def runner_failure(
+        self, exit_code: int | None, stderr: str, started: bool | None = None
+    ) -> str | None:
+        """The runner's own fatal line when the wrapper (not the command) failed, else None.
+        ``started``: the runner's own word (`command_started`) that the command was
+        started, where it gives one: then nothing the command printed is the runner's."""
+        return None
+
+    def command_started(self, plan: ConfinedPlan) -> bool | None:
+        """Whether the runner started the command, on evidence the command cannot write;
+        None where the runner gives none."""
         return None
 
     def explain_failure(self, plan: ConfinedPlan, exc: BaseException) -> str:

@@ -26,7 +26,9 @@ The probe has no executor namespaces: it renders the view as bwrap arguments ins
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
 import subprocess
 import tempfile
@@ -76,6 +78,8 @@ class BwrapOptions:
     runner_args: tuple[str, ...] = ()
     # The child built the view already (`view_steps`): bwrap takes it whole.
     prepared_view: bool = False
+    # bwrap's `--json-status-fd`: an `exit-code` record only once the command was exec'd.
+    json_status_fd: int | None = None
 
 
 def _render_op(op: MountOp) -> list[str]:
@@ -132,6 +136,8 @@ def render_bwrap_argv(
         out += ["--remount-ro", "/dev"]
     if options.seccomp_fd is not None:
         out += ["--seccomp", str(options.seccomp_fd)]
+    if options.json_status_fd is not None:
+        out += ["--json-status-fd", str(options.json_status_fd)]
     out += ["--chdir", workdir, "--", *argv]
     return tuple(out)
 
@@ -271,6 +277,9 @@ class BwrapBackend(SandboxBackend):
             inner = confinement_check_argv(inner, executor_pidns_path())
         # Created last, so nothing can fail between creating and handing it over.
         seccomp_fd = sealed_memfd("bash-sandbox-seccomp", compile_seccomp(SeccompOptions()))
+        # bwrap's own word that it exec'd the command (an operator's runner gives none):
+        # what decides whether a `bwrap:` line on stderr is bwrap's or the command's.
+        status_r, status_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         options = BwrapOptions(
             bwrap_path=self._argv_prefix(),
             uid=os.geteuid(),
@@ -278,6 +287,7 @@ class BwrapBackend(SandboxBackend):
             seccomp_fd=seccomp_fd,
             runner_args=self._runner_prefix[1:],
             prepared_view=True,
+            json_status_fd=None if self._runner_prefix else status_w,
         )
         argv = render_bwrap_argv(policy, inner, workdir=plan.cwd, ops=(), options=options)
         report_r, report_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -285,7 +295,7 @@ class BwrapBackend(SandboxBackend):
         previous_release = plan.release
 
         def release() -> None:
-            for fd in (seccomp_fd, report_r, report_w):
+            for fd in (seccomp_fd, report_r, report_w, status_r, status_w):
                 os.close(fd)
             if previous_release is not None:
                 previous_release()
@@ -295,12 +305,32 @@ class BwrapBackend(SandboxBackend):
             env=plan.env,
             cwd=plan.cwd,
             preexec_fn=setup,
-            pass_fds=(*plan.pass_fds, seccomp_fd),
+            pass_fds=(*plan.pass_fds, seccomp_fd, status_w),
             release=release,
             folds_signals=True,
             backend_name=self.name,
             report_fd=report_r,
+            status_fd=None if self._runner_prefix else status_r,
         )
+
+    def command_started(self, plan: ConfinedPlan) -> bool | None:
+        """bwrap writes `{ "exit-code": N }` to its JSON status only when its child got as far
+        as exec'ing the command (its setup-finished pipe), and the command never holds that
+        descriptor: so a run with one was the command's, whatever its stderr says."""
+        if plan.status_fd is None:
+            return None
+        data = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(plan.status_fd, 4096):
+                data += chunk
+                if len(data) > 1 << 16:
+                    break
+        for line in data.splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and "exit-code" in record:
+                    return True
+        return False
 
     def enforcement(self, policy: SandboxPolicy) -> SandboxEnforcement:
         return SandboxEnforcement.FULL
@@ -340,7 +370,11 @@ class BwrapBackend(SandboxBackend):
             ),
         )
 
-    def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
+    def runner_failure(
+        self, exit_code: int | None, stderr: str, started: bool | None = None
+    ) -> str | None:
+        if started:
+            return None  # bwrap exec'd the command: every line after that is the command's
         # Gate on bwrap's own exit code for setup failures (1), or a signature match.
         if exit_code == UNCONFINED_RUNNER_EXIT and UNCONFINED_RUNNER_LINE in stderr:
             return UNCONFINED_RUNNER_LINE

@@ -446,7 +446,9 @@ class SeatbeltBackend(SandboxBackend):
             return SandboxEnforcement.PARTIAL
         return SandboxEnforcement.FULL
 
-    def runner_failure(self, exit_code: int | None, stderr: str) -> str | None:
+    def runner_failure(
+        self, exit_code: int | None, stderr: str, started: bool | None = None
+    ) -> str | None:
         # sandbox-exec fails before the command starts, so its message is the first line.
         if exit_code is None or exit_code == 0:
             return None

@@ -15,6 +15,7 @@ import pytest
 
 from bash_local import LocalBashExecutor
 from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
+from bash_sandbox.backends.bwrap import BwrapBackend, find_bwrap
 from bash_seam import BashExecRequest
 from tests.facts.evidence import file_refusal_reported
 from tests.sandbox.conftest import require_backend
@@ -237,3 +238,41 @@ async def test_hundreds_of_confined_spawns_while_other_threads_allocate_log_and_
     assert errors == []
     assert outs == [f"{n}\n" for n in range(200)]
     assert not any(name.startswith("f") for name in os.listdir(tmp_path))
+
+
+async def test_a_bwrap_failure_the_command_prints_is_its_own_output_not_the_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `bwrap: ...` on stderr and exit 1 read as bwrap failing to set up: the command, having
+    # run in full, became `SandboxUnavailableError` ("the host cannot confine: retry with
+    # danger-full-access"), its output and git report dropped (red team). bwrap's own JSON
+    # status says it exec'd the command: its stderr is then the command's.
+    require_backend("bwrap")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    forge = (
+        "echo ran > marker; echo \"bwrap: Can't mount proc on /newroot/proc: "
+        'Operation not permitted" >&2; exit 1'
+    )
+    async with SandboxBashExecutor(
+        backend="bwrap", workspace_root=str(ws), mode="workspace-write"
+    ) as ex:
+        result = await ex.run(ex.resolve(BashExecRequest(command=forge, workdir=str(ws))))
+        assert result.exit_code == 1 and "bwrap: Can't mount" in result.stderr.text
+        assert result.sandbox is not None and result.sandbox.runner_failed is False
+        proc = await ex.start(ex.resolve(BashExecRequest(command=forge, workdir=str(ws))))
+        await proc.wait()
+        assert proc.sandbox is not None and proc.sandbox.runner_failed is False
+        assert (ws / "marker").read_text() == "ran\n"
+        (ws / "marker").unlink()
+        # bwrap's own setup failure is still one: its status has no exit-code record.
+        real = find_bwrap()
+        wrapper = _script(
+            tmp_path / "bwrap",
+            f'exec {real} --ro-bind {tmp_path}/missing {tmp_path}/missing "$@"\n',
+        )
+        monkeypatch.setattr(BwrapBackend, "_argv_prefix", lambda self: wrapper)
+        with pytest.raises(SandboxUnavailableError) as info:
+            await ex.run(ex.resolve(BashExecRequest(command="echo ran > marker", workdir=str(ws))))
+        assert "bwrap:" in info.value.detail
+    assert not (ws / "marker").exists()
