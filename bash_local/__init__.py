@@ -3,7 +3,7 @@
 from bash_local.config import LocalBashConfig
 from bash_local.environment import build_command_env
 from bash_local.executor import ExecutorClosedError, LocalBashExecutor
-from bash_local.output import OutputCollector, OutputListener, SpillDirectory
+from bash_local.output import OutputCollector, OutputListener, PacedListener, SpillDirectory
 from bash_local.process import LocalBashProcess, SpawnedCommand
 from bash_local.spawn import (
     SpawnOutcome,
@@ -20,6 +20,7 @@ __all__ = [
     "LocalBashProcess",
     "OutputCollector",
     "OutputListener",
+    "PacedListener",
     "SpawnOutcome",
     "SpawnPlan",
     "SpawnScope",

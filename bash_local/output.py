@@ -19,14 +19,32 @@ import os
 import secrets
 import tempfile
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from bash_local.userdir import default_spill_parent, register_spill_parent
 from bash_seam import CollectedOutput
 
 logger = logging.getLogger("bash_local")
 
-# Called with ("stdout" | "stderr", chunk) as the command writes, before the chunk is stored.
+# Called with ("stdout" | "stderr", chunk) as the command writes, before the chunk is stored,
+# on the event loop's thread: it must not block (the loop also runs the timeout, the abort
+# and a sandbox's watches). A listener that writes somewhere slow is a `PacedListener`.
 OutputListener = Callable[[str, bytes], None]
+
+
+@runtime_checkable
+class PacedListener(Protocol):
+    """An `OutputListener` that writes elsewhere at its own pace (the CLI's stdout behind a
+    slow reader). While it is `held`, the command's pipe is not read, so the command waits
+    on a full pipe as in any shell pipeline, and the event loop never waits for the reader;
+    `on_drained` calls ``resume`` (from any thread) once it has room again."""
+
+    def __call__(self, stream: str, data: bytes) -> None: ...
+
+    def held(self) -> bool: ...
+
+    def on_drained(self, resume: Callable[[], None]) -> None: ...
+
 
 _SPILL_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 
@@ -145,6 +163,12 @@ class OutputCollector:
     def total(self) -> int:
         """Bytes the stream has produced so far."""
         return self._total
+
+    @property
+    def paced(self) -> PacedListener | None:
+        """The listener, when it sets the pace at which the stream is read."""
+        listener = self._listener
+        return listener if isinstance(listener, PacedListener) else None
 
     @property
     def truncated(self) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -333,11 +334,25 @@ class SpawnedCommand:
             logger.debug("reading pipe %d failed: %s", fd, exc)
             data = b""
         if data:
-            self._pipes[fd].feed(data)
+            collector = self._pipes[fd]
+            collector.feed(data)
+            paced = collector.paced
+            if paced is not None and paced.held():
+                # The listener's reader is behind: this pipe waits, the loop does not.
+                self._loop.remove_reader(fd)
+                paced.on_drained(functools.partial(self._resume_soon, fd))
             return
         self._close_pipe(fd)
         if self._leader_exited and not self._pipes:
             self._finalize()
+
+    def _resume_soon(self, fd: int) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop may be closed already
+            self._loop.call_soon_threadsafe(self._resume, fd)
+
+    def _resume(self, fd: int) -> None:
+        if not self._finalized and fd in self._pipes:
+            self._loop.add_reader(fd, self._on_readable, fd)
 
     def _close_pipe(self, fd: int) -> None:
         self._loop.remove_reader(fd)

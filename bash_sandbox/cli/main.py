@@ -298,7 +298,7 @@ async def run_until_interrupted(
     installed = _install_interrupt_handlers(loop, stop)
     try:
         spec = executor.resolve(request)
-        listener = live.listener if live is not None else None
+        listener = live  # paced: a slow reader holds the pipes, never the loop
         # A signal that lands before the task's first step cancels it before it spawns.
         task = asyncio.ensure_future(run_published(executor, spec, publish, listener))
         outcome: BashRunResult | Interrupted

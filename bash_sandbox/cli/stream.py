@@ -7,16 +7,24 @@ interleaves as far as two pipes allow and what was printed before a Ctrl-C or a 
 stays on the screen. A stream that is a terminal gets `TerminalRenderer` text; a pipe or a
 file gets the exact bytes.
 
-A write blocks while the reader is slow (the command then blocks on its full pipe, as in
-any shell pipeline). A reader that goes away on stdout (`| head`) stops the run: the
-`on_stdout_closed` callback cancels it, and the CLI exits like a process killed by SIGPIPE.
+The writes happen on a thread of their own: a reader that is slow (`| less` waiting for a
+key) holds that thread, never the event loop, which also runs the timeout and the cover
+watch that stops a command whose covered name the host replaced (a red team wrote a
+protected file while the CLI's stdout was stalled). Past a bound of queued bytes the
+listener is `held` (`bash_local.PacedListener`): the command's pipe is not read, so the
+command waits on its full pipe, as in any shell pipeline. A reader that goes away on stdout
+(`| head`) stops the run: the `on_stdout_closed` callback cancels it, and the CLI exits like
+a process killed by SIGPIPE.
 """
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import contextlib
 import os
+import queue
+import threading
 from collections.abc import Callable
 from typing import TextIO
 
@@ -104,6 +112,12 @@ class StreamSink:
             raise
 
 
+# Bytes queued for the writer thread beyond which the command's pipes wait, and the level
+# at which they are read again.
+HELD_BYTES = 1 << 18
+RESUME_BYTES = 1 << 16
+
+
 class LiveOutput:
     """The command's stdout and stderr, written live to the CLI's (see the module docstring)."""
 
@@ -115,23 +129,89 @@ class LiveOutput:
         self._shared = identity is not None and identity == _file_identity(stderr)
         self._last = self.stderr
         self.on_stdout_closed: Callable[[], None] | None = None
+        self._queue: queue.SimpleQueue[tuple[StreamSink, bytes] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0  # bytes put and not yet written
+        self._resume: list[Callable[[], None]] = []
+        self._writer: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        self.listener(stream, data)
 
     def listener(self, stream: str, data: bytes) -> None:
+        """Queue a chunk for the writer thread (on a running loop), else write it now."""
         sink = self.stdout if stream == "stdout" else self.stderr
+        if sink.closed or not data:
+            return
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._write(sink, data)  # no loop to keep free: the result printed afterwards
+            return
+        with self._lock:
+            self._queued += len(data)
+        if self._writer is None:
+            self._writer = threading.Thread(
+                target=self._write_queued, name="bash-sandbox-cli-output", daemon=True
+            )
+            self._writer.start()
+        self._queue.put((sink, data))
+
+    def held(self) -> bool:
+        with self._lock:
+            return self._queued > HELD_BYTES
+
+    def on_drained(self, resume: Callable[[], None]) -> None:
+        with self._lock:
+            if self._queued > RESUME_BYTES:
+                self._resume.append(resume)
+                return
+        resume()
+
+    def _write_queued(self) -> None:
+        while (item := self._queue.get()) is not None:
+            sink, data = item
+            self._write(sink, data)
+            with self._lock:
+                self._queued -= len(data)
+                ready = self._resume if self._queued <= RESUME_BYTES else []
+                if ready:
+                    self._resume = []
+            for resume in ready:
+                resume()
+
+    def _write(self, sink: StreamSink, data: bytes) -> None:
         try:
             sink.write_chunk(data)
         except BrokenPipeError:
             sink.closed = True
             if sink is self.stdout and self.on_stdout_closed is not None:
-                self.on_stdout_closed()
+                self._on_loop(self.on_stdout_closed)
             # A dead stderr only loses the command's stderr; the run goes on.
         except OSError:
             sink.closed = True  # e.g. EIO from a hung-up terminal: stop writing there
         else:
             self._last = sink
 
+    def _on_loop(self, callback: Callable[[], None]) -> None:
+        loop = self._loop
+        if loop is None or threading.current_thread() is threading.main_thread():
+            callback()
+            return
+        with contextlib.suppress(RuntimeError):  # the loop may be closed already
+            loop.call_soon_threadsafe(callback)
+
+    def drain(self) -> None:
+        """Wait until the writer thread wrote everything queued (the reader's pace)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            self._queue.put(None)
+            writer.join()
+
     def finish(self) -> None:
         """Both streams ended: flush what renderers held back (a cut character, a `\\r`)."""
+        self.drain()
         for sink in (self.stdout, self.stderr):
             with contextlib.suppress(OSError):
                 sink.finish()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_probes import (
@@ -287,3 +289,69 @@ def test_a_refused_name_in_a_marker_reaches_a_terminal_only_as_visible_text(
     assert b"\x1b" not in shown and b"\x07" not in shown, shown
     # The denial line is there, with the name shown inert.
     assert b"[sandbox: write to /etc/x^[]52;c;cHduZWQ=^G^[]0;pwned^G denied" in shown, shown
+
+
+_BACKENDS = [b for b, ok in (("bwrap", HAS_BWRAP), ("landlock", HAS_LANDLOCK)) if ok]
+
+
+def _stalled(cli: CliRunner, workspace: Path, backend: str, command: str, *extra: str) -> Any:
+    """Start the CLI with a stdout nobody reads yet (`| less` waiting for a key), once the
+    command began and its 3 MB of output filled the pipe."""
+    proc = cli.start(
+        "run", "--backend", backend, "--mode", "workspace-write", "--workspace",
+        str(workspace), *extra, "--", f"touch started; {command}",
+    )  # fmt: skip
+    wait_until((workspace / "started").exists, timeout=30)
+    time.sleep(0.5)  # the output fills the pipe at once; the CLI's write then waits
+    return proc
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+def test_a_stalled_reader_never_stops_the_cover_watch(
+    cli: CliRunner, workspace: Path, backend: str
+) -> None:
+    # The CLI wrote the command's output on the event loop, which also reads the cover
+    # watch: with its stdout stalled, the host's atomic save of `.envrc` detached the cover
+    # and nothing stopped the command's background append (red team, both backends).
+    envrc = workspace / ".envrc"
+    envrc.write_text("export SAFE=1\n")
+    command = (
+        "(for i in $(seq 200); do echo 'echo PWNED' >> .envrc 2>/dev/null && break; "
+        "sleep 0.02; done) & head -c 3000000 /dev/zero; wait"
+    )
+    proc = _stalled(cli, workspace, backend, command, "--timeout-ms", "60000")
+    try:
+        new = workspace / ".envrc.new"
+        new.write_text("export SAFE=2\n")
+        os.rename(new, envrc)  # an editor's save, while the reader is still stalled
+        time.sleep(2.0)  # the append would land within a few ms of the cover's loss
+        during = envrc.read_text()
+        assert proc.stdout is not None
+        read_to_end(proc.stdout.fileno(), bytearray())  # the reader comes back
+        proc.wait(timeout=60)
+        assert during == envrc.read_text() == "export SAFE=2\n"
+    finally:
+        kill_if_alive(proc.pid)
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+def test_a_stalled_reader_never_holds_off_the_timeout(
+    cli: CliRunner, workspace: Path, backend: str
+) -> None:
+    command = (
+        "(for i in $(seq 300); do echo tick >> ticks; sleep 0.05; done) & "
+        "head -c 3000000 /dev/zero; wait"
+    )
+    proc = _stalled(cli, workspace, backend, command, "--timeout-ms", "1500")
+    try:
+        time.sleep(4.0)  # well past the timeout and its grace, the reader still stalled
+        before = (workspace / "ticks").read_text().count("tick")
+        time.sleep(1.0)
+        after = (workspace / "ticks").read_text().count("tick")
+        assert before == after < 300, (before, after)  # stopped while the reader slept
+        assert proc.stdout is not None and proc.stderr is not None
+        read_to_end(proc.stdout.fileno(), bytearray())
+        proc.wait(timeout=60)
+        assert b"timed out" in proc.stderr.read()
+    finally:
+        kill_if_alive(proc.pid)

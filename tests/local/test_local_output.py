@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import stat
@@ -209,3 +210,44 @@ def test_leading_continuation_bytes_are_counted_up_to_three() -> None:
     assert leading_continuation_bytes(EURO[1:] + b"x") == 2
     assert leading_continuation_bytes(b"\x80" * 5) == 3
     assert leading_continuation_bytes(b"x\x80") == 0
+
+
+class _SlowReader:
+    """A `PacedListener` whose reader is away until `back()`: held from the first chunk."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.away = True
+        self.resume: list[Callable[[], None]] = []
+
+    def __call__(self, stream: str, data: bytes) -> None:
+        self.bytes += len(data)
+
+    def held(self) -> bool:
+        return self.away
+
+    def on_drained(self, resume: Callable[[], None]) -> None:
+        self.resume.append(resume)
+
+    def back(self) -> None:
+        self.away = False
+        for resume in self.resume:
+            resume()
+
+
+async def test_a_paced_listener_holds_the_commands_pipe_and_never_the_loop(
+    executor: LocalBashExecutor, tmp_path: Path
+) -> None:
+    # While the listener's reader is away, the command waits on its full pipe (it never
+    # gets to write `done`), and the stream is whole once the reader is back.
+    reader = _SlowReader()
+    done = tmp_path / "done"
+    spec = executor.resolve(
+        BashExecRequest(command=f"head -c 1000000 /dev/zero; touch {done}", workdir="/")
+    )
+    run = asyncio.ensure_future(executor.run(spec, on_output=reader))
+    await asyncio.sleep(1.0)  # the loop's own work goes on meanwhile
+    assert not done.exists() and reader.bytes < 1000000
+    reader.back()
+    result = await asyncio.wait_for(run, 30)
+    assert done.exists() and result.exit_code == 0 and reader.bytes == 1000000
