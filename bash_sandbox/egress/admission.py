@@ -57,6 +57,9 @@ class EgressDenialCode(enum.StrEnum):
     INVALID_HOST = "invalid-host"  # not a host name or address at all
     # A credential's placeholder sent where that credential does not belong.
     CREDENTIAL_ELSEWHERE = "credential-elsewhere"
+    # A request in a credential domain's tunnel addressed past the domain (another Host, an
+    # absolute target, CONNECT, TRACE): its injected secret could reach someone else.
+    CREDENTIAL_MISDIRECTED = "credential-misdirected"
 
 
 def printable(text: str, limit: int = 120) -> str:
@@ -100,6 +103,11 @@ class EgressDenial(BaseModel):
             return (
                 f"bash-sandbox: {where} {self.reason} (loopback/metadata rule: "
                 f"pin = {{{self.host} = address}} or an /etc/hosts line)"
+            )
+        if self.code is EgressDenialCode.CREDENTIAL_MISDIRECTED:
+            return (
+                f"bash-sandbox: the request to {where} {self.reason}; a credential is injected "
+                "only into requests for its own domain's paths (credentials)"
             )
         if self.code is EgressDenialCode.CREDENTIAL_ELSEWHERE:
             return (

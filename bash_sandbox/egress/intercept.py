@@ -7,8 +7,9 @@ timeouts, so nothing here can stall the proxy's loop):
 1. the client's TLS is terminated with a leaf for ``domain`` from the executor's CA;
 2. the upstream's TLS is verified as any client would (the system's roots, or the
    credential's ``upstream_ca_file``, and ``domain`` as the name);
-3. each HTTP/1.1 request (h11 both ways) is checked (another domain's placeholder: 403
-   and a denial) and forwarded with the domain's placeholders replaced by their secrets in
+3. each HTTP/1.1 request (h11 both ways) is checked (another domain's placeholder, a target
+   or `Host` other than the domain's own, `CONNECT` or `TRACE`: 403 and a denial) and
+   forwarded with the domain's placeholders replaced by their secrets in
    its headers; bodies and responses pass unchanged, hop-by-hop headers dropped. An
    ``Expect: 100-continue`` is answered here. Upgrades (WebSocket) are not relayed.
 
@@ -20,42 +21,25 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import h11
 
 from bash_sandbox.egress.admission import EgressDenial, EgressDenialCode
 from bash_sandbox.egress.credentials import CredentialVault
+from bash_sandbox.egress.http_headers import forwardable
 from bash_sandbox.egress.limits import ProxyLimits
 
 _RECV_BYTES = 64 * 1024
-_HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authorization",
-        b"proxy-authenticate",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"expect",
-    }
-)
+# Answered here (`100 Continue`), never relayed.
+_REQUEST_ONLY = frozenset({b"expect"})
+# Methods that would carry the injected headers somewhere else (a tunnel from the upstream
+# on) or back to the command (an echo of the request).
+_REFUSED_METHODS = frozenset({b"CONNECT", b"TRACE"})
 
 
 class _Stop(Exception):
     """The exchange ends here (a side closed, failed or timed out)."""
-
-
-def _forwardable(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    listed = {
-        token.strip().lower()
-        for key, value in headers
-        if key == b"connection"
-        for token in value.split(b",")
-    }
-    return [(k, v) for k, v in headers if k not in _HOP_BY_HOP and k not in listed]
 
 
 def _next_event(conn: h11.Connection, sock: ssl.SSLSocket) -> object:
@@ -144,9 +128,16 @@ class InterceptedTunnel:
                 return
             foreign = self._vault.foreign_placeholder(self._domain, request.target, request.headers)
             if foreign is not None:
-                self._refuse(down, client, foreign)
+                why = f"carries the placeholder of the credential for {foreign}"
+                self._refuse(down, client, EgressDenialCode.CREDENTIAL_ELSEWHERE, why)
                 return
-            headers = self._vault.inject(self._domain, _forwardable(request.headers))
+            misdirected = self._misdirected(request)
+            if misdirected is not None:
+                self._refuse(down, client, EgressDenialCode.CREDENTIAL_MISDIRECTED, misdirected)
+                return
+            headers = self._vault.inject(
+                self._domain, forwardable(request.headers, drop=_REQUEST_ONLY)
+            )
             if down.they_are_waiting_for_100_continue:
                 _send(client, down.send(h11.InformationalResponse(status_code=100, headers=[])))
             _send(
@@ -167,14 +158,14 @@ class InterceptedTunnel:
                 if isinstance(event, h11.InformationalResponse):
                     if event.status_code not in (100, 101):
                         info = h11.InformationalResponse(
-                            status_code=event.status_code, headers=_forwardable(event.headers)
+                            status_code=event.status_code, headers=forwardable(event.headers)
                         )
                         _send(client, down.send(info))
                     continue
                 if isinstance(event, h11.Response):
                     response = h11.Response(
                         status_code=event.status_code,
-                        headers=_forwardable(event.headers),
+                        headers=forwardable(event.headers),
                         reason=event.reason,
                     )
                     _send(client, down.send(response))
@@ -192,13 +183,29 @@ class InterceptedTunnel:
             up.start_next_cycle()
             down.start_next_cycle()
 
-    def _refuse(self, down: h11.Connection, client: ssl.SSLSocket, owner: str) -> None:
-        denial = EgressDenial(
-            host=self._domain,
-            port=self._port,
-            code=EgressDenialCode.CREDENTIAL_ELSEWHERE,
-            reason=f"carries the placeholder of the credential for {owner}",
-        )
+    def _misdirected(self, request: h11.Request) -> str | None:
+        """Why ``request`` could take the domain's secret to another party, if it could.
+
+        The certificate proves only who terminates the TLS: a shared front (an ingress, a
+        PaaS edge, a CDN) routes by the `Host` header or an absolute target, so the secret
+        would reach whichever tenant the command named (a red team's front delivered it).
+        Only origin-form requests for the domain itself are relayed."""
+        if request.method in _REFUSED_METHODS:
+            return f"is a {request.method.decode()} request, never relayed with a credential"
+        target = request.target
+        if not (target.startswith(b"/") or (target == b"*" and request.method == b"OPTIONS")):
+            return "names another target than the domain's own paths (absolute form)"
+        hosts = [v for k, v in request.headers if k == b"host"]
+        allowed = {self._domain.encode(), f"{self._domain}:{self._port}".encode()}
+        if len(hosts) != 1 or hosts[0].lower().rstrip(b".") not in allowed:
+            shown = b", ".join(hosts).decode("ascii", "replace")
+            return f"names another host ({shown!r}) than the credential's domain"
+        return None
+
+    def _refuse(
+        self, down: h11.Connection, client: ssl.SSLSocket, code: EgressDenialCode, reason: str
+    ) -> None:
+        denial = EgressDenial(host=self._domain, port=self._port, code=code, reason=reason)
         self._record(denial)
         message = denial.message()
         body = (message + "\n").encode("ascii", "replace")

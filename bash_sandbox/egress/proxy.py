@@ -46,6 +46,7 @@ from bash_sandbox.egress.admission import (
 from bash_sandbox.egress.credentials import CredentialVault
 from bash_sandbox.egress.environment import proxy_environment
 from bash_sandbox.egress.grants import GrantTable, ProxyGrant, token_from_proxy_authorization
+from bash_sandbox.egress.http_headers import forwardable
 from bash_sandbox.egress.intercept import InterceptedTunnel
 from bash_sandbox.egress.limits import ProxyLimits
 from bash_sandbox.egress.resolver import IPAddress, ResolutionError, Resolver, SystemResolver
@@ -62,21 +63,9 @@ _LINGER_S = 1.0
 _LINGER_BYTES = 1 << 20
 # How long a forwarded request's body may still be arriving once its response is complete.
 _BODY_GRACE_S = 1.0
+
+
 # Dropped when forwarding, both ways (RFC 9110 7.6.1), plus the proxy's own credentials.
-_HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authorization",
-        b"proxy-authenticate",
-        b"te",
-        b"trailer",
-        b"upgrade",
-    }
-)
-
-
 class EgressProxyError(RuntimeError):
     """The proxy was used out of order (started twice, used after close, failed to start)."""
 
@@ -138,17 +127,6 @@ def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> bytes | None
         if key == name:
             return value
     return None
-
-
-def _forwardable(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """``headers`` without hop-by-hop fields, nor those the Connection header names."""
-    listed = {
-        token.strip().lower()
-        for key, value in headers
-        if key == b"connection"
-        for token in value.split(b",")
-    }
-    return [(k, v) for k, v in headers if k not in _HOP_BY_HOP and k not in listed]
 
 
 class EgressProxy:
@@ -563,7 +541,7 @@ class EgressProxy:
             up = h11.Connection(h11.CLIENT, max_incomplete_event_size=self._limits.max_header_bytes)
             headers = [
                 (b"host", parts.netloc.encode("ascii")),
-                *((k, v) for k, v in _forwardable(request.headers) if k != b"host"),
+                *((k, v) for k, v in forwardable(request.headers) if k != b"host"),
                 (b"connection", b"close"),  # one request per upstream connection
             ]
             outgoing = h11.Request(method=request.method, target=path.encode(), headers=headers)
@@ -623,7 +601,7 @@ class EgressProxy:
                 if isinstance(event, h11.InformationalResponse):
                     if event.status_code != 101:  # no protocol switch: Upgrade was dropped
                         interim = h11.InformationalResponse(
-                            status_code=event.status_code, headers=_forwardable(event.headers)
+                            status_code=event.status_code, headers=forwardable(event.headers)
                         )
                         await loop.sock_sendall(ex.sock, ex.conn.send(interim))
                     continue
@@ -631,7 +609,7 @@ class EgressProxy:
                     started = True
                     response = h11.Response(
                         status_code=event.status_code,
-                        headers=_forwardable(event.headers),
+                        headers=forwardable(event.headers),
                         reason=event.reason,
                     )
                     await loop.sock_sendall(ex.sock, ex.conn.send(response))

@@ -10,6 +10,7 @@ command's environment and files held.
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.server
 import os
 import shlex
@@ -330,7 +331,10 @@ async def test_the_secret_goes_only_into_credential_headers_never_ones_an_upstre
         server.shutdown()
         server.server_close()
     seen = handler.seen
-    assert len(seen) == 2, result.stdout.text + result.stderr.text
+    # A `Host` other than the domain is refused before anything is sent (a shared front
+    # routes by it: `test_a_request_addressed_past_the_credentials_domain_is_refused`).
+    assert len(seen) == 1, result.stdout.text + result.stderr.text
+    assert result.stdout.text.rstrip().endswith("403")
     assert seen[0]["authorization"] == f"Bearer {SECRET}"  # still injected where it belongs
     assert SECRET not in result.stdout.text + result.stderr.text
     for headers in seen:
@@ -364,3 +368,60 @@ async def test_an_upstream_ca_file_commands_could_write_is_refused(
         await ex.run(ex.resolve(BashExecRequest(command=f"touch {marker}")))
     assert not marker.exists()
     assert upstream.requests == []
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        '-H "Host: evil.test"',  # a shared front routes by Host to another tenant
+        "--request-target http://evil.test/b",  # or by an absolute target
+        "-X TRACE",  # an upstream that echoes the request hands the secret back
+    ],
+    ids=["host", "absolute-target", "trace"],
+)
+async def test_a_request_addressed_past_the_credentials_domain_is_refused(
+    make_pinned_executor: ExecutorFactory,
+    upstream: UpstreamServer,
+    executor_kw: dict[str, object],
+    shape: str,
+) -> None:
+    # The certificate proves who terminates TLS, not who the request is for: a red team's
+    # front relayed `Host: evil.test` (and `http://evil.test/b`) with the injected secret.
+    ex = make_pinned_executor(**executor_kw)
+    url = upstream.url("registry.test", "/hello.txt")
+    result = await sh(ex, curl(url, "-H", '"Authorization: Bearer $TOKEN"', shape))
+    assert result.stdout.text.endswith("\n403"), result.stdout.text + result.stderr.text
+    assert upstream.requests == []  # nothing was sent: no secret anywhere
+    assert SECRET not in result.stdout.text + result.stderr.text
+    assert result.sandbox is not None
+    assert [d.target for d in result.sandbox.denials] == [f"registry.test:{upstream.port}"]
+    # The domain's own paths still get the secret.
+    right = await sh(ex, curl(url, "-H", '"Authorization: Bearer $TOKEN"'))
+    assert right.stdout.text.endswith("\n200"), right.stderr.text
+
+
+async def test_a_request_framed_two_ways_reaches_the_upstream_framed_one_way(
+    make_pinned_executor: ExecutorFactory,
+    upstream: UpstreamServer,
+    executor_kw: dict[str, object],
+) -> None:
+    # Content-Length beside Transfer-Encoding: an upstream reading the length would take
+    # the chunked rest as a new request on the kept connection, one the proxy never saw,
+    # with the next request's injected secret in its body (red team). The length goes.
+    ex = make_pinned_executor(**executor_kw)
+    url = upstream.url("registry.test", "/upload")
+    result = await sh(
+        ex,
+        curl(
+            url,
+            "-H", '"Authorization: Bearer $TOKEN"',
+            "-H", '"Transfer-Encoding: chunked"',
+            "-H", '"Content-Length: 3"',
+            "--data-binary", "hello-body",
+        ),
+    )  # fmt: skip
+    assert result.stdout.text.endswith("\n200"), result.stdout.text + result.stderr.text
+    [seen] = upstream.requests
+    assert seen.method == "POST" and "content-length" not in seen.headers, seen.headers
+    assert seen.headers.get("transfer-encoding") == "chunked"
+    assert hashlib.sha256(b"hello-body").hexdigest() in result.stdout.text  # the whole body
