@@ -21,8 +21,9 @@ result:
   names are per namespace), refused under the host network unless the policy names it.
 - `socket()`/`socketpair()` of a family or type outside the list: refused and recorded.
 - a call that would leave a set-id bit on a file (the filter traps only those): refused
-  with EPERM and recorded (`setid.py`); a `setxattr` of `security.capability`: refused
-  and recorded, any other name continues to the kernel.
+  with EPERM and recorded (`setid.py`); every xattr write: refused with ENOTSUP (as a
+  filesystem without xattrs answers: `install -m` and `cp -p` fall back to chmod) and
+  recorded.
 
 A blocking connect runs on a small pool of its command's own (threads made on demand), so one
 slow destination never stalls the others, and a command that keeps its connects blocked (a
@@ -453,7 +454,7 @@ class SeccompSupervisor:
         if verdict.refuse:
             if verdict.denial is not None:
                 command.record(verdict.denial)
-            self._respond(command, notif.id, -1, errno.EPERM)
+            self._respond(command, notif.id, -1, verdict.errno)
             return
         watch = command.policy.writes
         captured = None

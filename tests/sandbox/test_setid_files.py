@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bash_sandbox import SandboxBashExecutor
-from bash_sandbox.linux.setid import REASON_FILE_CAPS, REASON_SETID
+from bash_sandbox.linux.setid import REASON_FILE_CAPS, REASON_SETID, REASON_XATTR
 from bash_seam import BashExecRequest, BashRunResult, DenialEvidence, DenialKind
 from tests.sandbox.conftest import ExecutorFactory
 
@@ -200,7 +200,9 @@ async def test_ordinary_modes_and_copies_keep_working(
         "data; mkdir -p out; tar -xpf plain.tar --no-same-owner -C out; "
         "chmod -R u+rwX,go+rX out; cp -a --no-preserve=ownership src copy; "
         "install -m 0755 src/tool bin-tool; "
-        f"{PY} -c \"import os; os.setxattr('own.txt', 'user.tag', b'1')\""
+        # A file with an xattr copied as tools copy: the attribute refused, the copy made.
+        f"{PY} -c \"import shutil; shutil.copy2('own.txt', 'own-copy.txt')\"; "
+        "cp -a own.txt own-cp.txt"
     )
     result = await _run(ex, command, workspace)
     assert result.exit_code == 0, result.stderr.text
@@ -211,8 +213,9 @@ async def test_ordinary_modes_and_copies_keep_working(
     assert stat.S_IMODE(os.stat(workspace / "out/unpacked/tool").st_mode) == 0o755
     assert stat.S_IMODE(os.stat(workspace / "copy/data").st_mode) == 0o640
     assert stat.S_IMODE(os.stat(workspace / "bin-tool").st_mode) == 0o755
-    assert os.getxattr(workspace / "own.txt", "user.tag") == b"1"
-    assert result.sandbox is not None and result.sandbox.denials == ()
+    assert (workspace / "own-copy.txt").read_text() == (workspace / "own-cp.txt").read_text()
+    assert result.sandbox is not None
+    assert {d.reason for d in result.sandbox.denials} <= {REASON_XATTR}
 
 
 def test_the_syscall_numbers_match_libseccomp() -> None:
@@ -256,3 +259,38 @@ async def test_a_host_setid_file_is_never_linked_into_a_root(
     result = await _run(ex, f"ln {_system_setuid_file()} f", workspace)
     assert result.exit_code != 0
     assert not (workspace / "f").exists()
+
+
+# A default ACL of `user::rwx group::rwx other::rwx` (acl_ea_header v2, three entries).
+_ACL = (
+    "bytes([2,0,0,0, 1,0,7,0,255,255,255,255, 4,0,7,0,255,255,255,255, 32,0,7,0,255,255,255,255])"
+)
+
+
+@pytest.mark.parametrize(
+    "name", ["system.posix_acl_default", "system.posix_acl_access", "user.tag"]
+)
+async def test_no_acl_or_other_xattr_outlives_the_command(
+    make_executor: ExecutorFactory, workspace: Path, name: str
+) -> None:
+    # A default ACL left on a workspace directory overrode the host's umask for what the
+    # host made there later: `git init` gave a world-writable `.git/config`, and another
+    # local user's fsmonitor ran as root (red team). Every xattr write is refused: the name
+    # is in the command's memory, which another thread can rewrite after it is judged.
+    ex = make_executor(mode="workspace-write")
+    (workspace / "d").mkdir()
+    result = await _run(ex, f"{PY} -c \"import os; os.setxattr('d', '{name}', {_ACL})\"", workspace)
+    assert result.exit_code != 0
+    with pytest.raises(OSError) as caught:
+        os.getxattr(workspace / "d", name)
+    assert caught.value.errno == errno.ENODATA
+    # The host's own files there keep the umask's mode.
+    old = os.umask(0o022)
+    try:
+        (workspace / "d" / "config").write_text("[core]\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(workspace / "d" / "config").st_mode) == 0o644
+    # Refused all the same, an access ACL is how coreutils sets any mode: not a denial.
+    want = [] if name == "system.posix_acl_access" else [f"setxattr {name}"]
+    assert [op for _, op in _refusals(result, REASON_XATTR)] == want
