@@ -43,6 +43,8 @@ CACHE_MAX_AGE_S = 30 * 24 * 3600
 # A stamp is refreshed at most this often (one utime per spawn would be wasted work).
 _STAMP_EVERY_S = 60
 _LOCKS = ".locks"
+# A shared lock is tried this often, this far apart (a sweep holds one domain's briefly).
+_SHARE_TRIES, _SHARE_WAIT_S = 20, 0.005
 # In the per-uid directory: the real cache folder each named one led to at first use.
 _RECORDS = "cache-folders"
 # A refused write there (a root holding them): another project's caches.
@@ -230,7 +232,9 @@ def tool_cache_home(policy: SandboxPolicy, holds: CacheHolds, reach: str = "") -
                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                     0o600,
                 )
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                if not _share(fd):
+                    os.close(fd)
+                    return None  # held exclusively past a sweep's moment: /tmp caches
                 holds.fds[path] = fd
             if not _owned_dir(path):
                 return None
@@ -238,6 +242,26 @@ def tool_cache_home(policy: SandboxPolicy, holds: CacheHolds, reach: str = "") -
         except OSError:
             return None
         return path
+
+
+def _share(fd: int) -> bool:
+    """A shared flock on ``fd``, never waited for past a sweep's removal of one domain:
+    this runs on the executor's event loop, and an exclusive lock held for longer is no
+    sweeper's (commands never see `.locks`: `locks_dir`, hidden)."""
+    for _ in range(_SHARE_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(_SHARE_WAIT_S)
+    return False
+
+
+def locks_dir() -> str | None:
+    """The domains' lock files: hidden from every command (a lock a command could take
+    would hold off the next executor's spawn in another project)."""
+    base = cache_base()
+    return os.path.join(base, _LOCKS) if base is not None else None
 
 
 def _stamp(base: str, key: str, fields: dict[str, object]) -> None:

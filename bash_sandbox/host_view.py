@@ -26,7 +26,7 @@ from bash_sandbox.backends.mount_plan import (
     visible,
 )
 from bash_sandbox.backends.shadow_cache import ShadowCache
-from bash_sandbox.cache_domains import cache_top, ensure_cache_base
+from bash_sandbox.cache_domains import cache_top, ensure_cache_base, locks_dir
 from bash_sandbox.envrc_chain import envrc_chain
 from bash_sandbox.git_discovery import DotGitSearch
 from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
@@ -124,6 +124,9 @@ class HostSurvey:
         partial: list[str] = []
         roots = policy.all_writable_roots()
         hidden = self._state.hidden_paths(roots)
+        locks = locks_dir()
+        if locks is not None:
+            hidden = (*hidden, locks)
         if not mounts:
             return HostView(hidden=hidden)
         private_tmp = True

@@ -7,6 +7,7 @@ not be able to write A's cache; A's next command still finds its own cache warm.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import time
@@ -308,3 +309,40 @@ async def test_a_root_holding_the_cache_path_cannot_move_another_projects_cache(
     if os.path.realpath(home / ".cache") == str(evil):  # the link was replaced: said so
         assert result.sandbox is not None
         assert any("now leads to" in w for w in result.sandbox.warnings)
+
+
+async def test_no_command_takes_a_domains_lock_and_a_held_one_never_stalls_a_spawn(
+    make_executor: ExecutorFactory, tmp_path: Path, cache_home: Path
+) -> None:
+    # The lock files were readable inside, and a read-only descriptor takes an exclusive
+    # flock: one project's background command held off every later executor of another
+    # project's domain, its event loop blocked in a shared flock (red team).
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    first_b = make_executor(mode="workspace-write", workspace_root=str(b))
+    home = (await _run(first_b, 'echo "$XDG_CACHE_HOME"', b)).stdout.text.strip()
+    await first_b.aclose()
+    base = cache_base()
+    assert base is not None and within(home, base)
+    key = os.path.relpath(home, base).split("/")[0]
+    lock = os.path.join(base, ".locks", key)
+    ex_a = make_executor(mode="workspace-write", workspace_root=str(a))
+    probe = await _run(
+        ex_a,
+        f'python3 -c \'import os, fcntl; fd = os.open("{lock}", os.O_RDONLY); '
+        'fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print("locked")\'',
+        a,
+    )
+    assert "locked" not in probe.stdout.text, probe.stderr.text
+    # Held exclusively all the same (from the host): b's next executor still runs, its
+    # caches in its private /tmp, and the loop never waited on the lock.
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        again = make_executor(mode="workspace-write", workspace_root=str(b))
+        result = await asyncio.wait_for(_run(again, 'echo "$XDG_CACHE_HOME"', b), 30)
+        assert result.exit_code == 0, result.stderr.text
+        assert not result.stdout.text.strip().startswith(base)
+    finally:
+        os.close(fd)
