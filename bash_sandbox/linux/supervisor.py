@@ -25,7 +25,8 @@ result:
   filesystem without xattrs answers: `install -m` and `cp -p` fall back to chmod) and
   recorded.
 
-A blocking connect runs on a small pool of its command's own (threads made on demand), so one
+Every connect runs on a small pool of its command's own (threads made on demand; never inline: a
+non-blocking socket can turn blocking under us, its flags shared with the command's), so one
 slow destination never stalls the others, and a command that keeps its connects blocked (a
 full listen backlog of its own, a destination that drops SYNs) never stalls another command's.
 The peer of an emulated unix connect sees the executor's credentials (`SO_PEERCRED`).
@@ -505,18 +506,21 @@ class SeccompSupervisor:
                 if command.policy.private_loopback and family in (socket.AF_INET, socket.AF_INET6)
                 else None
             )
-            if os.get_blocking(sock):
-                pool = command.connect_pool()
-                try:
-                    if pool is None:
-                        raise RuntimeError("unregistered")
-                    pool.submit(self._finish_connect, command, notif.id, sock, target, loopback)
-                except RuntimeError:  # unregistered meanwhile: nobody waits for an answer
-                    os.close(sock)
-                    if isinstance(target, _ViaInode):
-                        os.close(target.fd)
-            else:
-                self._finish_connect(command, notif.id, sock, target, loopback, pid=notif.pid)
+            # Always on the command's own pool, never on this thread: the socket shares its
+            # flags with the command's, so one found non-blocking here can be made blocking
+            # by another of its threads before the connect (a red team's race parked this
+            # thread on a full backlog, and with it every command's calls and the loop).
+            pool = command.connect_pool()
+            try:
+                if pool is None:
+                    raise RuntimeError("unregistered")
+                pool.submit(
+                    self._finish_connect, command, notif.id, sock, target, loopback, pid=notif.pid
+                )
+            except RuntimeError:  # unregistered meanwhile: nobody waits for an answer
+                os.close(sock)
+                if isinstance(target, _ViaInode):
+                    os.close(target.fd)
         except BaseException:
             os.close(sock)
             raise
