@@ -54,6 +54,7 @@ log = logging.getLogger("bash_sandbox")
 WATCH_WRITES = True
 
 TIOCSTI = 0x5412
+F_SETLEASE = 1024
 TIOCLINUX = 0x541C
 CLONE_NEWUSER = 0x10000000
 AF_UNIX = 1
@@ -171,6 +172,9 @@ def render_seccomp_rules(options: SeccompOptions) -> tuple[SeccompRule, ...]:
     rules: list[SeccompRule] = [
         SeccompRule("ioctl", eperm, (ArgCheck(1, TIOCSTI),), "no keystroke injection"),
         SeccompRule("ioctl", eperm, (ArgCheck(1, TIOCLINUX),), "no console injection"),
+        # A lease needs only the file's owner: a command running as root leased root-owned
+        # host files (read-only to it) and every host open of one waited 45 s (red team).
+        SeccompRule("fcntl", eperm, (ArgCheck(1, F_SETLEASE),), "no leases on host files"),
         SeccompRule(
             "unshare", eperm, (ArgCheck(0, CLONE_NEWUSER, CLONE_NEWUSER),), "no new user namespace"
         ),

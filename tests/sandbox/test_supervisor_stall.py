@@ -134,3 +134,36 @@ async def test_a_socket_turned_blocking_never_parks_the_supervisor_or_the_loop(
     finally:
         ex.kill(listener.id)
         await asyncio.wait_for(listener.wait(), 30)
+
+
+async def test_no_command_takes_a_lease_on_a_host_file(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A lease needs only the file's owner: a read-only command running as the executor's
+    # user leased a host file it could only read, and each host open of it then waited
+    # 45 s (`lease-break-time`) while the command was told when (red team).
+    host_file = tmp_path / "host-tool"
+    host_file.write_text("#!/bin/sh\n")
+    ex = make_executor(mode="read-only")
+    lease = (
+        "python3 -c 'import os, fcntl, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+        'try:\n fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK); print("leased")\n'
+        'except OSError as e: print("errno", e.errno)\n'
+        "sys.stdout.flush(); time.sleep(5)' "
+        f"{host_file}"
+    )
+    proc = await ex.start(ex.resolve(BashExecRequest(command=lease, workdir=str(workspace))))
+    seen = ""
+    try:
+        deadline = time.monotonic() + 20
+        while not seen.strip() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            seen += proc.read_output().delta
+        opened = time.monotonic()
+        with open(host_file, "a"):  # a write open breaks a read lease: it would wait 45 s
+            pass
+        assert time.monotonic() - opened < 5
+    finally:
+        ex.kill(proc.id)
+        await asyncio.wait_for(proc.wait(), 30)
+    assert seen.split() == ["errno", "1"], seen  # EPERM
