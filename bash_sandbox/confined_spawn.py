@@ -47,7 +47,7 @@ from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.compiled_launcher import compiled_launcher
 from bash_sandbox.linux.cover_watch import CoverWatchError
 from bash_sandbox.linux.helper_client import helper_can_launch
-from bash_sandbox.linux.limits import LimitsPlan, LimitsSetupError
+from bash_sandbox.linux.limits import LimitsPlan, LimitsSetupError, tmpfs_full
 from bash_sandbox.linux.supervisor import (
     ConnectPolicy,
     SupervisedCommand,
@@ -119,6 +119,7 @@ class ConfinedSpawn(SpawnScope):
         self._kill: Callable[[], None] | None = None
         self._cover_lost = False
         self._limit_exceeded: LimitExceeded | None = None
+        self._full_before = (False, False)  # whether each shared tmpfs was full at start
         self._merges: list[MergeReport] = []
         self._nested: tuple[str, ...] = ()
         self._denials_seen: tuple[tuple[SandboxDenial, ...], int] = ((), 0)
@@ -326,6 +327,11 @@ class ConfinedSpawn(SpawnScope):
             raise SandboxUnavailableError(self.policy.mode, str(exc)) from exc
         self._stack.callback(limits.release, plan)
         self.warnings += limits.warnings
+        # The executor's tmpfs is shared by its commands: one full already is not this
+        # command's limit (a red team's earlier command filled it; `false` then read as it).
+        ns = self._services.namespaces.ready
+        if ns is not None:
+            self._full_before = (tmpfs_full(ns.tmp), tmpfs_full(ns.shm))
         return plan
 
     def _supervisor_channel(self) -> int:
@@ -513,6 +519,7 @@ class ConfinedSpawn(SpawnScope):
             stderr_text=outcome.stderr,
             tmp_root=ns.tmp if ns is not None else None,
             shm_root=ns.shm if ns is not None else None,
+            full_before=self._full_before,
         )
 
     def _unregister(self) -> None:

@@ -153,6 +153,11 @@ def apply_rlimits(setup: ChildSetup, plan: LimitsPlan) -> None:
 # -- the executor's side ------------------------------------------------------------------
 
 
+def tmpfs_full(root: int | str | None) -> bool:
+    """Whether the private tmpfs at ``root`` (a path or an fd) has no room left."""
+    return _tmpfs_full(root)
+
+
 def _tmpfs_full(root: int | str | None) -> bool:
     if root is None:
         return False
@@ -350,12 +355,15 @@ class ExecutorLimits:
         stderr_text: str = "",
         tmp_root: int | str | None = None,
         shm_root: int | str | None = None,
+        full_before: tuple[bool, bool] = (False, False),
     ) -> LimitExceeded | None:
         """The limit that stopped the command, if one did; None for a successful run.
 
         Call it before `release(plan)` (the counters live in the command's cgroup).
         ``tmp_root``/``shm_root``: a path or an fd of the private tmpfs roots.
         ``stderr_text`` is accepted for old callers and ignored: text is no evidence.
+        ``full_before``: whether each tmpfs was full already when the command started (the
+        executor's commands share them): then its filling is no fact about this command.
         """
         if exit_code == 0 and signal is None:
             return None
@@ -373,9 +381,9 @@ class ExecutorLimits:
             signal == "SIGXCPU" or exit_code == 128 + signal_module.SIGXCPU
         ):
             return LimitExceeded.CPU_TIME
-        if _tmpfs_full(tmp_root):
+        if not full_before[0] and _tmpfs_full(tmp_root):
             return LimitExceeded.TMP_SPACE
-        if _tmpfs_full(shm_root):
+        if not full_before[1] and _tmpfs_full(shm_root):
             return LimitExceeded.SHM_SPACE
         # rlimit-bounded limits (open files; memory and processes without their cgroup) leave
         # no counter, and the command's own text is no evidence: it could print anything.
