@@ -383,27 +383,6 @@ def test_a_full_private_tmp_or_shm_is_reported_and_never_the_hosts(
     assert not Path(f"/dev/shm/fill-{token}-1").exists()
 
 
-def test_a_tmp_full_before_the_command_started_is_not_its_limit(
-    identity: str, backend: str, workspace: Path
-) -> None:
-    # The executor's commands share one tmpfs: an earlier command filled it and exited 0,
-    # and every later failing command (`false`) was reported as stopped by tmp-space.
-    limits = {"tmp_bytes": 8 * MiB, "shm_bytes": 8 * MiB}
-    steps = [
-        {
-            "command": "head -c 20M /dev/zero > /tmp/fill-{token} 2>/dev/null; {hold}; exit 0",
-            "limits": limits,
-        },
-        {"command": "{hold}; false", "limits": limits},
-    ]
-    token = f"limits-prefull-{secrets.token_hex(4)}"
-    r = drive(identity, backend, workspace, "held", steps=steps, token=token)
-    filled, failed = r["steps"]
-    assert filled["exit_code"] == 0 and filled["sandbox"]["limit_exceeded"] is None
-    assert filled["seen"]["tmpfs"]["/tmp"]["free"] < 64 * 1024  # full, as the next one finds it
-    assert failed["exit_code"] == 1 and failed["sandbox"]["limit_exceeded"] is None, failed
-
-
 @pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
 def test_empty_files_in_the_private_tmp_stop_at_a_bound_its_size_sets(
     identity: str, backend: str, mode: str, workspace: Path

@@ -1,4 +1,5 @@
-"""No command parks the executor's seccomp supervisor, nor with it the event loop.
+"""No command parks the executor's seccomp supervisor or its event loop, or blames its limits
+on the next command.
 
 The supervisor emulates a command's `connect()` with the command's own socket (a descriptor
 copied by `pidfd_getfd`), whose file flags it shares. It used to connect inline when the
@@ -167,3 +168,24 @@ async def test_no_command_takes_a_lease_on_a_host_file(
         ex.kill(proc.id)
         await asyncio.wait_for(proc.wait(), 30)
     assert seen.split() == ["errno", "1"], seen  # EPERM
+
+
+async def test_a_tmp_full_before_the_command_started_is_not_its_limit(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # The executor's commands share one tmpfs: an earlier command filled it and exited 0,
+    # and every later failing command (`false`) was reported as stopped by tmp-space.
+    ex = make_executor(mode="workspace-write", limits={"tmp_bytes": 8 << 20})
+    fill = "head -c 20M /dev/zero > /tmp/fill 2>/dev/null; df -k /tmp | tail -1; exit 0"
+    filled = await ex.run(ex.resolve(BashExecRequest(command=fill, workdir=str(workspace))))
+    assert filled.exit_code == 0 and "100%" in filled.stdout.text, filled.stdout.text
+    failing = "df -k /tmp | tail -1; false"
+    failed = await ex.run(ex.resolve(BashExecRequest(command=failing, workdir=str(workspace))))
+    assert "100%" in failed.stdout.text  # still full as it started
+    assert failed.exit_code == 1 and failed.sandbox is not None
+    assert failed.sandbox.limit_exceeded is None
+    # A command that fills it itself is still told so.
+    await ex.run(ex.resolve(BashExecRequest(command="rm /tmp/fill", workdir=str(workspace))))
+    refill = "head -c 20M /dev/zero > /tmp/fill"
+    full = await ex.run(ex.resolve(BashExecRequest(command=refill, workdir=str(workspace))))
+    assert full.sandbox is not None and full.sandbox.limit_exceeded == "tmp-space"
