@@ -81,14 +81,15 @@ class _Entry:
 def _read_secret(spec: EgressCredential, environ: Mapping[str, str]) -> str:
     kind, _, where = spec.source.partition(":")
     if kind == "env":
-        from bash_sandbox.environment import INHERITED_NAMES
+        from bash_sandbox.environment import is_sandbox_inherited
 
-        if where in INHERITED_NAMES:
+        value = environ.get(where, "")
+        # By the very rule the commands' environment is built with (`LC_*` names too).
+        if is_sandbox_inherited(where, value):
             raise CredentialError(
                 f"credential for {spec.domain}: {where} is passed to every command; keep "
                 "the secret in a variable of its own"
             )
-        value = environ.get(where, "")
     else:
         try:
             with open(where, "rb") as fh:

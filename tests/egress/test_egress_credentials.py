@@ -425,3 +425,14 @@ async def test_a_request_framed_two_ways_reaches_the_upstream_framed_one_way(
     assert seen.method == "POST" and "content-length" not in seen.headers, seen.headers
     assert seen.headers.get("transfer-encoding") == "chunked"
     assert hashlib.sha256(b"hello-body").hexdigest() in result.stdout.text  # the whole body
+
+
+@pytest.mark.parametrize("name", ["HOME", "LANG", "LC_GHPAT"])
+def test_a_secret_in_a_variable_every_command_inherits_is_refused(name: str) -> None:
+    # `LC_*` names pass into every command (locale settings, and tokens forwarded over ssh
+    # as `LC_*`): a secret read from one was printed by `env` inside (red team).
+    from bash_sandbox.egress.credentials import CredentialError, CredentialVault
+
+    spec = EgressCredential(domain="registry.test", source=f"env:{name}", env="TOKEN")
+    with pytest.raises(CredentialError, match="passed to every command"):
+        CredentialVault((spec,), environ={name: "ghp_LC_REALSECRET_777"})
