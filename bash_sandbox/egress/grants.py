@@ -162,14 +162,21 @@ class GrantTable:
             return self._by_token.get(token)
 
     def record(self, grant: ProxyGrant | None, denial: EgressDenial) -> None:
-        """Give ``denial`` to ``grant``, or to every open grant when the asker is unknown."""
+        """Give ``denial`` to ``grant``; when the asker is unknown (no token), to none: a
+        denial is evidence about its command, and any command of the executor (one without
+        a grant too) could send a request without a token into another's facts (a red
+        team's made a concurrent `sleep; exit 1` report `network_denied` and an attacker's
+        domain to allow). Every open grant gets a note instead."""
         if grant is not None:
             grant.record(denial)
             return
         with self._lock:
             everyone = tuple(self._by_token.values())
         for each in everyone:
-            each.record(denial)
+            each.note(
+                f"a request without this sandbox's proxy token was refused ({denial.message()}); "
+                "which command sent it is not known"
+            )
 
     def note(self, grant: ProxyGrant | None, text: str) -> None:
         """Give ``text`` to ``grant``, or to every open grant when the asker is unknown."""

@@ -303,7 +303,7 @@ class EgressProxy:
                 # Heads and bodies go out as separate writes: without this, Nagle holds the
                 # second one for the client's delayed ACK (40 ms per forwarded response).
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if len(self._clients) >= self._limits.max_connections:
+            if len(self._clients) >= self._limits.max_connections and not self._evict_waiting():
                 with contextlib.suppress(OSError):
                     sock.send(_OVERLOADED)
                 sock.close()
@@ -312,6 +312,20 @@ class EgressProxy:
             task = asyncio.create_task(self._serve(client))
             self._clients[task] = client
             task.add_done_callback(self._forget)
+
+    def _evict_waiting(self) -> bool:
+        """Make room by closing the oldest connection that has not sent a request head yet.
+
+        Which command a connection is becomes known only with its head (the grant token),
+        and every command of the executor shares this listener: one that held every slot
+        with silent connections, reopening each at its head timeout, starved the others
+        (red team). A client that sends its head at once never stays the oldest waiting."""
+        for task, client in self._clients.items():
+            if client.key is _UNATTACHED:
+                task.cancel()
+                self._clients.pop(task, None)
+                return True
+        return False
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         client = self._clients.pop(task, None)

@@ -151,17 +151,38 @@ def test_an_idle_tunnel_is_closed_after_the_idle_timeout(
     sock.close()
 
 
-def test_total_connections_are_bounded_with_503(make_proxy: ProxyFactory) -> None:
+def test_total_connections_are_bounded_with_503(
+    make_proxy: ProxyFactory, site: UpstreamServer
+) -> None:
     proxy = make_proxy(limits=ProxyLimits(max_connections=3))
-    held = [_client(proxy) for _ in range(3)]
-    for sock in held:  # each one is accepted and waiting for its head
-        sock.sendall(b"GET http://pkg.test/ HTTP/1.1\r\n")
-    # The proxy accepts in order, so by the time a fourth is accepted the three are counted.
+    grant = proxy.register(("pkg.test",))
+    target = f"pkg.test:{site.port}"
+    held = [_tunnel(proxy, target, grant.token) for _ in range(3)]  # each one at work
+    assert all(head.startswith(b"HTTP/1.1 200") for _, head in held)
     with _client(proxy) as fourth:
         reply = _read_all(fourth)
     assert _status(reply) == 503
-    for sock in held:
+    for sock, _ in held:
         sock.close()
+
+
+def test_silent_connections_never_hold_the_slots_of_others(
+    make_proxy: ProxyFactory, site: UpstreamServer
+) -> None:
+    # Whose a connection is becomes known with its head: one command that kept every slot
+    # with connections that never sent one (reopened at each head timeout) starved every
+    # other command of the executor (red team). The oldest silent one makes room.
+    proxy = make_proxy(limits=ProxyLimits(max_connections=3))
+    silent = [_client(proxy) for _ in range(3)]
+    for sock in silent:
+        sock.sendall(b"CONNECT pkg.test")  # a head never finished
+    grant = proxy.register(("pkg.test",))
+    sock, head = _tunnel(proxy, f"pkg.test:{site.port}", grant.token)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert _closed_by_peer(silent[0])  # the oldest silent one went
+    sock.close()
+    for each in silent:
+        each.close()
 
 
 def test_connections_per_grant_are_bounded_and_others_unaffected(

@@ -166,16 +166,19 @@ def test_tokens_attribute_denials_to_their_own_grant(
     )
     assert first.denials() == []
     assert [d.host for d in second.denials()] == ["other.test"]
-    # No token: the base list, and the denial goes to every registered grant.
+    # No token: the base list. Its denial is no grant's (any command of the executor could
+    # have sent it into another's facts: a red team forged `network_denied` that way); each
+    # open grant gets a note that says so.
     anonymous = proxy.environment()
     assert status_and_body(curl(site.url("pkg.test", "/hello.txt"), anonymous))[0] == "200"
     assert status_and_body(curl(site.url("other.test", "/hello.txt"), anonymous))[0] == "403"
-    assert [d.host for d in first.denials()] == ["other.test"]
-    assert [d.host for d in second.denials()] == ["other.test", "other.test"]
+    assert first.denials() == []
+    assert [d.host for d in second.denials()] == ["other.test"]
+    assert any("without this sandbox's proxy token" in n for n in first.notes())
     # A forged token is no token.
     forged = {k: v.replace(first.token, "0" * 32) for k, v in first.environment().items()}
     assert status_and_body(curl(site.url("other.test", "/hello.txt"), forged))[0] == "403"
-    assert len(first.denials()) == 2
+    assert first.denials() == []
     assert [r.headers["host"].split(":")[0] for r in site.requests] == ["other.test", "pkg.test"]
 
 
@@ -220,7 +223,9 @@ def test_closing_a_grant_closes_its_tunnels_and_revokes_its_token(
     assert (
         status_and_body(curl(site.url("pkg.test", "/hello.txt"), grant.environment()))[0] == "403"
     )
-    assert [d.host for d in other.denials()] == ["pkg.test"]
+    # Not the other grant's denial: a note that a request without a token was refused.
+    assert other.denials() == []
+    assert any("pkg.test" in n for n in other.notes())
 
 
 def test_a_kept_alive_client_connection_serves_several_requests(

@@ -331,8 +331,11 @@ async def test_a_client_that_drops_the_token_is_served_only_the_executors_list(
         policy=policy,
     )
     assert status_and_body(extra)[0] == "403"
-    # Unattributed denials go to every command registered at the time: this one included.
-    assert proxy_refusal("other.test", site.port) in [shape(d) for d in facts_denials(extra)]
+    # A denial without a token is no command's evidence (another could send one into this
+    # one's facts): each command registered at the time, this one included, gets a note.
+    assert proxy_refusal("other.test", site.port) not in [shape(d) for d in facts_denials(extra)]
+    assert extra.sandbox is not None
+    assert any("without this sandbox's proxy token" in w for w in extra.sandbox.warnings)
     assert paths_seen(site) == ["/hello.txt"]
 
 
