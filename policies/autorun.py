@@ -49,6 +49,10 @@ AUTORUN_PATHS: MappingProxyType[str, str] = MappingProxyType(
         ".kiro": "Kiro runs its agent hooks on file events",
         ".zed": "Zed starts the language servers its settings name when a file opens",
         ".aider.conf.yml": "aider runs the lint and test commands it names after its edits",
+        ".codex": "Codex starts the MCP servers its config.toml names in a trusted project",
+        ".windsurf": "Windsurf runs the hooks its hooks.json names",
+        ".qoder": "Qoder runs its SessionStart and other hooks",
+        ".github/hooks": "GitHub Copilot CLI runs the hooks its *.json files name",
     }
 )
 
