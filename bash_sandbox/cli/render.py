@@ -5,9 +5,9 @@ title, clear the screen or move the cursor, and a bare `\\r` lets a command over
 the CLI printed (a fake `[exit 0]`). `TerminalRenderer` turns one stream's bytes into text
 where every control character is visible and inert: C0 controls as caret notation (`^[`,
 `^M`), DEL as `^?`, C1 controls as `\\x9b`, invalid UTF-8 bytes as `\\xff`, and the
-bidirectional overrides that reorder what is displayed as `\\u202e`. Newline, tab and a
-`\\r` directly before a newline (CRLF) are kept. UTF-8 text stays intact, also when a
-character is split across two chunks.
+bidirectional controls that reorder what is displayed (and the Unicode line and paragraph
+separators) as `\\u202e`. Newline, tab and a `\\r` directly before a newline (CRLF) are
+kept. UTF-8 text stays intact, also when a character is split across two chunks.
 
 Only for terminals: when the CLI's stream is a pipe or a file, the bytes go out exact.
 """
@@ -17,8 +17,12 @@ from __future__ import annotations
 import codecs
 
 _KEPT = {ord("\n"), ord("\t")}
-# Reorder the displayed text without being visible themselves ("Trojan Source").
-_BIDI_CONTROLS = (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
+# Reorder the displayed text without being visible themselves ("Trojan Source"): the
+# embeddings, overrides and isolates, and the implicit marks (LRM, RLM, ALM).
+_BIDI_CONTROLS = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)
+# Line and paragraph separators: a client that breaks lines at them shows text as lines of
+# their own that the CLI never started (an indented command line left unindented).
+_LINE_BREAKS = (0x2028, 0x2029)
 
 
 def _visible_forms() -> dict[int, str]:
@@ -29,7 +33,7 @@ def _visible_forms() -> dict[int, str]:
     table[0x7F] = "^?"
     for code in range(0x80, 0xA0):
         table[code] = f"\\x{code:02x}"
-    for code in _BIDI_CONTROLS:
+    for code in (*_BIDI_CONTROLS, *_LINE_BREAKS):
         table[code] = f"\\u{code:04x}"
     return table
 

@@ -22,6 +22,8 @@ def render_chunks(*chunks: bytes) -> str:
         (b"\x08\x7f\x00", "^H^?^@"),  # backspace, DEL, NUL
         ("\u009b31m".encode(), "\\x9b31m"),  # C1 CSI, UTF-8 encoded
         ("a\u202eb\u2066c".encode(), "a\\u202eb\\u2066c"),  # bidi override and isolate
+        ("a\u200fb\u061cc".encode(), "a\\u200fb\\u061cc"),  # bidi marks (RLM, ALM)
+        ("a\u2028b\u2029c".encode(), "a\\u2028b\\u2029c"),  # line, paragraph separators
         (b"\xff\xfe", "\\xff\\xfe"),  # not UTF-8: visible, never U+FFFD
         (b"tab\tnl\ncrlf\r\n", "tab\tnl\ncrlf\r\n"),  # kept as they are
         ("é ü 日本 🎉".encode(), "é ü 日本 🎉"),
