@@ -633,6 +633,18 @@ class _Importer:
 
     def run(self, *, keep_only: bool) -> ImportResult:
         heads, indexes, dirs, loose = self.classify()
+        # A linked worktree outside the roots: its HEAD, index and state stay the host's
+        # (the user's `git restore` or `checkout` there would write what the command staged,
+        # outside every root; a red team staged an executable there).
+        for admin in sorted({a for a in (*heads, *indexes, *dirs) if a}):
+            if not self._worktree_within_roots(admin):
+                self.plan.refused.append(
+                    f"{admin}: a worktree outside the writable roots; its HEAD, index and "
+                    "state stay the host's"
+                )
+                heads.discard(admin)
+                indexes.discard(admin)
+                dirs.pop(admin, None)
         for rel in self.scan.refused:
             self.plan.refused.append(rel)
         host_now = host_refs(self.gitdir)
@@ -731,6 +743,19 @@ class _Importer:
             refs = host_refs(self.gitdir) if refs is None else refs
             if refs.get(branch) != (self.snap.refs or {}).get(branch):
                 raise Conflict(branch, refs.get(branch), "index")
+
+    def _worktree_within_roots(self, admin: str) -> bool:
+        """Whether the linked worktree of ``admin`` (`worktrees/<name>`) lies in the roots,
+        as git reads its `gitdir` (the host's, else the one the command added)."""
+        for base in (self.gitdir, self.upper):
+            try:
+                with open(os.path.join(base, admin, "gitdir"), "rb") as fh:
+                    data = fh.read(sf.MAX_TEXT)
+            except OSError:
+                continue
+            # `gitdir` names the worktree's `.git` file: the worktree is its directory.
+            return sf.worktree_inside(data, self.snap.roots)
+        return False
 
     def _transfer(self, keep_prefix: str) -> dict[str, str] | None:
         """Every object the plan names, into the host's store through `git fetch` with git's

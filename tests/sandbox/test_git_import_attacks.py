@@ -369,3 +369,36 @@ async def test_a_rebase_state_naming_control_files_as_refs_writes_none_on_contin
     assert result.sandbox is not None
     refused = [r for o in result.sandbox.git for r in o.refused]
     assert any("update-refs" in r for r in refused), result.sandbox.git
+
+
+async def test_a_worktree_outside_the_roots_keeps_its_own_head_and_index(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # The host's linked worktree lies outside the roots; the command rewrote its admin
+    # dir's HEAD and index (staging an executable): the user's `git restore` or `checkout`
+    # there would then write it outside every root (red team). Both stay the host's.
+    repo = make_repo(workspace / "repo")
+    outside = tmp_path / "outside-wt"
+    host_git(repo, "worktree", "add", "-q", "-b", "side", str(outside))
+    admin = repo / ".git" / "worktrees" / "outside-wt"
+    head_before = (admin / "HEAD").read_bytes()
+    index_before = (admin / "index").read_bytes()
+    ex = make_executor(mode="workspace-write")
+    plant = (
+        "printf '#!/bin/sh\\ntouch pwned\\n' > evil.sh && chmod +x evil.sh && "
+        "b=$(git hash-object -w evil.sh) && "
+        "GIT_INDEX_FILE=.git/worktrees/outside-wt/index "
+        "git update-index --add --cacheinfo 100755,$b,evil.sh && "
+        "echo 'ref: refs/heads/main' > .git/worktrees/outside-wt/HEAD && rm evil.sh"
+    )
+    result = await _run(ex, plant, repo)
+    assert result.exit_code == 0, result.stderr.text
+    assert (admin / "HEAD").read_bytes() == head_before
+    assert (admin / "index").read_bytes() == index_before
+    assert host_git(outside, "status", "--porcelain") == ""
+    host_git(outside, "checkout", "--", ".", check=False)
+    assert not (outside / "evil.sh").exists()
+    assert result.sandbox is not None
+    refused = [r for o in result.sandbox.git for r in o.refused]
+    assert any("worktree outside the writable roots" in r for r in refused), result.sandbox.git
+    fsck_clean(repo)
