@@ -218,6 +218,19 @@ class SandboxPolicy(BaseModel):
     def _relative_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         return _checked_names(tuple(value))
 
+    @field_validator("deny_read")
+    @classmethod
+    def _no_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # A pattern would be taken as the literal name and deny nothing, silently (red
+        # team: `ws/*.pem`). The defaults' patterns are expanded before they get here.
+        for path in value:
+            if "*" in path:
+                raise ValueError(
+                    f"deny_read takes paths, not patterns: {path!r}; name the files, or "
+                    "their directory (a denied directory covers what is made in it later)"
+                )
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _no_root_through_a_link_in_a_root(cls, data: Any) -> Any:

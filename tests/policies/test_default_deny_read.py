@@ -138,3 +138,20 @@ async def test_every_default_store_is_unreadable_and_ordinary_dotfiles_are_not(
         with open("/etc/shadow") as shadow:
             first = shadow.readline().strip()
         assert first and first not in out
+
+
+def test_a_pattern_in_deny_read_is_a_request_error_not_a_silent_no_op(tmp_path: Path) -> None:
+    # `ws/*.pem` was taken as the literal name and denied nothing, saying nothing (red team).
+    from pydantic import ValidationError
+
+    from policies import SandboxMode, SandboxPolicy
+
+    with pytest.raises(ValidationError, match="deny_read takes paths, not patterns"):
+        SandboxPolicy(
+            mode=SandboxMode.READ_ONLY,
+            workspace_root=str(tmp_path),
+            deny_read=(str(tmp_path / "*.pem"),),
+        )
+    # The defaults' patterns reach a policy expanded.
+    policy = SandboxPolicy(mode=SandboxMode.READ_ONLY, workspace_root=str(tmp_path))
+    assert not any("*" in p for p in policy.deny_read)
