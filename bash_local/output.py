@@ -46,6 +46,7 @@ class PacedListener(Protocol):
     def on_drained(self, resume: Callable[[], None]) -> None: ...
 
 
+_CHUNK_BYTES = 64 * 1024
 _SPILL_FLAGS = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
@@ -133,7 +134,8 @@ class OutputCollector:
     """One stream of one command: its tail in memory, all of it in a spill file when large.
 
     Memory holds the whole stream while it is at most ``cap`` bytes, then at least its
-    last ``cap`` bytes and at most ``cap`` plus one read chunk.
+    last ``cap`` bytes and at most ``cap`` plus one chunk (small reads joined up to a quarter
+    of the cap or 64 KiB, or one larger read).
     """
 
     def __init__(
@@ -150,7 +152,10 @@ class OutputCollector:
         self._stream = stream
         self._spill_dir = spill_dir
         self._max_spill = max_spill_bytes
-        self._chunks: collections.deque[bytes] = collections.deque()
+        # Small reads joined into chunks of up to `_CHUNK_BYTES` (one object per pipe read
+        # cost 15x the cap for a command writing a byte at a time: a red team's measure).
+        self._chunks: collections.deque[bytearray] = collections.deque()
+        self._join = max(1, min(_CHUNK_BYTES, cap // 4))  # a joined chunk's most
         self._mem_bytes = 0
         self._mem_start = 0  # stream offset of the first byte still in memory
         self._total = 0
@@ -201,7 +206,11 @@ class OutputCollector:
                 self._spill_state = "dropped"
             else:
                 self._start_spill(data)
-        self._chunks.append(data)
+        last = self._chunks[-1] if self._chunks else None
+        if last is not None and len(last) + len(data) <= self._join:
+            last += data
+        else:
+            self._chunks.append(bytearray(data))
         self._mem_bytes += len(data)
         self._total = new_total
         # Drop whole chunks from the front while the rest still covers the cap: the tail.
@@ -272,7 +281,7 @@ class OutputCollector:
             self._spill_write(chunk)
         self._spill_write(data)
 
-    def _spill_write(self, data: bytes) -> None:
+    def _spill_write(self, data: bytes | bytearray) -> None:
         if self._spill_state != "open" or self._spill_fd is None:
             return
         view = memoryview(data)

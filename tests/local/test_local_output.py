@@ -130,6 +130,22 @@ def test_collector_memory_stays_bounded_by_cap_plus_one_chunk(tmp_path: Path) ->
     assert len(collector.collected().text) == 1000
 
 
+def test_a_byte_at_a_time_is_kept_in_a_few_chunks_not_one_object_a_read(
+    tmp_path: Path,
+) -> None:
+    # One bytes object per pipe read: a command printing a byte at a time grew the harness
+    # to 15 times the cap (object headers, not output: a red team's measure).
+    collector = OutputCollector(
+        100_000, stream="stdout", spill_dir=SpillDirectory(str(tmp_path)), max_spill_bytes=1
+    )
+    for i in range(300_000):
+        collector.feed(bytes([65 + i % 26]))
+    assert len(collector._chunks) <= 100_000 // (100_000 // 4) + 2
+    assert 100_000 <= collector._mem_bytes < 100_000 + 100_000 // 4 + 1
+    text = collector.collected().text
+    assert len(text) == 100_000 and text.endswith(chr(65 + 299_999 % 26))
+
+
 class _BrokenSpillDirectory(SpillDirectory):
     """Hands out a read-only descriptor, so every spill write fails."""
 
