@@ -3,21 +3,29 @@
 `.envrc` is a protected name, and direnv runs only an `.envrc` the user allowed (its allow
 record hashes the file's path and content). But an allowed one commonly loads other files
 through direnv's own directives, and direnv hashes only the `.envrc`: `source_env` and
-`source_env_if_exists` (a file, or a directory's `.envrc`), `dotenv` and `dotenv_if_exists`
-(a dotenv file, `.env` by default: its `LD_PRELOAD` runs code in every later host command),
-and bash's `source` and `.`. A command that writes one of those runs its code in the user's
-next shell that enters the directory. So each is covered read-only like the hook chain
-(`git_hook_chain.py`): an existing one where it lies, a missing one held by an empty
-directory placeholder (`[[ -f ]]` skips a directory; git never shows an empty one), its
-parents pinned; a refused write names direnv.
+`source_env_if_exists` (a file, or a directory's `.envrc`), `source_up` and
+`source_up_if_exists` (the first `.envrc`, or the named file, in a directory above),
+`dotenv` and `dotenv_if_exists` (a dotenv file, `.env` by default: its `LD_PRELOAD` runs code
+in every later host command), and bash's `source` and `.`. A command that writes one of
+those runs its code in the user's next shell that enters the directory. So each is covered
+read-only like the hook chain (`git_hook_chain.py`): an existing one where it lies, a missing
+one held by an empty directory placeholder (`[[ -f ]]` skips a directory; git never shows an
+empty one), its parents pinned; a refused write names direnv. A loaded shell file is read
+in turn for what it loads (bounded); `source_up` holds the name in every directory between.
 
-Which `.envrc` files: each writable root's own, and every one inside a root that direnv's
-allow records name (`$XDG_DATA_HOME/direnv/allow`, each holding the allowed file's path).
-Each is read as bash splits simple commands (`shlex`, line by line, `;`, `&&`, `||`, `|`
-and `if`/`then` prefixes); an argument bash would expand (`$VAR`, `~`, a glob, a command
-substitution) cannot be followed: the run is `partial` and says which. Not covered:
-`PATH_add`, `layout`, `use` (directories of the project's own tools: what a command builds
-there runs later, as `npm test` from a hook runs the project's own code).
+Which `.envrc` files: each writable root's own, every one inside a root that direnv's allow
+records name (`$XDG_DATA_HOME/direnv/allow`, each holding the allowed file's path), and the
+`exact` entries of direnv's whitelist (trusted whatever their content: covered themselves).
+A root under a whitelist `prefix` runs every `.envrc` in it unasked: the run is `partial`.
+
+Each file is read line by line as bash splits simple commands (`shlex`: `;`, `&&`, `||`,
+`|`, and `if`/`then`/`builtin`/`command` prefixes). What this reading cannot follow makes the
+run `partial` and says which, never silently `full`: an argument bash would expand (`$VAR`,
+`~`, a glob), a line that mentions a loader or `eval` but holds a command substitution,
+process substitution, a here-document or a quote left open (a string over several lines),
+or a backslash continuing the line. Not covered: `PATH_add`, `layout`, `use` (directories of
+the project's own tools: what a command builds there runs later, as `npm test` from a hook
+runs the project's own code).
 
 Answers are kept per file while its stamps are unchanged (`kept_answers.py`).
 """
@@ -28,10 +36,11 @@ import os
 import shlex
 import stat
 import time
+import tomllib
 
 from bash_sandbox.git_hook_chain import ChainLink
 from bash_sandbox.kept_answers import KeptAnswers
-from policies.paths import within_any
+from policies.paths import within, within_any
 
 # direnv's loaders, and what each loads from a directory (None: nothing, it wants a file).
 _LOADERS: dict[str, str | None] = {
@@ -42,70 +51,126 @@ _LOADERS: dict[str, str | None] = {
     "source": None,
     ".": None,
 }
+_UP_LOADERS = frozenset({"source_up", "source_up_if_exists"})
+_SHELL_LOADERS = frozenset({"source_env", "source_env_if_exists", "source", ".", *_UP_LOADERS})
 _DOTENV_DEFAULT = ".env"
+_ENVRC = ".envrc"
 # Words that may stand before a command's name on a line.
-_PREFIXES = frozenset({"if", "then", "else", "elif", "do", "while", "until", "{", "!", "time"})
+_PREFIXES = frozenset(
+    {"if", "then", "else", "elif", "do", "while", "until", "{", "!", "time", "builtin", "command"}
+)
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", ";;", "|&"})
-_EXPANDS = frozenset("$`*?[~")
+_EXPANDS = frozenset("$`*?[~<>")
+# Constructs that load or run what this reading cannot see.
+_OPAQUE = ("$(", "`", "<(", ">(", "<<")
+_NAMES = (*_LOADERS, *_UP_LOADERS, "eval")
 _ENVRC_MAX = 1 << 16
 _ALLOW_MAX = 4096  # allow records read (each is one small file)
+_DEPTH, _FILES = 4, 64  # how far loaded shell files are followed
 
-# Per `.envrc`: (path or word, is the word unresolvable) pairs its loaders name.
-_PARSED: KeptAnswers[str, tuple[tuple[str, bool], ...]] = KeptAnswers(limit=256)
+# Per file: (path or word, is the word unresolvable) pairs its loaders name, and the shell
+# files among them (read in turn), as (path, base directory of its relative names).
+_Parsed = tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, str], ...]]
+_PARSED: KeptAnswers[tuple[str, str], _Parsed] = KeptAnswers(limit=256)
 _ALLOWED: KeptAnswers[str, tuple[str, ...]] = KeptAnswers(limit=8)
+_WHITELIST: KeptAnswers[str, tuple[tuple[str, ...], tuple[str, ...]]] = KeptAnswers(limit=8)
 
 
 def envrc_chain(roots: tuple[str, ...]) -> list[ChainLink]:
     """The files the `.envrc` files direnv would run inside ``roots`` load, as chain links:
     covered when they can be, named in the run's partial when not."""
-    envrcs = dict.fromkeys(os.path.join(root, ".envrc") for root in roots)
-    envrcs.update(dict.fromkeys(p for p in _allowed() if within_any(p, roots)))
     found: dict[str, ChainLink] = {}
-    for envrc in envrcs:
-        shown = _shown(envrc, roots)
-        for target, unresolved in _loads(envrc):
+    prefixes, exact = _whitelist()
+    for prefix in prefixes:
+        if any(within(r, prefix) or within(prefix, r) for r in roots):
+            why = f"direnv's whitelist prefix {prefix} runs every .envrc in it, unasked"
+            found.setdefault(why, ChainLink(prefix, False, why, covered=False))
+    envrcs = dict.fromkeys(os.path.join(root, _ENVRC) for root in roots)
+    envrcs.update(dict.fromkeys(p for p in _allowed() if within_any(p, roots)))
+    for path in exact:
+        if within_any(path, roots):
+            # Trusted whatever it holds: the file itself is covered like what it loads.
+            why = "direnv's whitelist runs it, whatever it holds"
+            found.setdefault(path, ChainLink(path, True, why))
+            envrcs[path] = None
+    queue = [(envrc, os.path.dirname(envrc), envrc, 0) for envrc in envrcs]
+    seen: set[str] = set()
+    while queue and len(seen) < _FILES:
+        path, base, origin, depth = queue.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        shown = _shown(origin, roots)
+        targets, shells = _loads(path, base)
+        for target, unresolved in targets:
             if unresolved:
-                why = f"direnv: {shown} loads {target}, which cannot be resolved before it runs"
-                found.setdefault(why, ChainLink(envrc, False, why, covered=False))
+                why = f"direnv: {shown} loads {target}, which cannot be followed before it runs"
+                found.setdefault(why, ChainLink(origin, False, why, covered=False))
                 continue
             if within_any(os.path.realpath(target), roots):
                 why = f"direnv loads it from {shown}"
                 found.setdefault(target, ChainLink(target, True, why))
+        if depth < _DEPTH:
+            queue += [(shell, shell_base, origin, depth + 1) for shell, shell_base in shells]
     return list(found.values())
 
 
 def _shown(path: str, roots: tuple[str, ...]) -> str:
-    root = next((r for r in roots if within_any(path, (r,))), None)
+    root = next((r for r in roots if within(path, r)), None)
     return os.path.relpath(path, root) if root is not None else path
 
 
-def _loads(envrc: str) -> tuple[tuple[str, bool], ...]:
-    """(target, unresolved) for each file ``envrc``'s loaders name; () when it is not a
-    regular file (a link is the protected name's own business: flagged there)."""
+def _loads(path: str, base: str) -> _Parsed:
+    """What the shell file at ``path`` loads (relative names from ``base``); nothing when it
+    is not a regular file (a link is the protected name's own business: flagged there)."""
     try:
-        st = os.lstat(envrc)
+        st = os.lstat(path)
     except OSError:
-        return ()
+        return (), ()
     if not stat.S_ISREG(st.st_mode):
-        return ()
-    known = _PARSED.get(envrc)
+        return (), ()
+    key = (path, base)
+    known = _PARSED.get(key)
     if known is not None:
         return known
     asked = time.time_ns()
     try:
-        with open(envrc, "rb") as fh:
+        with open(path, "rb") as fh:
             text = fh.read(_ENVRC_MAX).decode(errors="replace")
     except OSError:
-        return ()
-    answer = tuple(_targets(text, os.path.dirname(envrc)))
-    _PARSED.keep(envrc, (envrc,), asked, answer)
+        return (), ()
+    answer = _targets(text, base, os.path.dirname(path))
+    _PARSED.keep(key, (path,), asked, answer)
     return answer
 
 
-def _targets(text: str, base: str) -> list[tuple[str, bool]]:
+def _targets(text: str, base: str, here: str) -> _Parsed:
+    """(targets, shell files to read next) of one file's text. ``base``: where its relative
+    names lead (bash's working directory); ``here``: the file's own directory (direnv's
+    `source_up` starts above the `.envrc` it runs in)."""
     found: list[tuple[str, bool]] = []
-    for words in _commands(text):
+    shells: list[tuple[str, str]] = []
+    for words, unread in _commands(text):
+        if unread is not None:
+            found.append((unread, True))
+            continue
         loader = words[0]
+        if loader == "eval":
+            found.append(("what eval runs", True))
+            continue
+        if loader in _UP_LOADERS:
+            name = words[1] if len(words) > 1 else _ENVRC
+            if _EXPANDS & set(name) or "/" in name:
+                found.append((name, True))
+                continue
+            above = os.path.dirname(here)
+            while True:
+                found.append((os.path.join(above, name), False))
+                shells.append((os.path.join(above, name), above))
+                if above == "/":
+                    break
+                above = os.path.dirname(above)
+            continue
         if loader not in _LOADERS:
             continue
         args = words[1:] or ([_DOTENV_DEFAULT] if loader.startswith("dotenv") else [])
@@ -120,26 +185,38 @@ def _targets(text: str, base: str) -> list[tuple[str, bool]]:
                 # A directory's `.envrc` (the directory is pinned, never made read-only).
                 path = os.path.join(path, inner)
             found.append((path, False))
-    return found
+            if loader in _SHELL_LOADERS:
+                # direnv's `source_env` runs the file from its own directory; bash's `source`
+                # keeps the working directory.
+                shells.append((path, os.path.dirname(path) if inner else base))
+    return tuple(found), tuple(shells)
 
 
-def _commands(text: str) -> list[list[str]]:
-    """Each simple command's words, line by line (a backslash joins lines); a line bash
-    would read differently (an open quote) is skipped, and so are its loaders."""
-    commands: list[list[str]] = []
-    for line in text.replace("\\\n", " ").splitlines():
+def _commands(text: str) -> list[tuple[list[str], str | None]]:
+    """Each simple command's words, physical line by physical line; a line that mentions a
+    loader or `eval` but cannot be read as bash would (an open quote, a continuation, a
+    substitution, a here-document) gives ``([], why)`` instead."""
+    commands: list[tuple[list[str], str | None]] = []
+    for line in text.splitlines():
+        mentions = any(name in line for name in _NAMES)
         lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
         lexer.whitespace_split = True
         lexer.commenters = "#"
         try:
             tokens = list(lexer)
         except ValueError:
+            if mentions:
+                commands.append(([], f"a line bash reads past its end ({line.strip()[:60]!r})"))
+            continue
+        code = " ".join(tokens)
+        if mentions and any(o in line for o in _OPAQUE) and any(n in code for n in _NAMES):
+            commands.append(([], f"a substitution ({line.strip()[:60]!r})"))
             continue
         words: list[str] = []
         for token in [*tokens, ";"]:
             if token in _SEPARATORS:
                 if words:
-                    commands.append(words)
+                    commands.append((words, None))
                 words = []
             elif words or (token not in _PREFIXES and "=" not in token):
                 words.append(token)
@@ -174,4 +251,37 @@ def _allowed() -> tuple[str, ...]:
             paths.append(path)
     answer = tuple(dict.fromkeys(paths))
     _ALLOWED.keep(allow, (allow,), asked, answer)
+    return answer
+
+
+def _whitelist() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """direnv's `[whitelist]` (`prefix`, `exact`) from its config, as direnv reads it
+    (TOML); ((), ()) without one."""
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    files = tuple(os.path.join(config, "direnv", n) for n in ("direnv.toml", "config.toml"))
+    key = "\0".join(files)
+    known = _WHITELIST.get(key)
+    if known is not None:
+        return known
+    asked = time.time_ns()
+    prefixes: list[str] = []
+    exact: list[str] = []
+    for path in files:
+        try:
+            with open(path, "rb") as fh:
+                table = tomllib.load(fh).get("whitelist", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if not isinstance(table, dict):
+            continue
+        for value, into in ((table.get("prefix"), prefixes), (table.get("exact"), exact)):
+            if isinstance(value, list):
+                into += [os.path.expanduser(v) for v in value if isinstance(v, str)]
+        break  # direnv reads the first one it finds
+    exact = [os.path.join(p, _ENVRC) if os.path.isdir(p) else p for p in exact]
+    answer = (
+        tuple(p for p in prefixes if p.startswith("/")),
+        tuple(e for e in exact if e[:1] == "/"),
+    )
+    _WHITELIST.keep(key, files, asked, answer)
     return answer

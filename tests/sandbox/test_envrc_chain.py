@@ -98,4 +98,91 @@ async def test_an_envrc_loader_that_bash_would_expand_makes_the_run_partial(
     result = await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
     assert result.sandbox is not None
     assert result.sandbox.enforcement == "partial"
-    assert any("cannot be resolved" in w for w in result.sandbox.warnings), result.sandbox
+    assert any("cannot be followed" in w for w in result.sandbox.warnings), result.sandbox
+
+
+async def test_source_up_and_a_second_level_loader_hold_what_they_load(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A sub-project's `source_up` sources the first `.envrc` above it: one the command made
+    # in between (`a/.envrc`) ran first. And a file an `.envrc` loads may load another
+    # (`.envrc.local` -> `sub/.envrc` -> `sub/.envrc.private`). A comment that ends in a
+    # backslash does not hide the next line's loader from bash (nor from this reading).
+    require_tools("direnv")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (workspace / ".envrc").write_text(
+        "# local overrides \\\nsource_env_if_exists .envrc.local\nbuiltin source extra.sh\n"
+    )
+    (workspace / ".envrc.local").write_text("source_env_if_exists sub/.envrc\n")
+    (workspace / "sub").mkdir()
+    (workspace / "sub" / ".envrc").write_text("source_env_if_exists .envrc.private\n")
+    (workspace / "a" / "b").mkdir(parents=True)
+    (workspace / "a" / "b" / ".envrc").write_text("source_up\nexport SUB=1\n")
+    for path in (workspace, workspace / "a" / "b"):
+        assert _direnv(home, "allow", str(path)).returncode == 0
+    ex = make_executor(mode="workspace-write")
+    plant = (
+        f"echo 'touch {markers}/up' > a/.envrc; "
+        f"echo 'touch {markers}/second' > sub/.envrc.private; "
+        f"echo 'touch {markers}/builtin' > extra.sh; true"
+    )
+    result = await ex.run(ex.resolve(BashExecRequest(command=plant, workdir=str(workspace))))
+    assert result.exit_code == 0
+    for env_dir in (workspace, workspace / "a" / "b"):
+        entered = _direnv(home, "exec", str(env_dir), "true")
+        assert entered.returncode == 0, entered.stderr
+    assert sorted(os.listdir(markers)) == []
+
+
+@pytest.mark.parametrize(
+    "envrc",
+    [
+        'export GREETING="hello\nworld"; source_env_if_exists .envrc.local\n',
+        "source <(cat env/local.sh)\n",
+        'eval "$(cat env/local.sh)"\n',
+    ],
+    ids=["open-quote", "process-substitution", "eval"],
+)
+async def test_what_this_reading_cannot_follow_makes_the_run_partial(
+    make_executor: ExecutorFactory, workspace: Path, envrc: str
+) -> None:
+    (workspace / ".envrc").write_text(envrc)
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
+    assert result.sandbox is not None
+    assert result.sandbox.enforcement == "partial", result.sandbox
+    assert any(w.startswith("direnv: .envrc loads") for w in result.sandbox.warnings)
+
+
+async def test_direnvs_whitelist_makes_a_root_partial_and_covers_an_exact_entry(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # direnv runs every `.envrc` under a whitelist prefix unasked (one a command makes at
+    # any depth), and an `exact` one whatever it holds.
+    config = tmp_path / "config"
+    (config / "direnv").mkdir(parents=True)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    (workspace / "svc").mkdir()
+    (workspace / "svc" / ".envrc").write_text("export A=1\n")
+    toml = f'[whitelist]\nexact = ["{workspace}/svc/.envrc"]\n'
+    (config / "direnv" / "direnv.toml").write_text(toml)
+    ex = make_executor(mode="workspace-write")
+    wrote = await ex.run(
+        ex.resolve(BashExecRequest(command="echo x >> svc/.envrc", workdir=str(workspace)))
+    )
+    assert wrote.exit_code != 0
+    assert (workspace / "svc" / ".envrc").read_text() == "export A=1\n"
+    (config / "direnv" / "direnv.toml").write_text(f'[whitelist]\nprefix = ["{workspace}"]\n')
+    later = await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
+    assert later.sandbox is not None and later.sandbox.enforcement == "partial"
+    assert any("whitelist prefix" in w for w in later.sandbox.warnings)
