@@ -172,11 +172,8 @@ class HostSurvey:
         # may be a placeholder an earlier command still holds: held too, so that command's
         # end cannot remove it under this one (the cover watch would stop this command).
         existing = [(path, os.path.isdir(path)) for path in protected.protect]
-        parents = [(path, True) for path in protected.parents]
-        held += self._placeholders.acquire_all([*parents, *protected.missing, *existing])
+        held += self._placeholders.acquire_all([*protected.missing, *existing])
         covers += [path for path, _ in protected.missing]
-        # The directories made on the way are the command's to write in, never to move.
-        parent_pins = [path for path in protected.parents if path in held]
         if protected.symlinked:
             partial.append("a protected name is a symlink inside a writable root")
         # A root holding the sandbox's cache homes (a workspace that is the user's home):
@@ -220,7 +217,6 @@ class HostSurvey:
                 *protected.pins,
                 *git.pins(roots),
                 *cache_pins,
-                *parent_pins,
                 *_pins_within((*hidden, *deny_dirs, *deny_files), roots),
             ),
             protect=tuple(dict.fromkeys(covers)),

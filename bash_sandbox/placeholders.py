@@ -289,9 +289,7 @@ class Placeholders:
 
     def release_all(self, paths: Iterable[str]) -> None:
         """`release` for each path, in one ledger transaction (none for no path)."""
-        # The deepest first: a placeholder inside another (`.github/hooks`) goes before its
-        # parent, which is then empty again and goes too.
-        paths = tuple(sorted(paths, key=lambda p: -p.count("/")))
+        paths = tuple(paths)
         if not paths:
             return
         with _ledger(self._base, stash=self._stash, me=self._me) as ledger:

@@ -52,7 +52,6 @@ AUTORUN_PATHS: MappingProxyType[str, str] = MappingProxyType(
         ".codex": "Codex starts the MCP servers its config.toml names in a trusted project",
         ".windsurf": "Windsurf runs the hooks its hooks.json names",
         ".qoder": "Qoder runs its SessionStart and other hooks",
-        ".github/hooks": "GitHub Copilot CLI runs the hooks its *.json files name",
     }
 )
 

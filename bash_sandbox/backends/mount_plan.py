@@ -361,9 +361,6 @@ class ProtectedView:
     missing: tuple[tuple[str, bool], ...]  # (path, is_dir) needing a host placeholder
     in_git: tuple[tuple[str, str, bool], ...]  # (gitdir, name inside it, is_dir) to cover
     symlinked: tuple[str, ...]
-    # Missing directories on the way to a missing auto-run name: placeholders made first,
-    # writable and pinned (not covered).
-    parents: tuple[str, ...] = ()
 
 
 def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> ProtectedView:
@@ -372,7 +369,6 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
     protect: list[str] = []
     pins: list[str] = []
     missing: list[tuple[str, bool]] = []
-    parents: list[str] = []
     in_git: list[tuple[str, str, bool]] = []
     symlinked: list[str] = []
     git_names = {"config", "hooks"} | {
@@ -414,16 +410,6 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
             if first is None:
                 protect.append(resolved)
             elif needs_placeholder(name, root, real_root=real_root):
-                if first != resolved and directory_placeholder(name):
-                    # An auto-run name below a missing directory (`.github/hooks`): the
-                    # directories on its way are made writable (a new repository still
-                    # gets its `.github/workflows`) and pinned; only the name is held.
-                    cur = first
-                    while cur != resolved:
-                        parents.append(cur)
-                        cur = os.path.join(cur, _parts_below(resolved, cur)[0])
-                    missing.append((resolved, True))
-                    continue
                 # An auto-run name is held by a directory: git never shows an empty one.
                 is_dir = first != resolved or name.endswith("/") or directory_placeholder(name)
                 missing.append((first, is_dir))
@@ -431,7 +417,6 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
         protect=tuple(dict.fromkeys(protect)),
         pins=tuple(dict.fromkeys(p for p in pins if not within_any(p, gitdirs))),
         missing=tuple(dict.fromkeys(missing)),
-        parents=tuple(dict.fromkeys(parents)),
         in_git=tuple(in_git),
         symlinked=tuple(dict.fromkeys(symlinked)),
     )

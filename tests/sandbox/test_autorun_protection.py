@@ -62,10 +62,6 @@ ATTACKS = {
     ".codex": ("mkdir -p .codex && echo '[mcp_servers.x]' > .codex/config.toml", ".codex"),
     ".windsurf": ("mkdir -p .windsurf && echo '{}' > .windsurf/hooks.json", ".windsurf"),
     ".qoder": ("mkdir -p .qoder && echo '{}' > .qoder/settings.json", ".qoder"),
-    ".github/hooks": (
-        "mkdir -p .github/hooks && echo '{\"hooks\":{}}' > .github/hooks/x.json",
-        ".github",
-    ),
 }
 
 
@@ -160,31 +156,7 @@ async def test_ordinary_work_is_unaffected_and_leaves_no_placeholder(
     ).stdout.split()
     assert sorted(files) == ["main.py", "package.json"]
     leftovers = [n for n in os.listdir(workspace) if n in autorun.DEFAULT_AUTORUN_PATHS]
-    assert leftovers == [] and not (workspace / ".github").exists()
-
-
-async def test_a_new_repositorys_github_workflows_are_made_while_its_hooks_stay_held(
-    make_executor: ExecutorFactory, workspace: Path
-) -> None:
-    # `.github/hooks` (Copilot CLI runs its hooks) is held below a `.github` made writable
-    # for the call, not held whole: scaffolding CI in a new project still works.
-    ex = make_executor(mode="workspace-write")
-    result = await _run(
-        ex,
-        "mkdir -p .github/workflows && echo 'on: push' > .github/workflows/ci.yml && "
-        "mv .github .gh2 2>/dev/null; mkdir .github/hooks 2>/dev/null; ls -A .github",
-        workspace,
-    )
-    assert result.stdout.text.split() == ["hooks", "workflows"], result.stderr.text
-    assert (workspace / ".github" / "workflows" / "ci.yml").read_text() == "on: push\n"
-    assert not (workspace / ".gh2").exists()  # `.github` pinned: never moved away
-    assert not (workspace / ".github" / "hooks").exists()  # the placeholder is gone again
-    # Unused, the `.github` made for the call goes too.
-    empty = workspace / "empty"
-    empty.mkdir()
-    ex2 = make_executor(mode="workspace-write", workspace_root=str(empty))
-    await _run(ex2, "true", empty)
-    assert os.listdir(empty) == []
+    assert leftovers == []
 
 
 def test_defaults_and_the_opt_out_key(tmp_path: Path) -> None:
