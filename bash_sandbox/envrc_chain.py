@@ -1,37 +1,41 @@
 """What an allowed `.envrc` loads: the workspace files direnv runs on the user's next `cd`.
 
 `.envrc` is a protected name, and direnv runs only an `.envrc` the user allowed (its allow
-record hashes the file's path and content). But an allowed one commonly loads other files
-through direnv's own directives, and direnv hashes only the `.envrc`: `source_env` and
-`source_env_if_exists` (a file, or a directory's `.envrc`), `source_up` and
-`source_up_if_exists` (the first `.envrc`, or the named file, in a directory above),
+record is named by a hash of the file's path and content). But an allowed one commonly loads
+other files through direnv's own directives, and direnv hashes only the `.envrc`:
+`source_env` and `source_env_if_exists` (a file, or a directory's `.envrc`), `source_up` and
+`source_up_if_exists` (the first `.envrc`, or the named file, in a directory above), and
 `dotenv` and `dotenv_if_exists` (a dotenv file, `.env` by default: its `LD_PRELOAD` runs code
-in every later host command), and bash's `source` and `.`. A command that writes one of
-those runs its code in the user's next shell that enters the directory. So each is covered
-read-only like the hook chain (`git_hook_chain.py`): an existing one where it lies, a missing
-one held by an empty directory placeholder (`[[ -f ]]` skips a directory; git never shows an
-empty one), its parents pinned; a refused write names direnv. A loaded shell file is read
-in turn for what it loads (bounded); `source_up` holds the name in every directory between.
+in every later host command). A command that writes one of those runs its code in the
+user's next shell that enters the directory. So each is covered read-only like the hook
+chain (`git_hook_chain.py`): an existing one where it lies, a missing one held by an empty
+file placeholder while its directory exists (`cp .env.example .env` is then refused on
+`.env` itself; nothing is made where the directory is missing: the run is `partial` and
+says so), its parents pinned; a refused write names direnv and `unprotected_paths`, which
+lifts it. A loaded `.envrc` is read in turn (bounded); `source_up` holds the name in every
+directory above.
 
-Which `.envrc` files: each writable root's own, every one inside a root that direnv's allow
-records name (`$XDG_DATA_HOME/direnv/allow`, each holding the allowed file's path), and the
-`exact` entries of direnv's whitelist (trusted whatever their content: covered themselves).
-A root under a whitelist `prefix` runs every `.envrc` in it unasked: the run is `partial`.
+Which `.envrc` files: every one inside a root that direnv would run as it is now (the allow
+record its hash names exists; `$XDG_DATA_HOME/direnv/allow`), and the `exact` entries of
+direnv's whitelist (trusted whatever they hold: covered themselves). A root under a
+whitelist `prefix` runs every `.envrc` in it unasked: the run is `partial`. Without direnv
+(no allow records) nothing here applies.
 
 Each file is read line by line as bash splits simple commands (`shlex`: `;`, `&&`, `||`,
 `|`, and `if`/`then`/`builtin`/`command` prefixes). What this reading cannot follow makes the
-run `partial` and says which, never silently `full`: an argument bash would expand (`$VAR`,
-`~`, a glob), a line that mentions a loader or `eval` but holds a command substitution,
-process substitution, a here-document or a quote left open (a string over several lines),
-or a backslash continuing the line. Not covered: `PATH_add`, `layout`, `use` (directories of
-the project's own tools: what a command builds there runs later, as `npm test` from a hook
-runs the project's own code).
+run `partial` and says which, never silently `full`: a loader's argument bash would expand
+(`$VAR`, `~`, a glob), or a line that names a loader but holds a substitution, a
+here-document, an open quote (a string over several lines) or a continuation. Not covered:
+bash's own `source`/`.`/`eval`, `PATH_add`, `layout`, `use` (the project's own scripts and
+tool directories, `.venv/bin/activate` among them: what a command builds there runs later,
+as `npm test` from a hook runs the project's own code).
 
 Answers are kept per file while its stamps are unchanged (`kept_answers.py`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import stat
@@ -40,6 +44,7 @@ import tomllib
 
 from bash_sandbox.git_hook_chain import ChainLink
 from bash_sandbox.kept_answers import KeptAnswers
+from policies.autorun import UNPROTECT_KEY
 from policies.paths import within, within_any
 
 # direnv's loaders, and what each loads from a directory (None: nothing, it wants a file).
@@ -48,11 +53,9 @@ _LOADERS: dict[str, str | None] = {
     "source_env_if_exists": ".envrc",
     "dotenv": None,
     "dotenv_if_exists": None,
-    "source": None,
-    ".": None,
 }
 _UP_LOADERS = frozenset({"source_up", "source_up_if_exists"})
-_SHELL_LOADERS = frozenset({"source_env", "source_env_if_exists", "source", ".", *_UP_LOADERS})
+_SHELL_LOADERS = frozenset({"source_env", "source_env_if_exists", *_UP_LOADERS})
 _DOTENV_DEFAULT = ".env"
 _ENVRC = ".envrc"
 # Words that may stand before a command's name on a line.
@@ -63,7 +66,7 @@ _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", ";;", "|&"})
 _EXPANDS = frozenset("$`*?[~<>")
 # Constructs that load or run what this reading cannot see.
 _OPAQUE = ("$(", "`", "<(", ">(", "<<")
-_NAMES = (*_LOADERS, *_UP_LOADERS, "eval")
+_NAMES = (*_LOADERS, *_UP_LOADERS)
 _ENVRC_MAX = 1 << 16
 _ALLOW_MAX = 4096  # allow records read (each is one small file)
 _DEPTH, _FILES = 4, 64  # how far loaded shell files are followed
@@ -76,22 +79,25 @@ _ALLOWED: KeptAnswers[str, tuple[str, ...]] = KeptAnswers(limit=8)
 _WHITELIST: KeptAnswers[str, tuple[tuple[str, ...], tuple[str, ...]]] = KeptAnswers(limit=8)
 
 
-def envrc_chain(roots: tuple[str, ...]) -> list[ChainLink]:
+def envrc_chain(roots: tuple[str, ...], unprotected: tuple[str, ...] = ()) -> list[ChainLink]:
     """The files the `.envrc` files direnv would run inside ``roots`` load, as chain links:
-    covered when they can be, named in the run's partial when not."""
+    covered when they can be, named in the run's partial when not. ``unprotected``: names
+    relative to a root that the policy lifts (`unprotected_paths`)."""
     found: dict[str, ChainLink] = {}
     prefixes, exact = _whitelist()
     for prefix in prefixes:
         if any(within(r, prefix) or within(prefix, r) for r in roots):
             why = f"direnv's whitelist prefix {prefix} runs every .envrc in it, unasked"
             found.setdefault(why, ChainLink(prefix, False, why, covered=False))
-    envrcs = dict.fromkeys(os.path.join(root, _ENVRC) for root in roots)
-    envrcs.update(dict.fromkeys(p for p in _allowed() if within_any(p, roots)))
+    lifted = {os.path.normpath(os.path.join(r, n)) for r in roots for n in unprotected}
+    # Only what direnv runs: an `.envrc` allowed as it is now (its record's name is the hash
+    # of its path and content), and the whitelist's exact entries.
+    envrcs = dict.fromkeys(p for p in _allowed() if within_any(p, roots) and _allowed_now(p))
     for path in exact:
-        if within_any(path, roots):
+        if within_any(path, roots) and path not in lifted:
             # Trusted whatever it holds: the file itself is covered like what it loads.
-            why = "direnv's whitelist runs it, whatever it holds"
-            found.setdefault(path, ChainLink(path, True, why))
+            why = f"direnv's whitelist runs it, whatever it holds; {UNPROTECT_KEY} lifts it"
+            found.setdefault(path, ChainLink(path, False, why))
             envrcs[path] = None
     queue = [(envrc, os.path.dirname(envrc), envrc, 0) for envrc in envrcs]
     seen: set[str] = set()
@@ -107,12 +113,36 @@ def envrc_chain(roots: tuple[str, ...]) -> list[ChainLink]:
                 why = f"direnv: {shown} loads {target}, which cannot be followed before it runs"
                 found.setdefault(why, ChainLink(origin, False, why, covered=False))
                 continue
-            if within_any(os.path.realpath(target), roots):
-                why = f"direnv loads it from {shown}"
-                found.setdefault(target, ChainLink(target, True, why))
+            if target in lifted or not within_any(os.path.realpath(target), roots):
+                continue
+            if not os.path.lexists(target) and not os.path.isdir(os.path.dirname(target)):
+                # Nothing is made on the host for it (a placeholder's parents would be new
+                # directories the user's tools then find: `.venv/bin`).
+                why = (
+                    f"direnv: {shown} loads {_shown(target, roots)}, in a directory that does "
+                    "not exist yet (a command could make both)"
+                )
+                found.setdefault(why, ChainLink(target, False, why, covered=False))
+                continue
+            why = f"direnv loads it from {shown}; {UNPROTECT_KEY} lifts it"
+            found.setdefault(target, ChainLink(target, False, why))
         if depth < _DEPTH:
             queue += [(shell, shell_base, origin, depth + 1) for shell, shell_base in shells]
     return list(found.values())
+
+
+def _allowed_now(envrc: str) -> bool:
+    """Whether direnv would run ``envrc`` as it is: its allow record is named by the SHA-256
+    of its absolute path, a newline and its content (direnv's `fileHash`)."""
+    try:
+        with open(envrc, "rb") as fh:
+            content = fh.read(_ENVRC_MAX + 1)
+    except OSError:
+        return False
+    if len(content) > _ENVRC_MAX:
+        return False
+    digest = hashlib.sha256(os.fsencode(envrc) + b"\n" + content).hexdigest()
+    return os.path.exists(os.path.join(_allow_dir(), digest))
 
 
 def _shown(path: str, roots: tuple[str, ...]) -> str:
@@ -155,9 +185,6 @@ def _targets(text: str, base: str, here: str) -> _Parsed:
             found.append((unread, True))
             continue
         loader = words[0]
-        if loader == "eval":
-            found.append(("what eval runs", True))
-            continue
         if loader in _UP_LOADERS:
             name = words[1] if len(words) > 1 else _ENVRC
             if _EXPANDS & set(name) or "/" in name:
@@ -174,8 +201,7 @@ def _targets(text: str, base: str, here: str) -> _Parsed:
         if loader not in _LOADERS:
             continue
         args = words[1:] or ([_DOTENV_DEFAULT] if loader.startswith("dotenv") else [])
-        # `source FILE ARGS...` loads only FILE; direnv's loaders take one path each.
-        for arg in args[:1] if loader in ("source", ".") else args:
+        for arg in args:
             if _EXPANDS & set(arg):
                 found.append((arg, True))
                 continue
@@ -186,15 +212,13 @@ def _targets(text: str, base: str, here: str) -> _Parsed:
                 path = os.path.join(path, inner)
             found.append((path, False))
             if loader in _SHELL_LOADERS:
-                # direnv's `source_env` runs the file from its own directory; bash's `source`
-                # keeps the working directory.
-                shells.append((path, os.path.dirname(path) if inner else base))
+                shells.append((path, os.path.dirname(path)))  # run from its own directory
     return tuple(found), tuple(shells)
 
 
 def _commands(text: str) -> list[tuple[list[str], str | None]]:
     """Each simple command's words, physical line by physical line; a line that mentions a
-    loader or `eval` but cannot be read as bash would (an open quote, a continuation, a
+    loader but cannot be read as bash would (an open quote, a continuation, a
     substitution, a here-document) gives ``([], why)`` instead."""
     commands: list[tuple[list[str], str | None]] = []
     for line in text.splitlines():

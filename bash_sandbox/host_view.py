@@ -88,7 +88,7 @@ class HostSurvey:
         git = inspect_git(user_policy, known=tuple(self._known_dotgits), search=self.search)
         if user_policy.protect_hook_chain:
             # What an allowed `.envrc` loads is covered as the hook chain is.
-            loaded = envrc_chain(user_policy.all_writable_roots())
+            loaded = envrc_chain(user_policy.all_writable_roots(), user_policy.unprotected_paths)
             if loaded:
                 git = replace(git, chain=(*git.chain, *loaded))
         self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
@@ -135,7 +135,7 @@ class HostSurvey:
         git = inspect_git(user_policy, known=tuple(self._known_dotgits), search=self.search)
         if user_policy.protect_hook_chain:
             # What an allowed `.envrc` loads is covered as the hook chain is.
-            loaded = envrc_chain(user_policy.all_writable_roots())
+            loaded = envrc_chain(user_policy.all_writable_roots(), user_policy.unprotected_paths)
             if loaded:
                 git = replace(git, chain=(*git.chain, *loaded))
         found.append(git)

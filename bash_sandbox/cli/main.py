@@ -193,15 +193,23 @@ def git_outcome_line(outcome: GitImportOutcome) -> str:
     return line
 
 
-def result_notes(result: BashRunResult, *, streamed: bool) -> list[str]:
-    """The CLI's lines after the output: truncation, timeout, denial markers."""
+def result_notes(result: BashRunResult, *, streamed: bool, reader_held: bool = False) -> list[str]:
+    """The CLI's lines after the output: truncation, timeout, denial markers.
+    ``reader_held``: the command waited for this CLI's reader at some point (a pager)."""
     notes: list[str] = []
     if not streamed:
         for name, output in (("stdout", result.stdout), ("stderr", result.stderr)):
             if output.truncated:
                 notes.append(f"{PROG}: {name} was too large; only its tail is shown")
     if result.timed_out:
-        notes.append(f"{PROG}: timed out after {result.timeout_ms} ms; the command was killed")
+        waited = (
+            " (its output waited for this CLI's reader, a pager say: that time counts)"
+            if reader_held
+            else ""
+        )
+        notes.append(
+            f"{PROG}: timed out after {result.timeout_ms} ms; the command was killed{waited}"
+        )
     facts = result.sandbox
     # The contract's generic lines first (harnesses match them), then one line per denial.
     if facts is not None and facts.denied:
@@ -242,7 +250,7 @@ def report_result(
         live.listener("stdout", result.stdout.text.encode())
         live.listener("stderr", result.stderr.text.encode())
     live.finish()
-    live.write_notes(result_notes(result, streamed=streamed))
+    live.write_notes(result_notes(result, streamed=streamed, reader_held=live.was_held))
     return exit_status(result)
 
 

@@ -135,6 +135,7 @@ class LiveOutput:
         self._resume: list[Callable[[], None]] = []
         self._writer: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.was_held = False  # the command waited for this stream's reader at some point
 
     def __call__(self, stream: str, data: bytes) -> None:
         self.listener(stream, data)
@@ -160,7 +161,9 @@ class LiveOutput:
 
     def held(self) -> bool:
         with self._lock:
-            return self._queued > HELD_BYTES
+            held = self._queued > HELD_BYTES
+        self.was_held = self.was_held or held
+        return held
 
     def on_drained(self, resume: Callable[[], None]) -> None:
         with self._lock:

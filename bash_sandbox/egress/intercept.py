@@ -31,8 +31,12 @@ from bash_sandbox.egress.http_headers import forwardable
 from bash_sandbox.egress.limits import ProxyLimits
 
 _RECV_BYTES = 64 * 1024
-# Answered here (`100 Continue`), never relayed.
-_REQUEST_ONLY = frozenset({b"expect"})
+# Answered here (`100 Continue`), or routing hints a front may follow to another host than
+# the domain (the secret would go along): never relayed on a credential domain's tunnel.
+_REQUEST_ONLY = frozenset(
+    {b"expect", b"forwarded", b"x-forwarded-host", b"x-forwarded-server", b"x-host",
+     b"x-original-url", b"x-rewrite-url", b"x-original-host"}
+)  # fmt: skip
 # Methods that would carry the injected headers somewhere else (a tunnel from the upstream
 # on) or back to the command (an echo of the request).
 _REFUSED_METHODS = frozenset({b"CONNECT", b"TRACE"})
@@ -193,7 +197,8 @@ class InterceptedTunnel:
         if request.method in _REFUSED_METHODS:
             return f"is a {request.method.decode()} request, never relayed with a credential"
         target = request.target
-        if not (target.startswith(b"/") or (target == b"*" and request.method == b"OPTIONS")):
+        origin_form = target.startswith(b"/") and not target.startswith(b"//")
+        if not (origin_form or (target == b"*" and request.method == b"OPTIONS")):
             return "names another target than the domain's own paths (absolute form)"
         hosts = [v for k, v in request.headers if k == b"host"]
         allowed = {self._domain.encode(), f"{self._domain}:{self._port}".encode()}

@@ -27,6 +27,9 @@ class ProxyLimits(BaseModel):
     # sockets, two splice pipes): 128 stay well inside the common 1024-descriptor limit.
     max_connections: _Positive = 128
     max_connections_per_grant: _Positive = 64
+    # Requests without a token (any command of the executor can send them): a small count
+    # of their own, so one command's 64 plus these never hold every slot (a red team's did).
+    max_connections_anonymous: _Positive = 8
     # From accept (or the first byte of a keep-alive request) to a complete request head: 408.
     request_head_timeout_s: _Seconds = 10.0
     # Resolving the name and connecting upstream, together: 504.

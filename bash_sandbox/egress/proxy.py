@@ -341,7 +341,9 @@ class EgressProxy:
         """Count ``client`` against ``grant``'s connections; False when that is over the limit."""
         key: object = grant.token if grant is not None else None
         if client.key != key:
-            if self._per_grant[key] >= self._limits.max_connections_per_grant:
+            limits = self._limits
+            most = limits.max_connections_per_grant if grant else limits.max_connections_anonymous
+            if self._per_grant[key] >= most:
                 return False
             if client.key is not _UNATTACHED:
                 self._per_grant[client.key] -= 1

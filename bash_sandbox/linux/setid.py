@@ -101,9 +101,11 @@ def setid_call(
     target = _target(call, pid, args, read)
     if not still_valid():
         return Verdict(refuse=True, errno=answer)  # the pid was reused: not the caller's read
-    if call.xattr is not None and name == XATTR_ACL_ACCESS:
-        # How coreutils sets every mode (`install -m`, `cp -p`), then chmod on ENOTSUP: a
-        # refusal of it is routine, never a fact worth a denial (the mode still lands).
+    if call.xattr is not None and (name == XATTR_ACL_ACCESS or _routine(name)):
+        # How coreutils sets every mode (`install -m`, `cp -p`), then chmod on ENOTSUP, and
+        # the `user.*` attributes copies carry (a browser's `user.xdg.origin.url`): refused
+        # as routine, never a denial (it would ask the model to widen the mode for a copy
+        # that worked). The denial is kept for what could have changed who may do what.
         return Verdict(refuse=True, errno=answer)
     denial = SandboxDenial(
         kind=DenialKind.FILE_WRITE,
@@ -113,3 +115,7 @@ def setid_call(
         evidence=DenialEvidence.SUPERVISOR,
     )
     return Verdict(refuse=True, denial=denial, errno=answer)
+
+
+def _routine(name: bytes | None) -> bool:
+    return name is not None and name.startswith(b"user.")

@@ -352,6 +352,7 @@ def test_a_stalled_reader_never_holds_off_the_timeout(
         assert proc.stdout is not None and proc.stderr is not None
         read_to_end(proc.stdout.fileno(), bytearray())
         proc.wait(timeout=60)
-        assert b"timed out" in proc.stderr.read()
+        notes = proc.stderr.read()
+        assert b"timed out" in notes and b"waited for this CLI's reader" in notes, notes
     finally:
         kill_if_alive(proc.pid)

@@ -290,3 +290,17 @@ def test_lifecycle_errors_are_typed(make_proxy: ProxyFactory) -> None:
     never_started.close()
     with pytest.raises(EgressProxyError):
         never_started.start()
+
+
+def test_connections_without_a_token_have_a_small_count_of_their_own(
+    make_proxy: ProxyFactory, site: UpstreamServer
+) -> None:
+    # One command's 64 tunnels under its token plus 64 without one held every slot of the
+    # executor's 128 (red team): requests without a token share 8.
+    proxy = make_proxy(("pkg.test",), limits=ProxyLimits(max_connections_anonymous=2))
+    target = f"pkg.test:{site.port}"
+    anonymous = [_tunnel(proxy, target, None) for _ in range(3)]
+    heads = [head for _, head in anonymous]
+    assert [h[:12] for h in heads] == [b"HTTP/1.1 200", b"HTTP/1.1 200", b"HTTP/1.1 503"], heads
+    for sock, _ in anonymous:
+        sock.close()

@@ -376,8 +376,9 @@ async def test_an_upstream_ca_file_commands_could_write_is_refused(
         '-H "Host: evil.test"',  # a shared front routes by Host to another tenant
         "--request-target http://evil.test/b",  # or by an absolute target
         "-X TRACE",  # an upstream that echoes the request hands the secret back
+        "--request-target //evil.test/x",  # a front that joins it as a URL
     ],
-    ids=["host", "absolute-target", "trace"],
+    ids=["host", "absolute-target", "trace", "scheme-relative"],
 )
 async def test_a_request_addressed_past_the_credentials_domain_is_refused(
     make_pinned_executor: ExecutorFactory,
@@ -395,9 +396,13 @@ async def test_a_request_addressed_past_the_credentials_domain_is_refused(
     assert SECRET not in result.stdout.text + result.stderr.text
     assert result.sandbox is not None
     assert [d.target for d in result.sandbox.denials] == [f"registry.test:{upstream.port}"]
-    # The domain's own paths still get the secret.
-    right = await sh(ex, curl(url, "-H", '"Authorization: Bearer $TOKEN"'))
+    # The domain's own paths still get the secret, without routing hints a front may follow.
+    right = await sh(
+        ex,
+        curl(url, "-H", '"Authorization: Bearer $TOKEN"', "-H", '"X-Forwarded-Host: evil.test"'),
+    )
     assert right.stdout.text.endswith("\n200"), right.stderr.text
+    assert "x-forwarded-host" not in upstream.requests[-1].headers
 
 
 async def test_a_request_framed_two_ways_reaches_the_upstream_framed_one_way(

@@ -34,6 +34,15 @@ def _direnv(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _allow(workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's direnv allows the workspace's `.envrc` (skipped without direnv)."""
+    require_tools("direnv")
+    home = tmp_path / "allow-home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    assert _direnv(home, "allow", str(workspace)).returncode == 0
+
+
 async def test_the_files_an_allowed_envrc_loads_are_never_the_commands(
     make_executor: ExecutorFactory,
     workspace: Path,
@@ -80,20 +89,28 @@ async def test_the_files_an_allowed_envrc_loads_are_never_the_commands(
         entered = _direnv(home, "exec", str(env_dir), "bash", "-c", "true")
         assert entered.returncode == 0, entered.stderr
     assert sorted(os.listdir(markers)) == []
-    assert not (workspace / ".envrc.local").is_file()
-    assert not (workspace / "conf" / "app.env").is_file()
-    assert not (workspace / "svc" / ".env").is_file()
+    assert not (workspace / ".envrc.local").exists()  # the placeholders are gone again
+    assert not (workspace / "conf" / "app.env").exists()
+    assert not (workspace / "svc" / ".env").exists()
     assert (workspace / "sub" / ".envrc").read_text() == "export FROM_SUB=1\n"
     assert result.sandbox is not None, result.stderr
     reasons = {d.target: d.reason for d in result.sandbox.denials}
-    assert reasons.get(str(workspace / ".envrc.local")) == "direnv loads it from .envrc", reasons
-    assert reasons.get(str(workspace / "svc" / ".env")) == "direnv loads it from svc/.envrc"
+    assert reasons.get(str(workspace / ".envrc.local")) == (
+        "direnv loads it from .envrc; unprotected_paths lifts it"
+    ), reasons
+    assert reasons.get(str(workspace / "svc" / ".env")) == (
+        "direnv loads it from svc/.envrc; unprotected_paths lifts it"
+    )
 
 
 async def test_an_envrc_loader_that_bash_would_expand_makes_the_run_partial(
-    make_executor: ExecutorFactory, workspace: Path
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     (workspace / ".envrc").write_text('source_env_if_exists "$PWD/.envrc.$USER"\n')
+    _allow(workspace, tmp_path, monkeypatch)
     ex = make_executor(mode="workspace-write")
     result = await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
     assert result.sandbox is not None
@@ -117,9 +134,7 @@ async def test_source_up_and_a_second_level_loader_hold_what_they_load(
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
     markers = tmp_path / "markers"
     markers.mkdir()
-    (workspace / ".envrc").write_text(
-        "# local overrides \\\nsource_env_if_exists .envrc.local\nbuiltin source extra.sh\n"
-    )
+    (workspace / ".envrc").write_text("# local overrides \\\nsource_env_if_exists .envrc.local\n")
     (workspace / ".envrc.local").write_text("source_env_if_exists sub/.envrc\n")
     (workspace / "sub").mkdir()
     (workspace / "sub" / ".envrc").write_text("source_env_if_exists .envrc.private\n")
@@ -130,8 +145,7 @@ async def test_source_up_and_a_second_level_loader_hold_what_they_load(
     ex = make_executor(mode="workspace-write")
     plant = (
         f"echo 'touch {markers}/up' > a/.envrc; "
-        f"echo 'touch {markers}/second' > sub/.envrc.private; "
-        f"echo 'touch {markers}/builtin' > extra.sh; true"
+        f"echo 'touch {markers}/second' > sub/.envrc.private; true"
     )
     result = await ex.run(ex.resolve(BashExecRequest(command=plant, workdir=str(workspace))))
     assert result.exit_code == 0
@@ -145,20 +159,69 @@ async def test_source_up_and_a_second_level_loader_hold_what_they_load(
     "envrc",
     [
         'export GREETING="hello\nworld"; source_env_if_exists .envrc.local\n',
-        "source <(cat env/local.sh)\n",
-        'eval "$(cat env/local.sh)"\n',
+        'dotenv_if_exists "$(pwd)/.env"\n',
+        "dotenv_if_exists .env.${STAGE:-dev}\n",
+        "dotenv_if_exists env/dev/.env\n",  # its directory missing: nothing is made there
     ],
-    ids=["open-quote", "process-substitution", "eval"],
+    ids=["open-quote", "substitution", "expansion", "missing-directory"],
 )
 async def test_what_this_reading_cannot_follow_makes_the_run_partial(
-    make_executor: ExecutorFactory, workspace: Path, envrc: str
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    envrc: str,
 ) -> None:
     (workspace / ".envrc").write_text(envrc)
+    _allow(workspace, tmp_path, monkeypatch)
     ex = make_executor(mode="workspace-write")
     result = await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
     assert result.sandbox is not None
     assert result.sandbox.enforcement == "partial", result.sandbox
     assert any(w.startswith("direnv: .envrc loads") for w in result.sandbox.warnings)
+    assert sorted(os.listdir(workspace)) == [".envrc"]  # nothing made on the host
+
+
+async def test_ordinary_work_around_an_envrc_stays_possible(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A usability pass: `source .venv/bin/activate` (bash's own source: the project's tools)
+    # broke `python -m venv .venv`; an `.envrc` nobody allowed (no direnv) made placeholders;
+    # `cp .env.example .env` under `dotenv` failed inside a placeholder directory, and no key
+    # lifted it. An unallowed `.envrc` is not followed, bash's `source` is not followed, and
+    # `unprotected_paths` lifts a loaded name.
+    (workspace / ".env.example").write_text("A=1\n")
+    (workspace / ".envrc").write_text("source .venv/bin/activate\ndotenv\n")
+    ex = make_executor(mode="workspace-write")
+    unallowed = await ex.run(
+        ex.resolve(BashExecRequest(command="cp .env.example .env", workdir=str(workspace)))
+    )
+    assert unallowed.exit_code == 0 and (workspace / ".env").read_text() == "A=1\n"
+    (workspace / ".env").unlink()
+    _allow(workspace, tmp_path, monkeypatch)
+    venv = await ex.run(
+        ex.resolve(
+            BashExecRequest(
+                command="python3 -m venv --without-pip .venv && test -f .venv/bin/activate",
+                workdir=str(workspace),
+            )
+        )
+    )
+    assert venv.exit_code == 0, venv.stderr.text
+    held = await ex.run(
+        ex.resolve(BashExecRequest(command="cp .env.example .env", workdir=str(workspace)))
+    )
+    assert held.exit_code != 0 and ".env" in held.stderr.text
+    assert "unprotected_paths" in str(held.sandbox.denials if held.sandbox else "")
+    lifted = make_executor(mode="workspace-write", unprotected_paths=(".env",))
+    done = await lifted.run(
+        lifted.resolve(BashExecRequest(command="cp .env.example .env", workdir=str(workspace)))
+    )
+    assert done.exit_code == 0, (done.stderr.text, done.sandbox)
+    assert (workspace / ".env").read_text() == "A=1\n"
 
 
 async def test_direnvs_whitelist_makes_a_root_partial_and_covers_an_exact_entry(
