@@ -69,6 +69,8 @@ class HostSurvey:
         self._state = state
         self.search = search
         self._placeholders = Placeholders(stash=os.path.join(state.path, STASH_DIR))
+        # Per deny list: the real paths its names were covered at (`_take`).
+        self._deny_seen: dict[tuple[str, ...], dict[str, None]] = {}
         self._shadows = ShadowCache()
         self._known_dotgits: dict[str, None] = {}
         self._unshadowed_memo: tuple[object, tuple[str, ...]] | None = None
@@ -190,7 +192,14 @@ class HostSurvey:
                 covers.append(path)
         # The host's own secrets stay hidden whatever the policy's deny_read says.
         denied = denied_paths(policy.deny_read)
-        shadows, deny_dirs, deny_files = self._shadows.inspect(denied, roots)
+        # What these names led to at an earlier spawn stays denied: a command that removed
+        # or re-pointed a link on the way (`.env -> config/env.local`) would otherwise read
+        # the file under its own name at the next call.
+        seen = self._deny_seen.setdefault(denied, {})
+        shadows, deny_dirs, deny_files = self._shadows.inspect(
+            (*denied, *(p for p in seen if p not in denied)), roots
+        )
+        seen.update(dict.fromkeys(p for p in (*deny_dirs, *deny_files) if p not in hidden))
         # The executor's private paths are its own directories: covered, never shadowed.
         # Those out of sight (under the host's /tmp, which the private one hides) are not
         # looked at: a machine may have recorded hundreds.
@@ -205,6 +214,11 @@ class HostSurvey:
         # at the path, would show the command a secret written there since).
         watched = [p for p in (*deny_dirs, *deny_files) if p not in hidden]
         watched += _with_ancestors(s.directory for s in shadows)
+        # The same for a name covered where it lies (above its directory), and every link
+        # on the way to a denied name (the host's `ln -sfn` of a generation link leads the
+        # path to a directory nothing covers).
+        watched += _with_ancestors(os.path.dirname(p) for p in watched)
+        watched += self._shadows.links
         watched += [c for c in covers if not within_any(c, gitdirs)]
         watched += [
             name for name in self._unshadowed(denied, shadows, tops) if not os.path.lexists(name)

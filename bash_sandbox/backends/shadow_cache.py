@@ -22,6 +22,7 @@ inside the roots) are looked at on every spawn, cached survey or not (`cover_can
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -46,6 +47,15 @@ def _identity(path: str) -> Stamp:
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_mode)
+
+
+def _links(survey: ShadowSurvey, stamps: tuple[Stamp, ...]) -> tuple[str, ...]:
+    """The resolved paths that are symbolic links (each stamp's third field is the mode)."""
+    return tuple(
+        path
+        for path, st in zip(survey.resolved, stamps, strict=False)
+        if st is not None and stat.S_ISLNK(st[2])
+    )
 
 
 def _stamps(survey: ShadowSurvey) -> tuple[Stamp, ...]:
@@ -88,6 +98,8 @@ class ShadowCache:
         if _seeded is not None:
             self._key, self._survey, self._stamps = _seeded
         self.hits = 0  # surveys reused (tests and the bench read it)
+        # The symbolic links on the way to the denied names, as the last `inspect` found them.
+        self.links: tuple[str, ...] = ()
 
     def inspect(
         self, denied: Iterable[str], roots: tuple[str, ...]
@@ -98,11 +110,13 @@ class ShadowCache:
             survey = self._survey
             if key == self._key and survey is not None and self._unchanged(survey):
                 self.hits += 1
+                self.links = _links(survey, self._stamps)
                 return cover_candidates(survey)
         survey = survey_shadows(key[0], roots)
         # Stamped after the survey: a listing changed in between is recent, so never kept;
         # a path replaced in between has a new identity at once, so the next call redoes it.
         stamps = _stamps(survey)
+        self.links = _links(survey, stamps)
         with self._lock:
             if self._settled(survey, stamps):
                 self._key, self._survey, self._stamps = key, survey, stamps

@@ -315,3 +315,83 @@ async def test_a_denied_files_parent_the_command_renames_stays_denied_next_time(
         ex.resolve(BashExecRequest(command="echo x > config/other", workdir=str(workspace)))
     )
     assert third.exit_code == 0 and (secret.parent / "other").read_text() == "x\n"
+
+
+async def _reads_until_stopped(
+    ex: SandboxBashExecutor, workspace: Path, secret: Path
+) -> BashProcess:
+    return await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="while [ ! -e go ]; do sleep 0.05; done; "
+                f"for i in $(seq 60); do cat {secret} 2>/dev/null; sleep 0.1; done",
+                workdir=str(workspace),
+            )
+        )
+    )
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+async def test_a_link_on_the_way_the_host_swaps_never_shows_the_new_secret(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, mode: str
+) -> None:
+    # agenix and sops-nix swap a generation link (`cur -> gen2`) on every rebuild: the
+    # path then led to a directory nothing covered (red team). Every link on the way to a
+    # denied name is watched.
+    (tmp_path / "gen1" / "app").mkdir(parents=True)
+    (tmp_path / "gen1" / "app" / "token").write_text("OLD-SECRET\n")
+    (tmp_path / "cur").symlink_to("gen1")
+    secret = tmp_path / "cur" / "app" / "token"
+    ex = make_executor(mode=mode, deny_read=(str(secret),))
+    proc = await _reads_until_stopped(ex, workspace, secret)
+    await asyncio.sleep(0.5)
+    (tmp_path / "gen2" / "app").mkdir(parents=True)
+    (tmp_path / "gen2" / "app" / "token").write_text("NEW-SECRET\n")
+    (tmp_path / "cur.new").symlink_to("gen2")
+    os.rename(tmp_path / "cur.new", tmp_path / "cur")
+    await _go(workspace)
+    await asyncio.wait_for(proc.wait(), 30)
+    assert "SECRET" not in proc.read_output().delta
+    assert proc.signal == "SIGKILL"
+
+
+async def test_a_covered_names_grandparent_the_host_replaces_never_shows_the_new_secret(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A directory too large to shadow gets a cover on the denied file itself; only its
+    # parent was watched, so the host's `mv` of a grandparent and a new tree at the old
+    # path showed the new secret (red team).
+    big = tmp_path / "srv" / "app" / "conf"
+    big.mkdir(parents=True)
+    for i in range(600):
+        (big / f"f{i}").write_text("x")
+    secret = big / "secret"
+    secret.write_text("OLD-SECRET\n")
+    ex = make_executor(mode="read-only", deny_read=(str(secret),))
+    proc = await _reads_until_stopped(ex, workspace, secret)
+    await asyncio.sleep(0.5)
+    os.rename(tmp_path / "srv" / "app", tmp_path / "srv" / "app.old")
+    big.mkdir(parents=True)
+    secret.write_text("NEW-SECRET\n")
+    await _go(workspace)
+    await asyncio.wait_for(proc.wait(), 30)
+    assert "SECRET" not in proc.read_output().delta
+    assert proc.signal == "SIGKILL"
+
+
+async def test_a_denied_link_the_command_removes_still_denies_what_it_led_to(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # `.env -> config/env.local`, `.env` denied: the command removed the link and the next
+    # call read `config/env.local` under its own name (red team). What a name led to stays
+    # denied for the executor's later calls.
+    (workspace / "config").mkdir()
+    (workspace / "config" / "env.local").write_text("DB_PASSWORD=hunter2\n")
+    (workspace / ".env").symlink_to("config/env.local")
+    ex = make_executor(mode="workspace-write", deny_read=(str(workspace / ".env"),))
+    await ex.run(ex.resolve(BashExecRequest(command="rm -f .env", workdir=str(workspace))))
+    assert not (workspace / ".env").exists()  # gone (the watch on the link stops that call)
+    second = await ex.run(
+        ex.resolve(BashExecRequest(command="cat config/env.local", workdir=str(workspace)))
+    )
+    assert "hunter2" not in second.stdout.text + second.stderr.text
