@@ -40,7 +40,6 @@ import os
 import shlex
 import stat
 import time
-import tomllib
 
 from bash_sandbox.git_hook_chain import ChainLink
 from bash_sandbox.kept_answers import KeptAnswers
@@ -291,6 +290,10 @@ def _whitelist() -> tuple[tuple[str, ...], tuple[str, ...]]:
     prefixes: list[str] = []
     exact: list[str] = []
     for path in files:
+        if not os.path.exists(path):
+            continue
+        import tomllib  # only where direnv is configured: the CLI's cold path never loads it
+
         try:
             with open(path, "rb") as fh:
                 table = tomllib.load(fh).get("whitelist", {})

@@ -257,9 +257,10 @@ def test_git_overlays_are_mounted_before_the_read_only_remounts() -> None:
 def test_the_refusal_filter_rules_in_order() -> None:
     names = [(r.syscall, r.errno, tuple((a.index, a.value, a.op) for a in r.args))
              for r in render_seccomp_rules(SeccompOptions())]  # fmt: skip
-    assert names[:5] == [
+    assert names[:6] == [
         ("ioctl", 1, ((1, 0x5412, "masked_eq"),)),
         ("ioctl", 1, ((1, 0x541C, "masked_eq"),)),
+        ("fcntl", 1, ((1, 1024, "masked_eq"),)),  # F_SETLEASE
         ("unshare", 1, ((0, 0x10000000, "masked_eq"),)),
         ("clone", 1, ((0, 0x10000000, "masked_eq"),)),
         ("clone3", 38, ()),
