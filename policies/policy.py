@@ -224,9 +224,9 @@ class SandboxPolicy(BaseModel):
         # A pattern would be taken as the literal name and deny nothing, silently (red
         # team: `ws/*.pem`). The defaults' patterns are expanded before they get here.
         for path in value:
-            # A `*` naming no existing file is a pattern (a default's expansion may name a
-            # real file whose name holds one).
-            if "*" in path and not os.path.lexists(path):
+            # A `*` in the last name, naming no existing file, is a pattern (a default's
+            # expansion may name a real file whose name holds one).
+            if "*" in os.path.basename(path) and not os.path.lexists(path):
                 raise ValueError(
                     f"deny_read takes paths, not patterns: {path!r}; name the files, or "
                     "their directory (a denied directory covers what is made in it later)"

@@ -387,8 +387,8 @@ def test_hostile_paths_leave_the_profile_text_unchanged(hostile: str) -> None:
             workspace_root=f"/Users/me/{part}",
             writable_roots=(f"/Users/me/x{part}",),
             protected_paths=(f"{part}name",),
-            # (A `*` naming no file is refused in deny_read: a pattern, never a path.)
-            deny_read=(f"/Users/me/{part.replace('*', 'x')}secret",),
+            # In a directory's name: a `*` in the last name is a pattern, refused.
+            deny_read=(f"/Users/me/d{part}/secret",),
         )
         return render_seatbelt_profile(policy, user_temp_dir=f"/private/var/folders/{part}")
 
