@@ -393,6 +393,8 @@ class ConfinedSpawn(SpawnScope):
 
     def spawned(self, pid: int, kill: Callable[[], None]) -> None:
         self._kill = kill
+        if self.plan.after_spawn is not None:
+            self.plan.after_spawn()
         if self._cover_lost:
             kill()
         sock = self._listener

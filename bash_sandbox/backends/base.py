@@ -94,6 +94,9 @@ class ConfinedPlan(SpawnPlan):
     report_fd: int | None = None
     # Where the runner says whether the command itself was started (bwrap's JSON status).
     status_fd: int | None = None
+    # Called once the child exists: the executor's copies of what only the child needs go
+    # (a hundred background commands must not hold three descriptors each for nothing).
+    after_spawn: Callable[[], None] | None = None
 
 
 class SandboxBackend(abc.ABC):

@@ -294,9 +294,16 @@ class BwrapBackend(SandboxBackend):
         setup.report_failures_to(report_w)
         previous_release = plan.release
 
+        held = {seccomp_fd, report_r, report_w, status_r, status_w}
+
+        def close(*fds: int) -> None:
+            for fd in fds:
+                if fd in held:
+                    held.discard(fd)
+                    os.close(fd)
+
         def release() -> None:
-            for fd in (seccomp_fd, report_r, report_w, status_r, status_w):
-                os.close(fd)
+            close(*list(held))
             if previous_release is not None:
                 previous_release()
 
@@ -311,6 +318,8 @@ class BwrapBackend(SandboxBackend):
             backend_name=self.name,
             report_fd=report_r,
             status_fd=None if self._runner_prefix else status_r,
+            # bwrap holds its own copies of these once it runs.
+            after_spawn=lambda: close(seccomp_fd, report_w, status_w),
         )
 
     def command_started(self, plan: ConfinedPlan) -> bool | None:
