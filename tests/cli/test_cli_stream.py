@@ -316,17 +316,19 @@ def test_a_stalled_reader_never_stops_the_cover_watch(
     envrc = workspace / ".envrc"
     envrc.write_text("export SAFE=1\n")
     command = (
-        # Half a second apart: the watch's own stop takes milliseconds (the race a command
-        # hammering the name can win is a documented limit); a stalled loop took seconds.
-        "(for i in $(seq 30); do echo 'echo PWNED' >> .envrc 2>/dev/null && break; "
-        "sleep 0.5; done) & head -c 3000000 /dev/zero; wait"
+        # It writes only on the host's go, well after the save: this proves the stop, not
+        # a race against it (a command hammering the name can win that: a documented limit).
+        "(until [ -e go ]; do sleep 0.05; done; echo 'echo PWNED' >> .envrc) & "
+        "head -c 3000000 /dev/zero; wait"
     )
     proc = _stalled(cli, workspace, backend, command, "--timeout-ms", "60000")
     try:
         new = workspace / ".envrc.new"
         new.write_text("export SAFE=2\n")
         os.rename(new, envrc)  # an editor's save, while the reader is still stalled
-        time.sleep(2.5)  # the next append would land within half a second of the loss
+        time.sleep(1.0)
+        (workspace / "go").touch()
+        time.sleep(1.5)
         during = envrc.read_text()
         assert proc.stdout is not None
         read_to_end(proc.stdout.fileno(), bytearray())  # the reader comes back
