@@ -514,13 +514,17 @@ class SeccompSupervisor:
             try:
                 if pool is None:
                     raise RuntimeError("unregistered")
-                pool.submit(
+                future = pool.submit(
                     self._finish_connect, command, notif.id, sock, target, loopback, pid=notif.pid
                 )
             except RuntimeError:  # unregistered meanwhile: nobody waits for an answer
-                os.close(sock)
-                if isinstance(target, _ViaInode):
-                    os.close(target.fd)
+                _close_taken(sock, target)
+            else:
+                # A connect still queued when its command goes is cancelled, never run:
+                # its descriptors are closed here (held, they piled up in the executor).
+                future.add_done_callback(
+                    lambda done: _close_taken(sock, target) if done.cancelled() else None
+                )
         except BaseException:
             os.close(sock)
             raise
@@ -786,3 +790,10 @@ def receive_listener(sock: socket.socket) -> int:
 
 
 ListenerSink = Callable[[int], None]
+
+
+def _close_taken(sock: int, target: object) -> None:
+    """Close the descriptors a connect took from its command (the socket, an inode's path)."""
+    os.close(sock)
+    if isinstance(target, _ViaInode):
+        os.close(target.fd)
