@@ -89,10 +89,8 @@ class HostSurvey:
             return
         git = inspect_git(user_policy, known=tuple(self._known_dotgits), search=self.search)
         if user_policy.protect_hook_chain:
-            # What an allowed `.envrc` loads is covered as the hook chain is.
-            loaded = envrc_chain(user_policy.all_writable_roots(), user_policy.unprotected_paths)
-            if loaded:
-                git = replace(git, chain=(*git.chain, *loaded))
+            # What an allowed `.envrc` loads: read now, kept by stamp for `take`.
+            envrc_chain(user_policy.all_writable_roots(), user_policy.unprotected_paths)
         self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
         inspect_protected(user_policy, git.gitdirs)
         self._shadows.inspect(denied_paths(policy.deny_read), policy.all_writable_roots())
