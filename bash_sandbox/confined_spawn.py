@@ -40,8 +40,9 @@ from bash_sandbox.egress_guards import egress_setting_problem
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
+from bash_sandbox.git_excludes import excludes_environment, excludes_text, share_excludes
 from bash_sandbox.git_plane import MergeReport, merge_back
-from bash_sandbox.git_spawn import GitInspection, settle_git
+from bash_sandbox.git_spawn import GitInspection, settle_git, unlink_worktree_links
 from bash_sandbox.linux.binaries import host_git
 from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.compiled_launcher import compiled_launcher
@@ -313,7 +314,15 @@ class ConfinedSpawn(SpawnScope):
             request_env=spec.env,
         )
         self._mirror_hosts = mirror_hosts(env)
+        if self._holds_placeholders:
+            # The command's git ignores the placeholders (`git_excludes.py`); a request's
+            # or the user's own `GIT_CONFIG_*` win.
+            env = excludes_environment() | env
         return env
+
+    @property
+    def _holds_placeholders(self) -> bool:
+        return self.policy.mode is SandboxMode.WORKSPACE_WRITE and self.backend.mounts
 
     def _prepare_limits(self) -> LimitsPlan:
         limits = self._services.limits
@@ -352,6 +361,9 @@ class ConfinedSpawn(SpawnScope):
             from bash_sandbox.egress.credentials import share_bundle
 
             share_bundle(namespaces.tmp, scratch.domain)
+        if self._holds_placeholders and namespaces is not None and scratch is not None:
+            with contextlib.suppress(OSError):  # without it, the placeholders show, no more
+                share_excludes(namespaces.tmp, scratch.domain, excludes_text(self._user_policy))
         # The helper builds the child's steps itself: only their calls are recorded here.
         helper = services.spawn_helper() if sys.platform == "linux" else None
         # Without it, the compiled child from this process where it is built; else `Popen`.
@@ -420,8 +432,9 @@ class ConfinedSpawn(SpawnScope):
     def _cover_replaced(self, name: str) -> None:
         """The host changed a name this running command covers: it is stopped now."""
         self.warnings.append(
-            f"stopped: the host replaced or removed {name}, which this command had covered, "
-            "while it ran (a replaced name is no longer covered); run it again"
+            f"stopped: {name}, which this command had covered, was replaced, removed or "
+            "made while it ran (by the host, or by the command through another name; a "
+            "replaced name is no longer covered); run it again"
         )
         if self._kill is not None:
             self._kill()
@@ -552,6 +565,13 @@ class ConfinedSpawn(SpawnScope):
                 os.path.join(os.path.dirname(overlay.gitdir), p) for p in report.new_gitlinks
             ]
             self.warnings += [f"git: not copied back: {c}" for c in report.conflicts]
+        unlinked = unlink_worktree_links(tuple(o.gitdir for o in self.overlays), roots)
+        if unlinked:
+            self.warnings.append(
+                "git: removed symlinks the command left where a linked worktree lies (the "
+                "host's `git worktree repair` or `remove` would follow them out of the "
+                "writable roots): " + ", ".join(unlinked)
+            )
         self._nested = tuple(dict.fromkeys(nested))
 
     def _base_facts(self, **fields: Any) -> SandboxFacts:

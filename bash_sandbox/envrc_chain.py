@@ -43,6 +43,7 @@ import time
 
 from bash_sandbox.git_hook_chain import ChainLink
 from bash_sandbox.kept_answers import KeptAnswers
+from bash_sandbox.safe_read import read_regular
 from policies.autorun import UNPROTECT_KEY
 from policies.paths import within, within_any
 
@@ -90,8 +91,14 @@ def envrc_chain(roots: tuple[str, ...], unprotected: tuple[str, ...] = ()) -> li
             found.setdefault(why, ChainLink(prefix, False, why, covered=False))
     lifted = {os.path.normpath(os.path.join(r, n)) for r in roots for n in unprotected}
     # Only what direnv runs: an `.envrc` allowed as it is now (its record's name is the hash
-    # of its path and content), and the whitelist's exact entries.
-    envrcs = dict.fromkeys(p for p in _allowed() if within_any(p, roots) and _allowed_now(p))
+    # of its path and content), and the whitelist's exact entries. One above a root counts
+    # too: direnv runs it in the root's directories (none of their own, or `source_up`), and
+    # what it loads from inside the root is the command's to write (a red team's monorepo).
+    envrcs = dict.fromkeys(
+        p
+        for p in _allowed()
+        if (within_any(p, roots) or _above_a_root(os.path.dirname(p), roots)) and _allowed_now(p)
+    )
     for path in exact:
         if within_any(path, roots) and path not in lifted:
             # Trusted whatever it holds: the file itself is covered like what it loads.
@@ -134,14 +141,17 @@ def _allowed_now(envrc: str) -> bool:
     """Whether direnv would run ``envrc`` as it is: its allow record is named by the SHA-256
     of its absolute path, a newline and its content (direnv's `fileHash`)."""
     try:
-        with open(envrc, "rb") as fh:
-            content = fh.read(_ENVRC_MAX + 1)
+        content = read_regular(envrc, _ENVRC_MAX + 1)
     except OSError:
         return False
     if len(content) > _ENVRC_MAX:
         return False
     digest = hashlib.sha256(os.fsencode(envrc) + b"\n" + content).hexdigest()
     return os.path.exists(os.path.join(_allow_dir(), digest))
+
+
+def _above_a_root(directory: str, roots: tuple[str, ...]) -> bool:
+    return any(within(r, directory) for r in roots)
 
 
 def _shown(path: str, roots: tuple[str, ...]) -> str:
@@ -164,8 +174,7 @@ def _loads(path: str, base: str) -> _Parsed:
         return known
     asked = time.time_ns()
     try:
-        with open(path, "rb") as fh:
-            text = fh.read(_ENVRC_MAX).decode(errors="replace")
+        text = read_regular(path, _ENVRC_MAX).decode(errors="replace")
     except OSError:
         return (), ()
     answer = _targets(text, base, os.path.dirname(path))

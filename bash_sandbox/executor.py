@@ -30,6 +30,7 @@ from bash_sandbox.loop_turns import LoopLock, give_way
 from bash_sandbox.publish import Publication, PublishError, open_publication
 from bash_sandbox.selection import BackendSelector, candidate_backends
 from bash_sandbox.services import SandboxServices
+from bash_sandbox.workdir_access import check_enterable
 from bash_seam import (
     BashExecRequest,
     BashExecSpec,
@@ -173,6 +174,7 @@ class SandboxBashExecutor(LocalBashExecutor):
         policy = self._policy_of(spec)
         if not policy.confined:
             return _DangerSpawn(self._base_plan(spec), policy.mode)
+        check_enterable(spec.workdir)  # a request error, not the host's (`workdir_access`)
         if policy.mode in self._prepared:
             backend = self._prepare(policy.mode)
         else:

@@ -125,6 +125,7 @@ def _nested(fd: int, gitdir: str, roots: tuple[str, ...], dropped: list[str]) ->
         except OSError:
             continue
         try:
+            _drop_special(parent, rel, dropped)
             for name, sub in _subdirs(parent, None):
                 try:
                     path = os.path.join(rel, name)
@@ -140,6 +141,22 @@ def _nested(fd: int, gitdir: str, roots: tuple[str, ...], dropped: list[str]) ->
                     os.close(sub)
         finally:
             os.close(parent)
+
+
+def _drop_special(fd: int, rel: str, dropped: list[str]) -> None:
+    """Remove the FIFOs, sockets and device nodes in the directory ``fd``: nothing of git's,
+    and host git (or the executor) opening one would wait for a writer that never comes
+    (a red team's `mkfifo r/.git/HEAD` stopped the executor's next spawn)."""
+    try:
+        with os.scandir(fd) as listing:
+            entries = [(e.name, e.stat(follow_symlinks=False).st_mode) for e in listing]
+    except OSError:
+        return
+    for name, mode in entries:
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=fd)
+                dropped.append(os.path.join(rel, name) + " (not a file: removed)")
 
 
 def _open_below(fd: int, rel: str) -> int:

@@ -45,6 +45,7 @@ from typing import Protocol
 from bash_local.userdir import user_base_dir
 from bash_sandbox.host_run import run_bounded
 from bash_sandbox.linux.binaries import host_git, host_git_path
+from bash_sandbox.safe_read import read_regular
 from policies import SandboxPolicy
 from policies.paths import within, within_any
 
@@ -158,8 +159,7 @@ def read_gitfile(path: str) -> str | None:
     """The directory a gitfile (linked worktree, submodule) names, absolute and resolved,
     read as git reads it (`gitfile_target`), relative to the directory of ``path``."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(_GITFILE_MAX + 1)
+        data = read_regular(path, _GITFILE_MAX + 1)
     except OSError:
         return None
     named = gitfile_target(data[:_GITFILE_MAX], whole=len(data) <= _GITFILE_MAX)
@@ -438,8 +438,7 @@ def _points_back(gitdir: str, dotgit: str) -> bool:
 
 def _read_small(path: str) -> str | None:
     try:
-        with open(path, "rb") as fh:
-            return fh.read(4096).decode(errors="replace")
+        return read_regular(path, 4096).decode(errors="replace")
     except OSError:
         return None
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from bash_sandbox.host_run import run_bounded
 from bash_sandbox.kept_answers import KeptAnswers
 from bash_sandbox.linux.binaries import host_git, host_git_path
+from bash_sandbox.safe_read import blocking_names, read_regular
 from policies.paths import within, within_any
 
 # The hooks git runs on a client (githooks(5)).
@@ -134,7 +135,10 @@ def host_config(gitdir: str) -> HostConfig:
 
 
 def _ask_git(gitdir: str, env: dict[str, str]) -> tuple[HostConfig, list[str]] | None:
-    """Git's answer, and the include targets its config names (existing or not)."""
+    """Git's answer, and the include targets its config names (existing or not); None when
+    git cannot give one (a FIFO where it reads would stall it until its time bound)."""
+    if blocking_names(gitdir):
+        return None
     try:
         done = run_bounded(
             [host_git(), "--git-dir", gitdir, "config", "--list", "--show-origin", "-z"],
@@ -181,8 +185,8 @@ def _candidates(gitdir: str, env: dict[str, str]) -> list[str]:
     found += [os.path.join(home, ".gitconfig")] if home else []
     found += [os.path.join(xdg, "git", "config")] if xdg else []
     try:
-        with open(os.path.join(gitdir, "commondir"), encoding="utf-8", errors="replace") as fh:
-            common = os.path.join(gitdir, fh.read(4096).strip())
+        named = read_regular(os.path.join(gitdir, "commondir"), 4096)
+        common = os.path.join(gitdir, named.decode(errors="replace").strip())
         found.append(os.path.normpath(os.path.join(common, "config")))
     except OSError:
         pass  # not a linked worktree's git directory
@@ -271,8 +275,7 @@ def _installed(hooks: str) -> list[tuple[str, bytes]]:
             st = os.stat(path)
             if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
                 continue
-            with open(path, "rb") as fh:
-                found.append((name, fh.read(_HOOK_MAX)))
+            found.append((name, read_regular(path, _HOOK_MAX)))
         except OSError:
             continue
     return found
@@ -283,8 +286,7 @@ def _commands(config: str, worktree: str) -> list[str]:
     word that is an existing file below ``worktree`` (more than it runs, never less of what
     a line names; the config itself is covered, so the list cannot grow during a run)."""
     try:
-        with open(config, "rb") as fh:
-            text = fh.read(_CONFIG_MAX).decode(errors="replace")
+        text = read_regular(config, _CONFIG_MAX).decode(errors="replace")
     except OSError:
         return []
     found: list[str] = []

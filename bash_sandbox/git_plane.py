@@ -59,6 +59,7 @@ from bash_sandbox.git_import import (
 from bash_sandbox.git_import.gitcmd import GIT_SAFE_OPTIONS, git_env
 from bash_sandbox.host_run import run_bounded
 from bash_sandbox.linux.binaries import host_git
+from bash_sandbox.safe_read import read_regular
 from bash_sandbox.view import GitOverlay
 from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
 
@@ -96,8 +97,7 @@ class MergeReport:
 
 def _read_small(path: str) -> str | None:
     try:
-        with open(path, "rb") as fh:
-            return fh.read(4096).decode(errors="replace")
+        return read_regular(path, 4096).decode(errors="replace")
     except OSError:
         return None
 

@@ -24,6 +24,7 @@ from bash_sandbox.git_discovery import (
     index_gitlinks,
 )
 from bash_sandbox.git_hook_chain import ChainLink, hook_chain
+from bash_sandbox.safe_read import read_regular
 from bash_sandbox.view import GitOverlay
 from policies import SandboxPolicy
 from policies.paths import within, within_any
@@ -142,3 +143,54 @@ def settle_git(
                 "before `git submodule update`: " + ", ".join(links)
             )
     return done
+
+
+_WORKTREES_MAX = 256  # linked worktrees looked at per git directory
+
+
+def linked_worktree_dirs(gitdirs: tuple[str, ...], roots: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(root, directory) of each linked worktree ``gitdirs`` name (`worktrees/<id>/gitdir`,
+    read as git reads it: `git_import.state_files.worktree_inside`) lying below a root."""
+    found: list[tuple[str, str]] = []
+    for gitdir in gitdirs:
+        admins = os.path.join(gitdir, "worktrees")
+        try:
+            names = os.listdir(admins)[:_WORKTREES_MAX]
+        except OSError:
+            continue
+        for name in names:
+            try:
+                data = read_regular(os.path.join(admins, name, "gitdir"), 4096)
+            except OSError:
+                continue
+            named = data.rstrip(b" \t\n\r\v\f").partition(b"\0")[0]
+            if not named.startswith(b"/"):
+                continue
+            # `gitdir` names the worktree's `.git` file: the worktree is its directory.
+            worktree = os.path.dirname(os.path.normpath(os.fsdecode(named)))
+            root = next((r for r in roots if within(worktree, r) and worktree != r), None)
+            if root is not None and not within_any(worktree, gitdirs):
+                found.append((root, worktree))
+    return found
+
+
+def unlink_worktree_links(gitdirs: tuple[str, ...], roots: tuple[str, ...]) -> list[str]:
+    """After the command (and its import): a symlink it left where a linked worktree of
+    ``gitdirs`` lies, or on the way to one, is removed (the host's `git worktree repair`
+    writes `<worktree>/.git` and `remove --force` empties the worktree, through that link,
+    outside the roots: a red team's). The links removed."""
+    removed: list[str] = []
+    for root, worktree in linked_worktree_dirs(gitdirs, roots):
+        path = root
+        for part in os.path.relpath(worktree, root).split("/"):
+            path = os.path.join(path, part)
+            if os.path.islink(path):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    break
+                removed.append(path)
+                break
+            if not os.path.isdir(path):
+                break
+    return removed

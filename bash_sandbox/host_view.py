@@ -20,6 +20,7 @@ from dataclasses import replace
 from bash_sandbox import git_import
 from bash_sandbox.backends.mount_plan import (
     Shadow,
+    _first_missing,
     _pins_between,
     inspect_protected,
     tmp_tops,
@@ -29,13 +30,16 @@ from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.cache_domains import cache_top, ensure_cache_base, locks_dir
 from bash_sandbox.envrc_chain import envrc_chain
 from bash_sandbox.git_discovery import DotGitSearch
+from bash_sandbox.git_hook_chain import ChainLink
 from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
-from bash_sandbox.git_spawn import GitInspection, inspect_git
+from bash_sandbox.git_spawn import GitInspection, inspect_git, linked_worktree_dirs
+from bash_sandbox.placeholder_linger import LingeringPlaceholders
 from bash_sandbox.placeholder_stash import STASH_DIR
 from bash_sandbox.placeholders import Placeholders
 from bash_sandbox.state import ExecutorState
 from bash_sandbox.view import GitOverlay, HostView
 from policies import SandboxPolicy, host_secrets
+from policies.autorun import UNPROTECT_KEY, home_paths
 from policies.paths import within, within_any
 
 
@@ -65,10 +69,12 @@ class HostSurvey:
     earlier spawns found (looked at again by every later one, so flooding a root with
     directories hides nothing found before), and its repository search."""
 
-    def __init__(self, state: ExecutorState, search: DotGitSearch) -> None:
+    def __init__(self, state: ExecutorState, search: DotGitSearch, linger_s: float = 0.0) -> None:
         self._state = state
         self.search = search
-        self._placeholders = Placeholders(stash=os.path.join(state.path, STASH_DIR))
+        self._placeholders = LingeringPlaceholders(
+            Placeholders(stash=os.path.join(state.path, STASH_DIR)), linger_s
+        )
         # Per deny list: the real paths its names were covered at (`_take`).
         self._deny_seen: dict[tuple[str, ...], dict[str, None]] = {}
         self._shadows = ShadowCache()
@@ -78,6 +84,10 @@ class HostSurvey:
     def release(self, held: tuple[str, ...]) -> None:
         """Give back the host placeholders one survey acquired."""
         self._placeholders.release_all(held)
+
+    def close(self) -> None:
+        """Give back the placeholders kept for a next spawn (the executor closes)."""
+        self._placeholders.close()
 
     def warm(self, policy: SandboxPolicy, mounts: bool, user_policy: SandboxPolicy) -> None:
         """The read-only part of `take` for ``policy``, ahead of its first spawn: the
@@ -138,6 +148,10 @@ class HostSurvey:
             loaded = envrc_chain(user_policy.all_writable_roots(), user_policy.unprotected_paths)
             if loaded:
                 git = replace(git, chain=(*git.chain, *loaded))
+        # A home's own environment a root holds (`policies.autorun.HOME_PATHS`), likewise.
+        home = home_links(user_policy)
+        if home:
+            git = replace(git, chain=(*git.chain, *home))
         found.append(git)
         self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
         gitdirs = git.gitdirs
@@ -182,12 +196,23 @@ class HostSurvey:
         cache_pins = self._cover_cache_homes(roots, covers)
         # Hooks paths and included configs inside a root run or configure the host's git.
         # And the workspace files the installed hooks run (`git_hook_chain.py`).
+        # And a home's environment. The missing ones are held in one ledger transaction.
+        missing: list[tuple[str, bool]] = []
         for path, is_dir in [*self._git_config_targets(gitdirs, roots), *git.chain_targets]:
             if os.path.lexists(path):
                 covers.append(os.path.realpath(path))
-            elif self._placeholders.acquire(path, is_dir):
-                held.append(path)
-                covers.append(path)
+            else:
+                missing.append((path, is_dir))
+        chain_held = self._placeholders.acquire_all(missing)
+        held += chain_held
+        covers += chain_held
+        # A missing linked worktree the host's git dirs name inside a root is held (the
+        # directories on its way pinned), so no command puts a link there that the host's
+        # `git worktree repair` or `remove` then follows out of the roots.
+        worktree_pins, worktree_gaps = _linked_worktrees(gitdirs, roots)
+        gaps_held = self._placeholders.acquire_all((gap, True) for gap in worktree_gaps)
+        held += gaps_held
+        covers += gaps_held
         # The host's own secrets stay hidden whatever the policy's deny_read says.
         denied = denied_paths(policy.deny_read)
         # What these names led to at an earlier spawn stays denied: a command that removed
@@ -227,6 +252,7 @@ class HostSurvey:
             overlays=tuple(overlays),
             pins=(
                 *protected.pins,
+                *worktree_pins,
                 *git.pins(roots),
                 *cache_pins,
                 *_pins_within((*hidden, *deny_dirs, *deny_files), roots),
@@ -290,6 +316,41 @@ class HostSurvey:
                 if within_any(os.path.realpath(path), roots):
                     found.setdefault(path, False)
         return list(found.items())
+
+
+def _linked_worktrees(
+    gitdirs: tuple[str, ...], roots: tuple[str, ...]
+) -> tuple[list[str], list[str]]:
+    """For each missing linked worktree of ``gitdirs`` (`worktrees/<id>/gitdir`) in a root:
+    its first missing component (to hold with a placeholder directory) and the real
+    directories between the root and it (pins: a rename would carry the placeholder away).
+    An existing one is left writable (`git worktree remove` must work); a link put in its
+    place is taken away after the command (`git_spawn.unlink_worktree_links`)."""
+    pins: list[str] = []
+    gaps: list[str] = []
+    for root, worktree in linked_worktree_dirs(gitdirs, roots):
+        gap = _first_missing(worktree, root)
+        if gap is not None:
+            pins += _pins_between(root, gap)
+            gaps.append(gap)
+    return list(dict.fromkeys(pins)), list(dict.fromkeys(gaps))
+
+
+def home_links(policy: SandboxPolicy) -> list[ChainLink]:
+    """The home paths (`HOME_PATHS`) inside ``policy``'s roots, as chain links: covered
+    where they exist (a link among them cannot be: named in the run's partial), held by a
+    placeholder while missing where the entry says so."""
+    links: list[ChainLink] = []
+    for path, entry in home_paths(policy.all_writable_roots(), policy.unprotected_paths):
+        home = os.path.expanduser("~")
+        name = "~/" + os.path.relpath(path, home) if within(path, home) else path
+        why = f"the home's {name}: {entry.reason}; {UNPROTECT_KEY} lifts it"
+        if os.path.islink(path):
+            why = f"the home's {name} is a symlink, which a command can re-point: {entry.reason}"
+            links.append(ChainLink(path, entry.is_dir, why, covered=False))
+        elif entry.hold or os.path.lexists(path):
+            links.append(ChainLink(path, entry.is_dir, why))
+    return links
 
 
 def _a_directory(path: str) -> bool:

@@ -78,7 +78,11 @@ class SandboxServices:
         self.limits = ExecutorLimits()
         self.mount_table = KeptMountTable()  # read at each spawn, again once it changed
         self.git_tree = GitTreeWatch()  # the repository search, kept current by inotify
-        self.survey = HostSurvey(self.state, self.git_tree.find_dotgits)
+        self.survey = HostSurvey(
+            self.state,
+            self.git_tree.find_dotgits,
+            linger_s=config.placeholder_linger_ms / 1000,
+        )
         self.nameservers = resolv_nameservers()
         self.spawn_ids = itertools.count(1)
         self.publications = Publications()
@@ -233,6 +237,9 @@ class SandboxServices:
             return
         self._closed = True
         self.publications.close_all()
+        # Before the state goes: a released placeholder directory moves into its stash.
+        with contextlib.suppress(OSError):
+            self.survey.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
         if self._watch is not None:

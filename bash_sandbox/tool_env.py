@@ -24,6 +24,10 @@
   `npm_config_fetch_retries=0`, `npm_config_fetch_timeout=5000`, `PIP_RETRIES=0`,
   `PIP_TIMEOUT=3`, `UV_HTTP_TIMEOUT=3`, `CARGO_NET_RETRY=0`, `CARGO_HTTP_TIMEOUT=3`,
   `YARN_HTTP_RETRY=0`, `GIT_HTTP_LOW_SPEED_TIME=3`. Go and git fail at once without retrying.
+  And `PIP_DISABLE_PIP_VERSION_CHECK=1`: pip's own update check, on every run, is a refused
+  lookup the result would report after an install that worked.
+- Read-only: `GIT_OPTIONAL_LOCKS=0`, so `git status` does not try to refresh the index (a
+  refused `index.lock` after a status that worked, which pointed users at workspace-write).
 - The egress proxy's variables (`egress.environment`) when the policy has an allowlist.
   A request's own `env` wins over all of these.
 """
@@ -53,6 +57,7 @@ OFFLINE = {
     "CARGO_HTTP_TIMEOUT": "3",
     "YARN_HTTP_RETRY": "0",
     "GIT_HTTP_LOW_SPEED_TIME": "3",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
 # Under an allowlist: no retries still, but timeouts that a slow allowed mirror survives.
 ALLOWLIST_TIMEOUTS = {
@@ -103,6 +108,8 @@ def confined_environment(
         extra |= cache_variables(cache_home)
     elif private_tmp:
         extra |= cache_variables("/tmp/.cache")
+    if policy.mode is SandboxMode.READ_ONLY:
+        extra["GIT_OPTIONAL_LOCKS"] = "0"
     if policy.network is NetworkMode.ISOLATED:
         # Under an allowlist too: a refusal is a 403 the tools would retry for seconds
         # (pip: 12 s); the timeouts stay longer there, for slow but allowed mirrors.

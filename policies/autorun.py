@@ -10,7 +10,9 @@ Shell start-up files are protected where they exist in a root, and also when mis
 in a root that is a home directory (elsewhere a missing `.bashrc` runs nothing); the rest
 are protected whether or not they exist. A missing one is held by an empty read-only
 *directory* placeholder, whatever its kind: git ignores empty directories, so `git status`
-and `git add -A` in the workspace never see them.
+and `git add -A` in the workspace never see them; those without a leading dot, which a
+shell's `*` matches, by an empty file. The command's own git ignores all of them
+(`bash_sandbox/git_excludes.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import pwd
+from dataclasses import dataclass
 from types import MappingProxyType
 
 AUTORUN_PATHS: MappingProxyType[str, str] = MappingProxyType(
@@ -73,6 +76,120 @@ SHELL_RC_PATHS: MappingProxyType[str, str] = MappingProxyType(
 
 DEFAULT_AUTORUN_PATHS: tuple[str, ...] = (*AUTORUN_PATHS, *SHELL_RC_PATHS)
 
+
+@dataclass(frozen=True)
+class HomePath:
+    """A name in a home directory the host runs or obeys later: ``is_dir`` its kind,
+    ``hold``: held by a placeholder while missing (else covered only where it exists)."""
+
+    is_dir: bool
+    hold: bool
+    reason: str
+
+
+_RUNS_ON_PATH = "its programs are on the user's PATH"
+# A home's own environment: protected wherever a writable root holds it (a workspace that is
+# the home, a root `~/.config` or `/home`), apart from the root itself. Broad entries cover
+# a home root; the specific ones below them cover a root that is one of those directories.
+HOME_PATHS: MappingProxyType[str, HomePath] = MappingProxyType(
+    {
+        ".config": HomePath(True, True, "programs read their settings and start-up entries "
+                            "from it (git, direnv, systemd, editors, bash-sandbox itself)"),
+        ".config/bash-sandbox": HomePath(True, True, "bash-sandbox reads its own "
+                                         "configuration from it"),
+        ".config/git": HomePath(True, True, "host git reads its config from it in every "
+                                "repository"),
+        ".config/direnv": HomePath(True, True, "direnv reads its whitelist and direnvrc "
+                                   "from it"),
+        ".config/systemd": HomePath(True, True, "systemd starts the user services it names"),
+        ".config/autostart": HomePath(True, True, "the desktop session starts what it names"),
+        ".config/environment.d": HomePath(True, True, "the user's session takes the "
+                                          "variables it sets"),
+        ".local": HomePath(True, True, "it holds programs on the user's PATH, Python's user "
+                           "site-packages and direnv's allow records"),
+        ".local/bin": HomePath(True, True, _RUNS_ON_PATH),
+        ".local/lib": HomePath(True, True, "Python runs the .pth files of the user's "
+                               "site-packages"),
+        ".local/share": HomePath(True, True, "direnv's allow records, installed tools and "
+                                 "desktop entries live in it"),
+        ".local/state": HomePath(True, True, "agents keep their session logs in it"),
+        ".cache": HomePath(True, True, "host tools reuse what their caches hold"),
+        "bin": HomePath(True, True, "a login shell puts it on the user's PATH"),
+        ".gitconfig": HomePath(False, True, "host git reads it in every repository"),
+        ".bash_aliases": HomePath(False, True, "the user's .bashrc sources it"),
+        ".bashrc.d": HomePath(True, False, "the user's .bashrc sources it"),
+        ".pam_environment": HomePath(False, True, "the login sets the variables it names"),
+        ".npmrc": HomePath(False, True, "npm takes the scripts' shell and options from it"),
+        ".claude.json": HomePath(True, True, "Claude Code starts the MCP servers it names"),
+        ".vimrc": HomePath(False, True, "vim runs it"),
+        ".vim": HomePath(True, False, "vim runs its plugins"),
+        ".emacs": HomePath(False, False, "Emacs runs it"),
+        ".emacs.d": HomePath(True, False, "Emacs runs its init files"),
+        ".gdbinit": HomePath(False, True, "gdb runs it"),
+        ".hgrc": HomePath(False, False, "Mercurial runs the hooks it names"),
+        ".yarnrc": HomePath(False, False, "yarn takes its options from it"),
+        ".yarnrc.yml": HomePath(False, False, "yarn runs the yarnPath it names"),
+        ".condarc": HomePath(False, False, "conda installs from the channels it names"),
+        ".pip": HomePath(True, False, "pip installs from the indexes its config names"),
+        ".pydistutils.cfg": HomePath(False, False, "Python's build tools take options "
+                                     "from it"),
+        ".tmux.conf": HomePath(False, False, "tmux runs the commands it names"),
+        ".xinitrc": HomePath(False, False, "the X session runs it"),
+        ".xprofile": HomePath(False, False, "the X session runs it"),
+        ".xsession": HomePath(False, False, "the X session runs it"),
+        ".xsessionrc": HomePath(False, False, "the X session runs it"),
+        ".docker": HomePath(True, False, "docker runs the credential helpers its config "
+                            "names"),
+        ".kube": HomePath(True, False, "kubectl runs the exec plugins its config names"),
+        ".aws": HomePath(True, False, "the AWS tools run the credential_process it names"),
+        ".gnupg": HomePath(True, False, "gpg runs the programs its config names"),
+        ".m2": HomePath(True, False, "Maven builds with what its settings and repository "
+                        "hold"),
+        ".gradle": HomePath(True, False, "Gradle runs its init scripts"),
+        ".npm": HomePath(True, False, "npm installs what its cache holds"),
+        ".cargo": HomePath(True, False, f"cargo runs what its config names; {_RUNS_ON_PATH}"),
+        ".rustup": HomePath(True, False, _RUNS_ON_PATH),
+        ".pyenv": HomePath(True, False, _RUNS_ON_PATH),
+        ".rbenv": HomePath(True, False, _RUNS_ON_PATH),
+        ".nvm": HomePath(True, False, _RUNS_ON_PATH),
+        ".volta": HomePath(True, False, _RUNS_ON_PATH),
+        ".bun": HomePath(True, False, _RUNS_ON_PATH),
+        ".deno": HomePath(True, False, _RUNS_ON_PATH),
+        ".asdf": HomePath(True, False, _RUNS_ON_PATH),
+        ".sdkman": HomePath(True, False, _RUNS_ON_PATH),
+        "go": HomePath(True, False, f"{_RUNS_ON_PATH} (go install)"),
+        ".terraformrc": HomePath(False, False, "Terraform installs the providers it names"),
+    }
+)  # fmt: skip
+
+
+def home_paths(
+    roots: tuple[str, ...], unprotected: tuple[str, ...] = ()
+) -> list[tuple[str, HomePath]]:
+    """The `HOME_PATHS` of every home (this user's and each account's) that lie inside one
+    of ``roots`` (real paths), each with its entry; not a root itself, not one
+    ``unprotected`` names (relative to its root, or to its home)."""
+    found: dict[str, HomePath] = {}
+    for home in _homes(os.path.expanduser("~")):
+        for root in roots:
+            if not (_within(home, root) or _within(root, home)):
+                continue  # most roots: a project somewhere, nothing of a home's own
+            for name, entry in HOME_PATHS.items():
+                path = os.path.join(home, name)
+                if path == root or not _within(path, root):
+                    continue
+                if name in unprotected or os.path.relpath(path, root) in unprotected:
+                    continue
+                found.setdefault(path, entry)
+    # Below a broad entry that is always covered (`.config` in a home root): covered with it.
+    held = [p for p, e in found.items() if e.hold]
+    return [(p, e) for p, e in found.items() if not any(_within(p, h) and p != h for h in held)]
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
 UNPROTECT_KEY = "unprotected_paths"
 
 
@@ -102,8 +219,10 @@ def needs_placeholder(name: str, root: str, *, real_root: str | None = None) -> 
 
 
 def directory_placeholder(name: str) -> bool:
-    """Whether a missing ``name`` is held by a directory even when it names a file."""
-    return autorun_reason(name) is not None
+    """Whether a missing ``name`` is held by a directory even when it names a file: an
+    auto-run name, but for those a shell's `*` matches (`opencode.json`): held by an empty
+    file, which `grep x *` or `cat *.json` reads as nothing, where a directory failed them."""
+    return autorun_reason(name) is not None and name.startswith(".")
 
 
 def protected_label(name: str) -> str:

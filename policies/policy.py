@@ -176,6 +176,10 @@ def _checked_names(value: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(str(PurePosixPath(v)) for v in value)
 
 
+# Trees every confined command's view makes its own: a cover on the host's is no cover.
+_OWN_TREES = ("/proc", "/dev")
+
+
 class SandboxPolicy(BaseModel):
     """Everything a backend needs to confine one command; resolved, canonical and immutable.
 
@@ -246,6 +250,31 @@ class SandboxPolicy(BaseModel):
             if problem is not None:
                 raise ValueError(problem)
         return data
+
+    @model_validator(mode="after")
+    def _a_view_that_can_be_built(self) -> SandboxPolicy:
+        # What no backend can confine as asked is the request's error, never a spawn's
+        # `SandboxUnavailableError` (that tells a harness the host cannot confine) nor a
+        # silent gap (Landlock ignored a deny of `/` or in `/proc`; a red team's).
+        roots = (self.workspace_root, *self.writable_roots)
+        for path in self.deny_read:
+            if path == "/" or any(within(path, top) for top in _OWN_TREES):
+                raise ValueError(
+                    f"deny_read cannot hide {path!r}: every command's view has its own /proc "
+                    "and /dev, and / is the view itself; name the files to hide instead"
+                )
+            holder = next((r for r in roots if within(r, path)), None)
+            if holder is not None:
+                raise ValueError(
+                    f"deny_read {path!r} would hide the root {holder} (a command could not "
+                    "even enter it); name the secrets beside the root instead"
+                )
+        for root in self.writable_roots:
+            if any(within(root, top) for top in (*_OWN_TREES, "/sys")):
+                raise ValueError(f"writable root {root!r}: the kernel's own files, never a root")
+            if os.path.lexists(root) and not os.path.isdir(root):
+                raise ValueError(f"writable root {root!r} is not a directory")
+        return self
 
     @model_validator(mode="after")
     def _unprotected_names(self) -> SandboxPolicy:

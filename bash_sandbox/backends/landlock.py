@@ -61,6 +61,7 @@ from bash_sandbox.linux.child_setup import (
     CLONE_NEWIPC,
     CLONE_NEWNS,
     CLONE_NEWPID,
+    CLONE_NEWUSER,
     CLONE_NEWUTS,
     MS_NODEV,
     MS_NOEXEC,
@@ -227,6 +228,15 @@ def landlock_child_setup(
     for overlay in ctx.view.overlays:
         if not any(within(overlay.gitdir, r) for r in roots):
             setup.landlock_allow(ruleset_fd, overlay.gitdir, (READ_RIGHTS | WRITE_RIGHTS) & handled)
+    if ctx.namespaces is not None and ctx.namespaces.user is not None:
+        # The executor's user namespace maps its uid to 0, which mounting the view needs; the
+        # command runs as the user it is (as under bwrap): `id`, file owners, and programs
+        # that refuse root (PostgreSQL's `initdb`) see that uid. The new namespace gives its
+        # capabilities to nobody: they are all dropped below, and its uid is not 0.
+        setup.unshare(CLONE_NEWUSER)
+        setup.write_file("/proc/self/setgroups", b"deny")
+        setup.write_file("/proc/self/uid_map", f"{os.getuid()} 0 1".encode())
+        setup.write_file("/proc/self/gid_map", f"{os.getgid()} 0 1".encode())
     setup.drop_all_capabilities()
     setup.no_new_privs()
     setup.landlock_restrict(ruleset_fd)

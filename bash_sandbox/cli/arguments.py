@@ -23,6 +23,8 @@ from policies import NetworkMode, SandboxMode
 from policies.units import parse_size
 
 PROG = "bash-sandbox"
+# `run --stdin` reads the input whole before the command starts: bounded like its output.
+STDIN_MAX_BYTES = 64 << 20
 
 
 class UsageError(Exception):
@@ -231,6 +233,13 @@ def build_parser(version: str | Callable[[], str]) -> CliArgumentParser:
         "--json",
         action="store_true",
         help="print the whole result as JSON on stdout instead of streaming the output",
+    )
+    run.add_argument(
+        "--stdin",
+        action="store_true",
+        help="give the command this process's standard input (read to its end before the "
+        f"command starts, at most {STDIN_MAX_BYTES >> 20} MiB); without it the command's is "
+        "empty",
     )
     run.add_argument(
         "command",

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from bash_sandbox.cli.arguments import (
     PROG,
+    STDIN_MAX_BYTES,
     CliArgumentParser,
     UsageError,
     build_parser,
@@ -104,6 +105,19 @@ def _open_session(path: str) -> JsonlSessionLog:
             EXIT_USAGE,
             "SESSION_UNREADABLE",
         ) from None
+
+
+def _read_stdin() -> bytes:
+    """`run --stdin`: this process's standard input, whole (bounded)."""
+    data = sys.stdin.buffer.read(STDIN_MAX_BYTES + 1)
+    if len(data) > STDIN_MAX_BYTES:
+        raise CliError(
+            f"--stdin: more than {STDIN_MAX_BYTES >> 20} MiB of input; give the command a file "
+            "in the workspace instead",
+            EXIT_USAGE,
+            "STDIN_TOO_LARGE",
+        )
+    return data
 
 
 def _refuse_writable_session(path: str, config: SandboxBashConfig) -> None:
@@ -376,7 +390,10 @@ def _cmd_run(
             raise CliError(f"config error: {exc.detail}", EXIT_USAGE, "CONFIG_INVALID") from None
         mode = executor.policy_service.resolve_mode(session, args.mode)
         request = BashExecRequest(
-            command=command_text(args.command), workdir=workdir, sandbox_mode=mode
+            command=command_text(args.command),
+            workdir=workdir,
+            sandbox_mode=mode,
+            stdin=_read_stdin() if args.stdin else None,
         )
         reported: list[int] = []
 

@@ -9,12 +9,16 @@ bidirectional controls that reorder what is displayed (and the Unicode line and 
 separators) as `\\u202e`. Newline, tab and a `\\r` directly before a newline (CRLF) are
 kept. UTF-8 text stays intact, also when a character is split across two chunks.
 
-Only for terminals: when the CLI's stream is a pipe or a file, the bytes go out exact.
+Only for terminals: when the CLI's stream is a pipe or a file, the bytes go out exact. A
+terminal whose locale is not UTF-8 gets every non-ASCII character as `\\u00dd` too: an
+8-bit terminal reads the second byte of `Ý` (C3 9D) as the C1 control OSC, of `Û` as CSI (a
+red team set the title and cleared the screen that way).
 """
 
 from __future__ import annotations
 
 import codecs
+import locale
 
 _KEPT = {ord("\n"), ord("\t")}
 # Reorder the displayed text without being visible themselves ("Trojan Source"): the
@@ -41,15 +45,24 @@ def _visible_forms() -> dict[int, str]:
 VISIBLE_FORMS = _visible_forms()
 
 
-def render_visible(text: str) -> str:
-    """``text`` with every control character shown as inert text (CRLF kept)."""
-    return "\r\n".join(part.translate(VISIBLE_FORMS) for part in text.split("\r\n"))
+def render_visible(text: str, *, ascii_only: bool = False) -> str:
+    """``text`` with every control character shown as inert text (CRLF kept); with
+    ``ascii_only``, every non-ASCII character too."""
+    shown = "\r\n".join(part.translate(VISIBLE_FORMS) for part in text.split("\r\n"))
+    return shown.encode("ascii", "backslashreplace").decode("ascii") if ascii_only else shown
+
+
+def utf8_terminal() -> bool:
+    """Whether the locale says the terminal reads UTF-8 (Python reads the C locale as
+    C.UTF-8, PEP 538: only a locale naming another charset says no)."""
+    return codecs.lookup(locale.getpreferredencoding(False)).name == "utf-8"
 
 
 class TerminalRenderer:
     """One output stream, chunk by chunk, rendered for a terminal (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, ascii_only: bool = False) -> None:
+        self._ascii_only = ascii_only
         # backslashreplace: an invalid byte becomes the visible text `\xff`, never U+FFFD
         # that hides what the command wrote; an incomplete character waits for its rest.
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
@@ -70,4 +83,4 @@ class TerminalRenderer:
         if text.endswith("\r") and not final:
             text = text[:-1]
             self._held_cr = True
-        return render_visible(text)
+        return render_visible(text, ascii_only=self._ascii_only)

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import TextIO
 
-from bash_sandbox.cli.render import TerminalRenderer, render_visible
+from bash_sandbox.cli.render import TerminalRenderer, render_visible, utf8_terminal
 
 
 def is_terminal(stream: TextIO) -> bool:
@@ -52,7 +52,8 @@ class StreamSink:
     def __init__(self, stream: TextIO, *, render: bool) -> None:
         self._stream = stream
         self._binary = getattr(stream, "buffer", None)
-        self._renderer = TerminalRenderer() if render else None
+        self._ascii_only = render and not utf8_terminal()
+        self._renderer = TerminalRenderer(ascii_only=self._ascii_only) if render else None
         # A text-only stream (no .buffer) gets the bytes decoded, a split character joined.
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.ends_line = True  # the last thing written ended a line (or nothing was written)
@@ -84,7 +85,8 @@ class StreamSink:
         name paths the command chose (a refused file, a repository it made): on a terminal
         they are rendered like the output, so a name cannot carry an escape sequence."""
         if not self.closed:
-            self._write_text(render_visible(text) if self._renderer is not None else text)
+            shown = render_visible(text, ascii_only=self._ascii_only)
+            self._write_text(shown if self._renderer is not None else text)
             self.ends_line = text.endswith("\n")
 
     def _write_text(self, text: str) -> None:

@@ -40,8 +40,10 @@ from bash_sandbox.git_import.view import (
     build_view,
     scan_upper,
 )
+from bash_sandbox.safe_read import read_regular
 from bash_seam import GitImportOutcome, GitImportStatus, GitRefConflict
 from policies.paths import within as within_path
+from policies.paths import within_any
 
 IMPORT_DIR = "import"
 INTENT = "intent.json"
@@ -52,8 +54,13 @@ UNIMPORTED = "unimported"
 _INTENT_PAGE = 4096
 KEEP_NAMESPACE = "refs/bash-sandbox"
 _CARRIER = "refs/bash-sandbox-import"
+# A linked worktree's links to its checkout and to the common dir (checked on their own).
+_WORKTREE_LINKS = frozenset({"gitdir", "commondir", "locked"})
 _CONTROL = frozenset({"config", "config.worktree", "commondir", "hooks", "info", "description"})
 _GITLINK = "160000"
+# Refs a command may move forward from a value the host gave them meanwhile (git's own
+# fast-forward rule for branches and remote-tracking refs; a tag never moves that way).
+_FAST_FORWARD = ("refs/heads/", "refs/remotes/")
 _INTENT_TO_ADD = 1 << 29
 # One entry of `git ls-files -s -z --debug`: the NUL-terminated line, then git's fixed lines.
 _DEBUG_ENTRY = re.compile(
@@ -75,8 +82,9 @@ class Snapshot:
     # Submodules' git directories below `modules/`: their own snapshots (as dicts).
     modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     taken_ns: int = 0  # when it was taken (0: unknown)
-    # The command's writable roots: a new linked worktree must lie in one (none recorded,
-    # an intent written before they were: no new worktree is taken).
+    # The command's writable roots: a new linked worktree, and any worktree (linked or
+    # main) whose HEAD, index or state is imported, must lie in one (none recorded, an
+    # intent written before they were: neither is taken).
     roots: list[str] = field(default_factory=list)
 
 
@@ -112,8 +120,8 @@ def _admins(gitdir: str) -> list[str]:
 
 def _read_head(gitdir: str, admin: str) -> str | None:
     try:
-        with open(os.path.join(gitdir, admin, "HEAD"), "rb") as fh:
-            return fh.read(4096).decode(errors="replace")
+        # Not a plain open: a FIFO a command left in a repository it made stalled the loop.
+        return read_regular(os.path.join(gitdir, admin, "HEAD"), 4096).decode(errors="replace")
     except OSError:
         return None
 
@@ -256,8 +264,16 @@ class _Importer:
         self.result = ImportResult()
         self._n = 0
         self.reflogs: list[tuple[str, str]] = []  # (admin, `logs/<ref>`)
+        # What the plan writes over a host reflog (`[worktrees/<name>/]logs/<ref>`; None: removed).
+        self.reflog_writes: dict[str, bytes | None] = {}
         self.index_blobs: dict[str, list[str]] = {}  # admin -> blobs its new index names
         self.view_refs: dict[str, str] = {}  # the command's refs, as git read them
+        self.within: dict[str, bool] = {}  # admin -> whether its worktree lies in the roots
+        # Refs the host moved meanwhile that the command changed too -> the host's value:
+        # a fast-forward when git finds it an ancestor of the command's (`settle`).
+        self.fast_forwards: dict[str, str] = {}
+        self.forwarded: set[str] = set()  # those git found to be fast-forwards
+        self.index_on: dict[str, str] = {}  # admin -> that ref its changed index rides on
 
     def _stash(self, data: bytes) -> str:
         """A checked copy in the work dir (what the transaction writes, and a recovery)."""
@@ -271,8 +287,7 @@ class _Importer:
         return path
 
     def _read(self, rel: str, limit: int = sf.MAX_TEXT) -> bytes:
-        with open(os.path.join(self.upper, rel), "rb") as fh:
-            data = fh.read(limit + 1)
+        data = read_regular(os.path.join(self.upper, rel), limit + 1)
         if len(data) > limit:
             raise sf.StateRefused(f"{rel} is larger than {limit} bytes")
         return data
@@ -295,7 +310,7 @@ class _Importer:
             top = sub.split("/")[0]
             if rel.startswith("modules/") or rel == "modules":
                 continue  # submodules' git directories: imported each on its own
-            if admin and sub in ("gitdir", "commondir", "locked"):
+            if admin and sub in _WORKTREE_LINKS:
                 if kind == "file":
                     loose.add(f"{admin}\0{sub}")
                 continue
@@ -337,6 +352,7 @@ class _Importer:
         view_refs = self.view_refs = host_refs(self.view)
         start = self.snap.refs or {}
         names = sorted(set(start) | set(view_refs))
+        outside: dict[str, str] | None = None  # read at the first ref that changed
         for name in names:
             if name.startswith((KEEP_NAMESPACE + "/", _CARRIER + "/")):
                 continue
@@ -353,7 +369,17 @@ class _Importer:
                 if broken.returncode == 0:
                     self.plan.refused.append(f"{name}: names an object that does not exist")
                     continue
-            if h != s:
+            outside = self._checked_out_outside() if outside is None else outside
+            if name in outside:
+                # That checkout's `git status`, `checkout .` and `reset --hard` would then
+                # write the command's tree outside every root: the ref stays the host's.
+                where = outside[name] or "the main worktree"
+                why = f"checked out in {where}, a worktree outside the writable roots"
+                self.result.denials.append((name, why))
+                self.plan.conflicts.append(GitRefConflict(name=name, host=h, command=c))
+            elif h != s and h is not None and c is not None and name.startswith(_FAST_FORWARD):
+                self.fast_forwards[name] = h  # decided once the command's objects are the host's
+            elif h != s:
                 self.plan.conflicts.append(GitRefConflict(name=name, host=h, command=c))
             self.plan.refs.append(RefChange(name, c, s))
             if c is not None:
@@ -486,7 +512,17 @@ class _Importer:
             self.plan.conflicts.append(
                 GitRefConflict(name=os.path.join(admin, "HEAD"), host=head_now, command="index")
             )
-        if _identity(host_index) != self.snap.indexes.get(admin):
+        branch = _branch(head_now)
+        if (
+            head_now == self.snap.heads.get(admin)
+            and branch is not None
+            and branch in self.fast_forwards
+            and admin not in {h.admin for h in self.plan.heads}
+        ):
+            # Staged on a tip the host moved forward (another import, say): taken only if
+            # the host's index is that tip's tree (`settle`, then under git's index lock).
+            self.index_on[admin] = branch
+        elif _identity(host_index) != self.snap.indexes.get(admin):
             self.plan.conflicts.append(
                 GitRefConflict(name=os.path.join(admin, "index"), host="changed", command="changed")
             )
@@ -558,8 +594,7 @@ class _Importer:
         os.makedirs(out)
         try:
             for name, path in sorted(merged.items()):
-                with open(path, "rb") as fh:
-                    data = fh.read(sf.MAX_TEXT + 1)
+                data = read_regular(path, sf.MAX_TEXT + 1)
                 checked = sf.check_state_file(f"{top}/{name}", path, data)
                 with open(os.path.join(out, name), "wb") as fh:
                     fh.write(checked.data)
@@ -595,6 +630,7 @@ class _Importer:
             self.result.denials.append((rel, "the host's reflog changed meanwhile; kept"))
             return
         if rel in self.scan.whiteouts:
+            self.reflog_writes[rel] = None
             self.plan.files.append(FileChange(head, base, None))
             return
         try:
@@ -604,7 +640,74 @@ class _Importer:
             return
         for i, oid in enumerate(o for o in oids if o in missing):
             self.plan.carrier[f"logs/{admin}/{name}/{i}".replace("//", "/")] = oid
+        self.reflog_writes[rel] = data
         self.plan.files.append(FileChange(head, base, self._stash(data)))
+
+    def plan_kept(self, host_now: dict[str, str]) -> None:
+        """Keep-refs, moved in the same transaction as the rest, for each commit the host
+        reached through a ref, a HEAD or a reflog that the import would leave unreachable:
+        entries the command removed from a reflog (`git reflog expire`, `git stash drop`),
+        a ref it deleted (git deletes its reflog with it), a worktree it removed. So the
+        host's `git gc` never loses one of its commits through the import."""
+        deleted = {f"logs/{c.name}" for c in self.plan.refs if c.new is None}
+        removed = {
+            f.rel for f in self.plan.files if not f.source and f.rel.startswith("worktrees/")
+        }
+        gone = {c.old or "" for c in self.plan.refs}
+        gone |= {_detached(self.plan.old_heads.get(h.admin)) for h in self.plan.heads}
+        for admin in removed:
+            gone |= self._host_reflog(os.path.join(admin, "logs", "HEAD"))
+            gone.add(_detached(_read_head(self.gitdir, admin)))
+        after: set[str] = set()  # named by a reflog the import leaves: reachable through it
+        for rel in {*self.reflog_writes, *(f"logs/{c.name}" for c in self.plan.refs)}:
+            host = self._host_reflog(rel)
+            if rel in self.reflog_writes:
+                final = sf.reflog_oids(self.reflog_writes[rel] or b"", self.hexlen)
+            else:
+                final = set() if rel in deleted else host  # git appends to a reflog it keeps
+            gone |= host - final
+            after |= final
+        gone -= {*after, "", "0" * self.hexlen}
+        if not gone:
+            return
+        refs = {**host_now, **{c.name: c.new or "" for c in self.plan.refs}}
+        heads = {a: _read_head(self.gitdir, a) for a in _admins(self.gitdir) if a not in removed}
+        for change in self.plan.heads:
+            assert change.source is not None
+            with open(change.source, "rb") as fh:
+                heads[change.admin] = fh.read().decode(errors="replace")
+        for admin in heads:
+            if os.path.join(admin, "logs", "HEAD") not in self.reflog_writes:
+                after |= self._host_reflog(os.path.join(admin, "logs", "HEAD"))
+        stays = {*refs.values(), *map(_detached, heads.values()), *after} - {""}
+        # Git's walk from the lost ids, stopped at all that stays (tags peeled; trees, blobs
+        # and ids the host lacks skipped): the tips of what it finds are kept.
+        walk = git(
+            self.gitdir,
+            "rev-list",
+            "--parents",
+            "--ignore-missing",
+            "--stdin",
+            input="".join(
+                [*(f"{o}\n" for o in sorted(gone)), *(f"^{o}\n" for o in stays)]
+            ).encode(),
+        )
+        lost: dict[str, None] = {}
+        parents: set[str] = set()
+        for line in walk.stdout.decode().splitlines():
+            commit, *above = line.split()
+            lost[commit] = None
+            parents.update(above)
+        prefix = f"{KEEP_NAMESPACE}/{self.snap.run_id}-kept"
+        for i, oid in enumerate(o for o in lost if o not in parents):
+            self.plan.refs.append(RefChange(f"{prefix}/{i}", oid, None))
+
+    def _host_reflog(self, rel: str) -> set[str]:
+        try:
+            data = read_regular(os.path.join(self.gitdir, rel), 8 * sf.MAX_TEXT)
+        except OSError:
+            return set()
+        return sf.reflog_oids(data, self.hexlen)
 
     def _missing(self) -> tuple[set[str], frozenset[str]]:
         """The objects the reflogs name that the host lacks (imported, with keep-refs), and
@@ -633,18 +736,26 @@ class _Importer:
 
     def run(self, *, keep_only: bool) -> ImportResult:
         heads, indexes, dirs, loose = self.classify()
-        # A linked worktree outside the roots: its HEAD, index and state stay the host's
-        # (the user's `git restore` or `checkout` there would write what the command staged,
-        # outside every root; a red team staged an executable there).
-        for admin in sorted({a for a in (*heads, *indexes, *dirs) if a}):
-            if not self._worktree_within_roots(admin):
+        # A worktree outside the roots, linked or the main one (the workspace a linked
+        # worktree of a checkout elsewhere): its HEAD, index, state and HEAD reflog stay the
+        # host's (the user's `git restore`, `checkout`, `merge --abort` or `checkout -`
+        # there would write what the command planted, outside every root; a red team
+        # staged an executable there).
+        state = {k for k in loose if k.split("\0")[1] not in _WORKTREE_LINKS}
+        # A worktree's own reflogs: all of a linked one's admin dir, the main one's `HEAD`.
+        own_logs = {(a, sub) for a, sub in self.reflogs if a or sub == "logs/HEAD"}
+        touched = {*heads, *indexes, *dirs, *(k.split("\0")[0] for k in state)}
+        for admin in sorted(touched | {a for a, _ in own_logs}):
+            if not self._within_roots(admin):
                 self.plan.refused.append(
-                    f"{admin}: a worktree outside the writable roots; its HEAD, index and "
-                    "state stay the host's"
+                    f"{admin or '.'}: a worktree outside the writable roots; its HEAD, index, "
+                    "state and HEAD reflog stay the host's"
                 )
                 heads.discard(admin)
                 indexes.discard(admin)
                 dirs.pop(admin, None)
+                loose -= {k for k in state if k.split("\0")[0] == admin}
+                self.reflogs = [r for r in self.reflogs if r[0] != admin or r not in own_logs]
         for rel in self.scan.refused:
             self.plan.refused.append(rel)
         host_now = host_refs(self.gitdir)
@@ -676,10 +787,12 @@ class _Importer:
         kept = keep_prefix if keep_refs else None
         if keep_only:
             return self.result
+        self.settle()
         if plan.refused:
             return self._outcome(GitImportStatus.REFUSED, kept=kept)
         if plan.conflicts:
             return self._outcome(GitImportStatus.CONFLICT, kept=kept)
+        self.plan_kept(host_now)
         journal = Journal(
             gitdir=self.gitdir,
             run_id=self.snap.run_id,
@@ -723,6 +836,31 @@ class _Importer:
             return self._outcome(GitImportStatus.PARTIAL, applied=applied)
         return self._outcome(GitImportStatus.APPLIED, applied=applied)
 
+    def settle(self) -> None:
+        """Each ref the host moved meanwhile that the command changed too: a fast-forward
+        when git finds the host's value an ancestor of the command's (its objects are the
+        host's now, checked), then moved with a compare-and-swap on the host's value, so a
+        host change racing the import is still a conflict; any other is a conflict, and so
+        is an index staged on it."""
+        changes = {c.name: c for c in self.plan.refs}
+        for name, host in sorted(self.fast_forwards.items()):
+            change = changes[name]
+            assert change.new is not None
+            done = git(self.gitdir, "merge-base", "--is-ancestor", host, change.new, check=False)
+            if done.returncode == 0:
+                change.old = host
+                self.forwarded.add(name)
+            else:
+                self.plan.conflicts.append(GitRefConflict(name=name, host=host, command=change.new))
+        for admin, name in sorted(self.index_on.items()):
+            index = os.path.join(self.gitdir, admin, "index")
+            if name not in self.forwarded and _identity(index) != self.snap.indexes.get(admin):
+                self.plan.conflicts.append(
+                    GitRefConflict(
+                        name=os.path.join(admin, "index"), host="changed", command="changed"
+                    )
+                )
+
     def _unchanged_under_lock(self, journal: Journal) -> None:
         """Each index the plan rebuilt, checked again now that git's own `index.lock` is
         ours (git's rule: lock, then compare): a host `git add` or `git commit` while the
@@ -732,30 +870,80 @@ class _Importer:
         moved = {c.name for c in journal.refs}  # compared and swapped by the ref update
         for change in journal.indexes:
             admin = change.admin
-            if _identity(os.path.join(self.gitdir, admin, "index")) != self.snap.indexes.get(admin):
+            index = os.path.join(self.gitdir, admin, "index")
+            if admin in self.index_on:
+                changed = not self._only_tip(admin)  # on a fast-forward: the tip's tree only
+            else:
+                changed = _identity(index) != self.snap.indexes.get(admin)
+            if changed:
                 raise Conflict(os.path.join(admin, "index"), "changed", "changed")
             head = _read_head(self.gitdir, admin)
             if head != self.snap.heads.get(admin):
                 raise Conflict(os.path.join(admin, "HEAD"), head, "index")
-            branch = head[5:].strip() if head and head.startswith("ref: ") else None
+            branch = _branch(head)
             if branch is None or branch in moved:
                 continue
             refs = host_refs(self.gitdir) if refs is None else refs
             if refs.get(branch) != (self.snap.refs or {}).get(branch):
                 raise Conflict(branch, refs.get(branch), "index")
 
+    def _only_tip(self, admin: str) -> bool:
+        """Whether the host's index of ``admin`` is exactly the tree of the host's value of
+        the ref its new index rides on (`index_on`, a fast-forward): nothing the host
+        staged is lost when it is replaced. Asked under git's index lock."""
+        name = self.index_on[admin]
+        if name not in self.forwarded:
+            return False
+        env = git_env(GIT_INDEX_FILE=os.path.join(self.gitdir, admin, "index"))
+        args = ("diff-index", "--cached", "--quiet", self.fast_forwards[name], "--")
+        return git(self.gitdir, *args, env=env, check=False).returncode == 0
+
+    def _checked_out_outside(self) -> dict[str, str]:
+        """The branch each worktree outside the roots has checked out (its `HEAD`'s target,
+        as git reads the host's admin dir) -> that admin dir."""
+        found: dict[str, str] = {}
+        for admin in _admins(self.gitdir):
+            if self._within_roots(admin):
+                continue
+            got = git(os.path.join(self.gitdir, admin), "symbolic-ref", "-q", "HEAD", check=False)
+            if got.returncode == 0:
+                found[got.stdout.decode(errors="surrogateescape").rstrip("\n")] = admin
+        return found
+
+    def _within_roots(self, admin: str) -> bool:
+        if admin not in self.within:
+            self.within[admin] = self._worktree_within_roots(admin)
+        return self.within[admin]
+
     def _worktree_within_roots(self, admin: str) -> bool:
-        """Whether the linked worktree of ``admin`` (`worktrees/<name>`) lies in the roots,
-        as git reads its `gitdir` (the host's, else the one the command added)."""
+        """Whether the worktree of ``admin`` lies in the roots: a linked one
+        (`worktrees/<name>`) as git reads its `gitdir` (the host's, else the one the command
+        added); the main one ("") as `_main_worktree` finds it."""
+        if not admin:
+            main = self._main_worktree()
+            return main is None or within_any(os.path.realpath(main), self.snap.roots)
         for base in (self.gitdir, self.upper):
             try:
-                with open(os.path.join(base, admin, "gitdir"), "rb") as fh:
-                    data = fh.read(sf.MAX_TEXT)
+                data = read_regular(os.path.join(base, admin, "gitdir"), sf.MAX_TEXT)
             except OSError:
                 continue
             # `gitdir` names the worktree's `.git` file: the worktree is its directory.
             return sf.worktree_inside(data, self.snap.roots)
         return False
+
+    def _main_worktree(self) -> str | None:
+        """The main worktree of this git directory as git finds it: `core.worktree` in the
+        host's config (relative to the git directory; read by git, with `config.worktree`
+        where the repository uses it), else the directory holding a git directory named
+        `.git`. None for one with neither (bare, or a separate git directory reached
+        through a `.git` file in a root): no checkout of its own to write."""
+        got = git(self.gitdir, "config", "--get", "core.worktree", check=False)
+        value = os.fsdecode(got.stdout.rstrip(b"\n")) if got.returncode == 0 else ""
+        if value:
+            return os.path.join(self.gitdir, value)
+        if os.path.basename(self.gitdir) == ".git":
+            return os.path.dirname(self.gitdir)
+        return None
 
     def _transfer(self, keep_prefix: str) -> dict[str, str] | None:
         """Every object the plan names, into the host's store through `git fetch` with git's
@@ -864,6 +1052,16 @@ def _loose_temps(gitdir: str, since_ns: int) -> set[str]:
                     if e.name.startswith("tmp_") and e.stat().st_mtime_ns >= since_ns
                 )
     return found
+
+
+def _branch(head: str | None) -> str | None:
+    """The ref a raw HEAD names when symbolic, as the import writes one; None otherwise."""
+    return head[5:].strip() if head and head.startswith("ref: ") else None
+
+
+def _detached(head: str | None) -> str:
+    """The object id a raw HEAD names when detached; "" for a branch or none."""
+    return "" if head is None or head.startswith("ref:") else head.strip()
 
 
 def _hexlen(snap: Snapshot) -> int:
@@ -975,6 +1173,7 @@ def _import_modules(snap: Snapshot, base: str, result: ImportResult, *, keep_onl
             os.path.join(base, f"new{j}"),
             run_id=f"{snap.run_id}-new{j}",
             worktree_within=os.path.dirname(snap.gitdir),
+            roots=snap.roots,
         )
         result.modules += [o for o in (made.outcome, *made.modules) if o is not None]
         result.denials += _module_denials(rel, made.denials)
@@ -1053,6 +1252,7 @@ def import_created(
     *,
     run_id: str,
     worktree_within: str | None = None,
+    roots: Iterable[str] = (),
 ) -> ImportResult:
     """Make ``host_gitdir`` a new repository with git's default control plane (`git init`
     with no template: no hooks, config git writes itself), then import ``source_gitdir``'s
@@ -1061,7 +1261,8 @@ def import_created(
     an empty directory of the executor's (its view and journal go there); ``run_id`` names
     the keep-refs. ``host_gitdir`` must not exist yet. A submodule's `core.worktree` (read
     with git's config parser) is kept when it leads inside ``worktree_within`` to a real
-    directory, no symlink on the way."""
+    directory, no symlink on the way. ``roots``: the command's writable roots (its HEAD and
+    index are imported only when its worktree lies in one)."""
     os.makedirs(os.path.dirname(host_gitdir), exist_ok=True)
     git(host_gitdir, "init", "--bare", "-q", "--template=", host_gitdir)
     git(host_gitdir, "config", "core.bare", "false")
@@ -1074,6 +1275,7 @@ def import_created(
         refs=host_refs(host_gitdir),
         heads={"": _head(host_gitdir)},
         indexes={"": None},
+        roots=list(roots),
     )
     os.makedirs(work, exist_ok=True)
     return import_changes(snap, work_base=work)
@@ -1104,5 +1306,4 @@ def _keep_worktree(source: str, host_gitdir: str, within: str) -> None:
 
 
 def _head(gitdir: str) -> str | None:
-    with open(os.path.join(gitdir, "HEAD")) as fh:
-        return fh.read()
+    return read_regular(os.path.join(gitdir, "HEAD"), 4096).decode(errors="replace")

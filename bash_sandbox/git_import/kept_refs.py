@@ -19,8 +19,10 @@ from __future__ import annotations
 import os
 import time
 
+from bash_sandbox.git_import.gitcmd import GitError
 from bash_sandbox.git_import.transaction import host_refs
 from bash_sandbox.kept_answers import KeptAnswers
+from bash_sandbox.safe_read import blocking_names
 
 _MAX_ENTRIES = 4096
 _ANSWERS: KeptAnswers[str, dict[str, str]] = KeptAnswers()
@@ -31,6 +33,10 @@ def snapshot_refs(gitdir: str) -> dict[str, str]:
     known = _ANSWERS.get(gitdir)
     if known is not None:
         return dict(known)
+    blocking = blocking_names(gitdir)
+    if blocking:
+        # git would wait on it until its time bound, with the loop waiting for git.
+        raise GitError(["for-each-ref"], 128, f"not a file git can read: {blocking[0]}")
     asked = time.time_ns()
     refs = host_refs(gitdir)
     watched = _ref_files(gitdir)

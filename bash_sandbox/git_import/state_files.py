@@ -92,6 +92,8 @@ _OPTS_KEYS = frozenset(
 )  # fmt: skip
 # Passed to `git apply` / a signing program: never the command's.
 _ONLY_EMPTY = frozenset({"rebase-apply/apply-opt"})
+# Even a bare `-S` has the user's `git rebase --continue` sign the command's commits with the
+# user's key: any value is refused, as `options.gpg-sign` is.
 _SIGNING = frozenset({"rebase-merge/gpg_sign_opt"})
 _PATCH = re.compile(r"[0-9]{4,}")
 
@@ -137,6 +139,16 @@ def parse_reflog(
         oids.update(dict.fromkeys(pair))
         out.append(b" ".join(match.group(1, 2, 3, 4, 5)) + (match.group(6) or b"") + b"\n")
     return b"".join(out), list(oids)
+
+
+def reflog_oids(data: bytes, hexlen: int) -> set[str]:
+    """Every object id a reflog names, old and new of each entry (git's reachability walk
+    takes both), read where git reads them: the two ids that start each line. Lenient (the
+    host's own reflogs are read too); the null id left out."""
+    entry = re.compile(rb"^([0-9a-f]{%d}) ([0-9a-f]{%d}) " % (hexlen, hexlen), re.MULTILINE)
+    found = {oid.decode() for pair in entry.findall(data) for oid in pair}
+    found.discard("0" * hexlen)
+    return found
 
 
 def worktree_inside(data: bytes, roots: Iterable[str]) -> bool:
@@ -290,6 +302,6 @@ def check_state_file(rel: str, path: str, data: bytes) -> CheckedFile:
         raise StateRefused("a merge strategy that is not git's own (the host's git would run it)")
     if rel in _ONLY_EMPTY and data.strip():
         raise StateRefused(f"{rel} passes options to git apply")
-    if rel in _SIGNING and data.strip() not in (b"", b"-S"):
-        raise StateRefused("a signing key chosen by the command")
+    if rel in _SIGNING and data.strip():
+        raise StateRefused("signing chosen by the command")
     return CheckedFile(rel, check_text(data))

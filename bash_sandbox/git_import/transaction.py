@@ -7,8 +7,9 @@ fetch`); then a journal in the executor's state names every planned change; the 
 put beside the host's and linked to `index.lock` (git's lock: `link` fails on an existing
 name as `O_EXCL` does, so a lock the host holds is a conflict); the refs move in one `git
 update-ref --stdin` transaction, each a compare-and-swap against the value the command
-started from; the journal records that; then `HEAD` (under `HEAD.lock`), the index (the
-lock renamed into place) and the state files; the keep-refs go last, and the journal.
+started from (a fast-forward's: the host's value it descends from); the journal records
+that; then `HEAD` (under `HEAD.lock`), the index (the lock renamed into place) and the state
+files; the keep-refs go last, and the journal.
 
 `recover()` finishes or undoes what a killed executor left: once the refs moved (or the
 journal says they did) it rolls forward, each step again a compare-and-swap; before that it

@@ -50,3 +50,28 @@ def test_an_escape_split_across_chunks_is_still_rendered() -> None:
 
 def test_an_incomplete_character_at_the_end_is_shown_as_bytes() -> None:
     assert render_chunks(b"ok\xe2\x82") == "ok\\xe2\\x82"
+
+
+def test_a_terminal_whose_locale_is_not_utf8_gets_ascii_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An 8-bit terminal reads the second byte of `Ý` (C3 9D) as OSC and of `Û` as CSI: a red
+    # team set the title and cleared the screen through letters. Such a terminal gets none.
+    import io
+
+    from bash_sandbox.cli import render, stream
+
+    data = "\u00dd0;TITLE\u00dc then \u00db2J \u00e9 \u65e5".encode()
+    monkeypatch.setattr(render.locale, "getpreferredencoding", lambda _=True: "ISO-8859-1")
+    assert not render.utf8_terminal()
+    out = io.BytesIO()
+    sink = stream.StreamSink(io.TextIOWrapper(out, encoding="latin-1"), render=True)
+    sink.write_chunk(data)
+    sink.finish()
+    sink.write_note("[sandbox: write to caf\u00e9\u009b denied]\n")
+    written = out.getvalue()
+    assert max(written) < 0x80, written
+    assert b"\\xdd0;TITLE\\xdc then \\xdb2J \\xe9 \\u65e5" in written
+    monkeypatch.setattr(render.locale, "getpreferredencoding", lambda _=True: "UTF-8")
+    assert render.utf8_terminal()
+    assert render_chunks(data) == data.decode()  # a UTF-8 terminal keeps the letters

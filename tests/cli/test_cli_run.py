@@ -303,3 +303,27 @@ def test_the_sandboxs_warnings_follow_the_output_on_stderr(
     warning = err.splitlines()[-1]
     assert warning.startswith("bash-sandbox: warning: git: the command created git repositories")
     assert str(workspace / "sub") in warning and "core.fsmonitor" in warning
+
+
+def test_stdin_reaches_the_command_only_when_asked(
+    cli: CliRunner, workspace: Path, tmp_path: Path
+) -> None:
+    # `git diff | bash-sandbox run --stdin -- 'patch -p1'`: without the flag the command's
+    # input is empty (a harness's own stdin may never end), with it the whole input.
+    import subprocess
+
+    given = tmp_path / "input"
+    given.write_bytes(b"b\na\n\x00binary\n")
+    argv = [*cli.argv0, "run", "--workspace", str(workspace)]
+    with given.open("rb") as fh:
+        copied = subprocess.run(
+            [*argv, "--stdin", "--json", "--", "cat"],
+            stdin=fh, env=cli.env, capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert json.loads(copied.stdout)["stdout"]["text"] == "b\na\n\x00binary\n"
+    with given.open("rb") as fh:
+        unasked = subprocess.run(
+            [*argv, "--", "wc -c"], stdin=fh, env=cli.env, capture_output=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+    assert unasked.stdout.strip() == b"0"

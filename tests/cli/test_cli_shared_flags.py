@@ -13,7 +13,7 @@ from bash_sandbox.cli.arguments import build_parser
 from bash_sandbox.cli.settings import SETTINGS
 
 CLI_DIR = Path(__file__).resolve().parents[2] / "bash_sandbox" / "cli"
-RUN_ONLY = {"--json", "--publish", "-h", "--help"}  # MCP publishes per call (bash_start)
+RUN_ONLY = {"--json", "--publish", "--stdin", "-h", "--help"}  # MCP: per call (bash_start, stdin)
 MCP_ONLY = {"--allow-escalation-to", "--allow-network-escalation", "-h", "--help"}
 
 

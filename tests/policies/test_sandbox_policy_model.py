@@ -115,3 +115,36 @@ def test_a_root_named_through_a_link_inside_another_root_is_refused(tmp_path: Pa
     ro = SandboxPolicy(mode=SandboxMode.READ_ONLY, workspace_root=str(ws),
                        writable_roots=(str(ws / "sub"),))  # fmt: skip
     assert ro.all_writable_roots() == ()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("deny_read", ("/",), "cannot hide '/'"),
+        ("deny_read", ("/proc/self/mountinfo",), "own /proc"),
+        ("deny_read", ("/dev/shm",), "own /proc"),
+        ("deny_read", ("{parent}",), "would hide the root"),
+        ("deny_read", ("{ws}",), "would hide the root"),
+        ("writable_roots", ("/proc",), "the kernel's own files"),
+        ("writable_roots", ("/sys/fs",), "the kernel's own files"),
+        ("writable_roots", ("{file}",), "not a directory"),
+    ],
+)
+def test_what_no_backend_can_confine_as_asked_is_the_requests_error(
+    tmp_path: Path, field: str, value: tuple[str, ...], message: str
+) -> None:
+    # Landlock ignored a deny of `/` or in /proc with `enforcement: full`; bwrap failed the
+    # spawn as `SandboxUnavailableError`, which tells a harness the host cannot confine.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "file").write_text("")
+    named = tuple(v.format(parent=tmp_path, ws=ws, file=tmp_path / "file") for v in value)
+    with pytest.raises(ValidationError, match=message):
+        SandboxPolicy(mode="workspace-write", workspace_root=str(ws), **{field: named})  # type: ignore[arg-type]
+    # The ordinary neighbours stay fine: a secret beside the root, a missing root to be.
+    SandboxPolicy(
+        mode="workspace-write",  # type: ignore[arg-type]
+        workspace_root=str(ws),
+        deny_read=(str(tmp_path / "secret.env"), str(ws / "deploy" / ".env")),
+        writable_roots=(str(tmp_path / "later"),),
+    )

@@ -66,7 +66,7 @@ class Overlay:
         self.work.mkdir()
         from bash_sandbox.git_import import begin
 
-        begin(self.gitdir, str(self.upper))
+        begin(self.gitdir, str(self.upper), [os.path.realpath(repo)])  # the repo is the root
 
     def run(self, script: str) -> str:
         """``script`` in the repository, its `.git` the overlay (host `.git` untouched)."""

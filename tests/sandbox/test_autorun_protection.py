@@ -217,3 +217,40 @@ async def test_a_command_outliving_the_one_that_made_the_placeholders_keeps_runn
     assert second.sandbox is not None and not any("stopped" in w for w in second.sandbox.warnings)
     await ex.aclose()
     assert not (workspace / ".vscode").exists()  # nothing left once nobody holds it
+
+
+async def test_placeholders_stay_out_of_the_commands_git_and_globs(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `git stash -u` cleans untracked directories: on the placeholders (mount points) it
+    # failed halfway, the untracked files already in the stash; `grep x *` failed on the
+    # ones a `*` matches. The user's own global excludes still apply.
+    home = tmp_path / "home"
+    (home / ".config" / "git").mkdir(parents=True)
+    (home / ".config" / "git" / "ignore").write_text("*.log\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    (workspace / "notes.txt").write_text("hello\n")
+    ex = make_executor(mode="workspace-write")
+    env = "GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@e GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t@e"
+    result = await _run(
+        ex,
+        "set -e; grep -c hello * >/dev/null; cat *.json; git init -q; git add notes.txt; "
+        f"{env} git commit -qm one; echo wip > untracked.txt; echo x > build.log; "
+        "git status --porcelain; git stash -u -q; ls; git stash pop -q; git clean -fdq -e "
+        "untracked.txt; echo done",
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    lines = result.stdout.text.splitlines()
+    assert lines[0] == "?? untracked.txt", lines  # no placeholder, no *.log
+    assert "untracked.txt" not in lines[1:-1] and lines[-1] == "done", lines
+    # The host: the stash popped back, the files are there, no placeholder in history.
+    assert (workspace / "untracked.txt").read_text() == "wip\n"
+    tracked = subprocess.run(
+        ["git", "-C", str(workspace), "ls-files"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert tracked == ["notes.txt"]

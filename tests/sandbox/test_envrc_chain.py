@@ -249,3 +249,43 @@ async def test_direnvs_whitelist_makes_a_root_partial_and_covers_an_exact_entry(
     later = await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
     assert later.sandbox is not None and later.sandbox.enforcement == "partial"
     assert any("whitelist prefix" in w for w in later.sandbox.warnings)
+
+
+async def test_an_allowed_envrc_above_the_workspace_holds_what_it_loads_inside(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A monorepo's allowed `.envrc` loads `app/.env`; the workspace is the app. direnv runs
+    # the monorepo's `.envrc` in the app too: what it loads from inside the workspace is held.
+    require_tools("direnv")
+    from bash_sandbox import SandboxBashExecutor
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    mono = tmp_path / "mono"
+    app = mono / "app"
+    app.mkdir(parents=True)
+    (mono / ".envrc").write_text("dotenv_if_exists app/.env\n")
+    assert _direnv(home, "allow", str(mono)).returncode == 0
+    marker = tmp_path / "ran"
+    ex = SandboxBashExecutor(backend=backend, workspace_root=str(app), mode="workspace-write")
+    try:
+        result = await ex.run(
+            ex.resolve(
+                BashExecRequest(
+                    command=f"printf 'touch {marker}\\n' > evil.sh; "
+                    f"printf 'BASH_ENV={app}/evil.sh\\n' > .env",
+                    workdir=str(app),
+                )
+            )
+        )
+    finally:
+        await ex.aclose()
+    assert (app / "evil.sh").exists()  # ordinary files in the app are written
+    assert not (app / ".env").exists()
+    entered = _direnv(home, "exec", str(mono), "bash", "-c", "true")
+    assert entered.returncode == 0, entered.stderr
+    assert not marker.exists()
+    assert result.sandbox is not None
+    reasons = {d.target: d.reason for d in result.sandbox.denials}
+    assert f"from {mono}/.envrc" in reasons.get(str(app / ".env"), ""), reasons

@@ -9,6 +9,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from bash_seam import BashExecRequest, BashRunResult, GitImportStatus
 from tests.sandbox.conftest import ExecutorFactory
 from tests.sandbox.git_import_harness import GIT_ENV, fsck_clean, host_git, make_repo
@@ -253,22 +255,31 @@ async def test_a_lock_the_host_takes_during_the_command_keeps_the_commit_and_app
 async def test_a_host_commit_during_the_command_is_a_conflict_and_nothing_is_lost(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
+    # Both commit on `main` as the command found it: two histories, neither a
+    # fast-forward of the other (a command that builds on the host's commit is one).
     repo = make_repo(workspace / "repo")
+    start = host_git(repo, "rev-parse", "main").strip()
+    go = workspace / "go"
     ex = make_executor(mode="workspace-write")
     process = await ex.start(
         ex.resolve(
             BashExecRequest(
-                command="sleep 1 && echo sandbox > s.txt && git add s.txt"
-                " && git commit -qm sandbox",
+                command="echo sandbox > s.txt && git add s.txt && git commit -qm sandbox"
+                f" && touch ../committed && while [ ! -e {go} ]; do sleep 0.02; done",
                 workdir=str(repo),
                 env=GIT_ENV,
             )
         )
     )
+    for _ in range(200):
+        if (workspace / "committed").exists():
+            break
+        await asyncio.sleep(0.05)
     (repo / "h.txt").write_text("host\n")
     host_git(repo, "add", "h.txt")
     host_git(repo, "commit", "-qm", "host")
     host_commit = host_git(repo, "rev-parse", "main").strip()
+    go.touch()
     await process.wait()
     assert process.exit_code == 0
     assert process.sandbox is not None and process.sandbox.git
@@ -277,6 +288,8 @@ async def test_a_host_commit_during_the_command_is_a_conflict_and_nothing_is_los
     assert host_git(repo, "rev-parse", "main").strip() == host_commit
     kept = host_git(repo, "rev-parse", f"{outcome.kept_at}/heads/main").strip()
     assert host_git(repo, "log", "-1", "--format=%s", kept).strip() == "sandbox"
+    assert host_git(repo, "rev-parse", f"{kept}~1").strip() == start
+    assert host_git(repo, "diff", "--cached", "--name-only") == ""  # the host's index
     fsck_clean(repo)
 
 
@@ -402,3 +415,270 @@ async def test_a_worktree_outside_the_roots_keeps_its_own_head_and_index(
     refused = [r for o in result.sandbox.git for r in o.refused]
     assert any("worktree outside the writable roots" in r for r in refused), result.sandbox.git
     fsck_clean(repo)
+
+
+def _checkout_outside(tmp_path: Path, workspace: Path) -> tuple[Path, Path]:
+    """The user's checkout `proj` outside the roots, and the workspace's linked worktree of
+    it: (proj, the worktree). Its main worktree's HEAD, index and state are in the common
+    dir the command's git writes."""
+    proj = make_repo(tmp_path / "proj")
+    wt = workspace / "wt"
+    host_git(proj, "worktree", "add", "-q", "-b", "wsbranch", str(wt))
+    return proj, wt
+
+
+_EXE = "printf '#!/bin/sh\\ntouch pwned\\n' | git hash-object -w --stdin"
+# What the command plants in the main worktree's admin dir, and the user's git in `proj`
+# that would then write it there (outside every root).
+_MAIN_PLANTS = {
+    "index": (
+        f"C=$(git rev-parse --git-common-dir) && b=$({_EXE}) && "
+        "GIT_INDEX_FILE=$C/index git update-index --add --cacheinfo 100755,$b,run-me.sh && "
+        "GIT_INDEX_FILE=$C/index git update-index --cacheinfo 100644,$b,f0.txt",
+        (("restore", "."), ("checkout", "--", ".")),
+    ),
+    "HEAD": (
+        "C=$(git rev-parse --git-common-dir) && git switch -q -c evil && "
+        f"git update-index --add --cacheinfo 100755,$({_EXE}),run-me.sh && "
+        "git commit -qm evil && git switch -q wsbranch && "
+        "git --git-dir=$C symbolic-ref HEAD refs/heads/evil",
+        (("reset", "-q", "--hard"),),
+    ),
+    # `git merge --abort` applies the autostash a merge left: the command's stash.
+    "MERGE_AUTOSTASH": (
+        f"C=$(git rev-parse --git-common-dir) && b=$({_EXE}) && "
+        "git update-index --add --cacheinfo 100755,$b,run-me.sh && s=$(git stash create) && "
+        "git reset -q && git rev-parse HEAD > $C/MERGE_HEAD && echo $s > $C/MERGE_AUTOSTASH",
+        (("merge", "--abort"),),
+    ),
+}
+
+
+@pytest.mark.parametrize("plant", list(_MAIN_PLANTS))
+async def test_the_main_worktree_outside_the_roots_keeps_its_own_head_index_and_state(
+    plant: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # The workspace is a linked worktree of a checkout outside the roots: the common dir is
+    # overlaid and imported, and the main worktree's `HEAD`, `index` and merge state were
+    # applied to it; the user's `git restore` / `reset --hard` / `merge --abort` there then
+    # wrote the command's executable outside every root (red team).
+    proj, wt = _checkout_outside(tmp_path, workspace)
+    gitdir = proj / ".git"
+    head_before = (gitdir / "HEAD").read_bytes()
+    index_before = (gitdir / "index").read_bytes()
+    command, user_acts = _MAIN_PLANTS[plant]
+    result = await _run(make_executor(mode="workspace-write"), command, wt)
+    assert result.exit_code == 0, result.stderr.text
+    assert (gitdir / "HEAD").read_bytes() == head_before
+    assert (gitdir / "index").read_bytes() == index_before
+    assert not (gitdir / "MERGE_AUTOSTASH").exists()
+    assert host_git(proj, "status", "--porcelain") == ""
+    for args in user_acts:
+        host_git(proj, *args, check=False)
+    assert not (proj / "run-me.sh").exists()
+    assert (proj / "f0.txt").read_text() == "file 0\n"
+    assert result.sandbox is not None
+    refused = [r for o in result.sandbox.git for r in o.refused]
+    assert any("worktree outside the writable roots" in r for r in refused), result.sandbox.git
+    fsck_clean(proj)
+
+
+async def test_a_submodule_whose_checkout_lies_outside_the_roots_keeps_its_own_index(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # The same through a submodule of that checkout: its git dir (`modules/sub`, in the
+    # overlaid common dir) has `core.worktree` leading to `proj/sub`, outside the roots.
+    lib = make_repo(tmp_path / "lib")
+    proj, wt = _checkout_outside(tmp_path, workspace)
+    host_git(proj, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "sub")
+    host_git(proj, "commit", "-qm", "add sub")
+    index = proj / ".git" / "modules" / "sub" / "index"
+    before = index.read_bytes()
+    command = (
+        "M=$(git rev-parse --git-common-dir)/modules/sub && "
+        f"b=$({_EXE.replace('git hash-object', 'git --git-dir=$M hash-object')}) && "
+        "git --git-dir=$M update-index --add --cacheinfo 100755,$b,run-me.sh"
+    )
+    result = await _run(make_executor(mode="workspace-write"), command, wt)
+    assert result.exit_code == 0, result.stderr.text
+    assert index.read_bytes() == before
+    host_git(proj / "sub", "restore", ".", check=False)
+    host_git(proj / "sub", "checkout", "--", ".", check=False)
+    assert not (proj / "sub" / "run-me.sh").exists()
+    assert result.sandbox is not None
+    refused = [r for o in result.sandbox.git for r in o.refused]
+    assert any("worktree outside the writable roots" in r for r in refused), result.sandbox.git
+    fsck_clean(proj / "sub")
+
+
+# What the command does to the host's history, and whether a keep-ref must hold what it
+# dropped (a branch moved back keeps its old tip in the reflog the command appended to).
+_DROPS = {
+    "reflogs expired": (
+        "git reset -q --hard HEAD~3"
+        " && git reflog expire --expire=now --expire-unreachable=now --all",
+        True,
+    ),
+    "branch deleted": ("git branch -D side", True),
+    "branch moved back": ("git reset -q --hard HEAD~3", False),
+}
+
+
+@pytest.mark.parametrize("drop", list(_DROPS))
+async def test_no_commit_the_host_reached_is_lost_to_its_gc_after_the_import(
+    drop: str, make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # The command rewound `main` and emptied every reflog: the import copied the emptied
+    # reflogs, and the host's `git gc --prune=now` deleted its own commits (red team). A
+    # branch the command deletes takes its reflog with it. Every commit the host reached
+    # through a ref or a reflog when the command began survives the host's gc.
+    repo = make_repo(workspace / "repo")
+    for i in (1, 2, 3):
+        (repo / f"h{i}.txt").write_text(f"{i}\n")
+        host_git(repo, "add", ".")
+        host_git(repo, "commit", "-qm", f"host {i}")
+    side = host_git(repo, "commit-tree", "-p", "HEAD~3", "-m", "side", "HEAD^{tree}").strip()
+    host_git(repo, "branch", "side", side)  # never checked out: in no HEAD reflog
+    known = host_git(repo, "rev-list", "--all", "--reflog").split()
+    command, keeps = _DROPS[drop]
+    result = await _run(make_executor(mode="workspace-write"), command, repo)
+    assert result.exit_code == 0, result.stderr.text
+    assert _outcome(result) is GitImportStatus.APPLIED
+    host_git(repo, "gc", "-q", "--prune=now")
+    missing = subprocess.run(
+        ["git", "cat-file", "--batch-check"],
+        cwd=repo,
+        input="".join(f"{c}\n" for c in known),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "missing" not in missing, missing
+    kept = host_git(repo, "for-each-ref", "--format=%(refname)", "refs/bash-sandbox/").split()
+    assert bool(kept) is keeps, kept
+    assert result.sandbox is not None
+    assert set(kept) <= set(result.sandbox.git[0].applied)  # named in the outcome
+    fsck_clean(repo)
+
+
+async def test_a_rebase_state_asking_to_sign_never_signs_with_the_users_key_on_continue(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A rebase stopped at a `break`, its `gpg_sign_opt` set to a bare `-S`: the user's
+    # `git rebase --continue` signed the command's commits with the user's key (red team).
+    repo = make_repo(workspace / "repo")
+    marker = tmp_path / "signed"
+    signer = tmp_path / "gpg"
+    signer.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    signer.chmod(0o755)
+    # The two commits swapped after the `break`: each pick then makes a new commit.
+    plant = (
+        "for i in 1 2; do echo $i > c$i.txt && git add c$i.txt && git commit -qm c$i; done"
+        " && a=$(git rev-parse HEAD~1) && b=$(git rev-parse HEAD)"
+        " && GIT_SEQUENCE_EDITOR=\"printf 'break\\npick $b\\npick $a\\n' >\""
+        " git rebase -q -i HEAD~2 >/dev/null 2>&1;"
+        " test -d .git/rebase-merge && printf -- '-S\\n' > .git/rebase-merge/gpg_sign_opt"
+    )
+    result = await _run(make_executor(mode="workspace-write"), plant, repo)
+    assert result.exit_code == 0, result.stderr.text
+    signing = ("-c", f"gpg.program={signer}", "-c", "user.signingKey=the-users-key")
+    host_git(repo, *signing, "rebase", "--continue", check=False, env={"GIT_EDITOR": "true"})
+    assert not marker.exists()
+    assert result.sandbox is not None
+    refused = [r for o in result.sandbox.git for r in o.refused]
+    assert any("signing" in r for r in refused), result.sandbox.git
+    fsck_clean(repo)
+
+
+def _branch_outside(layout: str, tmp_path: Path, workspace: Path) -> tuple[Path, str, Path]:
+    """A checkout outside the roots and the branch it has checked out, and where the command
+    runs: the workspace a linked worktree of `proj` (whose main worktree is outside), or a
+    repository of the workspace with a linked worktree outside."""
+    if layout == "main worktree":
+        proj, wt = _checkout_outside(tmp_path, workspace)
+        return proj, "main", wt
+    repo = make_repo(workspace / "repo")
+    outside = tmp_path / "outside-wt"
+    host_git(repo, "worktree", "add", "-q", "-b", "side", str(outside))
+    return outside, "side", repo
+
+
+# A commit whose tree is one executable, made on top of the branch `B` names.
+_EVIL_COMMIT = (
+    f"b=$({_EXE}) && t=$(printf '100755 blob %s\\trun-me.sh\\n' $b | git mktree)"
+    ' && c=$(git commit-tree -p "$B" -m evil $t)'
+)
+
+
+@pytest.mark.parametrize("action", ["moved", "deleted"])
+@pytest.mark.parametrize("layout", ["main worktree", "linked worktree"])
+async def test_a_branch_checked_out_outside_the_roots_is_never_moved(
+    layout: str, action: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # The command moved the branch a checkout outside the roots has checked out (that
+    # HEAD stayed the host's, the branch it names did not): the user's `git reset --hard`,
+    # or `git status` and `git checkout .`, there then wrote the command's tree outside
+    # every root (red team). A conflict for that ref: its value kept, nothing applied.
+    checkout, branch, where = _branch_outside(layout, tmp_path, workspace)
+    before = host_git(checkout, "rev-parse", branch).strip()
+    change = {
+        "moved": 'git update-ref refs/heads/"$B" $c',
+        "deleted": 'git update-ref -d refs/heads/"$B"',
+    }
+    command = (
+        f"B={branch} && {_EVIL_COMMIT} && {change[action]}"
+        " && echo mine > mine.txt && git add mine.txt && git commit -qm mine"
+    )
+    result = await _run(make_executor(mode="workspace-write"), command, where)
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    [outcome] = result.sandbox.git
+    assert outcome.status is GitImportStatus.CONFLICT, outcome
+    assert [c.name for c in outcome.conflicts] == [f"refs/heads/{branch}"]
+    assert host_git(checkout, "rev-parse", branch).strip() == before
+    assert host_git(checkout, "status", "--porcelain") == ""
+    for args in (("reset", "-q", "--hard"), ("checkout", "--", ".")):
+        host_git(checkout, *args, check=False)
+    assert not (checkout / "run-me.sh").exists()
+    assert (checkout / "f0.txt").read_text() == "file 0\n"
+    # The command's work is kept, as in any conflict: its commit on its own branch, and the
+    # value it gave the branch it moved.
+    assert outcome.kept_at is not None
+    mine = host_git(where, "rev-parse", "--abbrev-ref", "HEAD").strip()
+    assert host_git(where, "log", "-1", "--format=%s", f"{outcome.kept_at}/heads/{mine}") == (
+        "mine\n"
+    )
+    if action == "moved":
+        kept = f"{outcome.kept_at}/heads/{branch}"
+        assert host_git(checkout, "log", "-1", "--format=%s", kept) == "evil\n"
+    named = [d for d in result.sandbox.denials if d.target.endswith(f"refs/heads/{branch}")]
+    assert named and "outside the writable roots" in named[0].reason, result.sandbox.denials
+    fsck_clean(checkout)
+
+
+@pytest.mark.parametrize("layout", ["main worktree", "linked worktree"])
+async def test_the_head_reflog_of_a_worktree_outside_the_roots_stays_the_hosts(
+    layout: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A "checkout: moving from evil to <branch>" entry planted in the HEAD reflog of a
+    # checkout outside the roots: the user's `git checkout -` there switched to the
+    # command's branch and wrote its executable outside every root (red team).
+    checkout, branch, where = _branch_outside(layout, tmp_path, workspace)
+    admin = Path(host_git(checkout, "rev-parse", "--absolute-git-dir").strip())
+    reflog = admin / "logs" / "HEAD"
+    before = reflog.read_bytes()
+    plant = (
+        f"B={branch} && {_EVIL_COMMIT} && git branch evil $c && h=$(git rev-parse $B)"
+        ' && printf "%s %s t <t@e> 1700000000 +0000\\tcheckout: moving from evil to %s\\n"'
+        f' $h $h $B >> "{reflog}"'
+    )
+    result = await _run(make_executor(mode="workspace-write"), plant, where)
+    assert result.exit_code == 0, result.stderr.text
+    assert reflog.read_bytes() == before
+    host_git(checkout, "checkout", "-q", "-", check=False)
+    assert not (checkout / "run-me.sh").exists()
+    assert host_git(checkout, "symbolic-ref", "HEAD").strip() == f"refs/heads/{branch}"
+    assert result.sandbox is not None
+    refused = [r for o in result.sandbox.git for r in o.refused]
+    assert any("worktree outside the writable roots" in r for r in refused), result.sandbox.git
+    fsck_clean(checkout)

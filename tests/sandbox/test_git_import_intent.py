@@ -98,9 +98,11 @@ def test_an_in_place_intent_still_imports_the_commands_commit(tmp_path: Path) ->
     """The rewritten intent is the one the import compares with: a commit the command made on
     top of the second snapshot lands on the host."""
     gitdir, upper = _repo(tmp_path), _upper(tmp_path)
-    begin(gitdir, upper)
+    # `main` is checked out there: an import moves it only when that worktree is in a root.
+    roots = [str(Path(gitdir).parent.resolve())]
+    begin(gitdir, upper, roots)
     git_host(Path(gitdir).parent, "commit", "-q", "--allow-empty", "-m", "host moved")
-    snap = begin(gitdir, upper)  # in place: the host's new main is the base
+    snap = begin(gitdir, upper, roots)  # in place: the host's new main is the base
     assert snap.refs is not None
     # The command's commit, made as an overlay would hold it: in a clone of the host repo
     # whose objects and ref are then put in the upper layer.

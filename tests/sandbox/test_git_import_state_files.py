@@ -48,6 +48,7 @@ def test_sequencer_options_are_rewritten_from_what_git_parsed(tmp_path: Path) ->
         ("sequencer/todo", "pick 1234 a\nfrobnicate 1234\n"),
         ("rebase-merge/strategy", "evil\n"),
         ("rebase-merge/gpg_sign_opt", "-Sattacker\n"),
+        ("rebase-merge/gpg_sign_opt", "-S\n"),  # the user's own key, on `--continue`
         ("rebase-apply/apply-opt", " '--unsafe-paths' '--directory=../..'\n"),
         ("rebase-merge/hooks", "x\n"),
         ("sequencer/../config", "x\n"),
@@ -93,6 +94,7 @@ def test_state_files_that_run_or_reach_something_are_refused(
             f"refs/heads/a\n{_A}\n{_Z}\n",
         ),
         ("rebase-merge/stopped-sha", "1234abc\n"),
+        ("rebase-merge/gpg_sign_opt", ""),
         ("sequencer/abort-safety", ""),
         ("rebase-apply/0001", "From 1234\nSubject: x\n"),
     ],

@@ -673,3 +673,83 @@ def test_a_host_index_change_while_the_objects_are_fetched_is_a_conflict(
     )
     assert not (repo / ".git" / "index.lock").exists()
     fsck_clean(repo)
+
+
+@pytest.mark.parametrize("host_step", ["nothing", "moves main again", "stages a file"])
+def test_a_commit_on_the_hosts_new_tip_fast_forwards_unless_the_host_acts_during_the_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_step: str
+) -> None:
+    # The host commits after the snapshot; the command sees that commit through the overlay
+    # and commits on it: a fast-forward of `main`, applied. One more host move of `main`,
+    # or a file the host stages, between the fetch and the ref transaction is a conflict:
+    # the compare-and-swap is on the host's value, the index compared under git's lock.
+    from bash_sandbox.git_import import importer
+
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state" / "exec-x")
+    (repo / "host.txt").write_text("host\n")
+    host_git(repo, "add", "host.txt")
+    host_git(repo, "commit", "-qm", "host")
+    tip = host_git(repo, "rev-parse", "main").strip()
+    made = "echo c > c.txt && git add c.txt && git commit -qm command && git rev-parse @ @~"
+    ours, parent = ov.run(made).split()
+    assert parent == tip  # the command built on the host's commit
+    again = host_git(repo, "commit-tree", "-p", tip, "-m", "again", f"{tip}^{{tree}}").strip()
+
+    def host_acts(point: str) -> None:
+        if point == "objects" and host_step == "moves main again":
+            host_git(repo, "update-ref", "refs/heads/main", again)
+        elif point == "objects" and host_step == "stages a file":
+            (repo / "staged.txt").write_text("host work\n")
+            host_git(repo, "add", "staged.txt")
+
+    monkeypatch.setattr(importer, "crash_point", host_acts)
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None
+    if host_step == "nothing":
+        assert outcome.status is GitImportStatus.APPLIED, outcome
+        assert host_git(repo, "rev-parse", "main").strip() == ours
+        assert host_git(repo, "status", "--porcelain") == ""
+    else:
+        assert outcome.status is GitImportStatus.CONFLICT, outcome
+        assert host_git(repo, "rev-parse", "main").strip() == (
+            again if host_step == "moves main again" else tip
+        )
+        assert reachable(repo, ours)
+        staged = host_git(repo, "diff", "--cached", "--name-only").split()
+        assert staged == (["staged.txt"] if host_step == "stages a file" else [])
+    assert not (repo / ".git" / "index.lock").exists()
+    fsck_clean(repo)
+
+
+def test_a_fast_forward_whose_host_index_is_not_the_tips_tree_is_a_conflict(
+    tmp_path: Path,
+) -> None:
+    # The host moved `main` without its index (`git update-ref`): the index the command saw
+    # was not the new tip's, so it is not taken, nor is `main` moved without it.
+    repo = make_repo(tmp_path / "repo")
+    start = host_git(repo, "rev-parse", "main").strip()
+    host_git(repo, "switch", "-q", "-c", "other")
+    (repo / "other.txt").write_text("other\n")
+    host_git(repo, "add", "other.txt")
+    host_git(repo, "commit", "-qm", "other")
+    host_git(repo, "switch", "-q", "main")
+    ov = Overlay(repo, tmp_path / "state" / "exec-x")
+    index = (repo / ".git" / "index").read_bytes()
+    tip = host_git(repo, "commit-tree", "-p", start, "-m", "host", "other^{tree}").strip()
+    host_git(repo, "update-ref", "refs/heads/main", tip)
+    made = "echo c > c.txt && git add c.txt && git commit -qm command && git rev-parse @ @~"
+    ours, parent = ov.run(made).split()
+    assert parent == tip
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None
+    assert outcome.status is GitImportStatus.CONFLICT, outcome
+    assert [c.name for c in outcome.conflicts] == ["index"]
+    assert host_git(repo, "rev-parse", "main").strip() == tip
+    assert (repo / ".git" / "index").read_bytes() == index
+    assert reachable(repo, ours)
+    fsck_clean(repo)

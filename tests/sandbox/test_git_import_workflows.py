@@ -212,3 +212,149 @@ async def test_a_commit_refused_by_a_full_host_disk_is_kept_and_imported_later(
         assert host_git(repo, "for-each-ref", KEEP_NAMESPACE).strip()
         assert reachable(repo, commit)
         fsck_clean(repo)
+
+
+def _separate_git_dir(tmp_path: Path, workspace: Path) -> Path:
+    """`git init --separate-git-dir`: a git dir not named `.git`, found through the `.git`
+    file of a checkout (both in the workspace: one outside is not overlaid)."""
+    repo = workspace / "repo"
+    sep = workspace / "meta" / "repo.git"
+    sep.parent.mkdir()
+    host_git(workspace, "init", "-q", "-b", "main", f"--separate-git-dir={sep}", "repo")
+    (repo / "f0.txt").write_text("file 0\n")
+    host_git(repo, "add", ".")
+    host_git(repo, "commit", "-qm", "start")
+    return repo
+
+
+def _submodule(tmp_path: Path, workspace: Path) -> Path:
+    """A submodule checked out in the workspace (its git dir `modules/sub`, `core.worktree`
+    leading back into the workspace)."""
+    lib = make_repo(tmp_path / "lib")
+    repo = make_repo(workspace / "repo")
+    host_git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "sub")
+    host_git(repo, "commit", "-qm", "add sub")
+    return repo / "sub"
+
+
+def _linked_inside(tmp_path: Path, workspace: Path) -> Path:
+    repo = make_repo(workspace / "repo")
+    host_git(repo, "worktree", "add", "-q", "-b", "side", str(workspace / "wt"))
+    return workspace / "wt"
+
+
+def _linked_outside(tmp_path: Path, workspace: Path) -> Path:
+    """The workspace a linked worktree of a checkout outside the roots."""
+    proj = make_repo(tmp_path / "proj")
+    host_git(proj, "worktree", "add", "-q", "-b", "side", str(workspace / "wt"))
+    return workspace / "wt"
+
+
+LAYOUTS: dict[str, Callable[[Path, Path], Path]] = {
+    "separate git dir": _separate_git_dir,
+    "submodule": _submodule,
+    "linked worktree inside": _linked_inside,
+    "linked worktree of a checkout outside": _linked_outside,
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+async def test_a_worktree_in_the_roots_gets_its_head_and_index_whatever_the_layout(
+    layout: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # The check that keeps a main worktree outside the roots from the command's HEAD and
+    # index leaves every checkout in the roots its own (and `proj`'s main one untouched).
+    tree = LAYOUTS[layout](tmp_path, workspace)
+    outside = [p for p in (tmp_path / "proj",) if p.exists()]
+    before = [(p / ".git" / "HEAD").read_bytes() for p in outside]
+    ex = make_executor(mode="workspace-write")
+    await _committed(
+        ex,
+        tree,
+        "git switch -q -c feature && echo n > n.txt && git add n.txt"
+        " && git commit -qm 'from the command' && echo staged > s.txt && git add s.txt",
+    )
+    assert host_git(tree, "symbolic-ref", "HEAD").strip() == "refs/heads/feature"
+    assert host_git(tree, "status", "--porcelain") == "A  s.txt\n"
+    assert [(p / ".git" / "HEAD").read_bytes() for p in outside] == before
+    assert all(host_git(p, "status", "--porcelain") == "" for p in outside)
+    fsck_clean(tree)
+
+
+@pytest.mark.parametrize("op", ["pop", "drop"])
+async def test_a_stash_the_command_pops_or_drops_leaves_the_list_and_survives_gc(
+    op: str, make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # The entry leaves `git stash list` as the command asked; its commit (only in the
+    # stash's reflog until then) is kept by a keep-ref, so the host's gc never loses it.
+    repo = make_repo(workspace / "repo")
+    for text in ("first", "second"):
+        (repo / "f0.txt").write_text(f"{text}\n")
+        host_git(repo, "stash", "-q")
+    top, below = host_git(repo, "rev-parse", "stash@{0}", "stash@{1}").split()
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(
+        ex.resolve(BashExecRequest(command=f"git stash {op} -q", workdir=str(repo), env=GIT_ENV))
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED], result.sandbox.git
+    assert host_git(repo, "rev-parse", "stash@{0}").strip() == below
+    assert len(host_git(repo, "stash", "list").splitlines()) == 1
+    assert (repo / "f0.txt").read_text() == ("second\n" if op == "pop" else "file 0\n")
+    host_git(repo, "gc", "-q", "--prune=now")
+    assert reachable(repo, top)
+    kept = host_git(repo, "for-each-ref", "--format=%(refname)", f"{KEEP_NAMESPACE}/").split()
+    assert len(kept) == 1 and kept[0] in result.sandbox.git[0].applied
+    assert host_git(repo, "log", "-1", "--format=%s", kept[0]).startswith("WIP on main")
+    fsck_clean(repo)
+
+
+@pytest.mark.parametrize("host", ["idle", "stages a file"])
+async def test_a_background_commit_on_a_tip_another_import_moved_fast_forwards(
+    host: str, make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # A background command's snapshot says main=A; a foreground command's import moves main
+    # to B meanwhile; the background one sees B through the overlay and commits C on it.
+    # That was a conflict with nothing applied (red team): C descends from the host's main
+    # and the host's index is B's, so it fast-forwards. A file the host staged meanwhile is
+    # the host's work: then it stays a conflict, the index and main the host's.
+    repo = make_repo(workspace / "repo")
+    go = workspace / "go"
+    ex = make_executor(mode="workspace-write")
+    background = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command=f"while [ ! -e {go} ]; do sleep 0.02; done; echo bg > bg.txt"
+                " && git add bg.txt && git commit -qm 'from the background'",
+                workdir=str(repo),
+                env=GIT_ENV,
+            )
+        )
+    )
+    await _committed(
+        ex, repo, "echo fg > fg.txt && git add fg.txt && git commit -qm 'from the command'"
+    )
+    moved = host_git(repo, "rev-parse", "main").strip()
+    if host == "stages a file":
+        (repo / "h.txt").write_text("host\n")
+        host_git(repo, "add", "h.txt")
+    go.touch()
+    await background.wait()
+    assert background.exit_code == 0
+    assert background.sandbox is not None
+    [outcome] = background.sandbox.git
+    if host == "idle":
+        assert outcome.status is GitImportStatus.APPLIED, outcome
+        assert _subject(repo) == "from the background"
+        assert host_git(repo, "rev-parse", "main~1").strip() == moved
+        assert host_git(repo, "status", "--porcelain") == ""
+        assert host_git(repo, "ls-files").split() == ["bg.txt", "f0.txt", "fg.txt"]
+    else:
+        assert outcome.status is GitImportStatus.CONFLICT, outcome
+        assert host_git(repo, "rev-parse", "main").strip() == moved
+        assert host_git(repo, "diff", "--cached", "--name-only").split() == ["h.txt"]
+        kept = f"{outcome.kept_at}/heads/main"
+        assert _subject(repo, kept) == "from the background"
+        assert host_git(repo, "rev-parse", f"{kept}~1").strip() == moved
+    fsck_clean(repo)

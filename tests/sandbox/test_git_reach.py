@@ -10,6 +10,7 @@ import contextlib
 import os
 import select
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -844,3 +845,97 @@ async def test_a_gitfile_that_a_later_link_leads_out_of_the_roots_is_removed(
         # The next round starts as the first did: the gitfile leading nowhere yet.
         (workspace / "lnk").unlink()
         (workspace / "sub" / ".git").write_text("gitdir: ../lnk\n")
+
+
+@pytest.mark.parametrize("swap", ["removed-then-linked", "moved-then-linked"])
+async def test_a_linked_worktree_cannot_be_swapped_for_a_link_out(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, swap: str
+) -> None:
+    # The host's `git worktree repair` writes `<worktree>/.git`, and `remove --force` empties
+    # the worktree, following a link the command put where the worktree was: the worktree
+    # directories the host's git dir names stay where they are, a missing one held.
+    host_git("init", "-q", cwd=workspace)
+    (workspace / "a").write_text("a\n")
+    host_git("add", "a", cwd=workspace)
+    host_git("commit", "-qm", "a", cwd=workspace)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "data.txt").write_text("precious\n")
+    ex = make_executor(mode="workspace-write")
+    if swap == "removed-then-linked":
+        made = await _run(ex, "git worktree add -q wt && rm -rf wt", workspace)
+        assert made.exit_code == 0, made.stderr.text
+        attack = f"ln -s {victim} wt"
+    else:
+        host_git("worktree", "add", "-q", "wt", cwd=workspace)
+        attack = f"mv wt wt-moved && ln -s {victim} wt"
+    result = await _run(ex, attack, workspace)
+    assert result.sandbox is not None
+    if swap == "removed-then-linked":
+        assert result.exit_code != 0  # the missing worktree's place is held
+    else:
+        # The worktree stays movable (`git worktree move`, `remove`): the link is taken away.
+        assert any("removed symlinks" in w for w in result.sandbox.warnings), result.sandbox
+    assert not (workspace / "wt").is_symlink()
+    await ex.aclose()
+    host_git("worktree", "repair", cwd=workspace, check=False)
+    host_git("worktree", "remove", "--force", "wt", cwd=workspace, check=False)
+    assert not (victim / ".git").exists()
+    assert (victim / "data.txt").read_text() == "precious\n"
+    # Ordinary worktree work goes on: a new one is added and used.
+    ex = make_executor(mode="workspace-write")
+    work = await _run(
+        ex, "git worktree add -q wt2 && echo b > wt2/b && git -C wt2 add b", workspace
+    )
+    assert work.exit_code == 0, work.stderr.text
+    assert (workspace / "wt2" / "b").exists()
+    removed = await _run(ex, "git worktree remove --force wt2", workspace)
+    assert removed.exit_code == 0, removed.stderr.text
+    assert not (workspace / "wt2").exists()
+
+
+@pytest.mark.parametrize("planted", ["HEAD", "packed-refs", "refs/heads/x", "config"])
+@pytest.mark.parametrize("while_running", [False, True])
+async def test_a_fifo_in_a_repository_the_command_makes_stalls_nothing(
+    make_executor: ExecutorFactory, workspace: Path, planted: str, while_running: bool
+) -> None:
+    # The executor read `r/.git/HEAD` on its loop at the next spawn: a FIFO there stopped
+    # the loop, and with it every timeout, kill and `aclose()` (a red team's). Host git run
+    # on the repository stalled the same way. Also while the command that made it still runs.
+    ex = make_executor(mode="workspace-write")
+    plant = f"git init -q r && rm -f r/.git/{planted} && mkfifo r/.git/{planted}"
+    if while_running:
+        gate = workspace / "gate"
+        os.mkfifo(gate)
+        bg = await ex.start(
+            ex.resolve(
+                BashExecRequest(
+                    command=f"{plant} && echo made > made && read x < gate",
+                    workdir=str(workspace),
+                    timeout_ms=60_000,
+                )
+            )
+        )
+        for _ in range(400):
+            if (workspace / "made").exists():
+                break
+            await asyncio.sleep(0.05)
+        assert (workspace / "made").exists()
+    else:
+        made = await _run(ex, plant, workspace)
+        assert made.exit_code == 0, made.stderr.text
+        assert made.sandbox is not None
+        dropped = [w for w in made.sandbox.warnings if "reset to git's default" in w]
+        assert dropped and planted in dropped[0], made.sandbox.warnings
+        left = workspace / "r" / ".git" / planted
+        assert not left.exists() or stat.S_ISREG(left.lstat().st_mode)  # a config is re-made
+    started = asyncio.get_running_loop().time()
+    nxt = await asyncio.wait_for(_run(ex, "echo next", workspace), 30)
+    assert nxt.stdout.text == "next\n", nxt.stderr.text
+    assert asyncio.get_running_loop().time() - started < 8  # no git waited out its bound
+    if while_running:
+        with open(gate, "w") as fh:
+            fh.write("go\n")
+        await asyncio.wait_for(bg.wait(), 30)
+        assert bg.exit_code == 0
+    await asyncio.wait_for(ex.aclose(), 30)

@@ -185,8 +185,20 @@ def test_the_child_steps_in_order_as_root_and_unprivileged_isolated_and_host(
         f"umount {STAGE}",
         f"close {vs.STAGE_FD}",
         "chdir /srv",
-        *PRIVILEGE,
+        *PRIVILEGE[:4],
+        # Unprivileged: the command's own user namespace, mapping the user onto the
+        # executor's uid 0 (it runs as the user it is, as under bwrap).
+        *(OWN_USER_NAMESPACE if user else []),
+        *PRIVILEGE[4:],
     ]
+
+
+OWN_USER_NAMESPACE = [
+    "unshare",
+    "write /proc/self/setgroups",
+    "write /proc/self/uid_map",
+    "write /proc/self/gid_map",
+]
 
 
 def test_without_mount_setattr_every_mount_of_the_table_is_remounted_one_by_one() -> None:

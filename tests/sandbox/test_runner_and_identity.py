@@ -18,7 +18,7 @@ from bash_sandbox import SandboxBashExecutor, SandboxUnavailableError
 from bash_sandbox.backends.bwrap import BwrapBackend, find_bwrap
 from bash_seam import BashExecRequest
 from tests.facts.evidence import file_refusal_reported
-from tests.sandbox.conftest import require_backend
+from tests.sandbox.conftest import ExecutorFactory, require_backend
 
 
 def _script(path: Path, body: str) -> str:
@@ -276,3 +276,50 @@ async def test_a_bwrap_failure_the_command_prints_is_its_own_output_not_the_host
             await ex.run(ex.resolve(BashExecRequest(command="echo ran > marker", workdir=str(ws))))
         assert "bwrap:" in info.value.detail
     assert not (ws / "marker").exists()
+
+
+async def test_the_command_runs_as_the_user_the_executor_is(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # As bwrap did: an ordinary user's command under Landlock ran as uid 0 of the executor's
+    # user namespace, and programs that refuse root (PostgreSQL's `initdb`) failed. As root
+    # (CI's first leg) it is 0 on both; the unprivileged leg runs this as nobody.
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(
+        ex.resolve(
+            BashExecRequest(
+                command="id -u; id -g; echo x > made; stat -c '%u %g' made; "
+                "grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status",
+                workdir=str(workspace),
+            )
+        )
+    )
+    assert result.exit_code == 0, result.stderr.text
+    lines = result.stdout.text.splitlines()
+    assert lines[:3] == [str(os.getuid()), str(os.getgid()), f"{os.getuid()} {os.getgid()}"]
+    assert all(line.split()[1] == "0000000000000000" for line in lines[3:]), lines
+    host = (workspace / "made").stat()
+    assert (host.st_uid, host.st_gid) == (os.getuid(), os.getgid())
+
+
+async def test_a_workspace_the_command_made_unenterable_is_a_workdir_error(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # `chmod 0 .` made every later call a `SandboxUnavailableError` (bwrap could not chdir):
+    # the harness was told the host cannot confine. It is the workdir that is unusable.
+    from bash_seam import WorkdirError
+
+    ex = make_executor(mode="workspace-write")
+    spec = ex.resolve(BashExecRequest(command="chmod 0 . && echo done", workdir=str(workspace)))
+    try:
+        first = await ex.run(spec)
+        assert first.stdout.text == "done\n", first.stderr.text
+        assert stat.S_IMODE(workspace.stat().st_mode) == 0
+        for mode in ("workspace-write", "read-only"):
+            request = BashExecRequest(command="true", workdir=str(workspace), sandbox_mode=mode)
+            with pytest.raises(WorkdirError, match="cannot enter"):
+                await ex.run(ex.resolve(request))
+    finally:
+        workspace.chmod(0o755)
+    again = await ex.run(ex.resolve(BashExecRequest(command="echo ok", workdir=str(workspace))))
+    assert again.stdout.text == "ok\n"

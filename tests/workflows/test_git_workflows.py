@@ -63,3 +63,23 @@ async def test_git_status_and_log_work_in_read_only(git_workflow: Workflow) -> N
     assert result.stdout.text.startswith("## main\n")
     assert "main work" in result.stdout.text
     await git_workflow.finish()
+
+
+async def test_read_only_git_status_with_a_stale_index_reports_no_denial(
+    git_workflow: Workflow,
+) -> None:
+    # A file touched since the index was written: git would refresh the index (index.lock),
+    # a refused write reported after a status that worked, pointing at workspace-write.
+    import os
+    import time
+
+    readme = git_workflow.root / "README.md"
+    later = time.time() + 5
+    os.utime(readme, (later, later))
+    ex = git_workflow.executor("read-only")
+    result = await git_workflow.sh(ex, "git status --short")
+    assert result.exit_code == 0, describe(result)
+    assert result.sandbox is not None
+    assert result.sandbox.denials == () and not result.sandbox.denied, result.sandbox.denials
+    assert "[sandbox" not in result.stderr.text
+    await git_workflow.finish(("README.md",))  # the test's own touch

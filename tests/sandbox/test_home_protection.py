@@ -1,0 +1,149 @@
+"""A writable root that holds a home's own environment (`policies.autorun.HOME_PATHS`).
+
+A workspace that is the user's home, or a root `~/.config`, let a command plant what the
+host runs or obeys later: bash-sandbox's own config (the next call, in another project, ran
+unconfined), `~/.gitconfig` (host git ran its fsmonitor in every repository), a `.pth` in
+user site-packages, direnv's allow records. Each attack is tried for real; the host is
+then judged from outside: the file is absent, and the host tool that would run it ran
+nothing. Ordinary work in the home keeps working.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bash_sandbox import SandboxBashExecutor
+from bash_seam import BashExecRequest, BashRunResult
+from policies.autorun import home_paths
+from tests.sandbox.conftest import ExecutorFactory
+
+
+async def _run(ex: SandboxBashExecutor, command: str, workdir: Path) -> BashRunResult:
+    return await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workdir))))
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A home of this test's own, with a little of a real one in it."""
+    home = tmp_path / "home"
+    (home / ".config").mkdir(parents=True)
+    (home / "proj").mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def _reasons(result: BashRunResult) -> list[str]:
+    assert result.sandbox is not None
+    return [d.reason for d in result.sandbox.denials]
+
+
+async def test_a_home_workspace_cannot_plant_the_homes_environment(
+    make_executor: ExecutorFactory, home: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    ex = make_executor(mode="workspace-write", workspace_root=str(home))
+    attacks = {
+        ".config/bash-sandbox/config.toml": "mkdir -p .config/bash-sandbox && "
+        "echo 'mode = \"danger-full-access\"' > .config/bash-sandbox/config.toml",
+        ".gitconfig": f"printf '[core]\\n\\tfsmonitor = \"touch {marker}; false\"\\n' > .gitconfig",
+        ".config/git/config": f"mkdir -p .config/git && printf '[core]\\n\\tfsmonitor = "
+        f'"touch {marker}; false"\\n\' > .config/git/config',
+        ".local/lib/python3.11/site-packages/zz.pth": "mkdir -p "
+        f".local/lib/python3.11/site-packages && echo 'import os; os.mknod(\"{marker}\")' > "
+        ".local/lib/python3.11/site-packages/zz.pth",
+        ".local/share/direnv/allow/x": "mkdir -p .local/share/direnv/allow && echo x > "
+        ".local/share/direnv/allow/x",
+        ".local/bin/git": "mkdir -p .local/bin && printf '#!/bin/sh\\n' > .local/bin/git",
+        ".bash_aliases": "echo 'alias ls=evil' > .bash_aliases",
+    }
+    for planted, command in attacks.items():
+        result = await _run(ex, command, home)
+        assert result.exit_code != 0, (planted, result.stdout.text)
+        assert not (home / planted).exists(), planted
+        assert any("the home's" in r and "unprotected_paths" in r for r in _reasons(result)), (
+            planted,
+            _reasons(result),
+        )
+    # Ordinary work in the home: a new project, a file in an existing one.
+    work = await _run(ex, "mkdir -p newproj && echo hi > newproj/a && echo x > proj/b", home)
+    assert work.exit_code == 0, work.stderr.text
+    assert (home / "newproj" / "a").read_text() == "hi\n"
+    assert (home / "proj" / "b").read_text() == "x\n"
+    await ex.aclose()
+    # The host: its git in another repository runs nothing; none of the names was left.
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    subprocess.run(["git", "-C", str(repo), "status"], env=env, capture_output=True, check=True)
+    assert not marker.exists()
+    for planted in attacks:
+        assert not os.path.lexists(home / planted.split("/")[0]) or planted.startswith(".config"), (
+            planted
+        )
+    assert sorted(os.listdir(home / ".config")) == []
+
+
+async def test_a_root_inside_the_home_keeps_the_specific_names(
+    make_executor: ExecutorFactory, home: Path, workspace: Path
+) -> None:
+    config = home / ".config"
+    ex = make_executor(mode="workspace-write", writable_roots=(str(config),))
+    result = await _run(
+        ex,
+        f"mkdir -p {config}/git && echo '[core]' > {config}/git/config; "
+        f"mkdir -p {config}/bash-sandbox && echo x > {config}/bash-sandbox/config.toml; "
+        f"mkdir -p {config}/nvim && echo 'set nu' > {config}/nvim/init.vim",
+        workspace,
+    )
+    assert not (config / "git" / "config").exists()
+    assert not (config / "bash-sandbox" / "config.toml").exists()
+    # The root's own purpose stays: another program's settings there are writable.
+    assert (config / "nvim" / "init.vim").read_text() == "set nu\n"
+    assert any("the home's ~/.config/git" in r for r in _reasons(result)), _reasons(result)
+
+
+def test_the_next_call_in_another_project_obeys_no_planted_config(
+    backend: str, home: Path, tmp_path: Path
+) -> None:
+    # The CLI end to end: the first call's workspace is the home; the second call, in a
+    # project, reads the user's config (had the first planted one, it would run unconfined).
+    import sys
+
+    cli = [sys.executable, "-m", "bash_sandbox.cli"]
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
+    first = subprocess.run(
+        [*cli, "run", "--mode", "workspace-write", "--workspace", str(home),
+         "--backend", backend, "--", "mkdir -p .config/bash-sandbox && echo "
+         "'mode = \"danger-full-access\"' > .config/bash-sandbox/config.toml"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert first.returncode != 0 and "the home's ~/.config" in first.stdout + first.stderr, (
+        first.stdout + first.stderr
+    )
+    marker = tmp_path / "outside"
+    second = subprocess.run(
+        [*cli, "run", "--workspace", str(home / "proj"), "--backend",
+         backend, "--", f"echo ran; touch {marker}"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert second.stdout.startswith("ran"), second.stderr  # it ran, confined as asked
+    assert not marker.exists(), second.stdout + second.stderr
+    assert not (home / ".config" / "bash-sandbox").exists()
+
+
+def test_home_paths_only_where_a_root_holds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = str(tmp_path / "h")
+    monkeypatch.setenv("HOME", home)
+    found = dict(home_paths((home,)))
+    assert f"{home}/.config" in found and f"{home}/.gitconfig" in found
+    # Covered with `.config`: the specific names below it are not repeated.
+    assert f"{home}/.config/git" not in found
+    assert dict(home_paths((f"{home}/.config",))).keys() >= {f"{home}/.config/git"}
+    assert home_paths((f"{home}/proj",)) == []
+    assert f"{home}/.gitconfig" not in dict(home_paths((home,), (".gitconfig",)))
