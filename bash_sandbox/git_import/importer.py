@@ -316,7 +316,13 @@ class _Importer:
                 continue
             if rel == "worktrees" or (admin == "" and top == "worktrees"):
                 if kind == "gone" and rel.count("/") == 1:
-                    self.plan.files.append(FileChange("", rel, None))
+                    if self._within_roots(rel):
+                        self.plan.files.append(FileChange("", rel, None))
+                    else:
+                        # Its checkout would be left without a repository (`git worktree
+                        # prune` or `remove` of one the command cannot even see).
+                        why = "a worktree outside the writable roots stays registered"
+                        self.result.denials.append((rel, why))
                 continue
             if top == "logs":
                 if kind in ("file", "gone"):
@@ -747,10 +753,16 @@ class _Importer:
         touched = {*heads, *indexes, *dirs, *(k.split("\0")[0] for k in state)}
         for admin in sorted(touched | {a for a, _ in own_logs}):
             if not self._within_roots(admin):
-                self.plan.refused.append(
+                why = (
                     f"{admin or '.'}: a worktree outside the writable roots; its HEAD, index, "
                     "state and HEAD reflog stay the host's"
                 )
+                if admin in touched:
+                    self.plan.refused.append(why)
+                else:
+                    # Its reflog alone (`git gc --auto` rewrites them all): the write is
+                    # dropped, the rest of the import goes on.
+                    self.result.denials.append((os.path.join(admin, "logs"), why))
                 heads.discard(admin)
                 indexes.discard(admin)
                 dirs.pop(admin, None)

@@ -679,6 +679,38 @@ async def test_the_head_reflog_of_a_worktree_outside_the_roots_stays_the_hosts(
     assert not (checkout / "run-me.sh").exists()
     assert host_git(checkout, "symbolic-ref", "HEAD").strip() == f"refs/heads/{branch}"
     assert result.sandbox is not None
-    refused = [r for o in result.sandbox.git for r in o.refused]
-    assert any("worktree outside the writable roots" in r for r in refused), result.sandbox.git
+    # The reflog write alone is dropped, with a denial; the rest of the import goes on.
+    reasons = [d.reason for d in result.sandbox.denials]
+    assert any("worktree outside the writable roots" in r for r in reasons), reasons
+    fsck_clean(checkout)
+
+
+@pytest.mark.parametrize("layout", ["main worktree", "linked worktree"])
+async def test_a_worktree_outside_the_roots_keeps_its_registration_and_gc_never_refuses_all(
+    layout: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # The command removed an outside worktree's admin dir (its checkout left without a
+    # repository), and `git gc --auto` rewriting an outside worktree's HEAD reflog refused
+    # the whole import, the command's commit with it.
+    checkout, _branch, where = _branch_outside(layout, tmp_path, workspace)
+    common = Path(
+        host_git(where, "rev-parse", "--path-format=absolute", "--git-common-dir").strip()
+    )
+    other = tmp_path / "other"
+    host_git(checkout, "worktree", "add", "-q", "-b", "other", str(other))
+    admins = sorted(p.name for p in (common / "worktrees").iterdir())
+    plant = (
+        "echo work > work.txt && git add work.txt && git commit -qm work && "
+        'git reflog expire --expire=now --all && rm -rf "$(git rev-parse '
+        '--git-common-dir)/worktrees/other"'
+    )
+    result = await _run(make_executor(mode="workspace-write"), plant, where)
+    assert result.exit_code == 0, result.stderr.text
+    assert sorted(p.name for p in (common / "worktrees").iterdir()) == admins
+    assert host_git(other, "status", "--short") == ""  # still a checkout of its repository
+    log = host_git(where, "log", "-1", "--format=%s").strip()
+    assert log == "work", result.sandbox
+    assert result.sandbox is not None
+    reasons = [d.reason for d in result.sandbox.denials]
+    assert any("stays registered" in r for r in reasons), reasons
     fsck_clean(checkout)
