@@ -145,17 +145,21 @@ def settle_git(
     return done
 
 
-_WORKTREES_MAX = 256  # linked worktrees looked at per git directory
+# Linked worktrees whose missing directory a spawn holds, per git directory.
+WORKTREES_HELD = 256
 
 
-def linked_worktree_dirs(gitdirs: tuple[str, ...], roots: tuple[str, ...]) -> list[tuple[str, str]]:
+def linked_worktree_dirs(
+    gitdirs: tuple[str, ...], roots: tuple[str, ...], limit: int | None = None
+) -> list[tuple[str, str]]:
     """(root, directory) of each linked worktree ``gitdirs`` name (`worktrees/<id>/gitdir`,
-    read as git reads it: `git_import.state_files.worktree_inside`) lying below a root."""
+    read as git reads it: `git_import.state_files.worktree_inside`) lying below a root; of
+    the first ``limit`` admin directories of each (None: all)."""
     found: list[tuple[str, str]] = []
     for gitdir in gitdirs:
         admins = os.path.join(gitdir, "worktrees")
         try:
-            names = os.listdir(admins)[:_WORKTREES_MAX]
+            names = os.listdir(admins)[:limit]
         except OSError:
             continue
         for name in names:
@@ -180,6 +184,7 @@ def unlink_worktree_links(gitdirs: tuple[str, ...], roots: tuple[str, ...]) -> l
     writes `<worktree>/.git` and `remove --force` empties the worktree, through that link,
     outside the roots: a red team's). The links removed."""
     removed: list[str] = []
+    # Every one, however many a command registered (a spawn holds the first few only).
     for root, worktree in linked_worktree_dirs(gitdirs, roots):
         path = root
         for part in os.path.relpath(worktree, root).split("/"):

@@ -32,7 +32,12 @@ from bash_sandbox.envrc_chain import envrc_chain
 from bash_sandbox.git_discovery import DotGitSearch
 from bash_sandbox.git_hook_chain import ChainLink
 from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
-from bash_sandbox.git_spawn import GitInspection, inspect_git, linked_worktree_dirs
+from bash_sandbox.git_spawn import (
+    WORKTREES_HELD,
+    GitInspection,
+    inspect_git,
+    linked_worktree_dirs,
+)
 from bash_sandbox.placeholder_linger import LingeringPlaceholders
 from bash_sandbox.placeholder_stash import STASH_DIR
 from bash_sandbox.placeholders import Placeholders
@@ -328,7 +333,7 @@ def _linked_worktrees(
     place is taken away after the command (`git_spawn.unlink_worktree_links`)."""
     pins: list[str] = []
     gaps: list[str] = []
-    for root, worktree in linked_worktree_dirs(gitdirs, roots):
+    for root, worktree in linked_worktree_dirs(gitdirs, roots, WORKTREES_HELD):
         gap = _first_missing(worktree, root)
         if gap is not None:
             pins += _pins_between(root, gap)

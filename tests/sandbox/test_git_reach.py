@@ -939,3 +939,33 @@ async def test_a_fifo_in_a_repository_the_command_makes_stalls_nothing(
         await asyncio.wait_for(bg.wait(), 30)
         assert bg.exit_code == 0
     await asyncio.wait_for(ex.aclose(), 30)
+
+
+async def test_worktrees_beyond_the_held_ones_lose_their_links_too(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A spawn holds the missing directories of the first few registered worktrees only; a
+    # command that registered more linked every other one out (a red team's 600): the links
+    # are taken away after the command whatever their number.
+    from bash_sandbox import host_view
+
+    monkeypatch.setattr(host_view, "WORKTREES_HELD", 2)
+    host_git("init", "-q", cwd=workspace)
+    (workspace / "a").write_text("a\n")
+    host_git("add", "a", cwd=workspace)
+    host_git("commit", "-qm", "a", cwd=workspace)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    ex = make_executor(mode="workspace-write")
+    register = " && ".join(f"git worktree add -q w{i} && rm -rf w{i}" for i in range(5))
+    made = await _run(ex, register, workspace)
+    assert made.exit_code == 0, made.stderr.text
+    linked = await _run(ex, " ; ".join(f"ln -s {victim} w{i}" for i in range(5)), workspace)
+    assert linked.sandbox is not None
+    assert [n for n in os.listdir(workspace) if (workspace / n).is_symlink()] == []
+    await ex.aclose()
+    host_git("worktree", "repair", cwd=workspace, check=False)
+    assert os.listdir(victim) == []
