@@ -40,7 +40,6 @@ from bash_sandbox.egress_guards import egress_setting_problem
 from bash_sandbox.environment import sandbox_inherited_env
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
-from bash_sandbox.git_excludes import excludes_environment, excludes_text, share_excludes
 from bash_sandbox.git_plane import MergeReport, merge_back
 from bash_sandbox.git_spawn import GitInspection, settle_git, unlink_worktree_links
 from bash_sandbox.linux.binaries import host_git
@@ -314,15 +313,7 @@ class ConfinedSpawn(SpawnScope):
             request_env=spec.env,
         )
         self._mirror_hosts = mirror_hosts(env)
-        if self._holds_placeholders:
-            # The command's git ignores the placeholders (`git_excludes.py`); a request's
-            # or the user's own `GIT_CONFIG_*` win.
-            env = excludes_environment() | env
         return env
-
-    @property
-    def _holds_placeholders(self) -> bool:
-        return self.policy.mode is SandboxMode.WORKSPACE_WRITE and self.backend.mounts
 
     def _prepare_limits(self) -> LimitsPlan:
         limits = self._services.limits
@@ -361,9 +352,6 @@ class ConfinedSpawn(SpawnScope):
             from bash_sandbox.egress.credentials import share_bundle
 
             share_bundle(namespaces.tmp, scratch.domain)
-        if self._holds_placeholders and namespaces is not None and scratch is not None:
-            with contextlib.suppress(OSError):  # without it, the placeholders show, no more
-                share_excludes(namespaces.tmp, scratch.domain, excludes_text(self._user_policy))
         # The helper builds the child's steps itself: only their calls are recorded here.
         helper = services.spawn_helper() if sys.platform == "linux" else None
         # Without it, the compiled child from this process where it is built; else `Popen`.

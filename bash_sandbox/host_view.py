@@ -12,6 +12,7 @@ data the backends render and the mount plan applies.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Iterable
@@ -41,6 +42,7 @@ from bash_sandbox.git_spawn import (
 from bash_sandbox.placeholder_linger import LingeringPlaceholders
 from bash_sandbox.placeholder_stash import STASH_DIR
 from bash_sandbox.placeholders import Placeholders
+from bash_sandbox.safe_read import read_regular
 from bash_sandbox.state import ExecutorState
 from bash_sandbox.view import GitOverlay, HostView
 from policies import SandboxPolicy, host_secrets
@@ -85,6 +87,7 @@ class HostSurvey:
         self._shadows = ShadowCache()
         self._known_dotgits: dict[str, None] = {}
         self._unshadowed_memo: tuple[object, tuple[str, ...]] | None = None
+        self._made_files: set[str] = set()  # `_state_file`s made so far
 
     def release(self, held: tuple[str, ...]) -> None:
         """Give back the host placeholders one survey acquired."""
@@ -268,8 +271,56 @@ class HostSurvey:
             hidden=hidden,
             partial=tuple(partial),
             watched=tuple(dict.fromkeys(watched)),
+            file_binds=self._excludes(overlays, held),
         )
         return view
+
+    def _excludes(self, overlays: list[GitOverlay], held: list[str]) -> tuple[tuple[str, str], ...]:
+        """For each overlaid repository with host placeholders in its worktree: its
+        `info/exclude` as the command sees it, the host's plus those placeholders, anchored.
+        `git stash -u` and `git clean -d` remove untracked directories: on the placeholders
+        (mount points) they failed halfway, the files already stashed (a usability pass).
+        Git reads this file in addition to the user's own excludes, which stay as they are;
+        the host's file is unchanged, and the import never takes `info/` back."""
+        binds: list[tuple[str, str]] = []
+        for overlay in overlays:
+            if os.path.basename(overlay.gitdir) != ".git":
+                continue  # no worktree of its own to anchor at
+            top = os.path.dirname(overlay.gitdir)
+            names = sorted(
+                "/" + os.path.relpath(p, top)
+                for p in held
+                if within(p, top) and not within(p, overlay.gitdir)
+            )
+            target = os.path.join(overlay.gitdir, "info", "exclude")
+            if not names:
+                continue
+            try:
+                own = read_regular(target, 1 << 20)
+            except OSError:
+                continue  # none to stand in for (git makes one at init)
+            text = (
+                own
+                + b"\n# bash-sandbox: its placeholders\n"
+                + "\n".join(_literal(n) for n in names).encode()
+                + b"\n"
+            )
+            binds.append((target, self._state_file("git-excludes", text)))
+        return tuple(binds)
+
+    def _state_file(self, kind: str, data: bytes) -> str:
+        """``data`` as a file of the executor's state (read-only, named by its hash), made
+        once: a bind source no command can reach."""
+        digest = hashlib.sha256(data).hexdigest()[:32]
+        path = os.path.join(self._state.path, f"{kind}-{digest}")
+        if path not in self._made_files:
+            temp = f"{path}.{os.getpid()}.tmp"
+            with open(temp, "wb") as fh:
+                fh.write(data)
+            os.chmod(temp, 0o444)
+            os.replace(temp, path)
+            self._made_files.add(path)
+        return path
 
     def _unshadowed(
         self, denied: tuple[str, ...], shadows: tuple[Shadow, ...], tops: tuple[str, ...]
@@ -356,6 +407,11 @@ def home_links(policy: SandboxPolicy) -> list[ChainLink]:
         elif entry.hold or os.path.lexists(path):
             links.append(ChainLink(path, entry.is_dir, why))
     return links
+
+
+def _literal(name: str) -> str:
+    """``name`` as a gitignore pattern matching it literally."""
+    return "".join("\\" + c if c in "\\*?[]!# " else c for c in name)
 
 
 def _a_directory(path: str) -> bool:

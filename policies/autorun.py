@@ -8,11 +8,11 @@ a denial shows. `unprotected_paths` in the policy (or the executor's config) lif
 
 Shell start-up files are protected where they exist in a root, and also when missing only
 in a root that is a home directory (elsewhere a missing `.bashrc` runs nothing); the rest
-are protected whether or not they exist. A missing one is held by an empty read-only
-*directory* placeholder, whatever its kind: git ignores empty directories, so `git status`
-and `git add -A` in the workspace never see them; those without a leading dot, which a
-shell's `*` matches, by an empty file. The command's own git ignores all of them
-(`bash_sandbox/git_excludes.py`).
+are protected whether or not they exist. A missing auto-run name is held by an empty
+read-only *directory* placeholder, whatever its kind: git ignores empty directories, so
+`git status` and `git add -A` in the workspace never see them (on the host either); the
+command's own git also ignores them where it has an overlay (`host_view.py`). A shell
+start-up file missing in a home is held by an empty file (bash reads it as nothing).
 """
 
 from __future__ import annotations
@@ -220,9 +220,11 @@ def needs_placeholder(name: str, root: str, *, real_root: str | None = None) -> 
 
 def directory_placeholder(name: str) -> bool:
     """Whether a missing ``name`` is held by a directory even when it names a file: an
-    auto-run name, but for those a shell's `*` matches (`opencode.json`): held by an empty
-    file, which `grep x *` or `cat *.json` reads as nothing, where a directory failed them."""
-    return autorun_reason(name) is not None and name.startswith(".")
+    auto-run name (git shows no empty directory, to the host's git either: an empty file
+    placeholder got committed by the user's `git add -A` while a command ran). Not a shell
+    start-up file, held in a home only: bash reads an empty file as nothing, and a
+    directory there made every login shell complain."""
+    return name in AUTORUN_PATHS or name == ".config/fish"
 
 
 def protected_label(name: str) -> str:

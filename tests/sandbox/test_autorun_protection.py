@@ -219,38 +219,52 @@ async def test_a_command_outliving_the_one_that_made_the_placeholders_keeps_runn
     assert not (workspace / ".vscode").exists()  # nothing left once nobody holds it
 
 
-async def test_placeholders_stay_out_of_the_commands_git_and_globs(
+async def test_placeholders_stay_out_of_the_commands_git_and_its_excludes_stay_the_users(
     make_executor: ExecutorFactory,
     workspace: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # `git stash -u` cleans untracked directories: on the placeholders (mount points) it
-    # failed halfway, the untracked files already in the stash; `grep x *` failed on the
-    # ones a `*` matches. The user's own global excludes still apply.
+    # failed halfway, the untracked files already in the stash. The command's git reads the
+    # placeholders from the repository's `info/exclude` as it sees it; the user's own
+    # excludes (here global, through an include) still apply, so `git add -A` never commits
+    # what they keep out (an earlier way, `core.excludesFile` overridden, lost them).
     home = tmp_path / "home"
-    (home / ".config" / "git").mkdir(parents=True)
-    (home / ".config" / "git" / "ignore").write_text("*.log\n")
+    home.mkdir()
+    (home / ".gitconfig").write_text("[include]\n\tpath = ~/.gitconfig.local\n")
+    (home / ".gitconfig.local").write_text("[core]\n\texcludesFile = ~/.ignore-global\n")
+    (home / ".ignore-global").write_text("*.log\nsecret.env\n")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@e", "HOME": str(home)}  # fmt: skip
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True, env={**os.environ, **env})
+    exclude = workspace / ".git" / "info" / "exclude"
+    before = exclude.read_bytes()
     (workspace / "notes.txt").write_text("hello\n")
+    subprocess.run(["git", "-C", str(workspace), "add", "notes.txt"], check=True)
+    subprocess.run(
+        ["git", "-C", str(workspace), "commit", "-qm", "one"], check=True,
+        env={**os.environ, **env},
+    )  # fmt: skip
     ex = make_executor(mode="workspace-write")
-    env = "GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@e GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t@e"
     result = await _run(
         ex,
-        "set -e; grep -c hello * >/dev/null; cat *.json; git init -q; git add notes.txt; "
-        f"{env} git commit -qm one; echo wip > untracked.txt; echo x > build.log; "
-        "git status --porcelain; git stash -u -q; ls; git stash pop -q; git clean -fdq -e "
-        "untracked.txt; echo done",
+        "set -e; echo wip > untracked.txt; echo x > build.log; echo k > secret.env; "
+        "git status --porcelain; git stash -u -q; ls; git stash pop -q; "
+        "git clean -fdq -e untracked.txt; git add -A; git status --porcelain; echo done",
         workspace,
     )
     assert result.exit_code == 0, result.stderr.text
     lines = result.stdout.text.splitlines()
-    assert lines[0] == "?? untracked.txt", lines  # no placeholder, no *.log
-    assert "untracked.txt" not in lines[1:-1] and lines[-1] == "done", lines
-    # The host: the stash popped back, the files are there, no placeholder in history.
+    assert lines[0] == "?? untracked.txt", lines  # no placeholder, no *.log, no secret.env
+    assert lines[-2:] == ["A  untracked.txt", "done"], lines
+    # The host: the stash popped back, its own excludes file untouched, no placeholder kept.
     assert (workspace / "untracked.txt").read_text() == "wip\n"
-    tracked = subprocess.run(
-        ["git", "-C", str(workspace), "ls-files"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert tracked == ["notes.txt"]
+    assert exclude.read_bytes() == before
+    staged = subprocess.run(
+        ["git", "-C", str(workspace), "diff", "--cached", "--name-only"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert staged == ["untracked.txt"]
