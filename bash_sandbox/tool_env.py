@@ -24,8 +24,9 @@
   `npm_config_fetch_retries=0`, `npm_config_fetch_timeout=5000`, `PIP_RETRIES=0`,
   `PIP_TIMEOUT=3`, `UV_HTTP_TIMEOUT=3`, `CARGO_NET_RETRY=0`, `CARGO_HTTP_TIMEOUT=3`,
   `YARN_HTTP_RETRY=0`, `GIT_HTTP_LOW_SPEED_TIME=3`. Go and git fail at once without retrying.
-  And `PIP_DISABLE_PIP_VERSION_CHECK=1`: pip's own update check, on every run, is a refused
-  lookup the result would report after an install that worked.
+  And `PIP_DISABLE_PIP_VERSION_CHECK=1`, `npm_config_update_notifier=false`: pip's and
+  npm's own update checks are refused lookups the result would report after work that went
+  fine.
 - Read-only: `GIT_OPTIONAL_LOCKS=0`, so `git status` does not try to refresh the index (a
   refused `index.lock` after a status that worked, which pointed users at workspace-write).
 - The egress proxy's variables (`egress.environment`) when the policy has an allowlist.
@@ -58,6 +59,7 @@ OFFLINE = {
     "YARN_HTTP_RETRY": "0",
     "GIT_HTTP_LOW_SPEED_TIME": "3",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    "npm_config_update_notifier": "false",
 }
 # Under an allowlist: no retries still, but timeouts that a slow allowed mirror survives.
 ALLOWLIST_TIMEOUTS = {

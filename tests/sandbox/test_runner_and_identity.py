@@ -323,3 +323,23 @@ async def test_a_workspace_the_command_made_unenterable_is_a_workdir_error(
         workspace.chmod(0o755)
     again = await ex.run(ex.resolve(BashExecRequest(command="echo ok", workdir=str(workspace))))
     assert again.stdout.text == "ok\n"
+
+
+async def test_update_checks_are_off_offline_and_git_takes_no_optional_lock_read_only(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # Refused lookups (pip's and npm's update checks) and a refused `index.lock` (git status
+    # refreshing the index) were reported after work that went fine.
+    ex = make_executor()
+    for mode, expected in (
+        ("read-only", ["1", "false", "0"]),
+        ("workspace-write", ["1", "false", ""]),
+    ):
+        request = BashExecRequest(
+            command='echo "$PIP_DISABLE_PIP_VERSION_CHECK"; echo "$npm_config_update_notifier";'
+            ' echo "$GIT_OPTIONAL_LOCKS"',
+            workdir=str(workspace),
+            sandbox_mode=mode,
+        )
+        result = await ex.run(ex.resolve(request))
+        assert result.stdout.text.splitlines() == expected, mode
