@@ -87,6 +87,8 @@ _REMOVED = (
     "sequencer",
 )
 _CONFIG_MAX = 1 << 20
+# An index git would hold for a very large checkout is a few hundred MiB.
+_INDEX_MAX = 1 << 30
 _MODULES_DEPTH = 8
 _NESTED_MAX = 100_000  # directories below one created git dir looked at for hidden ones
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -322,13 +324,20 @@ def _refused_index(fd: int, gitdir: str) -> bool:
 
 
 def _copy_regular(fd: int, name: str, dest: str) -> bool:
-    """Copy the regular file ``name`` below ``fd`` (never through a link) to ``dest``."""
+    """Copy the regular file ``name`` below ``fd`` (never through a link) to ``dest``; not
+    one larger than `_INDEX_MAX`, or sparse (a command's `truncate -s 500G index` was copied
+    whole to the host's temp directory, on the settle's time)."""
     try:
         src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
     except OSError:
         return False
     try:
-        if not stat.S_ISREG(os.fstat(src).st_mode):
+        st = os.fstat(src)
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_size > _INDEX_MAX
+            or st.st_blocks * 512 < st.st_size - (1 << 16)
+        ):
             return False
         with open(dest, "wb") as out:
             while chunk := os.read(src, 1 << 20):

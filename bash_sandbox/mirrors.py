@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from bash_sandbox.safe_read import read_regular
 from policies import stamps
 
 # Variables whose value is a URL (or a space/comma-separated list of URLs) of an index.
@@ -112,8 +113,8 @@ def _hosts_of(value: str) -> list[str]:
 
 def _read_small(path: str) -> str | None:
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(_MAX_FILE_BYTES + 1)
+        # A user config can be a link into a workspace, where a command made it a FIFO.
+        data = read_regular(path, _MAX_FILE_BYTES + 1)
     except OSError:
         return None
     if len(data) > _MAX_FILE_BYTES:

@@ -41,7 +41,10 @@ _PAD_MAX = 1 << 16  # a ledger shrinks by padding up to this much, beyond it by 
 def _process_id(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            start = fh.read().rsplit(b")", 1)[1].split()[19].decode()
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        # A zombie (a killed executor its parent has not reaped: a container's PID 1 may
+        # never) holds nothing: it is not the holder that was recorded.
+        start = fields[19].decode() if fields[0] not in (b"Z", b"X") else "gone"
     except (OSError, IndexError):
         start = "?"
     return f"{pid}:{start}"
@@ -240,6 +243,11 @@ class Placeholders:
             new: list[tuple[str, bool, dict[str, object], int]] = []
             for path, is_dir in wanted:
                 entry = ledger.entries.get(path)
+                if entry is not None and not os.path.lexists(path):
+                    # Recorded, but removed meanwhile (by the user, after its holder died):
+                    # made again, for every holder (covering it would fail the spawn).
+                    del ledger.entries[path]
+                    entry = None
                 if entry is not None:
                     holders = ledger.holders(entry)
                     holders.append(self._me)

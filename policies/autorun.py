@@ -181,9 +181,29 @@ def home_paths(
                 if name in unprotected or os.path.relpath(path, root) in unprotected:
                     continue
                 found.setdefault(path, entry)
+    # A name of the user's home that links into a root (a dotfiles manager's layout:
+    # `~/.bash_aliases -> ~/dotfiles/bash/.bash_aliases`, the workspace `~/dotfiles`): what
+    # the host reads through it lies in the root, and is protected there (a red team's).
+    home = os.path.expanduser("~")
+    linked = {**HOME_PATHS, **{n: HomePath(False, False, r) for n, r in SHELL_RC_PATHS.items()}}
+    for name, entry in linked.items():
+        path = os.path.join(home, name)
+        if not os.path.islink(path):
+            continue
+        target = os.path.realpath(path)
+        if target in roots or not any(_within(target, r) for r in roots):
+            continue
+        if name in unprotected or os.path.relpath(target, _root_of(target, roots)) in unprotected:
+            continue
+        why = f"{entry.reason} (~/{name} links here)"
+        found.setdefault(target, HomePath(entry.is_dir, True, why))
     # Below a broad entry that is always covered (`.config` in a home root): covered with it.
     held = [p for p, e in found.items() if e.hold]
     return [(p, e) for p, e in found.items() if not any(_within(p, h) and p != h for h in held)]
+
+
+def _root_of(path: str, roots: tuple[str, ...]) -> str:
+    return next(r for r in roots if _within(path, r))
 
 
 def _within(path: str, root: str) -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from bash_sandbox.config import SandboxBashConfig
+from bash_sandbox.safe_read import read_regular
 from policies import default_deny_read
 from policies.paths import within
 from policies.units import parse_duration_ms, parse_size
@@ -234,13 +235,10 @@ def workspace_table_notice(workspace: str) -> str | None:
     """One line saying the workspace's `[tool.bash-sandbox]` is ignored, when it has one."""
     path = os.path.join(workspace, PYPROJECT)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # Never opened unless a regular file: a command's link to a device would be opened.
+        data = read_regular(path, MAX_CONFIG_BYTES + 1)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            return None
-        data = fh.read(MAX_CONFIG_BYTES + 1)
     import tomllib
 
     try:

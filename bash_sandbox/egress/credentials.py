@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bash_sandbox.safe_read import read_regular
 from policies.egress import EgressCredential
 
 if TYPE_CHECKING:
@@ -92,8 +93,7 @@ def _read_secret(spec: EgressCredential, environ: Mapping[str, str]) -> str:
             )
     else:
         try:
-            with open(where, "rb") as fh:
-                value = fh.read(_MAX_SECRET_BYTES + 1).decode("utf-8", "replace")
+            value = read_regular(where, _MAX_SECRET_BYTES + 1).decode("utf-8", "replace")
         except OSError as exc:
             raise CredentialError(
                 f"credential for {spec.domain}: cannot read {where}: {exc.strerror}"

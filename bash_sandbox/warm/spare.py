@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import locale
 import os
 import socket
 import tempfile
@@ -93,6 +94,9 @@ def adopt_environment(env: dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update(env)
     tempfile.tempdir = None
+    # The client's locale: whether its terminal reads UTF-8 (`cli.render.utf8_terminal`).
+    with contextlib.suppress(locale.Error):
+        locale.setlocale(locale.LC_CTYPE, "")
 
 
 def prepare(request: dict[str, Any], cwd: int, parser: CliArgumentParser) -> Prepared | None:

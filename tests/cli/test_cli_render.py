@@ -75,3 +75,24 @@ def test_a_terminal_whose_locale_is_not_utf8_gets_ascii_only(
     monkeypatch.setattr(render.locale, "getpreferredencoding", lambda _=True: "UTF-8")
     assert render.utf8_terminal()
     assert render_chunks(data) == data.decode()  # a UTF-8 terminal keeps the letters
+
+
+def test_a_warm_calls_process_reads_its_clients_locale() -> None:
+    # The warm daemon's fork took the client's environment but kept the daemon's locale:
+    # an ASCII-only client got the raw bytes an 8-bit terminal reads as controls.
+    import locale
+    import os
+
+    from bash_sandbox.cli import render
+    from bash_sandbox.warm.spare import adopt_environment
+
+    saved_env, saved = dict(os.environ), locale.setlocale(locale.LC_CTYPE)
+    try:
+        adopt_environment({**saved_env, "LC_ALL": "C.UTF-8"})
+        assert render.utf8_terminal()
+        adopt_environment({**saved_env, "LC_ALL": "C"})
+        assert not render.utf8_terminal()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        locale.setlocale(locale.LC_CTYPE, saved)

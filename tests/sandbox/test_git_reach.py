@@ -969,3 +969,17 @@ async def test_worktrees_beyond_the_held_ones_lose_their_links_too(
     await ex.aclose()
     host_git("worktree", "repair", cwd=workspace, check=False)
     assert os.listdir(victim) == []
+
+
+async def test_a_huge_sparse_index_in_a_repository_the_command_makes_is_dropped_not_copied(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # The reset copied a created repository's index whole to the host's temp directory
+    # before git judged it: `truncate -s 2G` took the settle 15 s, 100G filled the disk.
+    ex = make_executor(mode="workspace-write")
+    started = asyncio.get_running_loop().time()
+    result = await _run(ex, "git init -q r && truncate -s 4G r/.git/index", workspace)
+    assert asyncio.get_running_loop().time() - started < 20
+    assert result.exit_code == 0, result.stderr.text
+    assert not (workspace / "r" / ".git" / "index").exists()
+    assert (workspace / "r" / ".git" / "HEAD").exists()  # the rest of the repository stays

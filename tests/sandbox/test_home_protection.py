@@ -147,3 +147,36 @@ def test_home_paths_only_where_a_root_holds_them(
     assert dict(home_paths((f"{home}/.config",))).keys() >= {f"{home}/.config/git"}
     assert home_paths((f"{home}/proj",)) == []
     assert f"{home}/.gitconfig" not in dict(home_paths((home,), (".gitconfig",)))
+
+
+async def test_a_home_name_that_links_into_a_root_is_protected_there(
+    make_executor: ExecutorFactory, home: Path, tmp_path: Path
+) -> None:
+    # A dotfiles manager's layout (GNU stow): `~/.bash_aliases` and `~/.gitconfig` link into
+    # `~/dotfiles`, the workspace. The user's next shell and host git read what lies there.
+    dotfiles = home / "dotfiles"
+    (dotfiles / "bash").mkdir(parents=True)
+    (dotfiles / "git").mkdir()
+    (dotfiles / "bash" / ".bash_aliases").write_text("alias ll='ls -l'\n")
+    (home / ".bash_aliases").symlink_to("dotfiles/bash/.bash_aliases")
+    (home / ".gitconfig").symlink_to("dotfiles/git/.gitconfig")  # dangling: made later
+    marker = tmp_path / "ran"
+    ex = make_executor(mode="workspace-write", workspace_root=str(dotfiles))
+    result = await _run(
+        ex,
+        f"echo 'touch {marker}' >> bash/.bash_aliases; "
+        f"printf '[core]\\n\\tfsmonitor = \"touch {marker}; false\"\\n' > git/.gitconfig; "
+        "echo fine > notes.txt",
+        dotfiles,
+    )
+    assert (dotfiles / "notes.txt").read_text() == "fine\n"  # the rest of the repo is work
+    assert (dotfiles / "bash" / ".bash_aliases").read_text() == "alias ll='ls -l'\n"
+    assert not (dotfiles / "git" / ".gitconfig").exists()
+    assert any("~/.bash_aliases links here" in r for r in _reasons(result)), _reasons(result)
+    await ex.aclose()
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    subprocess.run(["git", "-C", str(repo), "status"], env=env, capture_output=True, check=False)
+    subprocess.run(["bash", "-c", ". ~/.bash_aliases"], env=env, capture_output=True, check=False)
+    assert not marker.exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,39 @@ async def test_a_user_file_in_a_lingering_placeholder_stays_the_users(
         (workspace / ".vscode" / "settings.json").write_text("{}\n")  # the user, meanwhile
     await ex.aclose()
     assert ((workspace / ".vscode" / "settings.json").exists()) == bool(linger_ms)
+
+
+def test_a_zombie_holder_holds_nothing_and_a_vanished_placeholder_is_made_again(
+    private_base: Path, workspace: Path
+) -> None:
+    # A killed executor its parent never reaped (a container's PID 1) kept its placeholders
+    # "held"; once the user removed them, every later spawn covered a missing path and
+    # failed as `SandboxUnavailableError` (a red team's).
+    import json
+
+    from bash_sandbox import placeholders
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        for _ in range(200):  # the child has exited once its state is Z
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            time.sleep(0.01)
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            start = fh.read().rsplit(b")", 1)[1].split()[19].decode()
+        assert not placeholders._alive(f"{pid}:{start}", {})
+        path = workspace / ".vscode"
+        ledger = private_base / "placeholders.json"
+        ledger.write_text(json.dumps({str(path): {"dir": True, "holders": [f"{pid}:{start}"]}}))
+        holds = Placeholders()  # sweeps what dead holders left
+        assert holds.acquire_all([(str(path), True)]) == [str(path)]
+        assert path.is_dir()
+        # Recorded for a live holder, but removed meanwhile: made again, not trusted.
+        os.rmdir(path)
+        assert holds.acquire_all([(str(path), True)]) == [str(path)]
+        assert path.is_dir()
+    finally:
+        os.waitpid(pid, 0)
