@@ -170,7 +170,18 @@ def read_gitfile(path: str) -> str | None:
         return None
     if not os.path.isabs(target):
         target = os.path.join(os.path.dirname(path), target)
-    return os.path.realpath(target)
+    return resolved(target)
+
+
+def resolved(path: str) -> str | None:
+    """``os.path.realpath(path)``, or None where it raises: a link to another process's
+    `/proc/<pid>/cwd` (EACCES) or a chain of a thousand links (RecursionError), which a
+    command can leave for the search and the reset after it (a red team's skipped the reset
+    of the repositories it made, and crashed every later call)."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, RecursionError, ValueError):
+        return None
 
 
 def _list(directory: str, now_ns: int) -> Listing | None:
@@ -399,8 +410,8 @@ def gitdirs_behind(dotgit: str, roots: tuple[str, ...]) -> list[str]:
     except OSError:
         return []
     if stat.S_ISDIR(st.st_mode):
-        real = os.path.realpath(dotgit)
-        return [real] if within_any(real, roots) else []
+        real = resolved(dotgit)
+        return [real] if real is not None and within_any(real, roots) else []
     if not stat.S_ISREG(st.st_mode):
         return []
     target = read_gitfile(dotgit)
@@ -411,13 +422,15 @@ def gitdirs_behind(dotgit: str, roots: tuple[str, ...]) -> list[str]:
     found = [target]
     common = _read_small(os.path.join(target, "commondir"))
     if common is not None:
-        main = os.path.realpath(os.path.join(target, common.strip()))
+        main = resolved(os.path.join(target, common.strip()))
         # Outside the roots, only git's own layout, read from a directory the command
         # cannot write: the worktree's directory is `<common>/worktrees/<name>`.
-        layout = not within_any(target, roots) and os.path.dirname(target) == os.path.join(
-            main, "worktrees"
+        layout = (
+            main is not None
+            and not within_any(target, roots)
+            and os.path.dirname(target) == os.path.join(main, "worktrees")
         )
-        if os.path.isdir(main) and (within_any(main, roots) or layout):
+        if main is not None and os.path.isdir(main) and (within_any(main, roots) or layout):
             found.append(main)
     return found
 
@@ -426,14 +439,14 @@ def _points_back(gitdir: str, dotgit: str) -> bool:
     """Whether ``gitdir`` names ``dotgit``'s worktree as its own: a linked worktree's
     `gitdir` file holds the path of the `.git` file; a submodule's config holds
     `core.worktree`, relative to the git directory (read with git's parser)."""
-    own = os.path.realpath(dotgit)
+    own = resolved(dotgit)
+    if own is None:
+        return False
     back = (_read_small(os.path.join(gitdir, "gitdir")) or "").strip()
-    if back and os.path.realpath(os.path.join(gitdir, back)) == own:
+    if back and resolved(os.path.join(gitdir, back)) == own:
         return True
     value = git_config_get(os.path.join(gitdir, "config"), "core.worktree")
-    return value is not None and os.path.realpath(os.path.join(gitdir, value)) == os.path.dirname(
-        own
-    )
+    return value is not None and resolved(os.path.join(gitdir, value)) == os.path.dirname(own)
 
 
 def _read_small(path: str) -> str | None:
@@ -624,7 +637,7 @@ def after_command(
 
 def _target(dotgit: str) -> str | None:
     """Where a `.git` link or gitfile leads, resolved (None: a gitfile git cannot read)."""
-    return os.path.realpath(dotgit) if os.path.islink(dotgit) else read_gitfile(dotgit)
+    return resolved(dotgit) if os.path.islink(dotgit) else read_gitfile(dotgit)
 
 
 def _leads_out(target: str | None, roots: tuple[str, ...], overlaid: tuple[str, ...]) -> bool:

@@ -293,12 +293,12 @@ class HostSurvey:
                 if within(p, top) and not within(p, overlay.gitdir)
             )
             target = os.path.join(overlay.gitdir, "info", "exclude")
-            if not names:
-                continue
+            if not names or not _a_directory(os.path.dirname(target)):
+                continue  # no `info` of its own (a link: a red team's led it to a secret)
             try:
-                own = read_regular(target, 1 << 20)
+                own = read_regular(target, 1 << 20, follow=False)
             except OSError:
-                continue  # none to stand in for (git makes one at init)
+                continue  # none to stand in for (git makes one at init), or a link
             text = (
                 own
                 + b"\n# bash-sandbox: its placeholders\n"

@@ -268,3 +268,39 @@ async def test_placeholders_stay_out_of_the_commands_git_and_its_excludes_stay_t
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert staged == ["untracked.txt"]
+
+
+async def test_the_excludes_stand_in_never_follows_a_link_a_running_command_left(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A background command made the workspace's repository and linked its `info/exclude`
+    # to a secret; the next spawn read it for the stand-in and showed it to the command.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".git-credentials").write_text("TOP-SECRET-1234\n")  # a default deny_read
+    monkeypatch.setenv("HOME", str(home))
+    ex = make_executor(mode="workspace-write")
+    gate = workspace / "gate"
+    os.mkfifo(gate)
+    bg = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command=f"git init -q . && ln -sf {home}/.git-credentials .git/info/exclude && "
+                "echo ready > ready && read x < gate",
+                workdir=str(workspace),
+            )
+        )
+    )
+    for _ in range(400):
+        if (workspace / "ready").exists():
+            break
+        await asyncio.sleep(0.05)
+    result = await _run(ex, "cat .git/info/exclude; echo end", workspace)
+    assert "TOP-SECRET" not in result.stdout.text + result.stderr.text
+    assert result.stdout.text.endswith("end\n"), result.stderr.text
+    with open(gate, "w") as fh:
+        fh.write("go\n")
+    await asyncio.wait_for(bg.wait(), 30)

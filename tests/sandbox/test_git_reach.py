@@ -983,3 +983,26 @@ async def test_a_huge_sparse_index_in_a_repository_the_command_makes_is_dropped_
     assert result.exit_code == 0, result.stderr.text
     assert not (workspace / "r" / ".git" / "index").exists()
     assert (workspace / "r" / ".git" / "HEAD").exists()  # the rest of the repository stays
+
+
+async def test_a_link_that_cannot_be_resolved_skips_no_reset_and_fails_no_later_call(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A `.git` link through a thousand links (`realpath` raised RecursionError) skipped the
+    # reset of the repositories the command made, whose fsmonitor the host's git then ran,
+    # and failed every later call in the workspace (a red team's).
+    marker = tmp_path / "ran"
+    ex = make_executor(mode="workspace-write")
+    chain = "mkdir -p c && ln -s ../c/l0 c/end && for i in $(seq 0 1499); do ln -s l$((i+1)) c/l$i; done"
+    plant = (
+        f"git init -q evil && git -C evil config core.fsmonitor 'touch {marker}; false' && "
+        f"{chain} && ln -s ../c/l0 c/l1500 && mkdir y && ln -s ../c/l0 y/.git"
+    )
+    made = await _run(ex, plant, workspace)
+    assert made.exit_code == 0, made.stderr.text
+    config = (workspace / "evil" / ".git" / "config").read_text()
+    assert "fsmonitor" not in config, config
+    host_git("status", cwd=workspace / "evil", check=False)
+    assert not marker.exists()
+    nxt = await _run(ex, "echo next", workspace)
+    assert nxt.stdout.text == "next\n", nxt.stderr.text
