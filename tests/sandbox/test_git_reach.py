@@ -993,7 +993,10 @@ async def test_a_link_that_cannot_be_resolved_skips_no_reset_and_fails_no_later_
     # and failed every later call in the workspace (a red team's).
     marker = tmp_path / "ran"
     ex = make_executor(mode="workspace-write")
-    chain = "mkdir -p c && ln -s ../c/l0 c/end && for i in $(seq 0 1499); do ln -s l$((i+1)) c/l$i; done"
+    chain = (
+        "mkdir -p c && ln -s ../c/l0 c/end && "
+        "for i in $(seq 0 1499); do ln -s l$((i+1)) c/l$i; done"
+    )
     plant = (
         f"git init -q evil && git -C evil config core.fsmonitor 'touch {marker}; false' && "
         f"{chain} && ln -s ../c/l0 c/l1500 && mkdir y && ln -s ../c/l0 y/.git"
