@@ -134,6 +134,13 @@ def envrc_chain(roots: tuple[str, ...], unprotected: tuple[str, ...] = ()) -> li
             found.setdefault(target, ChainLink(target, False, why))
         if depth < _DEPTH:
             queue += [(shell, shell_base, origin, depth + 1) for shell, shell_base in shells]
+        elif shells:
+            # Not followed further: what they load is not covered, and the run says so.
+            why = f"direnv: {shown} loads files more than {_DEPTH} levels deep, not followed"
+            found.setdefault(why, ChainLink(origin, False, why, covered=False))
+    if queue:
+        why = f"direnv: the .envrc files load more than {_FILES} files; the rest not followed"
+        found.setdefault(why, ChainLink(queue[0][2], False, why, covered=False))
     return list(found.values())
 
 

@@ -44,6 +44,7 @@ from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.linux.dir_watch import FILESYSTEM_MAGIC, LOCAL_FILESYSTEMS, filesystem_type
 from bash_sandbox.linux.namespaces import NamespaceFds, ScratchPaths
 from bash_sandbox.trust_domain import domain_key
+from bash_seam import InvalidRequestError
 from policies import SandboxPolicy
 from policies.paths import within, within_any
 
@@ -384,14 +385,17 @@ class ExecutorState:
             )
         roots = policy.all_writable_roots()
         for root in roots:
-            if within(self.path, root) or any(
-                within(b, root) for b in (user_base_dir(), *fixed_bases())
-            ):
-                raise SandboxUnavailableError(
-                    policy.mode,
-                    f"writable root {root} contains the executor's private state "
-                    f"({self.path}): a command could redirect the next spawn; "
-                    "use a narrower writable root",
+            held = next(
+                (b for b in (self.path, user_base_dir(), *fixed_bases()) if within(b, root)),
+                None,
+            )
+            if held is not None:
+                # The request's own choice, not the host's inability (a harness told
+                # "unavailable" widens the mode): a request error.
+                raise InvalidRequestError(
+                    f"writable root {root} holds bash-sandbox's private state ({held}): a "
+                    "command could redirect the next spawn; "
+                    "use a narrower writable root"
                 )
         # Recorded before the command runs: no executor of this uid takes its base there.
         record_roots(roots)

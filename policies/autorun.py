@@ -122,30 +122,59 @@ HOME_PATHS: MappingProxyType[str, HomePath] = MappingProxyType(
         ".npmrc": HomePath(False, True, "npm takes the scripts' shell and options from it"),
         ".claude.json": HomePath(True, True, "Claude Code starts the MCP servers it names"),
         ".vimrc": HomePath(False, True, "vim runs it"),
-        ".vim": HomePath(True, False, "vim runs its plugins"),
-        ".emacs": HomePath(False, False, "Emacs runs it"),
+        ".vim": HomePath(True, True, "vim runs its plugins"),
+        ".emacs": HomePath(False, True, "Emacs runs it"),
         ".emacs.d": HomePath(True, False, "Emacs runs its init files"),
         ".gdbinit": HomePath(False, True, "gdb runs it"),
-        ".hgrc": HomePath(False, False, "Mercurial runs the hooks it names"),
+        ".hgrc": HomePath(False, True, "Mercurial runs the hooks it names"),
+        ".direnvrc": HomePath(False, True, "direnv sources it before every .envrc"),
+        ".tmux.conf": HomePath(False, True, "tmux runs the commands it names"),
+        ".pdbrc": HomePath(False, True, "pdb runs it"),
+        ".psqlrc": HomePath(False, True, "psql runs its \\! commands"),
+        ".sqliterc": HomePath(False, True, "sqlite3 runs its .shell commands"),
+        ".inputrc": HomePath(False, True, "readline takes its key bindings"),
+        ".curlrc": HomePath(False, True, "curl takes its options (output files)"),
+        ".wgetrc": HomePath(False, True, "wget takes its options (output files)"),
+        ".lessfilter": HomePath(False, True, "lesspipe runs it on every file less opens"),
+        ".mailcap": HomePath(False, True, "programs open files with the commands it names"),
+        ".selected_editor": HomePath(False, True, "sensible-editor runs the editor it names"),
+        ".tcshrc": HomePath(False, True, "tcsh runs it"),
+        ".kshrc": HomePath(False, True, "ksh runs it"),
+        ".gemrc": HomePath(False, True, "gem takes its sources and options"),
+        ".ipython": HomePath(True, True, "IPython runs its startup files"),
+        ".jupyter": HomePath(True, True, "Jupyter runs its config files"),
+        ".vscode-server": HomePath(True, False, "VS Code's remote server runs its extensions"),
+        ".npm-global": HomePath(True, False, _RUNS_ON_PATH),
+        ".bundle": HomePath(True, False, "bundler takes its config"),
+        # Files a dotfiles manager links one by one (a link into a root is protected there).
+        ".config/git/config": HomePath(False, False, "host git reads it in every repository"),
+        ".config/git/ignore": HomePath(False, False, "host git reads it in every repository"),
+        ".config/git/attributes": HomePath(False, False, "host git runs the filters it names"),
+        ".config/direnv/direnvrc": HomePath(False, False, "direnv sources it"),
+        ".config/direnv/direnv.toml": HomePath(False, False, "direnv's whitelist"),
+        ".config/fish/config.fish": HomePath(False, False, "fish runs it"),
+        ".config/nvim/init.lua": HomePath(False, False, "Neovim runs it"),
+        ".config/nvim/init.vim": HomePath(False, False, "Neovim runs it"),
+        ".ssh/config": HomePath(False, False, "ssh runs its ProxyCommand and Match exec"),
+        ".ssh/rc": HomePath(False, False, "sshd runs it at every login"),
         ".yarnrc": HomePath(False, False, "yarn takes its options from it"),
         ".yarnrc.yml": HomePath(False, False, "yarn runs the yarnPath it names"),
         ".condarc": HomePath(False, False, "conda installs from the channels it names"),
         ".pip": HomePath(True, False, "pip installs from the indexes its config names"),
         ".pydistutils.cfg": HomePath(False, False, "Python's build tools take options "
                                      "from it"),
-        ".tmux.conf": HomePath(False, False, "tmux runs the commands it names"),
         ".xinitrc": HomePath(False, False, "the X session runs it"),
         ".xprofile": HomePath(False, False, "the X session runs it"),
         ".xsession": HomePath(False, False, "the X session runs it"),
         ".xsessionrc": HomePath(False, False, "the X session runs it"),
-        ".docker": HomePath(True, False, "docker runs the credential helpers its config "
+        ".docker": HomePath(True, True, "docker runs the credential helpers its config "
                             "names"),
-        ".kube": HomePath(True, False, "kubectl runs the exec plugins its config names"),
-        ".aws": HomePath(True, False, "the AWS tools run the credential_process it names"),
+        ".kube": HomePath(True, True, "kubectl runs the exec plugins its config names"),
+        ".aws": HomePath(True, True, "the AWS tools run the credential_process it names"),
         ".gnupg": HomePath(True, False, "gpg runs the programs its config names"),
         ".m2": HomePath(True, False, "Maven builds with what its settings and repository "
                         "hold"),
-        ".gradle": HomePath(True, False, "Gradle runs its init scripts"),
+        ".gradle": HomePath(True, True, "Gradle runs its init scripts"),
         ".npm": HomePath(True, False, "npm installs what its cache holds"),
         ".cargo": HomePath(True, False, f"cargo runs what its config names; {_RUNS_ON_PATH}"),
         ".rustup": HomePath(True, False, _RUNS_ON_PATH),
@@ -161,6 +190,16 @@ HOME_PATHS: MappingProxyType[str, HomePath] = MappingProxyType(
         ".terraformrc": HomePath(False, False, "Terraform installs the providers it names"),
     }
 )  # fmt: skip
+
+
+_XDG = {
+    "XDG_CONFIG_HOME": {
+        n.removeprefix(".config/"): e
+        for n, e in HOME_PATHS.items()
+        if n.startswith(".config/") and e.hold
+    },
+    "XDG_DATA_HOME": {"direnv": HomePath(True, True, "direnv's allow records")},
+}
 
 
 def home_paths(
@@ -180,6 +219,16 @@ def home_paths(
                     continue
                 if name in unprotected or os.path.relpath(path, root) in unprotected:
                     continue
+                found.setdefault(path, entry)
+    # Where the environment says a home's settings live (`XDG_CONFIG_HOME` outside
+    # `~/.config`: bash-sandbox's own config there, git's; direnv's allow records).
+    for variable, names in _XDG.items():
+        base = os.environ.get(variable)
+        if not base or not os.path.isabs(base):
+            continue
+        for name, entry in names.items():
+            path = os.path.normpath(os.path.join(base, name))
+            if any(_within(path, r) and path != r for r in roots):
                 found.setdefault(path, entry)
     # A name of the user's home that links into a root (a dotfiles manager's layout:
     # `~/.bash_aliases -> ~/dotfiles/bash/.bash_aliases`, the workspace `~/dotfiles`): what

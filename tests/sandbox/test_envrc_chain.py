@@ -289,3 +289,25 @@ async def test_an_allowed_envrc_above_the_workspace_holds_what_it_loads_inside(
     assert result.sandbox is not None
     reasons = {d.target: d.reason for d in result.sandbox.denials}
     assert f"from {mono}/.envrc" in reasons.get(str(app / ".env"), ""), reasons
+
+
+async def test_a_chain_deeper_than_followed_makes_the_run_partial(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A chain past the depth followed was silently not covered, and the run said `full`.
+    lib = workspace / "lib"
+    lib.mkdir()
+    names = ["a", "b", "c", "d", "e", "f"]
+    (workspace / ".envrc").write_text("source_env lib/a.sh\n")
+    for name, nxt in zip(names, names[1:], strict=False):
+        (lib / f"{name}.sh").write_text(f"source_env {nxt}.sh\n")
+    (lib / "f.sh").write_text("dotenv_if_exists ../.env.deep\n")
+    _allow(workspace, tmp_path, monkeypatch)
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
+    assert result.sandbox is not None
+    assert result.sandbox.enforcement == "partial"
+    assert any("levels deep" in w for w in result.sandbox.warnings), result.sandbox.warnings

@@ -180,3 +180,31 @@ async def test_a_home_name_that_links_into_a_root_is_protected_there(
     subprocess.run(["git", "-C", str(repo), "status"], env=env, capture_output=True, check=False)
     subprocess.run(["bash", "-c", ". ~/.bash_aliases"], env=env, capture_output=True, check=False)
     assert not marker.exists()
+
+
+async def test_xdg_config_home_elsewhere_and_more_rc_files_are_the_homes_too(
+    make_executor: ExecutorFactory, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `XDG_CONFIG_HOME=~/.dotfiles/config` held bash-sandbox's own config and git's outside
+    # `~/.config`; `~/.direnvrc` (sourced before every .envrc) and `~/.tmux.conf` were
+    # creatable in a home workspace (a red team's).
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".dotfiles" / "config"))
+    (home / ".dotfiles" / "config").mkdir(parents=True)
+    ex = make_executor(mode="workspace-write", workspace_root=str(home))
+    planted = {
+        ".dotfiles/config/bash-sandbox/config.toml": "mkdir -p .dotfiles/config/bash-sandbox"
+        " && echo 'mode = \"danger-full-access\"' > .dotfiles/config/bash-sandbox/config.toml",
+        ".dotfiles/config/git/config": "mkdir -p .dotfiles/config/git && echo '[core]' > "
+        ".dotfiles/config/git/config",
+        ".direnvrc": "echo 'touch x' > .direnvrc",
+        ".tmux.conf": "echo 'run-shell x' > .tmux.conf",
+        ".ipython/profile_default/startup/x.py": "mkdir -p .ipython/profile_default/startup "
+        "&& echo 'import os' > .ipython/profile_default/startup/x.py",
+    }
+    for name, command in planted.items():
+        result = await _run(ex, command, home)
+        assert result.exit_code != 0, name
+        assert not (home / name).exists() or (home / name).stat().st_size == 0, name
+    await ex.aclose()
+    for name in planted:
+        assert not (home / name).exists(), name

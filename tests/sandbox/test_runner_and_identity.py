@@ -343,3 +343,14 @@ async def test_update_checks_are_off_offline_and_git_takes_no_optional_lock_read
         )
         result = await ex.run(ex.resolve(request))
         assert result.stdout.text.splitlines() == expected, mode
+
+
+async def test_a_root_holding_the_executors_state_is_a_request_error(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # `--writable-root /tmp` was a `SandboxUnavailableError` ("the host cannot confine").
+    from bash_seam import InvalidRequestError
+
+    ex = make_executor(mode="workspace-write", writable_roots=("/tmp",))
+    with pytest.raises(InvalidRequestError, match="private state"):
+        await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
