@@ -8,6 +8,7 @@ The host's own `direnv exec` afterwards is the judge: no marker appears.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -302,7 +303,7 @@ async def test_a_chain_deeper_than_followed_makes_the_run_partial(
     lib.mkdir()
     names = ["a", "b", "c", "d", "e", "f"]
     (workspace / ".envrc").write_text("source_env lib/a.sh\n")
-    for name, nxt in zip(names, names[1:], strict=False):
+    for name, nxt in itertools.pairwise(names):
         (lib / f"{name}.sh").write_text(f"source_env {nxt}.sh\n")
     (lib / "f.sh").write_text("dotenv_if_exists ../.env.deep\n")
     _allow(workspace, tmp_path, monkeypatch)
