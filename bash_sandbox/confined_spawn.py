@@ -57,6 +57,7 @@ from bash_sandbox.linux.supervisor import (
 from bash_sandbox.linux.write_watch import write_policy
 from bash_sandbox.loop_turns import give_way
 from bash_sandbox.mirrors import mirror_hint, mirror_hosts
+from bash_sandbox.safe_read import read_regular
 from bash_sandbox.services import SandboxServices
 from bash_sandbox.tool_env import confined_environment, tool_cache_home
 from bash_sandbox.view import GitOverlay, HostView
@@ -129,6 +130,8 @@ class ConfinedSpawn(SpawnScope):
         self._loopback_refused: tuple[str, ...] | None = None
         # Given back once the command is over, before the copy-back (`_release_early`).
         self._early: list[_Idempotent] = []
+        # (target, this spawn's file bound there, its content as made): `HostView.file_binds`.
+        self._stand_ins: list[tuple[str, str, bytes | None]] = []
 
     @classmethod
     async def open(
@@ -274,6 +277,9 @@ class ConfinedSpawn(SpawnScope):
         self.started_ns = time.time_ns()
         view, held, self._git = survey.take(self.policy, self.backend.mounts, self._user_policy)
         self._stack.callback(self._early_release(functools.partial(survey.release, held)))
+        for target, source in view.file_binds:  # this spawn's files (`HostView.file_binds`)
+            self._stack.callback(_unlink_quietly, source)
+            self._stand_ins.append((target, source, _content(source)))
         for overlay in view.overlays:
             self._stack.callback(self._services.recycle_upper, overlay)
         self.overlays = view.overlays
@@ -560,6 +566,14 @@ class ConfinedSpawn(SpawnScope):
                 "host's `git worktree repair` or `remove` would follow them out of the "
                 "writable roots): " + ", ".join(unlinked)
             )
+        # What the command wrote to a stand-in (`info/exclude`) stays in it, as a write to the
+        # git directory's control plane in the overlay would: refused, and said so.
+        stand_ins = MergeReport()
+        for target, source, made in self._stand_ins:
+            if _content(source) != made:
+                stand_ins.refuse(target, os.path.basename(os.path.dirname(target)))
+        if stand_ins.denials:
+            self._merges.append(stand_ins)
         self._nested = tuple(dict.fromkeys(nested))
 
     def _base_facts(self, **fields: Any) -> SandboxFacts:
@@ -649,6 +663,18 @@ class ConfinedSpawn(SpawnScope):
         if backend.scratch_is_private_tmpdir:
             context["scratch_dirs"] = (self._private_tmpdir,)
         return context
+
+
+def _content(path: str) -> bytes | None:
+    try:
+        return read_regular(path, 1 << 21, follow=False)
+    except OSError:
+        return None
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _leading_dirs(relative: str) -> list[str]:

@@ -12,8 +12,8 @@ data the backends render and the mount plan applies.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import secrets
 import stat
 from collections.abc import Iterable
 from dataclasses import replace
@@ -87,7 +87,6 @@ class HostSurvey:
         self._shadows = ShadowCache()
         self._known_dotgits: dict[str, None] = {}
         self._unshadowed_memo: tuple[object, tuple[str, ...]] | None = None
-        self._made_files: set[str] = set()  # `_state_file`s made so far
 
     def release(self, held: tuple[str, ...]) -> None:
         """Give back the host placeholders one survey acquired."""
@@ -187,7 +186,10 @@ class HostSurvey:
                     else:
                         partial.append(f"{path} links to {target}, which does not exist yet")
             made = prepare_placeholders(gitdir, upper.upper, tuple(names))
-            git_import.begin(gitdir, upper.upper, roots)  # what the import compares with
+            # What the import compares with; and whether the main checkout of a separate git
+            # dir is in the roots (unknown: the import keeps its HEAD and index the host's).
+            inside = git_import.main_checkout_inside(gitdir, git.discovery.dotgits, roots)
+            git_import.begin(gitdir, upper.upper, roots, main_inside=inside)
             overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
         # A missing protected name outside git: a placeholder of the right kind, covered,
         # removed once no command of this uid needs it (`placeholders.py`). An existing one
@@ -281,7 +283,8 @@ class HostSurvey:
         `git stash -u` and `git clean -d` remove untracked directories: on the placeholders
         (mount points) they failed halfway, the files already stashed (a usability pass).
         Git reads this file in addition to the user's own excludes, which stay as they are;
-        the host's file is unchanged, and the import never takes `info/` back."""
+        the host's file is unchanged, and the import never takes `info/` back. A copy of
+        this spawn's: the command may add its own lines, kept for its own run only."""
         binds: list[tuple[str, str]] = []
         for overlay in overlays:
             if os.path.basename(overlay.gitdir) != ".git":
@@ -305,21 +308,17 @@ class HostSurvey:
                 + "\n".join(_literal(n) for n in names).encode()
                 + b"\n"
             )
-            binds.append((target, self._state_file("git-excludes", text)))
+            binds.append((target, self._spawn_file("git-excludes", text)))
         return tuple(binds)
 
-    def _state_file(self, kind: str, data: bytes) -> str:
-        """``data`` as a file of the executor's state (read-only, named by its hash), made
-        once: a bind source no command can reach."""
-        digest = hashlib.sha256(data).hexdigest()[:32]
-        path = os.path.join(self._state.path, f"{kind}-{digest}")
-        if path not in self._made_files:
-            temp = f"{path}.{os.getpid()}.tmp"
-            with open(temp, "wb") as fh:
-                fh.write(data)
-            os.chmod(temp, 0o444)
-            os.replace(temp, path)
-            self._made_files.add(path)
+    def _spawn_file(self, kind: str, data: bytes) -> str:
+        """``data`` as a file of the executor's state for one spawn (the spawn removes it:
+        `ConfinedSpawn._survey`), which its command may write: a bind source no command
+        can reach otherwise."""
+        path = os.path.join(self._state.path, f"{kind}-{secrets.token_hex(8)}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         return path
 
     def _unshadowed(

@@ -73,7 +73,8 @@ class HostView:
     deny_dirs: tuple[str, ...] = ()  # covered by the unreadable dir
     deny_files: tuple[str, ...] = ()  # covered by the unreadable file
     hidden: tuple[str, ...] = ()  # executor-private paths (Landlock alone hides them by rules)
-    # (target, source): a file of the executor's bound read-only over a git dir's file.
+    # (target, source): a file of the executor's, made for this spawn, bound over a git
+    # dir's file (writable: what the command writes there stays in that file).
     file_binds: tuple[tuple[str, str], ...] = ()
     partial: tuple[str, ...] = field(default=(), compare=False)  # why enforcement is partial
     # Names covered where they lie (or missing there): a host change ends their cover.

@@ -123,7 +123,7 @@ def render_mount_plan(
             # overlay mounted there, so it is bound back writable (writes stay in its upper).
             ops.append(MountOp("bind", o.gitdir, o.gitdir, writable=True))
     ops += [MountOp("bind", p, p) for p in view.protect]
-    ops += [MountOp("bind", target, source) for target, source in view.file_binds]
+    ops += [MountOp("bind", target, source, writable=True) for target, source in view.file_binds]
     # The executors' own private directories (another executor's spill dir): one removed
     # before the mount (that executor closed) has nothing left to hide, so its cover is
     # skipped rather than failing the spawn. The user's deny_read covers are never skipped.

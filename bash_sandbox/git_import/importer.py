@@ -13,10 +13,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bash_sandbox import state as executor_state
+from bash_sandbox.git_discovery import read_gitfile
 from bash_sandbox.git_import import state_files as sf
 from bash_sandbox.git_import.gitcmd import SCRATCH_OPTIONS, GitError, git, git_env
 from bash_sandbox.git_import.kept_refs import snapshot_refs
 from bash_sandbox.git_import.transaction import (
+    ABSENT,
     JOURNAL,
     Conflict,
     FileChange,
@@ -25,8 +27,10 @@ from bash_sandbox.git_import.transaction import (
     RefChange,
     apply,
     check_head_locks,
+    content_digest,
     crash_point,
     host_refs,
+    path_digest,
     recover_journal,
     release_index_locks,
     remove_work,
@@ -62,6 +66,9 @@ _GITLINK = "160000"
 # fast-forward rule for branches and remote-tracking refs; a tag never moves that way).
 _FAST_FORWARD = ("refs/heads/", "refs/remotes/")
 _INTENT_TO_ADD = 1 << 29
+# A reflog entry the command wrote dated this much before it started still counts as new
+# (a clock stepped back); an older one is expired by `git gc` as soon as the host's are.
+_CLOCK_SLACK_NS = 86_400 * 1_000_000_000
 # One entry of `git ls-files -s -z --debug`: the NUL-terminated line, then git's fixed lines.
 _DEBUG_ENTRY = re.compile(
     rb"([^\0]*)\0  ctime: [^\n]*\n  mtime: [^\n]*\n  dev: [^\n]*\n  uid: [^\n]*\n"
@@ -86,6 +93,10 @@ class Snapshot:
     # main) whose HEAD, index or state is imported, must lie in one (none recorded, an
     # intent written before they were: neither is taken).
     roots: list[str] = field(default_factory=list)
+    # Whether the main checkout of a git dir git cannot place (not bare, not named `.git`,
+    # no `core.worktree`: a separate git dir) lies in the roots, as the caller's survey
+    # found it (`main_checkout_inside`); None: unknown, taken as outside.
+    main_inside: bool | None = None
 
 
 @dataclass
@@ -126,21 +137,45 @@ def _read_head(gitdir: str, admin: str) -> str | None:
         return None
 
 
-def begin(gitdir: str, upper: str, roots: Iterable[str] = ()) -> Snapshot:
+def begin(
+    gitdir: str, upper: str, roots: Iterable[str] = (), *, main_inside: bool | None = None
+) -> Snapshot:
     """Record, before the command starts, the host's refs, HEADs and indexes of ``gitdir``
     (the compare-and-swap values), durably beside ``upper``: a later executor finds it there
     and imports the command's commits even if this one dies. ``roots``: the command's
-    writable roots (where a worktree it adds may lie)."""
+    writable roots (where a worktree it adds may lie). ``main_inside``: see `Snapshot`."""
     base = os.path.join(os.path.dirname(upper), IMPORT_DIR)
     os.makedirs(base, 0o700, exist_ok=True)
     snap = _take(gitdir, upper, f"{time.time_ns():x}-{os.getpid()}")
     snap.roots = list(roots)
+    snap.main_inside = main_inside
     for i, rel in enumerate(_module_dirs(gitdir)):
         sub = _take(os.path.join(gitdir, "modules", rel), "", f"{snap.run_id}-m{i}")
         sub.roots = snap.roots
         snap.modules[rel] = asdict(sub)
     _record(base, json.dumps(asdict(snap)).encode())
     return snap
+
+
+def main_checkout_inside(gitdir: str, dotgits: Iterable[str], roots: Iterable[str]) -> bool:
+    """Whether one of ``dotgits`` (the `.git` entries a survey found) lying in ``roots`` is
+    the main checkout of ``gitdir``: a gitfile naming ``gitdir`` itself (read as git reads
+    it), not one of its linked worktrees' admin dirs, or a `.git` link resolving to it. For
+    `begin(main_inside=...)`. A new gitfile the command leaves leading out of the roots is
+    removed after it (`git_spawn.settle_git`), so one naming a git dir outside is the user's."""
+    target = os.path.realpath(gitdir)
+    within = tuple(roots)
+    for dotgit in dotgits:
+        checkout = os.path.realpath(os.path.dirname(dotgit))
+        if not within_any(checkout, within):
+            continue
+        if os.path.isdir(dotgit):  # a git dir, or a link to one, as git's `stat` follows it
+            named: str | None = os.path.realpath(dotgit)
+        else:
+            named = read_gitfile(dotgit)
+        if named == target:
+            return True
+    return False
 
 
 def _record(base: str, body: bytes) -> None:
@@ -266,6 +301,7 @@ class _Importer:
         self.reflogs: list[tuple[str, str]] = []  # (admin, `logs/<ref>`)
         # What the plan writes over a host reflog (`[worktrees/<name>/]logs/<ref>`; None: removed).
         self.reflog_writes: dict[str, bytes | None] = {}
+        self.host_logs: dict[str, bytes | None] = {}  # the host's copy of each, as read then
         self.index_blobs: dict[str, list[str]] = {}  # admin -> blobs its new index names
         self.view_refs: dict[str, str] = {}  # the command's refs, as git read them
         self.within: dict[str, bool] = {}  # admin -> whether its worktree lies in the roots
@@ -316,13 +352,13 @@ class _Importer:
                 continue
             if rel == "worktrees" or (admin == "" and top == "worktrees"):
                 if kind == "gone" and rel.count("/") == 1:
-                    if self._within_roots(rel):
-                        self.plan.files.append(FileChange("", rel, None))
-                    else:
-                        # Its checkout would be left without a repository (`git worktree
-                        # prune` or `remove` of one the command cannot even see).
-                        why = "a worktree outside the writable roots stays registered"
-                        self.result.denials.append((rel, why))
+                    self._remove_admin(rel)
+                elif rel == "worktrees" and kind in ("gone", "opaque"):
+                    # The last linked worktree removed: git removes `worktrees/` with it
+                    # (opaque: made again since). Each host admin the command no longer has.
+                    for gone in _admins(self.gitdir)[1:]:
+                        if not any(r.startswith(gone + "/") for r in self.scan.files):
+                            self._remove_admin(gone)
                 continue
             if top == "logs":
                 if kind in ("file", "gone"):
@@ -351,6 +387,24 @@ class _Importer:
             elif kind != "gone":
                 self.result.denials.append((rel, f"{top} is not git state"))
         return heads, indexes, dirs, loose
+
+    def _remove_admin(self, admin: str) -> None:
+        if not self._within_roots(admin):
+            # Its checkout would be left without a repository (`git worktree prune` or
+            # `remove` of one the command cannot even see).
+            why = "a worktree outside the writable roots stays registered"
+            self.result.denials.append((admin, why))
+            return
+        self.plan.files.append(self._change("", admin, None))
+
+    def _change(
+        self, admin: str, rel: str, source: str | None, keeps: list[str] | None = None
+    ) -> FileChange:
+        """A FileChange with the digest of the host's copy now, as the plan sees it (the
+        transaction writes only over that, `transaction._apply_file`), and of ``source``."""
+        before = path_digest(os.path.join(self.gitdir, admin, rel))
+        after = ABSENT if source is None else path_digest(source)
+        return FileChange(admin, rel, source, before=before, after=after, keeps=keeps or [])
 
     # -- refs ----------------------------------------------------------------------------
 
@@ -423,7 +477,12 @@ class _Importer:
                 GitRefConflict(name=os.path.join(admin, "HEAD"), host=now, command=new)
             )
         self.plan.old_heads[admin] = old
-        self.plan.heads.append(FileChange(admin, "HEAD", self._stash(new.encode())))
+        keeps = [self._keep(os.path.join(admin, "HEAD"))] if _detached(new) else []
+        self.plan.heads.append(FileChange(admin, "HEAD", self._stash(new.encode()), keeps=keeps))
+
+    def _keep(self, suffix: str) -> str:
+        """The keep-ref a carrier suffix becomes on the host (`_fetch`)."""
+        return f"{KEEP_NAMESPACE}/{self.snap.run_id}/{suffix}"
 
     # -- the index -----------------------------------------------------------------------
 
@@ -551,23 +610,36 @@ class _Importer:
     def plan_loose(self, admin: str, name: str) -> None:
         rel = os.path.join(admin, name)
         if rel in self.scan.whiteouts:
-            self.plan.files.append(FileChange(admin, name, None))
+            self.plan.files.append(self._change(admin, name, None))
             return
+        keeps: list[str] = []
         try:
             data = self._read(rel)
             if name in sf.PSEUDO_REFS:
                 oids = sf.parse_oids(data, self.hexlen)
                 for i, oid in enumerate(oids):
                     self.plan.carrier[os.path.join(admin, f"{name}-{i}")] = oid
+                    keeps.append(self._keep(os.path.join(admin, f"{name}-{i}")))
                 data = "".join(f"{o}\n" for o in oids).encode()
             elif name == "gitdir":
-                text = data.decode()
-                if not text.startswith("/") or text.count("\n") > 1:
-                    raise sf.StateRefused("not an absolute path")
-                if not sf.worktree_inside(data, self.snap.roots):
+                host = self._host_gitdir(admin)
+                if host == data:
+                    return  # rewritten as it was (`git worktree repair`)
+                if host is not None and not sf.worktree_inside(host, self.snap.roots):
+                    # Its checkout outside stays where it is: re-pointed into a root it
+                    # would count as inside (its branch moved, its index written), or
+                    # at nothing, and `git worktree prune` would drop its repository.
+                    why = "a worktree outside the writable roots keeps its gitdir"
+                    self.result.denials.append((rel, why))
+                    return
+                path = sf.canonical_gitdir(data)
+                if path is None:
+                    raise sf.StateRefused("not an absolute path that is its own realpath")
+                if not within_any(path, tuple(self.snap.roots)):
                     # Host git writes there (`git worktree repair` makes its `.git` file)
                     # and `git worktree remove --force` deletes it.
                     raise sf.StateRefused("a worktree outside the writable roots")
+                data = os.fsencode(path) + b"\n"
             elif name == "commondir":
                 if data.strip() != b"../..":
                     raise sf.StateRefused("a common dir other than git's own")
@@ -578,12 +650,20 @@ class _Importer:
         except (sf.StateRefused, UnicodeError) as exc:
             self.plan.refused.append(f"{rel}: {exc}")
             return
-        self.plan.files.append(FileChange(admin, name, self._stash(data)))
+        self.plan.files.append(self._change(admin, name, self._stash(data), keeps))
+
+    def _host_gitdir(self, admin: str) -> bytes | None:
+        """The host's `gitdir` of a linked worktree's admin dir now (None: it has none)."""
+        try:
+            return read_regular(os.path.join(self.gitdir, admin, "gitdir"), sf.MAX_TEXT)
+        except OSError:
+            return None
 
     def plan_state_dir(self, admin: str, top: str) -> None:
         rel_dir = os.path.join(admin, top)
         merged: dict[str, str] = {}
         host_dir = os.path.join(self.gitdir, rel_dir)
+        before = path_digest(host_dir)  # before reading it: a change after is not written over
         if not self.scan.removed(rel_dir):
             with contextlib.suppress(OSError):
                 for entry in os.scandir(host_dir):
@@ -594,7 +674,7 @@ class _Importer:
             if rel.startswith(rel_dir + "/") and "/" not in rel[len(rel_dir) + 1 :]:
                 merged[rel[len(rel_dir) + 1 :]] = os.path.join(self.upper, rel)
         if not merged:
-            self.plan.files.append(FileChange(admin, top, None))
+            self.plan.files.append(FileChange(admin, top, None, before=before, after=ABSENT))
             return
         out = os.path.join(self.work, "dirs", str(len(self.plan.files)), top)
         os.makedirs(out)
@@ -607,7 +687,8 @@ class _Importer:
         except (sf.StateRefused, OSError) as exc:
             self.plan.refused.append(f"{rel_dir}/: {exc}")
             return
-        self.plan.files.append(FileChange(admin, top, out, is_dir=True))
+        after = path_digest(out)
+        self.plan.files.append(FileChange(admin, top, out, True, before=before, after=after))
 
     def plan_reflog(self, admin: str, sub: str, missing: set[str], absent: frozenset[str]) -> None:
         """A reflog the command changed (a stash pushed or dropped, a commit): each entry
@@ -635,19 +716,32 @@ class _Importer:
             # of it: the host's entries stay (the command's may name nothing new).
             self.result.denials.append((rel, "the host's reflog changed meanwhile; kept"))
             return
+        # Read once: what the keep-refs are judged on is what the transaction writes over.
+        host = self.host_logs[rel] = self._host_log_bytes(rel)
+        before = ABSENT if host is None else content_digest(host, reflog_of=self.snap.run_id)
         if rel in self.scan.whiteouts:
             self.reflog_writes[rel] = None
-            self.plan.files.append(FileChange(head, base, None))
+            self.plan.files.append(
+                FileChange(head, base, None, before=before, after=ABSENT, reflog=True)
+            )
             return
         try:
             data, oids = sf.parse_reflog(self._read(rel), self.hexlen, absent)
         except (sf.StateRefused, OSError) as exc:
             self.plan.refused.append(f"{rel}: {exc}")
             return
+        keeps = []
         for i, oid in enumerate(o for o in oids if o in missing):
-            self.plan.carrier[f"logs/{admin}/{name}/{i}".replace("//", "/")] = oid
+            suffix = f"logs/{admin}/{name}/{i}".replace("//", "/")
+            self.plan.carrier[suffix] = oid
+            keeps.append(self._keep(suffix))
         self.reflog_writes[rel] = data
-        self.plan.files.append(FileChange(head, base, self._stash(data)))
+        after = content_digest(data, reflog_of=self.snap.run_id)
+        self.plan.files.append(
+            FileChange(
+                head, base, self._stash(data), before=before, after=after, reflog=True, keeps=keeps
+            )
+        )
 
     def plan_kept(self, host_now: dict[str, str]) -> None:
         """Keep-refs, moved in the same transaction as the rest, for each commit the host
@@ -666,13 +760,12 @@ class _Importer:
             gone.add(_detached(_read_head(self.gitdir, admin)))
         after: set[str] = set()  # named by a reflog the import leaves: reachable through it
         for rel in {*self.reflog_writes, *(f"logs/{c.name}" for c in self.plan.refs)}:
-            host = self._host_reflog(rel)
             if rel in self.reflog_writes:
-                final = sf.reflog_oids(self.reflog_writes[rel] or b"", self.hexlen)
+                self._reflog_kept(rel, gone, after)
+            elif rel in deleted:
+                gone |= self._host_reflog(rel)
             else:
-                final = set() if rel in deleted else host  # git appends to a reflog it keeps
-            gone |= host - final
-            after |= final
+                after |= self._host_reflog(rel)  # git appends to a reflog it keeps
         gone -= {*after, "", "0" * self.hexlen}
         if not gone:
             return
@@ -708,12 +801,33 @@ class _Importer:
         for i, oid in enumerate(o for o in lost if o not in parents):
             self.plan.refs.append(RefChange(f"{prefix}/{i}", oid, None))
 
-    def _host_reflog(self, rel: str) -> set[str]:
+    def _reflog_kept(self, rel: str, gone: set[str], after: set[str]) -> None:
+        """Entries, not ids: `git gc` expires a reflog entry by its date, so a host entry the
+        command's copy does not keep as it was is removed (its ids `gone`), and an entry of
+        the command's keeps its ids (`after`) only as the host's own line or as a new entry
+        no older than the command (a clock's slack allowed). (An entry `git reflog delete
+        --rewrite` rewrote names its new id as the next entry's old one, or is the tip.)"""
+        host = sf.reflog_entries(self.host_logs.get(rel) or b"", self.hexlen)
+        final = sf.reflog_entries(self.reflog_writes[rel] or b"", self.hexlen)
+        host_lines = {e.line for e in host}
+        final_lines = {e.line for e in final}
+        since = ((self.snap.taken_ns or time.time_ns()) - _CLOCK_SLACK_NS) // 1_000_000_000
+        for entry in host:
+            if entry.line not in final_lines:
+                gone.update(entry.oids)
+        for entry in final:
+            if entry.line in host_lines or (entry.time is not None and entry.time >= since):
+                after.update(entry.oids)
+
+    def _host_log_bytes(self, rel: str) -> bytes | None:
         try:
-            data = read_regular(os.path.join(self.gitdir, rel), 8 * sf.MAX_TEXT)
+            return read_regular(os.path.join(self.gitdir, rel), 8 * sf.MAX_TEXT)
         except OSError:
-            return set()
-        return sf.reflog_oids(data, self.hexlen)
+            return None
+
+    def _host_reflog(self, rel: str) -> set[str]:
+        data = self.host_logs[rel] if rel in self.host_logs else self._host_log_bytes(rel)
+        return sf.reflog_oids(data or b"", self.hexlen)
 
     def _missing(self) -> tuple[set[str], frozenset[str]]:
         """The objects the reflogs name that the host lacks (imported, with keep-refs), and
@@ -839,13 +953,22 @@ class _Importer:
             raise
         os.unlink(journal_path)
         # After the refs moved, the host's git took `HEAD.lock` (or an index lock was
-        # lost): what is missing is named, the rest stays applied.
+        # lost), or wrote a state file or reflog itself: what is missing is named, the rest
+        # stays applied, and so do the keep-refs of what was not written.
         wanted = [os.path.join(h.admin, "HEAD") for h in plan.heads]
         wanted += [os.path.join(i.admin, "index") for i in plan.indexes]
         lost = [w for w in wanted if w not in applied]
-        if lost:
-            plan.refused += [f"{w}: the host's git held or moved it; kept as it was" for w in lost]
-            return self._outcome(GitImportStatus.PARTIAL, applied=applied)
+        plan.refused += [f"{w}: the host's git held or moved it; kept as it was" for w in lost]
+        skipped = [f for f in plan.files if os.path.join(f.admin, f.rel) not in applied]
+        plan.refused += [
+            f"{os.path.join(f.admin, f.rel)}: the host changed it meanwhile; the host's kept"
+            for f in skipped
+        ]
+        if lost or skipped:
+            held = [h.keeps for h in plan.heads if os.path.join(h.admin, "HEAD") in lost]
+            held += [f.keeps for f in skipped]
+            kept = keep_prefix if any(held) else None
+            return self._outcome(GitImportStatus.PARTIAL, applied=applied, kept=kept)
         return self._outcome(GitImportStatus.APPLIED, applied=applied)
 
     def settle(self) -> None:
@@ -858,8 +981,7 @@ class _Importer:
         for name, host in sorted(self.fast_forwards.items()):
             change = changes[name]
             assert change.new is not None
-            done = git(self.gitdir, "merge-base", "--is-ancestor", host, change.new, check=False)
-            if done.returncode == 0:
+            if self._forward(change.old, host, change.new):
                 change.old = host
                 self.forwarded.add(name)
             else:
@@ -872,6 +994,18 @@ class _Importer:
                         name=os.path.join(admin, "index"), host="changed", command="changed"
                     )
                 )
+
+    def _forward(self, start: str | None, host: str, command: str) -> bool:
+        """Whether the host moved the ref forward (its value at the snapshot an ancestor of
+        its value now: a rewind, `git reset --hard HEAD~`, is the host's to keep) and the
+        command's value descends from the host's."""
+        for old, new in ((host, command), (start, host)):
+            if old is None:
+                continue  # made by the host meanwhile: no value of its own to rewind
+            done = git(self.gitdir, "merge-base", "--is-ancestor", old, new, check=False)
+            if done.returncode != 0:
+                return False
+        return True
 
     def _unchanged_under_lock(self, journal: Journal) -> None:
         """Each index the plan rebuilt, checked again now that git's own `index.lock` is
@@ -911,8 +1045,10 @@ class _Importer:
         return git(self.gitdir, *args, env=env, check=False).returncode == 0
 
     def _checked_out_outside(self) -> dict[str, str]:
-        """The branch each worktree outside the roots has checked out (its `HEAD`'s target,
-        as git reads the host's admin dir) -> that admin dir."""
+        """The branches each worktree outside the roots has checked out -> that admin dir:
+        its `HEAD`'s target (as git reads the host's admin dir), and, as git's
+        `die_if_checked_out` counts them, the branch it is bisecting or rebasing (`HEAD`
+        detached meanwhile; `git bisect reset` or the rebase's end checks it out again)."""
         found: dict[str, str] = {}
         for admin in _admins(self.gitdir):
             if self._within_roots(admin):
@@ -920,6 +1056,14 @@ class _Importer:
             got = git(os.path.join(self.gitdir, admin), "symbolic-ref", "-q", "HEAD", check=False)
             if got.returncode == 0:
                 found[got.stdout.decode(errors="surrogateescape").rstrip("\n")] = admin
+            for name in ("BISECT_START", "rebase-merge/head-name", "rebase-apply/head-name"):
+                try:
+                    data = read_regular(os.path.join(self.gitdir, admin, name), 4096)
+                except OSError:
+                    continue
+                branch = sf.checked_out_branch(data)
+                if branch is not None:
+                    found.setdefault(branch, admin)
         return found
 
     def _within_roots(self, admin: str) -> bool:
@@ -929,33 +1073,42 @@ class _Importer:
 
     def _worktree_within_roots(self, admin: str) -> bool:
         """Whether the worktree of ``admin`` lies in the roots: a linked one
-        (`worktrees/<name>`) as git reads its `gitdir` (the host's, else the one the command
-        added); the main one ("") as `_main_worktree` finds it."""
+        (`worktrees/<name>`) as git reads the host's `gitdir` (never one this import
+        writes: a command re-pointing an outside worktree's would make it count as inside),
+        or, for an admin dir the host has never had, the one the command added (checked as
+        `plan_loose` checks it); the main one ("") as `_main_within_roots` finds it."""
         if not admin:
-            main = self._main_worktree()
-            return main is None or within_any(os.path.realpath(main), self.snap.roots)
-        for base in (self.gitdir, self.upper):
-            try:
-                data = read_regular(os.path.join(base, admin, "gitdir"), sf.MAX_TEXT)
-            except OSError:
-                continue
+            return self._main_within_roots()
+        host = self._host_gitdir(admin)
+        if host is not None:
             # `gitdir` names the worktree's `.git` file: the worktree is its directory.
-            return sf.worktree_inside(data, self.snap.roots)
-        return False
+            return sf.worktree_inside(host, self.snap.roots)
+        if admin in self.snap.heads or os.path.lexists(os.path.join(self.gitdir, admin)):
+            return False  # the host's, with no `gitdir` to tell where it is
+        try:
+            data = read_regular(os.path.join(self.upper, admin, "gitdir"), sf.MAX_TEXT)
+        except OSError:
+            return False
+        path = sf.canonical_gitdir(data)
+        return path is not None and within_any(path, tuple(self.snap.roots))
 
-    def _main_worktree(self) -> str | None:
-        """The main worktree of this git directory as git finds it: `core.worktree` in the
-        host's config (relative to the git directory; read by git, with `config.worktree`
-        where the repository uses it), else the directory holding a git directory named
-        `.git`. None for one with neither (bare, or a separate git directory reached
-        through a `.git` file in a root): no checkout of its own to write."""
+    def _main_within_roots(self) -> bool:
+        """Whether the main worktree of this git directory lies in the roots, found as git
+        finds it: `core.worktree` in the host's config (relative to the git directory; read
+        by git, with `config.worktree` where the repository uses it), else the directory
+        holding a git directory named `.git`. A bare one (`core.bare`) has no checkout to
+        write. Git cannot place the checkout of a separate git directory (a `.git` file
+        names it): there the snapshot's `main_inside` decides, unknown taken as outside."""
         got = git(self.gitdir, "config", "--get", "core.worktree", check=False)
         value = os.fsdecode(got.stdout.rstrip(b"\n")) if got.returncode == 0 else ""
         if value:
-            return os.path.join(self.gitdir, value)
-        if os.path.basename(self.gitdir) == ".git":
-            return os.path.dirname(self.gitdir)
-        return None
+            main = os.path.join(self.gitdir, value)
+        elif os.path.basename(self.gitdir) == ".git":
+            main = os.path.dirname(self.gitdir)
+        else:
+            bare = git(self.gitdir, "config", "--type=bool", "--get", "core.bare", check=False)
+            return bare.stdout.strip() == b"true" or bool(self.snap.main_inside)
+        return within_any(os.path.realpath(main), self.snap.roots)
 
     def _transfer(self, keep_prefix: str) -> dict[str, str] | None:
         """Every object the plan names, into the host's store through `git fetch` with git's

@@ -141,6 +141,34 @@ def parse_reflog(
     return b"".join(out), list(oids)
 
 
+@dataclass(frozen=True)
+class ReflogEntry:
+    """One line of a reflog, read leniently (the host's own reflogs are read too)."""
+
+    line: bytes  # as it stands, without its newline
+    oids: tuple[str, ...]  # old and new, the null id left out
+    time: int | None  # seconds since the epoch (what `git reflog expire` judges it by)
+
+
+def reflog_entries(data: bytes, hexlen: int) -> list[ReflogEntry]:
+    """The entries of a reflog, each with the ids git's reachability walk takes from it."""
+    strict = re.compile(
+        rb"[0-9a-f]{%d} [0-9a-f]{%d} [^<>\n]*<[^<>\n]*> ([0-9]{1,12}) [+-][0-9]{4}(?:\t[^\n]*)?"
+        % (hexlen, hexlen)
+    )
+    ids = re.compile(rb"([0-9a-f]{%d}) ([0-9a-f]{%d}) " % (hexlen, hexlen))
+    zero = "0" * hexlen
+    found: list[ReflogEntry] = []
+    for line in data.split(b"\n"):
+        pair = ids.match(line)
+        if pair is None:
+            continue
+        whole = strict.fullmatch(line)
+        oids = tuple(o.decode() for o in pair.groups() if o.decode() != zero)
+        found.append(ReflogEntry(line, oids, int(whole.group(1)) if whole else None))
+    return found
+
+
 def reflog_oids(data: bytes, hexlen: int) -> set[str]:
     """Every object id a reflog names, old and new of each entry (git's reachability walk
     takes both), read where git reads them: the two ids that start each line. Lenient (the
@@ -149,6 +177,33 @@ def reflog_oids(data: bytes, hexlen: int) -> set[str]:
     found = {oid.decode() for pair in entry.findall(data) for oid in pair}
     found.discard("0" * hexlen)
     return found
+
+
+def canonical_gitdir(data: bytes) -> str | None:
+    """The `.git` file a linked worktree's `gitdir` (``data``, as the command wrote it) names,
+    when every reader agrees on it: absolute, one line, no NUL, and its own `realpath` (no
+    `.` or `..`, no doubled slash, no symlink, no `/proc/<pid>/root`). The executor's own
+    worktree protections read `gitdir` lexically, host git through the kernel: a value they
+    would resolve differently is refused (None)."""
+    named = data.rstrip(b" \t\n\r\v\f")
+    if not named.startswith(b"/") or any(c in named for c in b"\0\n\r"):
+        return None
+    path = os.fsdecode(named)
+    if os.path.normpath(path) != path or os.path.realpath(path) != path:
+        return None
+    return path
+
+
+def checked_out_branch(data: bytes) -> str | None:
+    """The branch a `BISECT_START` or a rebase's `head-name` holds checked out, read as git's
+    `get_branch` reads it (`worktree.c`): `refs/heads/<name>` or a short name; an object id,
+    `detached HEAD` or another ref name none."""
+    value = data.rstrip(b"\n").decode(errors="surrogateescape")
+    if not value or value == "detached HEAD" or re.fullmatch("[0-9a-f]{40}|[0-9a-f]{64}", value):
+        return None
+    if value.startswith("refs/"):
+        return value if value.startswith("refs/heads/") else None
+    return f"refs/heads/{value}"
 
 
 def worktree_inside(data: bytes, roots: Iterable[str]) -> bool:

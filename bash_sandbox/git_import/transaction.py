@@ -9,7 +9,9 @@ name as `O_EXCL` does, so a lock the host holds is a conflict); the refs move in
 update-ref --stdin` transaction, each a compare-and-swap against the value the command
 started from (a fast-forward's: the host's value it descends from); the journal records
 that; then `HEAD` (under `HEAD.lock`), the index (the lock renamed into place) and the state
-files; the keep-refs go last, and the journal.
+files and reflogs, each only over the host's copy the plan saw (its digest is journaled; one
+the host wrote since stays, with the keep-refs of what ours named); the keep-refs go last,
+and the journal.
 
 `recover()` finishes or undoes what a killed executor left: once the refs moved (or the
 journal says they did) it rolls forward, each step again a compare-and-swap; before that it
@@ -23,6 +25,7 @@ the process exits on the spot: the crash-injection tests kill the import at each
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -73,6 +76,13 @@ class FileChange:
     rel: str  # `HEAD`, `MERGE_MSG`, `rebase-merge` (a directory), ...
     source: str | None  # the checked copy in the work dir; None: remove on the host
     is_dir: bool = False
+    # `state_digest` of the host's copy when the plan was made, and of what the plan writes
+    # (None in a journal written before they were: written unchecked, as then).
+    before: str | None = None
+    after: str | None = None
+    reflog: bool = False  # a reflog: the import's own ref update appends to it first
+    # Keep-refs holding objects only this change names: they stay when it is not written.
+    keeps: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -107,6 +117,11 @@ class Journal:
 
     def save(self, path: str) -> None:
         _durable_write(path, json.dumps(asdict(self)).encode())
+
+
+def own_messages(run_id: str) -> tuple[str, str]:
+    """The reflog messages of this import's own ref updates (the transaction, a recovery)."""
+    return f"bash-sandbox: import of {run_id}", f"bash-sandbox: recovery of {run_id}"
 
 
 class Conflict(Exception):
@@ -205,9 +220,16 @@ def _remove_at(dir_fd: int, name: str) -> None:
     os.rmdir(name, dir_fd=dir_fd)
 
 
+def _temp_names(tag: str, name: str) -> tuple[str, str]:
+    """Our copy built beside ``name``, and where the host's is moved aside before it goes."""
+    flat = name.replace("/", "-")
+    return f".bash-sandbox-{tag}-{flat}", f".bash-sandbox-{tag}-old-{flat}"
+
+
 def _replace_dir(dir_fd: int, name: str, source: str, tag: str) -> None:
-    """Swap in a checked state directory: built beside it, the old one removed, renamed."""
-    tmp = f".bash-sandbox-{tag}-{name}"
+    """Swap in a checked state directory: built beside it, the old one moved aside (one
+    rename, so a kill never leaves it half removed), ours renamed in, the old one removed."""
+    tmp, aside = _temp_names(tag, name)
     _remove_at(dir_fd, tmp)
     os.mkdir(tmp, 0o755, dir_fd=dir_fd)
     fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -217,8 +239,90 @@ def _replace_dir(dir_fd: int, name: str, source: str, tag: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    _remove_at(dir_fd, name)
+    _move_aside(dir_fd, name, aside)
     os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    _remove_at(dir_fd, aside)
+
+
+def _exists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _move_aside(dir_fd: int, name: str, aside: str) -> None:
+    _remove_at(dir_fd, aside)
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+# -- what the host holds, as one string -------------------------------------------------------
+
+ABSENT = "absent"
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def content_digest(data: bytes, *, reflog_of: str | None = None) -> str:
+    """`state_digest` of a file holding ``data``. ``reflog_of``: the file is a reflog, and
+    the trailing entries that run's own ref updates appended are left out (git appends them
+    to the reflogs of the refs it moves, before the import writes its own copy); an empty
+    reflog is as good as none."""
+    if reflog_of is not None:
+        own = tuple(f"\t{m}".encode() for m in own_messages(reflog_of))
+        lines = data.split(b"\n")
+        while lines and (not lines[-1] or lines[-1].endswith(own)):
+            lines.pop()
+        if not lines:
+            return ABSENT
+        data = b"\n".join(lines) + b"\n"
+    return "file:" + hashlib.sha256(data).hexdigest()
+
+
+def state_digest(dir_fd: int, name: str, *, reflog_of: str | None = None) -> str:
+    """What ``name`` of ``dir_fd`` holds, never through a link: `absent`, a file's content
+    hash, a directory's hash of its names and their digests, a link's target."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return ABSENT
+    if stat.S_ISLNK(st.st_mode):
+        return "link:" + os.readlink(name, dir_fd=dir_fd)
+    if stat.S_ISREG(st.st_mode):
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as fh:
+                if reflog_of is not None:
+                    return content_digest(fh.read(), reflog_of=reflog_of)
+                h = hashlib.sha256()
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+        finally:
+            os.close(fd)
+        return "file:" + h.hexdigest()
+    if not stat.S_ISDIR(st.st_mode):
+        return f"other:{stat.S_IFMT(st.st_mode):o}"  # a FIFO is never opened
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        h = hashlib.sha256()
+        for entry in sorted(os.listdir(fd)):
+            h.update(f"{entry}\0{state_digest(fd, entry)}\0".encode(errors="surrogateescape"))
+    finally:
+        os.close(fd)
+    return "dir:" + h.hexdigest()
+
+
+def path_digest(path: str, *, reflog_of: str | None = None) -> str:
+    """`state_digest` of ``path`` (its parent reached as the kernel finds it)."""
+    try:
+        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return ABSENT
+    try:
+        return state_digest(fd, os.path.basename(path), reflog_of=reflog_of)
+    finally:
+        os.close(fd)
 
 
 # -- refs ------------------------------------------------------------------------------------
@@ -314,7 +418,7 @@ def check_head_locks(journal: Journal) -> None:
 def apply(journal: Journal, journal_path: str, zero: str) -> list[str]:
     """Run the transaction from the refs on (the journal is saved; the index locks are
     ours). Returns what landed. Raises Conflict before anything applied."""
-    message = f"bash-sandbox: import of {journal.run_id}"
+    message = own_messages(journal.run_id)[0]
     landed = True
     if journal.refs:
         try:
@@ -342,7 +446,7 @@ def _roll_refs_forward(journal: Journal, zero: str) -> None:
     now = host_refs(journal.gitdir)
     pending = [c for c in journal.refs if not _done(c, now) and now.get(c.name) == c.old]
     if pending:
-        _update_refs(journal.gitdir, pending, f"bash-sandbox: recovery of {journal.run_id}", zero)
+        _update_refs(journal.gitdir, pending, own_messages(journal.run_id)[1], zero)
 
 
 def _apply_head(journal: Journal, head: FileChange) -> bool:
@@ -374,14 +478,50 @@ def _apply_head(journal: Journal, head: FileChange) -> bool:
     return True
 
 
+def _apply_file(journal: Journal, fd: int, f: FileChange) -> bool:
+    """One state file, reflog or directory, written (or removed) only where the host's copy
+    is still the one the plan saw; True once the host holds what the plan writes. The host
+    may have written it since the plan (a commit after a crash, before the recovery): its
+    copy then stays, and so do the keep-refs of what ours named (`keeps`)."""
+    tmp, aside = _temp_names(journal.run_id, f.rel)
+    reflog_of = journal.run_id if f.reflog else None
+    now = state_digest(fd, f.rel, reflog_of=reflog_of)
+    if (
+        now == ABSENT
+        and f.is_dir
+        and f.source is not None
+        and _exists_at(fd, aside)
+        and state_digest(fd, tmp) == f.after
+    ):
+        # Killed between moving the host's directory aside and renaming ours in.
+        os.rename(tmp, f.rel, src_dir_fd=fd, dst_dir_fd=fd)
+        now = f.after
+    if f.after is None or now != f.after:
+        if f.before is not None and now != f.before:
+            _remove_at(fd, tmp)
+            _remove_at(fd, aside)
+            return False
+        if f.source is None:
+            _move_aside(fd, f.rel, aside)  # one rename: never half removed
+        elif f.is_dir:
+            _replace_dir(fd, f.rel, f.source, journal.run_id)
+        else:
+            _replace(fd, f.rel, f.source, journal.run_id)
+    _remove_at(fd, tmp)
+    _remove_at(fd, aside)
+    return True
+
+
 def finish(journal: Journal, zero: str, *, landed: bool = False) -> list[str]:
     """Everything after the refs, each step idempotent (a recovery runs it again)."""
     applied = [c.name for c in journal.refs]
-    tag = journal.run_id
+    kept: set[str] = set()  # keep-refs of what was not written
     for head in journal.heads:
         assert head.source is not None
         if _apply_head(journal, head):
             applied.append(os.path.join(head.admin, "HEAD"))
+        else:
+            kept.update(head.keeps)
         crash_point("head")
     for change in journal.indexes:
         with _dir_fd(journal.gitdir, change.admin) as fd:
@@ -393,25 +533,30 @@ def finish(journal: Journal, zero: str, *, landed: bool = False) -> list[str]:
         crash_point("index")
     for f in journal.files:
         with _dir_fd(journal.gitdir, f.admin) as fd:
-            if f.source is None:
-                _remove_at(fd, f.rel)
-            elif f.is_dir:
-                _replace_dir(fd, f.rel, f.source, tag)
+            if _apply_file(journal, fd, f):
+                applied.append(os.path.join(f.admin, f.rel))
             else:
-                _replace(fd, f.rel, f.source, tag)
-        applied.append(os.path.join(f.admin, f.rel))
+                kept.update(f.keeps)
         crash_point("files")
-    drop_keep_refs(journal, zero, landed=landed)
+    drop_keep_refs(journal, zero, landed=landed, kept=kept)
     return applied
 
 
-def drop_keep_refs(journal: Journal, zero: str, *, landed: bool = False) -> None:
+def drop_keep_refs(
+    journal: Journal, zero: str, *, landed: bool = False, kept: set[str] | None = None
+) -> None:
     """The keep-refs, once every commit they hold is where the command put it (``landed``:
-    the transaction moved every ref, nothing to look up; each deletion is a CAS anyway)."""
+    the transaction moved every ref, nothing to look up; each deletion is a CAS anyway),
+    but those in ``kept`` (what a change the host's copy won names)."""
     if not journal.keep_refs:
         return
+    kept = kept or set()
     if landed:
-        gone = [RefChange(name, None, oid) for name, oid in journal.keep_refs.items()]
+        gone = [
+            RefChange(name, None, oid)
+            for name, oid in journal.keep_refs.items()
+            if name not in kept
+        ]
     else:
         now = host_refs(journal.gitdir)
         if not all(_done(c, now) for c in journal.refs):
@@ -419,7 +564,7 @@ def drop_keep_refs(journal: Journal, zero: str, *, landed: bool = False) -> None
         gone = [
             RefChange(name, None, oid)
             for name, oid in journal.keep_refs.items()
-            if now.get(name) == oid
+            if now.get(name) == oid and name not in kept
         ]
     if gone:
         with contextlib.suppress(GitError):
@@ -502,7 +647,14 @@ def recover_journal(path: str) -> str:
     _roll_refs_forward(journal, zero)
     journal.committed = True
     journal.save(path)
-    finish(journal, zero)
+    applied = finish(journal, zero)
+    kept = [
+        os.path.join(c.admin, c.rel)
+        for c in (*journal.heads, *journal.files)
+        if os.path.join(c.admin, c.rel) not in applied
+    ]
+    if kept:
+        return f"rolled forward; the host changed these since, its own kept: {', '.join(kept)}"
     return "rolled forward"
 
 

@@ -214,13 +214,14 @@ TRUSTED_ABSENT: Check = host_paths_absent("trusted")
 
 def refused_or(inner: Verify) -> Verify:
     """An executor that refuses to run with its state inside a writable root (raising
-    `SandboxUnavailableError` before anything runs) contains the attack too, provided the
-    host is unchanged; otherwise ``inner`` judges what ran."""
+    `InvalidRequestError`, a request error, before anything runs) contains the attack too,
+    provided the host is unchanged; otherwise ``inner`` judges what ran."""
 
     async def verify(env: AttackEnv, setup: AttackSetup, outcome: Outcome) -> Finding:
         raised: list[str] = outcome.notes.get("raised", [])
         if raised and not outcome.results:
-            if not all(r.startswith("SandboxUnavailableError") for r in raised):
+            refusals = ("InvalidRequestError", "SandboxUnavailableError")
+            if not all(r.startswith(refusals) for r in raised):
                 return audit_error("the executor failed", [shorten(env, raised[0])[:300]])
             evidence = [
                 *guards_unchanged(env, setup, outcome),

@@ -53,11 +53,19 @@ class Overlay:
     """One overlaid git directory with its state dir laid out as the executor's:
     ``state/git/1/{upper,work,import}``."""
 
-    def __init__(self, repo: Path, state: Path) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        state: Path,
+        *,
+        gitdir: Path | None = None,
+        roots: list[str] | None = None,
+        main_inside: bool | None = None,
+    ) -> None:
         if os.geteuid() != 0 or shutil.which("unshare") is None:
             pytest.skip("mounting an overlay needs root and unshare")
         self.repo = repo
-        self.gitdir = str(repo / ".git")
+        self.gitdir = str(gitdir or repo / ".git")  # another: a separate git dir
         self.state = state
         base = state / "git" / "1"
         self.upper = base / "upper"
@@ -66,7 +74,9 @@ class Overlay:
         self.work.mkdir()
         from bash_sandbox.git_import import begin
 
-        begin(self.gitdir, str(self.upper), [os.path.realpath(repo)])  # the repo is the root
+        if roots is None:
+            roots = [os.path.realpath(repo)]  # the repo is the root
+        begin(self.gitdir, str(self.upper), roots, main_inside=main_inside)
 
     def run(self, script: str) -> str:
         """``script`` in the repository, its `.git` the overlay (host `.git` untouched)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -714,3 +715,215 @@ async def test_a_worktree_outside_the_roots_keeps_its_registration_and_gc_never_
     reasons = [d.reason for d in result.sandbox.denials]
     assert any("stays registered" in r for r in reasons), reasons
     fsck_clean(checkout)
+
+
+@pytest.mark.parametrize("spelling", ["/proc/self/root", "a link and .."])
+async def test_a_worktree_gitdir_the_executor_would_read_elsewhere_is_refused(
+    spelling: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A new linked worktree's `gitdir` spelled `/proc/self/root<ws>/wt/.git`, or
+    # `<ws>/L/../wt/.git` with `L` a link inside the workspace: host git resolves it into
+    # the workspace, so the import took it, but the executor's own protections (the missing
+    # worktree held, a link left at a worktree's path removed) read it lexically and saw
+    # another path. A later command made the worktree a link out of the roots, and the
+    # host's `git worktree repair` / `remove --force` wrote and deleted there (red team).
+    repo = make_repo(workspace / "repo")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "data").write_text("precious\n")
+    if spelling == "/proc/self/root":
+        named, wt = f"/proc/self/root{repo}/wt/.git", "wt"
+    else:
+        named, wt = f"{repo}/L/../wt/.git", "d/wt"
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        f"mkdir -p d/e && ln -s d/e L && git worktree add -q {wt} -b side"
+        f" && printf '%s\\n' '{named}' > .git/worktrees/wt/gitdir",
+        repo,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert _outcome(result) is GitImportStatus.REFUSED
+    assert result.sandbox is not None
+    refused = [r for o in result.sandbox.git for r in o.refused]
+    assert any("worktrees/wt/gitdir" in r for r in refused), refused
+    gitdir = repo / ".git" / "worktrees" / "wt" / "gitdir"
+    assert not gitdir.exists() or gitdir.read_text() != f"{named}\n"
+    relinked = await _run(ex, f"rm -rf {wt} && ln -s {victim} {wt}", repo)
+    assert relinked.exit_code == 0, relinked.stderr.text
+    host_git(repo, "worktree", "repair", check=False)
+    host_git(repo, "worktree", "remove", "--force", "wt", check=False)
+    assert sorted(os.listdir(victim)) == ["data"]
+    fsck_clean(repo)
+
+
+@pytest.mark.parametrize("target", ["into the workspace", "at nothing"])
+async def test_an_outside_worktree_keeps_its_gitdir_and_so_its_branch_and_registration(
+    target: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # The command re-pointed an outside worktree's `gitdir` into the workspace (or at a
+    # path that does not exist): the import took it, so that worktree counted as inside
+    # from then on, and a later command moved its checked-out branch (the user's `git
+    # reset --hard` there wrote the command's executable outside every root), or the
+    # host's `git worktree prune` dropped its repository with what it had staged (red team).
+    repo = make_repo(workspace / "repo")
+    outside = tmp_path / "outside-wt"
+    host_git(repo, "worktree", "add", "-q", "-b", "feat", str(outside))
+    (outside / "staged.txt").write_text("the user's\n")
+    host_git(outside, "add", "staged.txt")
+    gitdir = repo / ".git" / "worktrees" / "outside-wt" / "gitdir"
+    before = gitdir.read_bytes()
+    new = repo / ("decoy" if target == "into the workspace" else "nowhere") / ".git"
+    if target == "into the workspace":  # a checkout there: `git worktree prune` keeps it
+        new.parent.mkdir()
+        new.write_text(f"gitdir: {gitdir.parent}\n")
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, f"printf '%s\\n' {new} > .git/worktrees/outside-wt/gitdir", repo)
+    assert result.exit_code == 0, result.stderr.text
+    assert gitdir.read_bytes() == before
+    assert result.sandbox is not None
+    reasons = [d.reason for d in result.sandbox.denials if d.target.endswith("gitdir")]
+    assert any("keeps its gitdir" in r for r in reasons), result.sandbox.denials
+    host_git(repo, "worktree", "prune")
+    assert host_git(outside, "diff", "--cached", "--name-only").split() == ["staged.txt"]
+    branch = host_git(outside, "rev-parse", "feat").strip()
+    moved = await _run(ex, f"B=feat && {_EVIL_COMMIT} && git update-ref refs/heads/feat $c", repo)
+    assert moved.exit_code == 0, moved.stderr.text
+    assert _outcome(moved) is GitImportStatus.CONFLICT
+    assert host_git(outside, "rev-parse", "feat").strip() == branch
+    host_git(outside, "reset", "-q", "--hard", check=False)
+    assert not (outside / "run-me.sh").exists()
+    fsck_clean(repo)
+
+
+async def test_the_main_checkout_of_a_separate_git_dir_outside_the_roots_keeps_branch_and_index(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # `git init --separate-git-dir`: the main checkout outside the roots, its `.git` a file,
+    # no `core.worktree`; the workspace a linked worktree of it. Git records no place for
+    # that checkout, and the import took it as inside: the command moved its branch and
+    # wrote its index, and the user's `git reset --hard` there wrote the command's
+    # executable outside every root (red team). Unknown is outside now.
+    store = tmp_path / "store.git"
+    main = tmp_path / "main-checkout"
+    host_git(tmp_path, "init", "-q", "-b", "main", f"--separate-git-dir={store}", str(main))
+    (main / "f0.txt").write_text("file 0\n")
+    host_git(main, "add", ".")
+    host_git(main, "commit", "-qm", "start")
+    wt = workspace / "wt"
+    host_git(main, "worktree", "add", "-q", "-b", "side", str(wt))
+    before = host_git(main, "rev-parse", "main").strip()
+    index = (store / "index").read_bytes()
+    command = (
+        f"B=main && {_EVIL_COMMIT} && git update-ref refs/heads/main $c"
+        " && GIT_INDEX_FILE=$(git rev-parse --git-common-dir)/index git read-tree $c"
+    )
+    result = await _run(make_executor(mode="workspace-write"), command, wt)
+    assert result.exit_code == 0, result.stderr.text
+    assert _outcome(result) in (GitImportStatus.REFUSED, GitImportStatus.CONFLICT)
+    assert host_git(main, "rev-parse", "main").strip() == before
+    assert (store / "index").read_bytes() == index
+    host_git(main, "reset", "-q", "--hard", check=False)
+    assert not (main / "run-me.sh").exists()
+    assert (main / "f0.txt").read_text() == "file 0\n"
+    fsck_clean(main)
+
+
+async def test_a_bare_repository_has_no_checkout_and_takes_its_head(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # A bare repository (a local remote, named `remote.git`: not `.git`, no `core.worktree`)
+    # has no checkout outside the roots to protect: its `HEAD` is the command's to change.
+    repo = make_repo(workspace / "repo")
+    bare = workspace / "remote.git"
+    host_git(workspace, "clone", "-q", "--bare", str(repo), str(bare))
+    host_git(bare, "branch", "other")
+    result = await _run(
+        make_executor(mode="workspace-write"), "git symbolic-ref HEAD refs/heads/other", bare
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert _outcome(result) is GitImportStatus.APPLIED
+    assert host_git(bare, "symbolic-ref", "HEAD").strip() == "refs/heads/other"
+    fsck_clean(bare)
+
+
+def _bisecting(checkout: Path) -> None:
+    host_git(checkout, "bisect", "start", "side", "side~2")
+
+
+def _rebasing(checkout: Path) -> None:
+    host_git(
+        checkout, "rebase", "-q", "-i", "side~1", env={"GIT_SEQUENCE_EDITOR": "sed -i 1ibreak"}
+    )
+
+
+def _applying(checkout: Path) -> None:
+    host_git(checkout, "rebase", "-q", "--apply", "main", check=False)  # stops on a conflict
+
+
+@pytest.mark.parametrize(
+    "state",
+    [("bisect", _bisecting), ("rebase-merge", _rebasing), ("rebase-apply", _applying)],
+    ids=lambda s: s[0],
+)
+async def test_a_branch_bisected_or_rebased_outside_the_roots_is_never_moved(
+    state: tuple[str, Callable[[Path], None]],
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    # A worktree outside the roots bisecting or rebasing `side` (its HEAD detached):
+    # git counts the branch as checked out, the import did not and moved it, and the
+    # user's `git bisect reset` there checked out the command's executable (red team).
+    repo = make_repo(workspace / "repo")
+    outside = tmp_path / "outside-wt"
+    host_git(repo, "worktree", "add", "-q", "-b", "side", str(outside))
+    for i in (1, 2):
+        (outside / "f0.txt").write_text(f"side {i}\n")
+        host_git(outside, "commit", "-qam", f"side {i}")
+    (repo / "f0.txt").write_text("main\n")
+    host_git(repo, "commit", "-qam", "main")  # `rebase --apply main` conflicts on it
+    state[1](outside)
+    assert host_git(outside, "symbolic-ref", "-q", "HEAD", check=False) == ""  # detached
+    before = host_git(repo, "rev-parse", "side").strip()
+    command = f"B=side && {_EVIL_COMMIT} && git update-ref refs/heads/side $c"
+    result = await _run(make_executor(mode="workspace-write"), command, repo)
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    [outcome] = result.sandbox.git
+    assert outcome.status is GitImportStatus.CONFLICT, outcome
+    assert [c.name for c in outcome.conflicts] == ["refs/heads/side"]
+    assert host_git(repo, "rev-parse", "side").strip() == before
+    host_git(outside, "bisect", "reset", check=False)
+    host_git(outside, "rebase", "--abort", check=False)
+    host_git(outside, "checkout", "-q", "side", check=False)
+    assert not (outside / "run-me.sh").exists()
+    fsck_clean(repo)
+
+
+async def test_a_host_reflog_redated_to_1970_still_keeps_its_commits_through_gc(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # The command kept every entry of the host's reflogs but dated them 1970: the ids were
+    # all still there, so no keep-ref, and the host's next `git gc` expired the entries and
+    # pruned the commit only they named (red team). Entries are compared, dates with them.
+    repo = make_repo(workspace / "repo")
+    (repo / "w.txt").write_text("the user's work\n")
+    host_git(repo, "add", "w.txt")
+    host_git(repo, "commit", "-qm", "host work")
+    work = host_git(repo, "rev-parse", "HEAD").strip()
+    host_git(repo, "reset", "-q", "--hard", "HEAD~")  # now only in the reflogs
+    redate = (
+        "for f in .git/logs/HEAD .git/logs/refs/heads/main; do"
+        ' sed -E "s/> [0-9]+ ([+-][0-9]{4})/> 100000 \\1/" $f > $f.new'
+        " && cat $f.new > $f && rm $f.new; done"
+    )
+    result = await _run(make_executor(mode="workspace-write"), redate, repo)
+    assert result.exit_code == 0, result.stderr.text
+    assert _outcome(result) is GitImportStatus.APPLIED
+    host_git(repo, "gc", "-q")  # expires the entries dated 1970
+    host_git(repo, "gc", "-q", "--prune=now")
+    host_git(repo, "cat-file", "-e", work)  # still in the host's store
+    kept = host_git(repo, "for-each-ref", "--format=%(refname)", "refs/bash-sandbox/").split()
+    assert result.sandbox is not None and set(kept) <= set(result.sandbox.git[0].applied)
+    fsck_clean(repo)

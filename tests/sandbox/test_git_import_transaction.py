@@ -753,3 +753,180 @@ def test_a_fast_forward_whose_host_index_is_not_the_tips_tree_is_a_conflict(
     assert (repo / ".git" / "index").read_bytes() == index
     assert reachable(repo, ours)
     fsck_clean(repo)
+
+
+# The command moves `feat`, and rewrites the reflogs of `HEAD` and `main` (a commit made on
+# `main` and reset away: `tmp`, named only by those reflogs). Prints `tmp`'s id.
+_REFLOG_COMMAND = (
+    "git checkout -q feat && git commit -q --allow-empty -m cmd && git checkout -q main"
+    " && git commit -q --allow-empty -m tmp && git rev-parse HEAD && git reset -q --hard HEAD~"
+)
+
+
+def _host_commits_and_resets(repo: Path) -> str:
+    """The user commits on `main` and resets it away: that commit is named only by the
+    host's reflogs of `HEAD` and `main`. Returns its id."""
+    (repo / "x.txt").write_text("the user's\n")
+    host_git(repo, "add", "x.txt")
+    host_git(repo, "commit", "-qm", "host x")
+    commit = host_git(repo, "rev-parse", "HEAD").strip()
+    host_git(repo, "reset", "-q", "--hard", "HEAD~")
+    return commit
+
+
+@pytest.mark.parametrize("when", ["refs", "files", "during the import"])
+def test_reflogs_the_host_wrote_after_the_plan_are_never_written_over(
+    when: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The harness was killed once the refs moved (or after the first file); the user then
+    # committed and reset before any executor started again; the recovery wrote the
+    # journal's reflogs over the user's, and the user's commit was left to `git gc` (red
+    # team). Or the same happens while the import runs. The host's reflog is kept, and so
+    # is every commit: the user's through it, the command's through its keep-refs.
+    from bash_sandbox.git_import import transaction
+
+    repo = make_repo(tmp_path / "repo")
+    host_git(repo, "branch", "feat")
+    state = tmp_path / "state"
+    ov = Overlay(repo, state)
+    tmp = ov.run(_REFLOG_COMMAND).strip()
+    ours = (ov.upper / "refs" / "heads" / "feat").read_text().strip()
+    if when == "during the import":
+        host_commit: list[str] = []
+
+        def host_acts(point: str) -> None:
+            if point == "refs":  # the refs moved, the files not written yet
+                host_commit.append(_host_commits_and_resets(repo))
+
+        monkeypatch.setattr(transaction, "crash_point", host_acts)
+        snap = load_snapshot(str(ov.upper))
+        assert snap is not None
+        outcome = import_changes(snap).outcome
+        assert outcome is not None and outcome.status is GitImportStatus.PARTIAL, outcome
+        assert any("logs/HEAD: the host changed it" in r for r in outcome.refused), outcome
+        assert outcome.kept_at is not None
+        [x] = host_commit
+    else:
+        assert ov.import_in_child(crash=when) == 86
+        x = _host_commits_and_resets(repo)
+        assert recover(str(state))
+    logs = repo / ".git" / "logs"
+    assert x in (logs / "HEAD").read_text() and x in (logs / "refs/heads/main").read_text()
+    assert host_git(repo, "rev-parse", "feat").strip() == ours  # the rest rolled forward
+    host_git(repo, "gc", "-q", "--prune=now")
+    for commit in (x, ours, tmp):
+        host_git(repo, "cat-file", "-e", commit)  # still in the host's store
+    assert reachable(repo, tmp)  # the command's, named only by the reflogs not written
+    assert _leftovers(repo) == []
+    fsck_clean(repo)
+
+
+def test_a_state_directory_swapped_in_survives_a_kill_between_its_renames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A state directory is replaced by moving the host's aside and renaming ours in: killed
+    # between the two, the host has none; the recovery finds ours complete and finishes.
+    repo = make_repo(tmp_path / "repo")
+    for i in (1, 2):
+        (repo / f"c{i}.txt").write_text(f"{i}\n")
+        host_git(repo, "add", ".")
+        host_git(repo, "commit", "-qm", f"c{i}")
+    host_git(repo, "rebase", "-q", "-i", "HEAD~2", env={"GIT_SEQUENCE_EDITOR": "sed -i 1ibreak"})
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("sed -i 1ibreak .git/rebase-merge/git-rebase-todo")  # one more stop
+    wanted = (ov.upper / "rebase-merge" / "git-rebase-todo").read_bytes()
+    real_rename = os.rename
+
+    def killed_after_the_first(src: Any, dst: Any, **kw: Any) -> None:
+        real_rename(src, dst, **kw)
+        if str(dst).startswith(".bash-sandbox-") and "-old-" in str(dst):
+            raise SystemExit("killed")
+
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    with monkeypatch.context() as patched, pytest.raises(SystemExit):
+        patched.setattr(os, "rename", killed_after_the_first)
+        import_changes(snap)
+    assert not (repo / ".git" / "rebase-merge").exists()  # killed mid-swap
+    assert recover(str(tmp_path / "state"))
+    assert (repo / ".git" / "rebase-merge" / "git-rebase-todo").read_bytes() == wanted
+    assert _leftovers(repo) == []
+    fsck_clean(repo)
+
+
+def test_a_host_rewind_during_the_command_is_not_undone_as_a_fast_forward(
+    tmp_path: Path,
+) -> None:
+    # The host drops its last commit (`git reset --hard HEAD~`) while the command runs; the
+    # command, its index still holding that commit's file, commits on the host's new tip:
+    # a descendant of the host's value, applied as a fast-forward, which brought the
+    # dropped file back (red team). The host moved `main` back, not forward: a conflict.
+    repo = make_repo(tmp_path / "repo")
+    (repo / "bad.txt").write_text("to be dropped\n")
+    host_git(repo, "add", "bad.txt")
+    host_git(repo, "commit", "-qm", "s")
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("git add -A")  # the command's index: `s`'s tree
+    host_git(repo, "reset", "-q", "--hard", "HEAD~")
+    rewound = host_git(repo, "rev-parse", "main").strip()
+    index = (repo / ".git" / "index").read_bytes()
+    ours, parent = ov.run("git commit -q --allow-empty -m cmd && git rev-parse @ @~").split()
+    assert parent == rewound  # built on the host's value: a descendant of it
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None and outcome.status is GitImportStatus.CONFLICT, outcome
+    assert "refs/heads/main" in [c.name for c in outcome.conflicts]
+    assert host_git(repo, "rev-parse", "main").strip() == rewound
+    assert (repo / ".git" / "index").read_bytes() == index
+    assert not (repo / "bad.txt").exists() and host_git(repo, "status", "--porcelain") == ""
+    assert reachable(repo, ours)
+    fsck_clean(repo)
+
+
+@pytest.mark.parametrize("checkout", ["in the roots", "outside the roots"])
+def test_a_separate_git_dirs_checkout_is_inside_only_where_the_survey_finds_it(
+    checkout: str, tmp_path: Path
+) -> None:
+    # `git init --separate-git-dir`: git records no place for the main checkout (its `.git`
+    # is a file; no `core.worktree`). It was taken as inside; a command in a linked worktree
+    # of a checkout outside the roots then moved that checkout's HEAD and index. Now only a
+    # gitfile in the roots naming the git dir (`main_checkout_inside`) makes it inside.
+    from bash_sandbox.git_import import main_checkout_inside
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    store = tmp_path / "store.git"
+    main = (ws if checkout == "in the roots" else tmp_path) / "main"
+    host_git(tmp_path, "init", "-q", "-b", "main", f"--separate-git-dir={store}", str(main))
+    (main / "f0.txt").write_text("file 0\n")
+    host_git(main, "add", ".")
+    host_git(main, "commit", "-qm", "start")
+    host_git(main, "worktree", "add", "-q", "-b", "side", str(ws / "wt"))
+    roots = [str(ws)]
+    dotgits = [
+        str(ws / "wt" / ".git"),
+        *([str(main / ".git")] if checkout == "in the roots" else []),
+    ]
+    inside = main_checkout_inside(str(store), dotgits, roots)
+    assert inside is (checkout == "in the roots")
+    head, index = (store / "HEAD").read_bytes(), (store / "index").read_bytes()
+    ov = Overlay(ws / "wt", tmp_path / "state", gitdir=store, roots=roots, main_inside=inside)
+    ov.run(
+        "C=$(git rev-parse --git-common-dir) && b=$(echo new | git hash-object -w --stdin) &&"
+        " GIT_INDEX_FILE=$C/index git update-index --add --cacheinfo 100644,$b,new.txt &&"
+        " git --git-dir=$C symbolic-ref HEAD refs/heads/side"
+    )
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None
+    if checkout == "in the roots":
+        assert outcome.status is GitImportStatus.APPLIED, outcome
+        assert host_git(main, "symbolic-ref", "HEAD").strip() == "refs/heads/side"
+        assert "new.txt" in host_git(main, "ls-files")
+    else:
+        assert outcome.status is GitImportStatus.REFUSED, outcome
+        assert (store / "HEAD").read_bytes() == head
+        assert (store / "index").read_bytes() == index
+    fsck_clean(main)

@@ -5,6 +5,7 @@ rebase and worktree are in `tests/workflows/test_git_workflows.py`.)"""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -357,4 +358,74 @@ async def test_a_background_commit_on_a_tip_another_import_moved_fast_forwards(
         kept = f"{outcome.kept_at}/heads/main"
         assert _subject(repo, kept) == "from the background"
         assert host_git(repo, "rev-parse", f"{kept}~1").strip() == moved
+    fsck_clean(repo)
+
+
+@pytest.mark.parametrize("layout", ["the only one", "then another added", "beside one outside"])
+async def test_removing_the_last_linked_worktree_unregisters_it_on_the_host(
+    layout: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # Git removes `.git/worktrees` itself with the last linked worktree: that removal was
+    # not imported at all, and the host kept listing the worktree, prunable (red team).
+    # Each registration under it goes, but one whose checkout lies outside the roots.
+    repo = make_repo(workspace / "repo")
+    host_git(repo, "worktree", "add", "-q", "-b", "x", str(repo / "wt2"))
+    outside = tmp_path / "outside-wt"
+    command = "git worktree remove wt2"
+    if layout == "then another added":  # `worktrees/` made again: opaque in the overlay
+        command += " && git worktree add -q -b z wt3"
+    elif layout == "beside one outside":
+        host_git(repo, "worktree", "add", "-q", "-b", "y", str(outside))
+        command += ' && rm -rf "$(git rev-parse --git-common-dir)/worktrees"'
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(
+        ex.resolve(BashExecRequest(command=command, workdir=str(repo), env=GIT_ENV))
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED], result.sandbox.git
+    listed = host_git(repo, "worktree", "list", "--porcelain").splitlines()
+    worktrees = [line.removeprefix("worktree ") for line in listed if line.startswith("worktree ")]
+    if layout == "the only one":
+        assert worktrees == [str(repo)]
+        left = repo / ".git" / "worktrees"
+        assert not left.exists() or os.listdir(left) == []  # git itself leaves none
+    elif layout == "then another added":
+        assert worktrees == [str(repo), str(repo / "wt3")]
+        assert host_git(repo / "wt3", "symbolic-ref", "HEAD").strip() == "refs/heads/z"
+    else:
+        assert worktrees == [str(repo), str(outside)]
+        assert host_git(outside, "status", "--short") == ""
+        reasons = [d.reason for d in result.sandbox.denials]
+        assert any("stays registered" in r for r in reasons), reasons
+    assert "prunable" not in host_git(repo, "worktree", "list")
+    fsck_clean(repo)
+
+
+async def test_dropping_an_older_stash_keeps_only_its_own_commit(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # Reflog entries are compared, dates with them (a command re-dating the host's lost
+    # their commits to gc). `git stash drop stash@{2}` rewrites the entry above it (`reflog
+    # delete --rewrite`), days old: still only the dropped stash gets a keep-ref, and the
+    # stash list is what the command left.
+    repo = make_repo(workspace / "repo")
+    days_ago = {"GIT_COMMITTER_DATE": f"@{int(time.time()) - 3 * 86400} +0000"}
+    for text in ("first", "second", "third", "fourth"):
+        (repo / "f0.txt").write_text(f"{text}\n")
+        host_git(repo, "stash", "-q", env=days_ago)
+    stashes = host_git(repo, "rev-parse", *(f"stash@{{{i}}}" for i in range(4))).split()
+    ex = make_executor(mode="workspace-write")
+    request = BashExecRequest(
+        command="git stash drop -q 'stash@{2}'", workdir=str(repo), env=GIT_ENV
+    )
+    result = await ex.run(ex.resolve(request))
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED], result.sandbox.git
+    left = host_git(repo, "rev-parse", "stash@{0}", "stash@{1}", "stash@{2}").split()
+    assert left == [stashes[0], stashes[1], stashes[3]]
+    host_git(repo, "gc", "-q", "--prune=now")
+    kept = host_git(repo, "for-each-ref", "--format=%(objectname)", f"{KEEP_NAMESPACE}/").split()
+    assert kept == [stashes[2]]
     fsck_clean(repo)
