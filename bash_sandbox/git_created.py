@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from bash_sandbox.git_discovery import scrubbed_git, scrubbed_git_env
 from bash_sandbox.git_import.state_files import worktree_inside
 from bash_sandbox.host_run import run_bounded
+from bash_sandbox.safe_read import is_special
 from policies.paths import within_any
 
 # Keys that only describe data; every other key is dropped.
@@ -155,7 +156,7 @@ def _drop_special(fd: int, rel: str, dropped: list[str]) -> None:
     except OSError:
         return
     for name, mode in entries:
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        if is_special(mode):
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=fd)
                 dropped.append(os.path.join(rel, name) + " (not a file: removed)")

@@ -66,6 +66,11 @@ def _read_all(fd: int, limit: int) -> bytes:
         os.close(fd)
 
 
+def is_special(mode: int) -> bool:
+    """A FIFO, socket or device: opening one may wait forever or act on the device."""
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+
+
 def blocking_names(gitdir: str) -> list[str]:
     """The names git reads at the start of almost every command in ``gitdir`` (and each
     loose ref) that are FIFOs, sockets or devices: host git run there would stall on one
@@ -87,7 +92,7 @@ def blocking_names(gitdir: str) -> list[str]:
             mode = os.stat(name).st_mode  # stat opens nothing, a FIFO included
         except OSError:
             continue
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        if is_special(mode):
             found.append(name)
     return found
 

@@ -23,6 +23,8 @@ import pwd
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from policies.paths import within
+
 AUTORUN_PATHS: MappingProxyType[str, str] = MappingProxyType(
     {
         ".vscode": "VS Code runs its tasks on folder open; its settings and launch "
@@ -211,11 +213,11 @@ def home_paths(
     found: dict[str, HomePath] = {}
     for home in _homes(os.path.expanduser("~")):
         for root in roots:
-            if not (_within(home, root) or _within(root, home)):
+            if not (within(home, root) or within(root, home)):
                 continue  # most roots: a project somewhere, nothing of a home's own
             for name, entry in HOME_PATHS.items():
                 path = os.path.join(home, name)
-                if path == root or not _within(path, root):
+                if path == root or not within(path, root):
                     continue
                 if name in unprotected or os.path.relpath(path, root) in unprotected:
                     continue
@@ -228,7 +230,7 @@ def home_paths(
             continue
         for name, entry in names.items():
             path = os.path.normpath(os.path.join(base, name))
-            if any(_within(path, r) and path != r for r in roots):
+            if any(within(path, r) and path != r for r in roots):
                 found.setdefault(path, entry)
     # A name of the user's home that links into a root (a dotfiles manager's layout:
     # `~/.bash_aliases -> ~/dotfiles/bash/.bash_aliases`, the workspace `~/dotfiles`): what
@@ -240,7 +242,7 @@ def home_paths(
         if not os.path.islink(path):
             continue
         target = os.path.realpath(path)
-        if target in roots or not any(_within(target, r) for r in roots):
+        if target in roots or not any(within(target, r) for r in roots):
             continue
         if name in unprotected or os.path.relpath(target, _root_of(target, roots)) in unprotected:
             continue
@@ -248,15 +250,11 @@ def home_paths(
         found.setdefault(target, HomePath(entry.is_dir, True, why))
     # Below a broad entry that is always covered (`.config` in a home root): covered with it.
     held = [p for p, e in found.items() if e.hold]
-    return [(p, e) for p, e in found.items() if not any(_within(p, h) and p != h for h in held)]
+    return [(p, e) for p, e in found.items() if not any(within(p, h) and p != h for h in held)]
 
 
 def _root_of(path: str, roots: tuple[str, ...]) -> str:
-    return next(r for r in roots if _within(path, r))
-
-
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
+    return next(r for r in roots if within(path, r))
 
 
 UNPROTECT_KEY = "unprotected_paths"
