@@ -24,6 +24,7 @@ from bash_sandbox.git_discovery import (
     index_gitlinks,
 )
 from bash_sandbox.git_hook_chain import ChainLink, hook_chain
+from bash_sandbox.git_import.state_files import gitdir_named
 from bash_sandbox.safe_read import read_regular
 from bash_sandbox.view import GitOverlay
 from policies import SandboxPolicy
@@ -167,7 +168,7 @@ def linked_worktree_dirs(
                 data = read_regular(os.path.join(admins, name, "gitdir"), 4096)
             except OSError:
                 continue
-            named = data.rstrip(b" \t\n\r\v\f").partition(b"\0")[0]
+            named = gitdir_named(data)
             if not named.startswith(b"/"):
                 continue
             # `gitdir` names the worktree's `.git` file: the worktree is its directory.

@@ -206,11 +206,17 @@ def checked_out_branch(data: bytes) -> str | None:
     return f"refs/heads/{value}"
 
 
+def gitdir_named(data: bytes) -> bytes:
+    """What a linked worktree's `gitdir` file (``data``) names, read as git reads it
+    (`get_linked_worktree`: trailing blanks cut from the whole file, then the C string up
+    to a NUL)."""
+    return data.rstrip(b" \t\n\r\v\f").partition(b"\0")[0]
+
+
 def worktree_inside(data: bytes, roots: Iterable[str]) -> bool:
-    """Whether a linked worktree's `gitdir` file (``data``) names a place inside ``roots``,
-    read as git reads it (`get_linked_worktree`: trailing blanks cut from the whole file,
-    then the C string up to a NUL), every link in it resolved as host git would follow it."""
-    named = data.rstrip(b" \t\n\r\v\f").partition(b"\0")[0]
+    """Whether a linked worktree's `gitdir` file (``data``) names a place inside ``roots``
+    (`gitdir_named`), every link in it resolved as host git would follow it."""
+    named = gitdir_named(data)
     if not named.startswith(b"/"):
         return False
     return within_any(os.path.realpath(os.fsdecode(named)), tuple(roots))
