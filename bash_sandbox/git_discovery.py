@@ -45,7 +45,7 @@ from typing import Protocol
 from bash_local.userdir import user_base_dir
 from bash_sandbox.host_run import run_bounded
 from bash_sandbox.linux.binaries import host_git, host_git_path
-from bash_sandbox.safe_read import read_regular
+from bash_sandbox.safe_read import read_regular, read_small_text
 from policies import SandboxPolicy
 from policies.paths import within, within_any
 
@@ -420,7 +420,7 @@ def gitdirs_behind(dotgit: str, roots: tuple[str, ...]) -> list[str]:
     if not within_any(target, roots) and not _points_back(target, dotgit):
         return []
     found = [target]
-    common = _read_small(os.path.join(target, "commondir"))
+    common = read_small_text(os.path.join(target, "commondir"))
     if common is not None:
         main = resolved(os.path.join(target, common.strip()))
         # Outside the roots, only git's own layout, read from a directory the command
@@ -442,18 +442,11 @@ def _points_back(gitdir: str, dotgit: str) -> bool:
     own = resolved(dotgit)
     if own is None:
         return False
-    back = (_read_small(os.path.join(gitdir, "gitdir")) or "").strip()
+    back = (read_small_text(os.path.join(gitdir, "gitdir")) or "").strip()
     if back and resolved(os.path.join(gitdir, back)) == own:
         return True
     value = git_config_get(os.path.join(gitdir, "config"), "core.worktree")
     return value is not None and resolved(os.path.join(gitdir, value)) == os.path.dirname(own)
-
-
-def _read_small(path: str) -> str | None:
-    try:
-        return read_regular(path, 4096).decode(errors="replace")
-    except OSError:
-        return None
 
 
 # git reading a file it is given, with nothing of the host's or the repository's config

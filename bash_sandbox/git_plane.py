@@ -59,7 +59,7 @@ from bash_sandbox.git_import import (
 from bash_sandbox.git_import.gitcmd import GIT_SAFE_OPTIONS, git_env
 from bash_sandbox.host_run import run_bounded
 from bash_sandbox.linux.binaries import host_git
-from bash_sandbox.safe_read import read_regular
+from bash_sandbox.safe_read import read_small_text
 from bash_sandbox.view import GitOverlay
 from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
 
@@ -93,13 +93,6 @@ class MergeReport:
 
 
 # -- discovery -------------------------------------------------------------------------------
-
-
-def _read_small(path: str) -> str | None:
-    try:
-        return read_regular(path, 4096).decode(errors="replace")
-    except OSError:
-        return None
 
 
 def prepare_placeholders(
@@ -176,7 +169,7 @@ def config_path_targets(
         if path in seen:
             continue
         seen.add(path)
-        text = _read_small(path)
+        text = read_small_text(path)
         if text is None:
             continue
         for key, value in _config_values(text):

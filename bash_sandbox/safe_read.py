@@ -66,6 +66,14 @@ def _read_all(fd: int, limit: int) -> bytes:
         os.close(fd)
 
 
+def read_small_text(path: str) -> str | None:
+    """The first 4 KiB of the regular file ``path`` as text; None when it cannot be read."""
+    try:
+        return read_regular(path, 4096).decode(errors="replace")
+    except OSError:
+        return None
+
+
 def is_special(mode: int) -> bool:
     """A FIFO, socket or device: opening one may wait forever or act on the device."""
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
