@@ -66,7 +66,7 @@ class SandboxBashConfig(LocalBashConfig):
     # workspace-write: keep the placeholder directories of missing auto-run names this long
     # after the executor's last command let them go, for its next command to take over
     # (`placeholder_linger.py`); the user sees the empty directories that long. 0: removed
-    # as soon as no command holds them.
+    # as soon as no command holds them. A danger-full-access command never sees them.
     placeholder_linger_ms: int = Field(default=0, ge=0, le=600_000)
 
     @field_validator("allow_domains")

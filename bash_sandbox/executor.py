@@ -173,6 +173,8 @@ class SandboxBashExecutor(LocalBashExecutor):
     async def _open_scope(self, spec: BashExecSpec) -> SpawnScope:
         policy = self._policy_of(spec)
         if not policy.confined:
+            # Exactly the local executor's: no placeholder kept for a next confined command.
+            self._services.survey.let_go()
             return _DangerSpawn(self._base_plan(spec), policy.mode)
         check_enterable(spec.workdir)  # a request error, not the host's (`workdir_access`)
         if policy.mode in self._prepared:

@@ -92,6 +92,10 @@ class HostSurvey:
         """Give back the host placeholders one survey acquired."""
         self._placeholders.release_all(held)
 
+    def let_go(self) -> None:
+        """Give back the placeholders kept for a next spawn that no spawn holds now."""
+        self._placeholders.let_go()
+
     def close(self) -> None:
         """Give back the placeholders kept for a next spawn (the executor closes)."""
         self._placeholders.close()

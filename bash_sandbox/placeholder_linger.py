@@ -11,9 +11,11 @@ at concurrency, a background command) takes the path over in memory.
 `placeholder_linger_ms` (the executor's config, 0 by default) keeps a directory nobody holds
 any more, still held in the ledger by this executor, for that long: a harness's next command
 in a run of them takes it over with no ledger transaction at all. It is released as before
-after that (on the loop's timer, or at the next acquire or release) and when the executor
-closes: removed while it is still an untouched placeholder. Off by default: the user would
-see the empty directories in the workspace for that long after each command. Only
+after that (on the loop's timer, or at the next acquire or release), before a
+danger-full-access command of the executor (which must see the workspace as the local
+executor would, `let_go`), and when the executor closes: removed while it is still an
+untouched placeholder. Off by default: the user would see the empty directories in the
+workspace for that long after each command. Only
 directories linger: an empty placeholder file (a configured protected name such as
 `deploy/secrets.env`) shows in the user's `git status`. A lingering directory protects what
 it did before: the next command covers whatever is at the path (the placeholder, or what the
@@ -97,6 +99,11 @@ class LingeringPlaceholders:
             self._expire(keep=set())
             if self._idle:
                 self._schedule()
+
+    def let_go(self) -> None:
+        """Release the lingering directories now (no command of this executor holds them)."""
+        with self._lock:
+            self._give_back(list(self._idle))
 
     def close(self) -> None:
         """Release everything (the executor closes; its spawns are over, or being killed)."""

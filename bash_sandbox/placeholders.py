@@ -35,7 +35,10 @@ from bash_local.userdir import user_base_dir
 from bash_sandbox.placeholder_stash import Stash
 
 _LEDGER = "placeholders.json"
-_PAD_MAX = 1 << 16  # a ledger shrinks by padding up to this much, beyond it by a truncate
+# A ledger shrinks by padding up to this much (or its new size), beyond it by a truncate: a
+# ledger once grown large (many executors at once) is not read and rewritten whole ever after.
+_PAD_MAX = 1 << 14
+_LEDGER_MAX = 1 << 22
 
 
 def _process_id(pid: int) -> str:
@@ -62,7 +65,7 @@ def _alive(holder: str, seen: dict[str, bool]) -> bool:
 
 def _read(fd: int) -> tuple[dict[str, dict[str, object]], bytes]:
     """The ledger's entries, and its bytes as they are (what `_Ledger.flush` compares)."""
-    content = os.pread(fd, 1 << 22, 0)
+    content = os.pread(fd, min(os.fstat(fd).st_size, _LEDGER_MAX), 0)
     raw = content.decode(errors="replace").strip("\x00 \n")
     try:
         # The first JSON value only: a kill between writing and truncating leaves the old
@@ -98,7 +101,7 @@ class _Ledger:
         cost two journalled metadata operations each, three times per spawn.)"""
         encoded = json.dumps(self.entries).encode() + b"\n"
         shorter = len(self._written) - len(encoded)
-        if 0 < shorter <= _PAD_MAX:
+        if 0 < shorter <= max(_PAD_MAX, len(encoded)):
             # Padded to the size it has (`_read` ignores the spaces): a truncate is a
             # journalled metadata change, 0.4 ms of each release here.
             encoded += b" " * shorter

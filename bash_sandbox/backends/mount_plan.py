@@ -309,6 +309,12 @@ class _Looks:
     def exists(self, path: str) -> bool:
         return self.mode(path) is not None
 
+    def kinds(self) -> tuple[tuple[str, int | None], ...]:
+        """Each path looked at and its kind (`_kind`), None where missing."""
+        return tuple(
+            (path, None if mode is None else stat.S_IFMT(mode)) for path, mode in self._seen.items()
+        )
+
     def is_link(self, path: str) -> bool:
         mode = self.mode(path)
         return mode is not None and stat.S_ISLNK(mode)
@@ -364,9 +370,59 @@ class ProtectedView:
     symlinked: tuple[str, ...]
 
 
+# inspect_protected's last answers, each with the lstat kind of every path it looked at.
+_MemoKey = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], str]
+_MEMO: dict[_MemoKey, tuple[tuple[tuple[str, int | None], ...], ProtectedView]] = {}
+_MEMO_MAX = 16
+
+
+def _prefixes(path: str) -> list[str]:
+    """``path`` and each of its ancestors but `/`."""
+    found = []
+    while path not in ("/", ""):
+        found.append(path)
+        path = os.path.dirname(path)
+    return found
+
+
+def _kind(path: str) -> int | None:
+    try:
+        return stat.S_IFMT(os.lstat(path).st_mode)
+    except OSError:
+        return None
+
+
 def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> ProtectedView:
-    """Protected names under every writable root and every overlaid git directory."""
+    """Protected names under every writable root and every overlaid git directory.
+
+    The answer depends only on what kind of entry (or none) each path it looked at is, where
+    no name or root led through a link (then it resolved them): kept with those kinds and
+    checked again with one lstat each, not rebuilt (80 names a workspace-write spawn, most
+    of it path arithmetic)."""
+    key = (
+        policy.all_writable_roots(),
+        tuple(policy.protected_paths),
+        gitdirs,
+        os.environ.get("HOME", ""),  # where a shell start-up file needs a placeholder
+    )
+    kept = _MEMO.get(key)
+    if kept is not None and all(_kind(path) == kind for path, kind in kept[0]):
+        return kept[1]
+    looks = _Looks()
+    view, resolved = _inspect_protected(policy, gitdirs, looks)
+    if not resolved:
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = (looks.kinds(), view)
+    return view
+
+
+def _inspect_protected(
+    policy: SandboxPolicy, gitdirs: tuple[str, ...], looks: _Looks
+) -> tuple[ProtectedView, bool]:
+    """`inspect_protected`, and whether it resolved a link (its answer is then not kept)."""
     roots = policy.all_writable_roots()
+    resolved_any = False
     protect: list[str] = []
     pins: list[str] = []
     missing: list[tuple[str, bool]] = []
@@ -375,7 +431,6 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
     git_names = {"config", "hooks"} | {
         p.removeprefix(".git/") for p in policy.protected_paths if p.startswith(".git/")
     }
-    looks = _Looks()
     for gitdir in gitdirs:
         for name in sorted(git_names):
             in_git.append((gitdir, name, name.split("/")[0] in GIT_DIRECTORY_NAMES))
@@ -387,6 +442,9 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
     for root in roots:
         real_root = os.path.realpath(root)
         root_is_real = real_root == root
+        resolved_any |= not root_is_real
+        for prefix in _prefixes(root):
+            looks.mode(prefix)  # a kept answer holds while no component became a link
         for name in policy.protected_paths:
             lexical = os.path.join(root, name)
             if name == ".git" or name.startswith(".git/"):
@@ -402,6 +460,7 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
             # No link below a real root: the name is already its own real path.
             plain = root_is_real and not linked and ".." not in name.split("/")
             resolved = os.path.normpath(lexical) if plain else os.path.realpath(lexical)
+            resolved_any |= not plain
             pins += _pins_between(root, lexical, looks)
             if not within_any(resolved, roots) or within_any(resolved, gitdirs):
                 continue  # read-only already, or inside an overlay
@@ -414,13 +473,14 @@ def inspect_protected(policy: SandboxPolicy, gitdirs: tuple[str, ...]) -> Protec
                 # An auto-run name is held by a directory: git never shows an empty one.
                 is_dir = first != resolved or name.endswith("/") or directory_placeholder(name)
                 missing.append((first, is_dir))
-    return ProtectedView(
+    view = ProtectedView(
         protect=tuple(dict.fromkeys(protect)),
         pins=tuple(dict.fromkeys(p for p in pins if not within_any(p, gitdirs))),
         missing=tuple(dict.fromkeys(missing)),
         in_git=tuple(in_git),
         symlinked=tuple(dict.fromkeys(symlinked)),
     )
+    return view, resolved_any
 
 
 def make_placeholder_sources(state_dir: str) -> PlaceholderSources:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import stat
 from pathlib import Path
 
@@ -314,3 +315,60 @@ def test_the_protected_survey_answers_as_plain_lookups_do(tmp_path: Path, seed: 
         want.missing,
         want.symlinked,
     )
+
+
+def _random_change(rng: random.Random, ws: Path, names: tuple[str, ...], outside: Path) -> None:
+    """One change a user or a command makes between two spawns."""
+    target = ws / rng.choice(names).rstrip("/")
+    step = rng.randrange(5)
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.is_dir():
+        shutil.rmtree(target)
+    elif step == 0:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("x")
+    elif step == 1:
+        target.mkdir(parents=True)
+    elif step == 2:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(outside / "target.json")
+    elif step == 3 and target.parent != ws and target.parent.is_dir():
+        moved = target.parent.with_name(target.parent.name + ".moved")
+        if not moved.exists() and not target.parent.is_symlink():
+            target.parent.rename(moved)
+            target.parent.symlink_to(moved)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_kept_protected_survey_follows_every_change(tmp_path: Path, seed: int) -> None:
+    """The answer kept between spawns (`inspect_protected`'s memo) is the one a fresh
+    lookup gives after each change: names made, removed, turned into links; a directory on
+    the way replaced by a link; the root's own directory moved and linked back."""
+    rng = random.Random(seed)
+    real = tmp_path / "real"
+    ws = real / "ws"
+    ws.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "target.json").write_text("x")
+    names = (".vscode/tasks.json", ".envrc", ".idea/", "conf/app.toml", "deploy/secrets.env")
+    policy = _policy(ws, protected_paths=names)
+    for _ in range(8):
+        got = inspect_protected(policy, ())
+        want = _reference_protected(policy, ())
+        assert (got.protect, got.pins, got.missing, got.symlinked) == (
+            want.protect,
+            want.pins,
+            want.missing,
+            want.symlinked,
+        )
+        assert inspect_protected(policy, ()) == got  # unchanged: the same answer again
+        _random_change(rng, ws, names, outside)
+    # The root's directory itself becomes a link to where it was moved: resolved again.
+    (tmp_path / "moved").mkdir()
+    real.rename(tmp_path / "moved" / "real")
+    real.symlink_to(tmp_path / "moved" / "real")
+    got = inspect_protected(policy, ())
+    want = _reference_protected(policy, ())
+    assert (got.protect, got.missing) == (want.protect, want.missing)

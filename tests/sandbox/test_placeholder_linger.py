@@ -111,6 +111,30 @@ async def test_by_default_nothing_stays_after_the_command(
     assert os.listdir(workspace) == []
 
 
+async def test_a_danger_full_access_command_sees_no_lingering_placeholder(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # danger-full-access is the local executor's spawn: the workspace as the user has it.
+    ex = make_executor(mode="workspace-write", placeholder_linger_ms=60_000)
+    await ex.run(ex.resolve(BashExecRequest(command="true", workdir=str(workspace))))
+    assert (workspace / ".vscode").is_dir()  # lingering
+    listed = await ex.run(
+        ex.resolve(
+            BashExecRequest(
+                command="ls -A", workdir=str(workspace), sandbox_mode="danger-full-access"
+            )
+        )
+    )
+    assert listed.exit_code == 0 and listed.stdout.text == ""
+    assert os.listdir(workspace) == []
+    again = await ex.run(
+        ex.resolve(BashExecRequest(command="test -d .vscode && echo held", workdir=str(workspace)))
+    )
+    assert again.stdout.text == "held\n"  # a later confined command holds them again
+    await ex.aclose()
+    assert os.listdir(workspace) == []
+
+
 @pytest.mark.parametrize("linger_ms", [0, 60_000])
 async def test_a_user_file_in_a_lingering_placeholder_stays_the_users(
     make_executor: ExecutorFactory, workspace: Path, linger_ms: int
