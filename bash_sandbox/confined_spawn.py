@@ -276,6 +276,8 @@ class ConfinedSpawn(SpawnScope):
         survey = self._services.survey
         self.started_ns = time.time_ns()
         view, held, self._git = survey.take(self.policy, self.backend.mounts, self._user_policy)
+        # Once the stack closes: after the copy-back settled what the command left.
+        self._stack.callback(survey.settled)
         self._stack.callback(self._early_release(functools.partial(survey.release, held)))
         for target, source in view.file_binds:  # this spawn's files (`HostView.file_binds`)
             self._stack.callback(_unlink_quietly, source)

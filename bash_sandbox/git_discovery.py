@@ -547,12 +547,14 @@ class AfterCommand:
     """What `after_command` found: repositories the command made (``created``: git
     directories whose control plane must be reset), `.git` entries it changed and that were
     put back (``restored``), gitfiles or symlinks leading out of the roots that were
-    removed (``removed``), and why anything could not be done (``warnings``)."""
+    removed (``removed``), new ones naming an overlaid git dir itself that were removed
+    (``second_checkouts``), and why anything could not be done (``warnings``)."""
 
     created: list[str] = field(default_factory=list)
     created_dotgits: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    second_checkouts: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -568,9 +570,13 @@ def after_command(
     symlink or gitfile that changed, is a repository host git would trust and the command
     controls. A changed one that was there before is put back; a new one's git directory
     is listed in ``created`` (unless it is one of the ``overlaid`` ones, whose writes never
-    reached the host); a new one leading out of the roots is removed. An unchanged link or
-    gitfile is followed again: the directory it names may have become a repository during
-    the command (named by an earlier one before it existed), and is then the command's."""
+    reached the host); a new one leading out of the roots is removed, and so is a new one
+    naming an overlaid git dir itself (a second main checkout of it: the next survey would
+    take its directory for that git dir's checkout, `git_import.main_checkout_inside`; a
+    linked worktree's names `worktrees/<id>`, a submodule's `modules/<name>`, both kept). An
+    unchanged link or gitfile is followed again: the directory it names may have become a
+    repository during the command (named by an earlier one before it existed), and is then
+    the command's."""
     result = AfterCommand()
     dotgits, unlisted = search(roots, budget)
     if unlisted:
@@ -595,6 +601,11 @@ def after_command(
         overlaid_target = now.target is not None and within_any(now.target, overlaid)
         if same and (now.kind == "dir" or overlaid_target) and not moved:
             continue  # there before and overlaid: the command's writes are in the upper
+        if (not same or moved) and now.kind in ("link", "file") and now.target in overlaid:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                result.second_checkouts.append(path)
+            continue
         behind = gitdirs_behind(path, roots)
         if not behind:
             if (

@@ -122,6 +122,12 @@ def settle_git(
     if after.restored:
         done.warnings.append("git: .git links or files put back as they were: " + ", ".join(
             after.restored))  # fmt: skip
+    if after.second_checkouts:
+        done.warnings.append(
+            "git: removed .git links or files naming a git directory the command's repository "
+            "uses itself (a second main checkout of it, which the next command's import would "
+            "take for that git directory's own checkout): " + ", ".join(after.second_checkouts)
+        )
     if after.removed:
         done.warnings.append(
             "git: removed .git links or files leading out of the writable roots: "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import threading
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -30,7 +31,7 @@ from bash_sandbox.backends.mount_plan import (
 from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.cache_domains import cache_top, ensure_cache_base, locks_dir
 from bash_sandbox.envrc_chain import envrc_chain
-from bash_sandbox.git_discovery import DotGitSearch
+from bash_sandbox.git_discovery import DotGit, DotGitSearch
 from bash_sandbox.git_hook_chain import ChainLink
 from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
 from bash_sandbox.git_spawn import (
@@ -87,6 +88,17 @@ class HostSurvey:
         self._shadows = ShadowCache()
         self._known_dotgits: dict[str, None] = {}
         self._unshadowed_memo: tuple[object, tuple[str, ...]] | None = None
+        # Spawns taken and not yet settled (`settled`), and the `.git` entries (kind, where
+        # they led) the last survey with none of them found: a running command's plant is
+        # never a separate git dir's main checkout (`git_import.main_checkout_inside`).
+        self._running = 0
+        self._running_lock = threading.Lock()
+        self._quiet_dotgits: dict[str, tuple[str, str | None]] = {}
+
+    def settled(self) -> None:
+        """A spawn `take` surveyed is over and its `.git` entries settled (`settle_git`)."""
+        with self._running_lock:
+            self._running -= 1
 
     def release(self, held: tuple[str, ...]) -> None:
         """Give back the host placeholders one survey acquired."""
@@ -120,13 +132,18 @@ class HostSurvey:
         self, policy: SandboxPolicy, mounts: bool, user_policy: SandboxPolicy
     ) -> tuple[HostView, tuple[str, ...], GitInspection | None]:
         """See `_take`; placeholders acquired before a failure are given back. The git
-        inspection (None without mounts: nothing is overlaid) is what `settle_git` reads."""
+        inspection (None without mounts: nothing is overlaid) is what `settle_git` reads.
+        Call `settled` once the spawn's command is over and settled."""
         held: list[str] = []
         found: list[GitInspection] = []
+        with self._running_lock:
+            quiet = self._running == 0
+            self._running += 1
         try:
-            view = self._take(policy, mounts, user_policy, held, found)
+            view = self._take(policy, mounts, user_policy, held, found, quiet=quiet)
         except BaseException:
             self.release(tuple(held))
+            self.settled()
             raise
         return view, tuple(held), found[0] if found else None
 
@@ -137,6 +154,8 @@ class HostSurvey:
         user_policy: SandboxPolicy,
         held: list[str],
         found: list[GitInspection],
+        *,
+        quiet: bool,
     ) -> HostView:
         """Inspect the host for one spawn: overlays, protected names, shadows, covers; and
         the host placeholders this spawn now holds (give them back with `release`).
@@ -165,6 +184,7 @@ class HostSurvey:
             git = replace(git, chain=(*git.chain, *home))
         found.append(git)
         self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
+        trusted = self._trusted_dotgits(git.discovery.entries, roots, quiet)
         gitdirs = git.gitdirs
         # A search cut short, a hook chain that cannot be covered: named, and partial.
         partial += git.partial
@@ -192,7 +212,7 @@ class HostSurvey:
             made = prepare_placeholders(gitdir, upper.upper, tuple(names))
             # What the import compares with; and whether the main checkout of a separate git
             # dir is in the roots (unknown: the import keeps its HEAD and index the host's).
-            inside = git_import.main_checkout_inside(gitdir, git.discovery.dotgits, roots)
+            inside = git_import.main_checkout_inside(gitdir, trusted, roots)
             git_import.begin(gitdir, upper.upper, roots, main_inside=inside)
             overlays.append(GitOverlay(gitdir, upper.upper, upper.work, made))
         # A missing protected name outside git: a placeholder of the right kind, covered,
@@ -280,6 +300,22 @@ class HostSurvey:
             file_binds=self._excludes(overlays, held),
         )
         return view
+
+    def _trusted_dotgits(
+        self, entries: tuple[DotGit, ...], roots: tuple[str, ...], quiet: bool
+    ) -> tuple[DotGit, ...]:
+        """The `.git` entries that may make a separate git dir's checkout count as inside:
+        with no command of this executor running, all (a finished one's plant was removed
+        when it settled), remembered; while one runs, only those a quiet survey found
+        leading where they lead now (what it plants meanwhile is not settled yet)."""
+        if not quiet:
+            return tuple(
+                e for e in entries if self._quiet_dotgits.get(e.path) == (e.kind, e.target)
+            )
+        for path in [p for p in self._quiet_dotgits if within_any(p, roots)]:
+            del self._quiet_dotgits[path]
+        self._quiet_dotgits.update((e.path, (e.kind, e.target)) for e in entries)
+        return entries
 
     def _excludes(self, overlays: list[GitOverlay], held: list[str]) -> tuple[tuple[str, str], ...]:
         """For each overlaid repository with host placeholders in its worktree: its

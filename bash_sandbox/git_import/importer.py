@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bash_sandbox import state as executor_state
-from bash_sandbox.git_discovery import read_gitfile
+from bash_sandbox.git_discovery import DotGit
 from bash_sandbox.git_import import state_files as sf
 from bash_sandbox.git_import.gitcmd import SCRATCH_OPTIONS, GitError, git, git_env
 from bash_sandbox.git_import.kept_refs import snapshot_refs
@@ -157,22 +157,25 @@ def begin(
     return snap
 
 
-def main_checkout_inside(gitdir: str, dotgits: Iterable[str], roots: Iterable[str]) -> bool:
-    """Whether one of ``dotgits`` (the `.git` entries a survey found) lying in ``roots`` is
-    the main checkout of ``gitdir``: a gitfile naming ``gitdir`` itself (read as git reads
-    it), not one of its linked worktrees' admin dirs, or a `.git` link resolving to it. For
-    `begin(main_inside=...)`. A new gitfile the command leaves leading out of the roots is
-    removed after it (`git_spawn.settle_git`), so one naming a git dir outside is the user's."""
+def main_checkout_inside(gitdir: str, entries: Iterable[DotGit], roots: Iterable[str]) -> bool:
+    """Whether one of ``entries`` (`.git` entries as a survey found them) lying in ``roots``
+    is the main checkout of ``gitdir``: a gitfile naming ``gitdir`` itself (read as git reads
+    it), not one of its linked worktrees' admin dirs, or a `.git` link resolving to it; taken
+    from the survey's snapshot, never read again (a running command may rewrite it). A bare
+    repository the search found (no `.git` name) is no checkout. For
+    `begin(main_inside=...)`. The caller passes only entries no command could have planted:
+    a new one naming an overlaid git dir is removed after its command (`git_spawn.settle_git`),
+    and a survey while a command runs keeps those an earlier quiet one found (`host_view`)."""
     target = os.path.realpath(gitdir)
     within = tuple(roots)
-    for dotgit in dotgits:
-        checkout = os.path.realpath(os.path.dirname(dotgit))
+    for entry in entries:
+        if os.path.basename(entry.path) != ".git":
+            continue
+        checkout = os.path.realpath(os.path.dirname(entry.path))
         if not within_any(checkout, within):
             continue
-        if os.path.isdir(dotgit):  # a git dir, or a link to one, as git's `stat` follows it
-            named: str | None = os.path.realpath(dotgit)
-        else:
-            named = read_gitfile(dotgit)
+        # A directory is a git dir itself; a link or a gitfile leads where the survey saw.
+        named = os.path.realpath(entry.path) if entry.kind == "dir" else entry.target
         if named == target:
             return True
     return False

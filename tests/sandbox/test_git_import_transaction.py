@@ -892,6 +892,7 @@ def test_a_separate_git_dirs_checkout_is_inside_only_where_the_survey_finds_it(
     # is a file; no `core.worktree`). It was taken as inside; a command in a linked worktree
     # of a checkout outside the roots then moved that checkout's HEAD and index. Now only a
     # gitfile in the roots naming the git dir (`main_checkout_inside`) makes it inside.
+    from bash_sandbox.git_discovery import snapshot
     from bash_sandbox.git_import import main_checkout_inside
 
     ws = tmp_path / "ws"
@@ -905,8 +906,8 @@ def test_a_separate_git_dirs_checkout_is_inside_only_where_the_survey_finds_it(
     host_git(main, "worktree", "add", "-q", "-b", "side", str(ws / "wt"))
     roots = [str(ws)]
     dotgits = [
-        str(ws / "wt" / ".git"),
-        *([str(main / ".git")] if checkout == "in the roots" else []),
+        snapshot(str(ws / "wt" / ".git")),
+        *([snapshot(str(main / ".git"))] if checkout == "in the roots" else []),
     ]
     inside = main_checkout_inside(str(store), dotgits, roots)
     assert inside is (checkout == "in the roots")
