@@ -138,6 +138,21 @@ def _link_or_copy(src: str, dst: str, made: set[str] | None = None) -> None:
         shutil.copyfile(src, dst, follow_symlinks=False)  # streamed (sendfile), never whole
 
 
+# A host file up to this size is copied into the view, not linked: a link changes the host
+# file's ctime, and every answer kept about the host's refs and HEAD (`kept_answers.py`)
+# stamps it, so each import made the next spawns ask host git again (two processes).
+_COPY_MAX = 1 << 16
+
+
+def _from_host(src: str, dst: str) -> None:
+    """A file of the host's git dir into the view, leaving the host's file as it was."""
+    if os.lstat(src).st_size > _COPY_MAX:
+        _link_or_copy(src, dst)  # a large packed-refs: a copy would cost more than git
+        return
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.copyfile(src, dst, follow_symlinks=False)
+
+
 def _host_files(gitdir: str, rel_dir: str, limit: int = MAX_ENTRIES) -> list[str]:
     """Regular files below ``gitdir/rel_dir`` (relative to ``gitdir``), links not followed."""
     found: list[str] = []
@@ -209,7 +224,7 @@ def build_view(
     # command's (its whiteouts remove, its opaque directories hide the host's).
     for rel in _host_files(host_gitdir, "refs"):
         if rel not in scan.files and not scan.removed(rel):
-            _link_or_copy(os.path.join(host_gitdir, rel), os.path.join(view, rel))
+            _from_host(os.path.join(host_gitdir, rel), os.path.join(view, rel))
     for rel in scan.files:
         if rel.startswith("refs/"):
             _link_or_copy(os.path.join(upper, rel), os.path.join(view, rel))
@@ -217,7 +232,7 @@ def build_view(
         if name in scan.files:
             _link_or_copy(os.path.join(upper, name), os.path.join(view, name))
         elif name not in scan.whiteouts and os.path.isfile(os.path.join(host_gitdir, name)):
-            _link_or_copy(os.path.join(host_gitdir, name), os.path.join(view, name))
+            _from_host(os.path.join(host_gitdir, name), os.path.join(view, name))
     if not os.path.exists(os.path.join(view, "HEAD")):
         with open(os.path.join(view, "HEAD"), "w") as fh:
             fh.write("ref: refs/heads/main\n")

@@ -151,3 +151,37 @@ def test_with_a_kept_baseline_a_host_commit_before_the_import_overwrites_nothing
     assert host_git(repo, "rev-parse", "main").strip() == theirs
     assert reachable(repo, ours)
     fsck_clean(repo)
+
+
+def test_an_import_leaves_the_host_files_it_only_read_as_they_were(tmp_path: Path) -> None:
+    # The import's view of the command's refs was built by linking the host's HEAD and loose
+    # refs: each link changed their ctime, which the kept answers stamp (the hook chain's
+    # HEAD, the snapshot's refs), so every import made the next spawns ask host git again.
+    from bash_sandbox.git_import import import_changes, load_snapshot
+
+    repo = make_repo(tmp_path / "repo")
+    host_git(repo, "branch", "side")
+    gitdir = repo / ".git"
+    _settle()
+    kept_refs.snapshot_refs(str(gitdir))
+    read_only = [
+        gitdir / "HEAD",
+        gitdir / "refs" / "heads" / "main",
+        gitdir / "refs" / "heads" / "side",
+    ]
+    before = {p: os.lstat(p) for p in read_only}
+    ov = Overlay(repo, tmp_path / "state")
+    ov.run("echo x > new.txt && git add new.txt")  # the index only: no ref moves
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    result = import_changes(snap)
+    assert result.outcome is not None and result.outcome.status is GitImportStatus.APPLIED
+    assert "new.txt" in host_git(repo, "ls-files")  # the import did land
+    for path, st in before.items():
+        now = os.lstat(path)
+        assert (now.st_ino, now.st_nlink, now.st_ctime_ns) == (
+            st.st_ino,
+            st.st_nlink,
+            st.st_ctime_ns,
+        ), path
+    fsck_clean(repo)
