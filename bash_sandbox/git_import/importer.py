@@ -66,6 +66,18 @@ _GITLINK = "160000"
 # fast-forward rule for branches and remote-tracking refs; a tag never moves that way).
 _FAST_FORWARD = ("refs/heads/", "refs/remotes/")
 _INTENT_TO_ADD = 1 << 29
+# The refs git's rev-parse rules (`ref_rev_parse_rules`) would read for HEAD or a pseudo ref.
+_SHADOWING = frozenset(
+    rule.format(p)
+    for p in ("HEAD", "FETCH_HEAD", *sf.PSEUDO_REFS)
+    for rule in (
+        "refs/{}",
+        "refs/tags/{}",
+        "refs/heads/{}",
+        "refs/remotes/{}",
+        "refs/remotes/{}/HEAD",
+    )
+)
 # A reflog entry the command wrote dated this much before it started still counts as new
 # (a clock stepped back); an older one is expired by `git gc` as soon as the host's are.
 _CLOCK_SLACK_NS = 86_400 * 1_000_000_000
@@ -433,7 +445,12 @@ class _Importer:
                     self.plan.refused.append(f"{name}: names an object that does not exist")
                     continue
             outside = self._checked_out_outside() if outside is None else outside
-            if name in outside:
+            misnamed = self._misnamed(name) if c is not None else None
+            if misnamed is not None:
+                # Kept as a ref held outside is (a conflict under the keep namespace).
+                self.result.denials.append((name, misnamed))
+                self.plan.conflicts.append(GitRefConflict(name=name, host=h, command=c))
+            elif name in outside:
                 # That checkout's `git status`, `checkout .` and `reset --hard` would then
                 # write the command's tree outside every root: the ref stays the host's.
                 where = outside[name] or "the main worktree"
@@ -447,6 +464,20 @@ class _Importer:
             self.plan.refs.append(RefChange(name, c, s))
             if c is not None:
                 self.plan.carrier[name.removeprefix("refs/")] = c
+
+    def _misnamed(self, name: str) -> str | None:
+        """Why host git must not get ref ``name`` (None: it may): a branch name git's own
+        `check-ref-format --branch` refuses (`HEAD`, `-x`), or any ref git's rev-parse
+        rules read as `HEAD` or a pseudo ref (`refs/tags/HEAD`): every host command would
+        warn that the name is ambiguous, or resolve it to the command's commit."""
+        if name in _SHADOWING:
+            return "shadows a name git resolves itself (HEAD, ORIG_HEAD, ...): ambiguous"
+        branch = name.removeprefix("refs/heads/")
+        if branch != name:
+            done = git(self.view, "check-ref-format", "--branch", branch, check=False)
+            if done.returncode != 0:
+                return "not a branch name git accepts (`git check-ref-format --branch`)"
+        return None
 
     def plan_head(self, admin: str) -> None:
         view_admin = self.view
