@@ -325,6 +325,7 @@ class _Importer:
         self.fast_forwards: dict[str, str] = {}
         self.forwarded: set[str] = set()  # those git found to be fast-forwards
         self.index_on: dict[str, str] = {}  # admin -> that ref its changed index rides on
+        self.kept_heads: set[str] | None = None  # `_checked_out_kept`, read once
 
     def _stash(self, data: bytes) -> str:
         """A checked copy in the work dir (what the transaction writes, and a recovery)."""
@@ -445,6 +446,14 @@ class _Importer:
                     self.plan.refused.append(f"{name}: names an object that does not exist")
                     continue
             outside = self._checked_out_outside() if outside is None else outside
+            if c is None and name not in outside and name in self._checked_out_kept():
+                # As git refuses to delete a checked-out branch: the checkout would be left
+                # with no commits and the branch's commits with no ref (an `rm -rf` of a
+                # repository, whose protected config and hooks stay, deleted every ref).
+                self.result.denials.append(
+                    (name, "checked out: its checkout would have no commits")
+                )
+                continue
             misnamed = self._misnamed(name) if c is not None else None
             if misnamed is not None:
                 # Kept as a ref held outside is (a conflict under the keep namespace).
@@ -1077,6 +1086,21 @@ class _Importer:
         env = git_env(GIT_INDEX_FILE=os.path.join(self.gitdir, admin, "index"))
         args = ("diff-index", "--cached", "--quiet", self.fast_forwards[name], "--")
         return git(self.gitdir, *args, env=env, check=False).returncode == 0
+
+    def _checked_out_kept(self) -> set[str]:
+        """The branches the host's HEADs name (as git reads them) where the command left
+        that HEAD as it was, or removed it (the import never removes a HEAD)."""
+        if self.kept_heads is None:
+            self.kept_heads = set()
+            for admin in _admins(self.gitdir):
+                if os.path.join(admin, "HEAD") in self.scan.files:
+                    continue  # the command's HEAD: `plan_head` decides
+                got = git(
+                    os.path.join(self.gitdir, admin), "symbolic-ref", "-q", "HEAD", check=False
+                )
+                if got.returncode == 0:
+                    self.kept_heads.add(got.stdout.decode(errors="surrogateescape").rstrip("\n"))
+        return self.kept_heads
 
     def _checked_out_outside(self) -> dict[str, str]:
         """The branches each worktree outside the roots has checked out -> that admin dir:

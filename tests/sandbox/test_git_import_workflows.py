@@ -429,3 +429,49 @@ async def test_dropping_an_older_stash_keeps_only_its_own_commit(
     kept = host_git(repo, "for-each-ref", "--format=%(objectname)", f"{KEEP_NAMESPACE}/").split()
     assert kept == [stashes[2]]
     fsck_clean(repo)
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["rm -rf repo", "git -C repo update-ref -d refs/heads/main"],
+    ids=["rm -rf", "update-ref -d"],
+)
+async def test_a_command_deleting_the_checked_out_branch_leaves_it_and_its_commits(
+    make_executor: ExecutorFactory, workspace: Path, command: str
+) -> None:
+    # `rm -rf` of a repository the host made: its config and hooks stay (protected), the
+    # rest went, and the import deleted every ref: host git then said "your current branch
+    # 'main' does not have any commits yet", the history reachable from nothing (a user's).
+    # Git refuses to delete a checked-out branch; so does the import, as a denial.
+    repo = make_repo(workspace / "repo", files=3)
+    tip = host_git(repo, "rev-parse", "main").strip()
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workspace))))
+    assert result.sandbox is not None
+    denied = [d.target for d in result.sandbox.denials]
+    assert any(t.endswith("refs/heads/main") for t in denied), result.sandbox.denials
+    assert host_git(repo, "rev-parse", "main").strip() == tip
+    assert host_git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
+    host_git(repo, "checkout", "-q", "--", ".")  # what the command removed, back from git
+    assert sorted(p.name for p in repo.glob("f*.txt")) == ["f0.txt", "f1.txt", "f2.txt"]
+    host_git(repo, "gc", "-q", "--prune=now")
+    fsck_clean(repo)
+
+
+async def test_deleting_a_branch_after_checking_out_another_is_imported(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    ex = make_executor(mode="workspace-write")
+    request = BashExecRequest(
+        command="git switch -q -c next && git branch -q -D main", workdir=str(repo), env=GIT_ENV
+    )
+    result = await ex.run(ex.resolve(request))
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert [o.status for o in result.sandbox.git] == [GitImportStatus.APPLIED], result.sandbox.git
+    assert host_git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/next"
+    assert host_git(repo, "for-each-ref", "--format=%(refname)", "refs/heads/").split() == [
+        "refs/heads/next"
+    ]
+    fsck_clean(repo)
