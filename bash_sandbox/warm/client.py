@@ -19,6 +19,16 @@ import time
 from bash_sandbox.warm import wire
 
 _START_WAIT_S = 5.0
+# A daemon that died starting (its log says why) is not started again for this long: each
+# call runs fresh meanwhile, instead of waiting for a daemon that cannot come up.
+_RETRY_AFTER_S = 60.0
+# The daemon imports the package from where this client's came from, not from whatever
+# `PYTHONPATH` the first caller had (`-I`: a long-lived process keeps no caller's paths).
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[2]); "
+    "from bash_sandbox.warm.daemon import main; raise SystemExit(main(sys.argv[1:2]))"
+)
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Signalled:
@@ -58,13 +68,18 @@ def _connect(path: str) -> _socket.socket | None:
     return sock
 
 
-def _start_daemon(path: str) -> None:
-    """A detached daemon (its own session, stdio on /dev/null, reparented to init)."""
+def _start_daemon(path: str) -> int | None:
+    """A detached daemon (its own session, stdio on /dev/null, reparented to init); a
+    pidfd of it (None: none could be opened, or it is gone already)."""
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
         try:
+            os.close(ready_r)
             os.setsid()
-            if os.fork():
+            daemon = os.fork()
+            if daemon:
+                os.write(ready_w, daemon.to_bytes(4, "little"))
                 os._exit(0)
             null = os.open(os.devnull, os.O_RDWR)
             log = os.open(
@@ -75,11 +90,39 @@ def _start_daemon(path: str) -> None:
             # Nothing of the caller's: an inherited pipe held by a daemon that outlives
             # the call would keep its reader waiting for an end of file.
             os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-            argv = [sys.executable, "-I", "-m", "bash_sandbox.warm.daemon", path]
+            argv = [sys.executable, "-I", "-c", _BOOT, path, _ROOT]
             os.execv(sys.executable, argv)  # noqa: S606 (our own interpreter, no shell)
         finally:
             os._exit(127)
+    os.close(ready_w)
     os.waitpid(pid, 0)
+    try:
+        raw = os.read(ready_r, 4)
+    finally:
+        os.close(ready_r)
+    if len(raw) != 4:
+        return None
+    try:
+        # Opened after it was forked: if it died and was reaped meanwhile, this fails (or,
+        # its pid reused within that instant, watches another process: a wait, no harm).
+        return os.pidfd_open(int.from_bytes(raw, "little"))
+    except OSError:
+        return None
+
+
+def _failed_lately(path: str) -> bool:
+    try:
+        return time.time() - os.stat(f"{path}.failed").st_mtime < _RETRY_AFTER_S
+    except OSError:
+        return False
+
+
+def _note_failure(path: str) -> None:
+    try:
+        os.close(os.open(f"{path}.failed", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        os.utime(f"{path}.failed")
+    except OSError:
+        pass  # the next call tries again: slower, not wrong
 
 
 def _connect_or_start(key: str | None) -> _socket.socket | None:
@@ -90,16 +133,36 @@ def _connect_or_start(key: str | None) -> _socket.socket | None:
     sock = _connect(path)
     if sock is not None:
         return sock
-    _start_daemon(path)
+    if _failed_lately(path):
+        return None
+    pidfd = _start_daemon(path)
     deadline = time.monotonic() + _START_WAIT_S
     delay = 0.002
-    while time.monotonic() < deadline:
-        sock = _connect(path)
-        if sock is not None:
-            return sock
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+    try:
+        while time.monotonic() < deadline:
+            sock = _connect(path)
+            if sock is not None:
+                return sock
+            if pidfd is not None and _exited(pidfd):
+                # It died starting (an install it cannot import from, say; its log says):
+                # this call runs fresh at once, and the next minute's calls do not wait.
+                sock = _connect(path)  # another caller's daemon may have won the lock
+                if sock is None:
+                    _note_failure(path)
+                return sock
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
     return None
+
+
+def _exited(pidfd: int) -> bool:
+    """Whether the process behind ``pidfd`` has exited (readable once it has)."""
+    import select  # built-in; only on the slow path of a daemon start
+
+    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 def run(argv: list[str], key: str | None = None) -> int | Signalled | None:

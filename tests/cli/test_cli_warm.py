@@ -1052,3 +1052,64 @@ def test_a_sender_or_listener_is_pinned_by_its_pidfd_and_a_request_by_its_deadli
         b.sendall(b"\0\0\0\x10{")  # 16 bytes announced, one sent, then nothing
         with pytest.raises(OSError):
             wire.recv_request(a, max_fds=4, deadline=time.monotonic() + 0.3)
+
+
+# The client, its daemon made to die as it starts (an install the daemon's interpreter
+# cannot import from: `-I` drops the caller's `PYTHONPATH`).
+_DYING_DAEMON_DRIVER = """
+import os, sys
+from bash_sandbox.warm import client
+client._BOOT = "import sys; sys.stderr.write('cannot import\\\\n'); raise SystemExit(1)"
+client._START_WAIT_S = 600.0  # waited out in full before: 5 s on every call
+status = client.run(sys.argv[1:])
+sys.stdout.write(repr(status))
+"""
+
+
+def test_a_daemon_that_dies_starting_is_not_waited_for_nor_started_again(
+    warm: Warm, workspace: Path
+) -> None:
+    def call() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", _DYING_DAEMON_DRIVER, "run", "--", "true"],
+            env=warm.env,
+            cwd=workspace,
+            capture_output=True,
+            timeout=60,  # far below the wait the client was given
+            check=False,
+        )
+        return done.stdout.decode()
+
+    assert call() == "None"  # not served: the caller runs it fresh
+    [log] = warm.private.glob("warm-*.sock.log")
+    assert "cannot import" in log.read_text()  # the daemon's own word on why
+    assert list(warm.private.glob("warm-*.sock.failed"))
+    started = log.stat().st_ino, log.stat().st_mtime_ns
+    assert call() == "None"
+    assert (log.stat().st_ino, log.stat().st_mtime_ns) == started  # no second start
+    assert warm.daemon_pids() == []
+
+
+def test_the_daemon_imports_the_package_from_where_the_client_came_from(tmp_path: Path) -> None:
+    # A source checkout or a `pip --target` install, on `PYTHONPATH` only: `-I -m` found no
+    # package and every call waited 5 s for a daemon that had died. The daemon's boot puts
+    # the client's own root first: a package there is the one it runs.
+    from bash_sandbox.warm import client
+
+    assert (Path(client._ROOT) / "bash_sandbox" / "warm" / "client.py").samefile(client.__file__)
+    root = tmp_path / "root"
+    (root / "bash_sandbox" / "warm").mkdir(parents=True)
+    (root / "bash_sandbox" / "__init__.py").write_text("")
+    (root / "bash_sandbox" / "warm" / "__init__.py").write_text("")
+    (root / "bash_sandbox" / "warm" / "daemon.py").write_text(
+        "def main(argv):\n    print('this root', argv)\n    return 7\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", client._BOOT, "the-socket", str(root)],
+        env={"PYTHONPATH": "/nonexistent"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (7, "this root ['the-socket']\n"), done.stderr
