@@ -19,12 +19,14 @@ would wait out a kernel grace period, 15-16 ms).
 
 The daemon serves only its own uid (SO_PEERCRED), from a socket in the uid's private
 directory, and only a request whose sender (SCM_CREDENTIALS: the process that wrote it,
-not the one that connected) is as free as the daemon (`wire.unconfined_peer`): a confined
-command reaching the socket is never served. It forwards the client's interrupt signals to
-the call's process, hangs it up if the client goes away (SIGHUP: it stops its command and
-cleans up; SIGKILL after a grace period), and exits after `IDLE_ENV` seconds without a
-call, or at once when its own code changed on disk (the client then runs fresh); its
-spares close their executors and exit with it.
+not the one that connected) is as free as the daemon and holds exactly its credentials
+(`wire.holds_own_rights`: gids, groups, capabilities, namespaces, root, cgroup, rlimits,
+LSM label; the connector's groups too): a confined command reaching the socket is never
+served, and a caller with other rights is told to run fresh, with its own. It forwards the
+client's interrupt signals to the call's process, hangs it up if the client goes away
+(SIGHUP: it stops its command and cleans up; SIGKILL after a grace period), and exits
+after `IDLE_ENV` seconds without a call, or at once when its own code changed on disk (the
+client then runs fresh); its spares close their executors and exit with it.
 
     python -I -m bash_sandbox.warm.daemon SOCKET_PATH
 """
@@ -314,6 +316,10 @@ def _accept(daemon: _Daemon) -> None:
         if wire.peer_uid(conn) != os.geteuid():
             conn.close()  # another user: never served, told nothing
             return
+        # The connector's gid and groups as the kernel recorded them at its connect (the
+        # sender's whole credentials are read below): judged with the request, so a caller
+        # of this uid with other groups is told to run fresh, not left without an answer.
+        connector = wire.peer_identity(conn)
         conn.settimeout(_REQUEST_TIMEOUT_S)
         # The whole request within the timeout: one trickled in a byte at a time held the
         # daemon (and every other client) as long as the sender liked.
@@ -323,16 +329,18 @@ def _accept(daemon: _Daemon) -> None:
         conn.close()
         return
     stale = daemon.code.changed()
-    # The request's sender, not the connector: a confined command's connect is made for it
-    # by its executor (whose credentials the socket then carries), its frames are its own;
-    # pinned by its pidfd where the kernel gives one, so its pid reused meanwhile by an
-    # unconfined process does not pass for it.
+    # The request's sender, not only the connector: a confined command's connect is made
+    # for it by its executor (whose credentials the socket then carries), its frames are its
+    # own; pinned by its pidfd where the kernel gives one, so its pid reused meanwhile by an
+    # unconfined process does not pass for it. The call runs with the daemon's credentials,
+    # so the sender must hold exactly those (groups, capabilities, namespaces, ...): a
+    # caller with fewer runs fresh, with its own.
     try:
-        free = wire.unconfined_peer(sender, pidfd)
+        own = connector == wire.own_identity() and wire.holds_own_rights(sender, pidfd)
     finally:
         if pidfd is not None:
             os.close(pidfd)
-    if len(fds) != 4 or stale or not free:
+    if len(fds) != 4 or stale or not own:
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):

@@ -277,6 +277,29 @@ def peer_uid(sock: _socket.socket) -> int:
     return peer_creds(sock)[1]
 
 
+SO_PEERGROUPS = 59  # Linux 4.13+; not in Python's `socket`
+_MAX_PEER_GROUPS = 256  # what `getsockopt`'s 1024-byte buffer holds: more is ERANGE
+
+
+def peer_identity(sock: _socket.socket) -> tuple[int, int, tuple[int, ...]] | None:
+    """The effective uid and gid and the supplementary groups ``sock``'s peer had when it
+    connected (SO_PEERCRED, SO_PEERGROUPS: the kernel's record), or None where the kernel
+    cannot say (more groups than a buffer holds, no SO_PEERGROUPS)."""
+    try:
+        creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _UCRED.size)
+        raw = sock.getsockopt(_socket.SOL_SOCKET, SO_PEERGROUPS, _MAX_PEER_GROUPS * _INT.size)
+    except OSError:
+        return None
+    _, uid, gid = _UCRED.unpack(creds)
+    usable = len(raw) - len(raw) % _INT.size
+    return uid, gid, tuple(sorted(g for (g,) in _INT.iter_unpack(raw[:usable])))
+
+
+def own_identity() -> tuple[int, int, tuple[int, ...]]:
+    """This process's `peer_identity`, as its peer would read it."""
+    return os.geteuid(), os.getegid(), tuple(sorted(os.getgroups()))
+
+
 def _restrictions(pid: int | str) -> tuple[int, int, int, int]:
     """The mount namespace of ``pid`` and how restricted it is (no_new_privs, seccomp
     filters)."""
@@ -288,6 +311,87 @@ def _restrictions(pid: int | str) -> tuple[int, int, int, int]:
             if key in fields:
                 fields[key] = int(value.strip() or 0)
     return ns.st_dev, ns.st_ino, fields["NoNewPrivs"], fields["Seccomp_filters"]
+
+
+# What a process carries that decides what a command run with it may do, beyond the
+# restrictions `unconfined_peer` compares: in its status, every uid and gid (real,
+# effective, saved, filesystem), the supplementary groups and the five capability sets;
+# its namespaces (a caller in a network namespace of its own must not reach the host's
+# network through the daemon) and root directory (a chroot); its cgroup (device rules,
+# memory and pids limits) and resource limits; its LSM label (AppArmor, SELinux).
+_STATUS_RIGHTS = (b"Uid", b"Gid", b"Groups", b"CapInh", b"CapPrm", b"CapEff", b"CapBnd", b"CapAmb")
+_NAMESPACES = ("mnt", "user", "net", "ipc", "uts", "pid", "cgroup", "time")
+_PROC_TEXTS = ("limits", "cgroup", "attr/current")
+_STATUS_LIMITS = (b"NoNewPrivs", b"Seccomp_filters")  # may be tighter in the peer
+
+
+def _read_at(proc: int, name: str) -> bytes | None:
+    """The whole of ``name`` under the /proc directory ``proc``; None when unreadable (an
+    LSM without a label, a file this kernel lacks): compared as such."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        for _ in range(16):  # a few KiB at most; bounded whatever the kernel does
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _rights(pid: int | str) -> tuple[tuple[object, ...], tuple[int, int]]:
+    """What a command run with process ``pid``'s credentials may do (`_STATUS_RIGHTS` and
+    the rest above), and its restrictions (no_new_privs, seccomp filters), read through
+    one descriptor of its /proc directory: were the process to exit meanwhile, the reads
+    fail rather than read whoever takes its pid."""
+    proc = os.open(f"/proc/{pid}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        status = _read_at(proc, "status")
+        if status is None:
+            raise OSError(f"no status of {pid}")
+        fields = {}
+        for line in status.splitlines():
+            key, _, value = line.partition(b":")
+            fields[key] = value.split()
+        rights: list[object] = [fields.get(key) for key in _STATUS_RIGHTS]
+        for name in (*(f"ns/{ns}" for ns in _NAMESPACES), "root"):
+            try:
+                st = os.stat(name, dir_fd=proc)
+                rights.append((st.st_dev, st.st_ino))
+            except FileNotFoundError:
+                rights.append(None)  # a namespace this kernel does not have (time: 5.6+)
+        rights += [_read_at(proc, name) for name in _PROC_TEXTS]
+        nnp, filters = (int((fields.get(k) or [b"0"])[0]) for k in _STATUS_LIMITS)
+        return tuple(rights), (nnp, filters)
+    finally:
+        os.close(proc)
+
+
+def holds_own_rights(pid: int | None, pidfd: int | None = None) -> bool:
+    """Whether process ``pid`` may have a command run with this process's credentials: it
+    holds exactly the same (`_rights`: uids, gids, groups, capabilities, namespaces, root,
+    cgroup, rlimits, LSM label) and is as free (no no_new_privs or seccomp filter this
+    process lacks, as `unconfined_peer`). A caller with other rights (no group `adm`, fewer
+    capabilities, a network namespace of its own) is not served with this process's: it
+    runs fresh, with its own."""
+    if not pid or pid < 0:
+        return False
+    try:
+        theirs, (nnp, filters) = _rights(pid)
+        ours, (own_nnp, own_filters) = _rights("self")
+    except (OSError, ValueError, IndexError):
+        return False
+    # Read from /proc first, then the pidfd checked (as `unconfined_peer`).
+    if pidfd is not None and not pidfd_names(pidfd, pid):
+        return False
+    return theirs == ours and nnp <= own_nnp and filters <= own_filters
 
 
 def pidfd_names(pidfd: int, pid: int) -> bool:
