@@ -32,6 +32,10 @@ MIN_PROCESSES = 8
 # The child's descriptors (the backend's namespaces and the seccomp listener) come first:
 # 28 failed and 32 worked on the reference host.
 MIN_OPEN_FILES = 64
+# The private /tmp and /dev/shm: a tmpfs is whole pages (64 KiB each on some arm64 hosts),
+# so a smaller size is not the size enforced, and it would not hold what commands start
+# with there (a shell's here-document past a pipe's size, multiprocessing's semaphores).
+MIN_TMPFS_BYTES = 1 * _MiB
 
 
 class LimitExceeded(enum.StrEnum):
@@ -65,7 +69,8 @@ class ResourceLimits(BaseModel):
     - ``cpu_seconds`` None: no CPU-time limit; the run's timeout already bounds a
       foreground command. A number is RLIMIT_CPU, per process (SIGXCPU at the limit).
     - ``tmp_bytes`` 4 GiB and ``shm_bytes`` 1 GiB: sizes of the private tmpfs mounted at
-      /tmp and /dev/shm; a build's temporaries fit, "fill the disk" stops there.
+      /tmp and /dev/shm; a build's temporaries fit, "fill the disk" stops there. At least
+      1 MiB each (`MIN_TMPFS_BYTES`).
     - ``open_files`` 65536 per process (RLIMIT_NOFILE, hard limit; never raised above the
       executor's own): file watchers and big linkers fit, a descriptor leak stops there.
     """
@@ -98,6 +103,16 @@ class ResourceLimits(BaseModel):
             raise ValueError(
                 f"{value} is below the minimum of {MIN_PROCESSES}: the sandbox and bash "
                 "take three before the command forks"
+            )
+        return value
+
+    @field_validator("tmp_bytes", "shm_bytes")
+    @classmethod
+    def _tmpfs_floor(cls, value: int) -> int:
+        if value < MIN_TMPFS_BYTES:
+            raise ValueError(
+                f"{format_size(value)} is below the minimum of {format_size(MIN_TMPFS_BYTES)}: "
+                "a private tmpfs is whole pages, and commands start with files there"
             )
         return value
 

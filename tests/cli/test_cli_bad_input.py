@@ -33,7 +33,7 @@ from bash_sandbox.executor import SandboxBashExecutor
 from bash_sandbox.linux.supervisor import receive_listener
 from bash_seam import BashExecRequest, BashRunResult, CommandTooLargeError, InvalidRequestError
 from policies import ResourceLimits
-from policies.limits import MIN_MEMORY_BYTES, MIN_OPEN_FILES, MIN_PROCESSES
+from policies.limits import MIN_MEMORY_BYTES, MIN_OPEN_FILES, MIN_PROCESSES, MIN_TMPFS_BYTES
 
 needs_sandbox = pytest.mark.skipif(not (HAS_BWRAP or HAS_LANDLOCK), reason="no sandbox backend")
 MARKER = "touch ran-marker"
@@ -65,6 +65,8 @@ def _refused(cli: CliRunner, workspace: Path, *args: str, config: Path | None = 
         ("--memory", "4K", "16M"),
         ("--max-processes", "2", str(MIN_PROCESSES)),
         ("--max-open-files", "5", str(MIN_OPEN_FILES)),
+        ("--tmp-size", "1", "1M"),
+        ("--shm-size", "1023K", "1M"),
     ],
 )
 def test_a_limit_below_what_the_sandbox_needs_is_refused_with_the_minimum(
@@ -93,6 +95,10 @@ def test_the_floors_are_the_models_own() -> None:
         ResourceLimits(memory_bytes=MIN_MEMORY_BYTES - 1)
     assert ResourceLimits(memory_bytes="2G").memory_bytes == 2 << 30
     assert ResourceLimits(memory_bytes=MIN_MEMORY_BYTES).memory_bytes == MIN_MEMORY_BYTES
+    for field in ("tmp_bytes", "shm_bytes"):
+        with pytest.raises(ValueError, match="minimum of 1M"):
+            ResourceLimits.model_validate({field: MIN_TMPFS_BYTES - 1})
+        assert getattr(ResourceLimits.model_validate({field: "1M"}), field) == MIN_TMPFS_BYTES
 
 
 @needs_sandbox
