@@ -231,13 +231,17 @@ class HostSurvey:
         # Hooks paths and included configs inside a root run or configure the host's git.
         # And the workspace files the installed hooks run (`git_hook_chain.py`).
         # And a home's environment. The missing ones are held in one ledger transaction.
+        # An existing one may be another command's placeholder (a home's `~/.cargo`): held
+        # too, as protected names are, so that command's end cannot remove it under this one.
         missing: list[tuple[str, bool]] = []
+        present: list[tuple[str, bool]] = []
         for path, is_dir in [*self._git_config_targets(gitdirs, roots), *git.chain_targets]:
             if os.path.lexists(path):
                 covers.append(os.path.realpath(path))
+                present.append((path, is_dir))
             else:
                 missing.append((path, is_dir))
-        chain_held = self._placeholders.acquire_all(missing)
+        chain_held = self._placeholders.acquire_all([*missing, *present])
         held += chain_held
         covers += chain_held
         # A missing linked worktree the host's git dirs name inside a root is held (the
@@ -257,6 +261,12 @@ class HostSurvey:
             (*denied, *(p for p in seen if p not in denied)), roots
         )
         seen.update(dict.fromkeys(p for p in (*deny_dirs, *deny_files) if p not in hidden))
+        # A denied name missing inside a root is held by a placeholder, covered unreadable:
+        # only watched, a command made it in one rename (`mv -T st ~/.ssh`) with content
+        # host tools then obeyed, and the stop came after (a red team's).
+        more_dirs, more_files = self._hold_denied(roots, gitdirs, (*deny_dirs, *covers), held)
+        deny_dirs += more_dirs
+        deny_files += more_files
         # The executor's private paths are its own directories: covered, never shadowed.
         # Those out of sight (under the host's /tmp, which the private one hides) are not
         # looked at: a machine may have recorded hundreds.
@@ -316,6 +326,65 @@ class HostSurvey:
             del self._quiet_dotgits[path]
         self._quiet_dotgits.update((e.path, (e.kind, e.target)) for e in entries)
         return entries
+
+    def _hold_denied(
+        self,
+        roots: tuple[str, ...],
+        gitdirs: tuple[str, ...],
+        covered: tuple[str, ...],
+        held: list[str],
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Hold each denied name the last shadow survey covers where it lies that is missing
+        inside a root (or its first missing directory), as protected names are held: a
+        mount point, so `mv` onto it fails (EBUSY) and nothing is made below it. (dirs,
+        files) to cover unreadable. One inside a name ``covered`` (denied, or read-only) or
+        a placeholder held already needs none; a file placeholder reads as empty to host
+        tools. An empty directory on its way may be another command's placeholder for it
+        (`~/.composer` for `.composer/auth.json`): held instead when the ledger knows it, so
+        that command's end cannot remove it under this one."""
+        wanted: dict[str, bool] = {}
+        maybe: dict[str, tuple[str, bool]] = {}  # an empty parent -> the name to hold else
+        hidden = {*covered, *held}
+        for path in self._shadows.candidates:
+            if path in roots or not within_any(path, roots) or within_any(path, gitdirs):
+                continue
+            if os.path.lexists(path) or _at_or_below(path, hidden):
+                continue
+            if os.path.realpath(path) != path:
+                continue  # through a link: its resolved path is a candidate of its own
+            root = next(r for r in roots if within(path, r))
+            first = _first_missing(path, root)
+            if first is None:
+                continue
+            parent = os.path.dirname(first)
+            if parent != root and _empty_directory(parent):
+                maybe.setdefault(parent, (first, first != path))
+            else:
+                wanted.setdefault(first, first != path)
+        if not wanted and not maybe:
+            return (), ()
+        got = self._placeholders.acquire_all([*wanted.items(), *((p, True) for p in maybe)])
+        later: dict[str, bool] = {}
+        for parent, (first, is_dir) in maybe.items():
+            if parent in got:
+                wanted[parent] = True  # another command's placeholder: covered as it did
+            else:
+                later.setdefault(first, is_dir)  # the user's own empty directory
+        if later:
+            got += self._placeholders.acquire_all(later.items())
+            wanted.update((p, d) for p, d in later.items() if p not in wanted)
+        held += got
+        dirs: list[str] = []
+        files: list[str] = []
+        for name, is_dir in wanted.items():
+            if name in got:
+                (dirs if is_dir else files).append(name)
+                continue
+            # Made meanwhile by someone else (not ours to hold): covered as it is.
+            path = os.path.realpath(name)
+            if os.path.exists(path):
+                (dirs if os.path.isdir(path) else files).append(path)
+        return tuple(dirs), tuple(files)
 
     def _excludes(self, overlays: list[GitOverlay], held: list[str]) -> tuple[tuple[str, str], ...]:
         """For each overlaid repository with host placeholders in its worktree: its
@@ -435,22 +504,51 @@ def home_links(policy: SandboxPolicy) -> list[ChainLink]:
     """The home paths (`HOME_PATHS`) inside ``policy``'s roots, as chain links: covered
     where they exist (a link among them cannot be: named in the run's partial), held by a
     placeholder while missing where the entry says so."""
-    links: list[ChainLink] = []
-    for path, entry in home_paths(policy.all_writable_roots(), policy.unprotected_paths):
+    links: dict[str, ChainLink] = {}
+    roots = policy.all_writable_roots()
+    for path, entry in home_paths(roots, policy.unprotected_paths):
         home = os.path.expanduser("~")
         name = "~/" + os.path.relpath(path, home) if within(path, home) else path
         why = f"the home's {name}: {entry.reason}; {UNPROTECT_KEY} lifts it"
         if os.path.islink(path):
             why = f"the home's {name} is a symlink, which a command can re-point: {entry.reason}"
-            links.append(ChainLink(path, entry.is_dir, why, covered=False))
-        elif entry.hold or os.path.lexists(path):
-            links.append(ChainLink(path, entry.is_dir, why))
-    return links
+            links.setdefault(path, ChainLink(path, entry.is_dir, why, covered=False))
+        elif os.path.lexists(path):
+            links.setdefault(path, ChainLink(path, entry.is_dir, why))
+        elif entry.hold:
+            # Held at its first missing directory (`~/.julia` for `.julia/config`), as a
+            # protected name is: a placeholder, never directories made and left behind.
+            root = next((r for r in roots if within(path, r)), None)
+            first = _first_missing(path, root) if root is not None else None
+            hold = path if first is None else first
+            links.setdefault(hold, ChainLink(hold, entry.is_dir or hold != path, why))
+    return list(links.values())
 
 
 def _literal(name: str) -> str:
     """``name`` as a gitignore pattern matching it literally."""
     return "".join("\\" + c if c in "\\*?[]!# " else c for c in name)
+
+
+def _at_or_below(path: str, tops: set[str]) -> bool:
+    """Whether ``path`` or a directory above it is one of ``tops`` (a lookup per ancestor:
+    a home's spawn has some 200 covers and 60 denied names)."""
+    while path not in ("/", ""):
+        if path in tops:
+            return True
+        path = os.path.dirname(path)
+    return False
+
+
+def _empty_directory(path: str) -> bool:
+    """A directory itself (not a link to one) with nothing in it."""
+    if not _a_directory(path):
+        return False
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def _a_directory(path: str) -> bool:

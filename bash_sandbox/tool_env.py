@@ -86,9 +86,19 @@ _CACHE_DIRS = {
 def cache_variables(home: str) -> dict[str, str]:
     """The cache variables pointing into ``home``."""
     env = {name: os.path.join(home, sub) for name, sub in _CACHE_DIRS.items()}
-    if not os.path.isdir(os.path.join(os.path.expanduser("~"), ".cargo")):
+    if not _has_entries(os.path.join(os.path.expanduser("~"), ".cargo")):
         env["CARGO_HOME"] = os.path.join(home, "cargo")
     return env
+
+
+def _has_entries(path: str) -> bool:
+    """A directory with something in it: an empty `~/.cargo` is the placeholder a home
+    workspace's survey holds (`policies.autorun.HOME_PATHS`), read-only, no user's tools."""
+    try:
+        with os.scandir(path) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
 
 
 def confined_environment(

@@ -2,12 +2,13 @@
 
 Two commands share a private `/tmp`, `/dev/shm` or tool cache only when they have exactly
 the same rights: the same writable roots, mode, network, allowlist, unix sockets,
-`deny_read` and protected names. Sharing between commands of different widths is how code
-planted by a narrow command (read-only, isolated) runs in a wider one (approved for the
-network, or another project's roots): the wider one now gets its own. Sharing between equal
-commands stays, so multi-step work (`make` then `./a.out` from /tmp, a warm pip cache)
-keeps working. The workspace itself is the user's and stays shared: a narrower command can
-only write it when it holds it as a writable root too.
+`deny_read`, protected names and the names lifted from protection (`unprotected_paths`).
+Sharing between commands of different widths is how code planted by a narrow command
+(read-only, isolated) runs in a wider one (approved for the network, or another project's
+roots): the wider one now gets its own. Sharing between equal commands stays, so
+multi-step work (`make` then `./a.out` from /tmp, a warm pip cache) keeps working. The
+workspace itself is the user's and stays shared: a narrower command can only write it when
+it holds it as a writable root too.
 
 The key is exact, not an order: a narrower call after a wider one gets a fresh scratch too
 (sharing downwards would let the narrow call read what the wide one fetched). The resource
@@ -47,6 +48,11 @@ def domain_fields(policy: SandboxPolicy, reach: str = "") -> dict[str, object]:
         "deny_read": sorted(policy.deny_read),
         "protected_paths": sorted(policy.protected_paths),
     }
+    if policy.unprotected_paths:
+        # What is lifted, as given: a lifted name outside `protected_paths` (a home's
+        # `.gitconfig`, an `.envrc` chain file) leaves that list as it was, yet widens the
+        # call; a narrow call's plant in /tmp would run in the wider one.
+        fields["unprotected_paths"] = sorted(policy.unprotected_paths)
     if not policy.protect_hook_chain:
         # Off, a call may edit the files installed hooks run: code a call with it on plants
         # in /tmp or a cache would be written into a hook by the wider one.

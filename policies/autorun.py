@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import pwd
+import stat
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -119,15 +120,24 @@ HOME_PATHS: MappingProxyType[str, HomePath] = MappingProxyType(
         "bin": HomePath(True, True, "a login shell puts it on the user's PATH"),
         ".gitconfig": HomePath(False, True, "host git reads it in every repository"),
         ".bash_aliases": HomePath(False, True, "the user's .bashrc sources it"),
-        ".bashrc.d": HomePath(True, False, "the user's .bashrc sources it"),
+        ".bashrc.d": HomePath(True, True, "the user's .bashrc sources it"),
         ".pam_environment": HomePath(False, True, "the login sets the variables it names"),
         ".npmrc": HomePath(False, True, "npm takes the scripts' shell and options from it"),
         ".claude.json": HomePath(True, True, "Claude Code starts the MCP servers it names"),
         ".vimrc": HomePath(False, True, "vim runs it"),
+        ".exrc": HomePath(False, True, "vim and ex run it where there is no .vimrc"),
+        ".gvimrc": HomePath(False, True, "gvim runs it"),
         ".vim": HomePath(True, True, "vim runs its plugins"),
         ".emacs": HomePath(False, True, "Emacs runs it"),
-        ".emacs.d": HomePath(True, False, "Emacs runs its init files"),
+        ".emacs.el": HomePath(False, True, "Emacs runs it"),
+        ".emacs.d": HomePath(True, True, "Emacs runs its init files"),
         ".gdbinit": HomePath(False, True, "gdb runs it"),
+        ".lldbinit": HomePath(False, True, "lldb runs it"),
+        ".screenrc": HomePath(False, True, "screen runs the commands it names"),
+        ".irbrc": HomePath(False, True, "irb runs it"),
+        ".ghci": HomePath(False, True, "ghci runs it"),
+        ".julia/config": HomePath(True, True, "Julia runs its startup.jl"),
+        ".mavenrc": HomePath(False, True, "mvn sources it"),
         ".hgrc": HomePath(False, True, "Mercurial runs the hooks it names"),
         ".direnvrc": HomePath(False, True, "direnv sources it before every .envrc"),
         ".tmux.conf": HomePath(False, True, "tmux runs the commands it names"),
@@ -159,6 +169,13 @@ HOME_PATHS: MappingProxyType[str, HomePath] = MappingProxyType(
         ".config/nvim/init.vim": HomePath(False, False, "Neovim runs it"),
         ".ssh/config": HomePath(False, False, "ssh runs its ProxyCommand and Match exec"),
         ".ssh/rc": HomePath(False, False, "sshd runs it at every login"),
+        ".ssh/authorized_keys": HomePath(False, False, "sshd lets in the keys it lists"),
+        ".cargo/config.toml": HomePath(False, False, "cargo runs the wrappers and runners "
+                                       "it names"),
+        ".m2/settings.xml": HomePath(False, False, "Maven takes its repositories and "
+                                     "profiles"),
+        ".gnupg/gpg-agent.conf": HomePath(False, False, "gpg-agent runs the programs it "
+                                          "names"),
         ".yarnrc": HomePath(False, False, "yarn takes its options from it"),
         ".yarnrc.yml": HomePath(False, False, "yarn runs the yarnPath it names"),
         ".condarc": HomePath(False, False, "conda installs from the channels it names"),
@@ -173,12 +190,15 @@ HOME_PATHS: MappingProxyType[str, HomePath] = MappingProxyType(
                             "names"),
         ".kube": HomePath(True, True, "kubectl runs the exec plugins its config names"),
         ".aws": HomePath(True, True, "the AWS tools run the credential_process it names"),
-        ".gnupg": HomePath(True, False, "gpg runs the programs its config names"),
-        ".m2": HomePath(True, False, "Maven builds with what its settings and repository "
-                        "hold"),
+        ".ssh": HomePath(True, True, "ssh runs its config's ProxyCommand, sshd lets in its "
+                         "authorized_keys and runs its rc"),
+        ".gnupg": HomePath(True, True, "gpg runs the programs its config names"),
+        ".m2": HomePath(True, True, "Maven runs the plugins and extensions its settings and "
+                        "repository hold"),
         ".gradle": HomePath(True, True, "Gradle runs its init scripts"),
         ".npm": HomePath(True, False, "npm installs what its cache holds"),
-        ".cargo": HomePath(True, False, f"cargo runs what its config names; {_RUNS_ON_PATH}"),
+        ".cargo": HomePath(True, True, f"cargo runs what its config names and builds what "
+                           f"its registry holds; {_RUNS_ON_PATH}"),
         ".rustup": HomePath(True, False, _RUNS_ON_PATH),
         ".pyenv": HomePath(True, False, _RUNS_ON_PATH),
         ".rbenv": HomePath(True, False, _RUNS_ON_PATH),
@@ -188,8 +208,13 @@ HOME_PATHS: MappingProxyType[str, HomePath] = MappingProxyType(
         ".deno": HomePath(True, False, _RUNS_ON_PATH),
         ".asdf": HomePath(True, False, _RUNS_ON_PATH),
         ".sdkman": HomePath(True, False, _RUNS_ON_PATH),
-        "go": HomePath(True, False, f"{_RUNS_ON_PATH} (go install)"),
-        ".terraformrc": HomePath(False, False, "Terraform installs the providers it names"),
+        "go": HomePath(True, True, f"{_RUNS_ON_PATH} (go install)"),
+        ".terraformrc": HomePath(False, True, "Terraform installs the providers it names"),
+        ".terraform.d": HomePath(True, True, "Terraform runs the provider plugins it holds"),
+        ".mozilla": HomePath(True, True, "Firefox runs the extensions and user.js of its "
+                             "profiles"),
+        ".pki": HomePath(True, True, "Chromium and NSS tools trust the certificates its "
+                         "nssdb holds"),
     }
 )  # fmt: skip
 
@@ -232,25 +257,72 @@ def home_paths(
             path = os.path.normpath(os.path.join(base, name))
             if any(within(path, r) and path != r for r in roots):
                 found.setdefault(path, entry)
-    # A name of the user's home that links into a root (a dotfiles manager's layout:
-    # `~/.bash_aliases -> ~/dotfiles/bash/.bash_aliases`, the workspace `~/dotfiles`): what
-    # the host reads through it lies in the root, and is protected there (a red team's).
-    home = os.path.expanduser("~")
+    # A name of a home whose path leads through a link into a root (a dotfiles manager's
+    # layout: `~/.bash_aliases -> ~/dotfiles/bash/.bash_aliases`, or stow's folded tree
+    # `~/.ssh -> dotfiles/ssh` for `.ssh/config`, the workspace `~/dotfiles`): what the
+    # host reads through it lies in the root, and is protected there (a red team's). This
+    # user's home for every root (dotfiles kept anywhere); each account's home, as above,
+    # where it holds a root or lies in one (root's executor, a workspace in alice's home).
     linked = {**HOME_PATHS, **{n: HomePath(False, False, r) for n, r in SHELL_RC_PATHS.items()}}
-    for name, entry in linked.items():
-        path = os.path.join(home, name)
-        if not os.path.islink(path):
-            continue
-        target = os.path.realpath(path)
-        if target in roots or not any(within(target, r) for r in roots):
-            continue
-        if name in unprotected or os.path.relpath(target, _root_of(target, roots)) in unprotected:
-            continue
-        why = f"{entry.reason} (~/{name} links here)"
-        found.setdefault(target, HomePath(entry.is_dir, True, why))
+    kinds: dict[str, int | None] = {}
+    own = os.path.realpath(os.path.expanduser("~"))
+    for home in _homes(os.path.expanduser("~")):
+        if home != own and not any(within(home, r) or within(r, home) for r in roots):
+            continue  # a service account's home: a lstat of each name there, every spawn
+        if _kind(home, kinds) != stat.S_IFDIR:
+            continue  # `/nonexistent`
+        for name, entry in linked.items():
+            if not _through_link(home, name, kinds):
+                continue
+            target = os.path.realpath(os.path.join(home, name))
+            if target in roots or not any(within(target, r) for r in roots):
+                continue
+            if (
+                name in unprotected
+                or os.path.relpath(target, _root_of(target, roots)) in unprotected
+            ):
+                continue
+            shown = f"~/{name}" if home == own else os.path.join(home, name)
+            why = f"{entry.reason} ({shown} links here)"
+            found.setdefault(target, HomePath(entry.is_dir, True, why))
     # Below a broad entry that is always covered (`.config` in a home root): covered with it.
-    held = [p for p, e in found.items() if e.hold]
-    return [(p, e) for p, e in found.items() if not any(within(p, h) and p != h for h in held)]
+    # (Its ancestors looked up: each name against each held one was 8 ms of a home's spawn.)
+    held = {p for p, e in found.items() if e.hold}
+    return [(p, e) for p, e in found.items() if not _below(p, held)]
+
+
+def _below(path: str, tops: set[str]) -> bool:
+    """Whether a directory above ``path`` is one of ``tops``."""
+    parent = os.path.dirname(path)
+    while parent not in ("/", ""):
+        if parent in tops:
+            return True
+        parent = os.path.dirname(parent)
+    return False
+
+
+def _kind(path: str, kinds: dict[str, int | None]) -> int | None:
+    """The lstat kind of ``path`` (None: missing), asked once per `home_paths` call: the
+    names of a home share their first components (`.config`, `.local`)."""
+    if path not in kinds:
+        try:
+            kinds[path] = stat.S_IFMT(os.lstat(path).st_mode)
+        except OSError:
+            kinds[path] = None
+    return kinds[path]
+
+
+def _through_link(home: str, name: str, kinds: dict[str, int | None]) -> bool:
+    """Whether ``home``/``name`` is a link or leads through one below ``home``."""
+    path = home
+    for part in name.split("/"):
+        path = os.path.join(path, part)
+        kind = _kind(path, kinds)
+        if kind == stat.S_IFLNK:
+            return True
+        if kind != stat.S_IFDIR:
+            return False  # missing, or a file: nothing below it
+    return False
 
 
 def _root_of(path: str, roots: tuple[str, ...]) -> str:

@@ -270,10 +270,28 @@ def cover_candidates(
             continue  # missing and not shadowable: nothing to read now
         (cover_dirs if stat.S_ISDIR(st.st_mode) else cover_files).append(os.path.realpath(path))
     shadows = survey.shadows
-    # A denied path inside a shadowed directory is already a placeholder there.
-    covered = [p for p in cover_dirs if not any(within(p, s.directory) for s in shadows)]
-    files = [p for p in cover_files if not any(within(p, s.directory) for s in shadows)]
+    # A denied path at or below a shadow's denied entry is already hidden there. Anything
+    # else below a shadowed directory is not: its other entries are bound back, and a root
+    # among them is bound writable (`D/link -> ws/sec` denied, the workspace `D/ws`).
+    hidden = _shadow_denied(shadows)
+    covered = [p for p in cover_dirs if not _below_any(p, hidden)]
+    files = [p for p in cover_files if not _below_any(p, hidden)]
     return shadows, _drop_nested(covered), _drop_nested(files)
+
+
+def _shadow_denied(shadows: tuple[Shadow, ...]) -> frozenset[str]:
+    """The paths the shadows replace by an unreadable placeholder."""
+    return frozenset(
+        os.path.join(s.directory, e.name)
+        for s in shadows
+        for e in s.entries
+        if e.kind in ("denied-dir", "denied-file")
+    )
+
+
+def _below_any(path: str, tops: frozenset[str]) -> bool:
+    """Whether ``path`` is one of ``tops`` or lies below one."""
+    return bool(tops) and any(p in tops for p in _prefixes(path))
 
 
 def inspect_shadows(

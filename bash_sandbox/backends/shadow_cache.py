@@ -100,6 +100,8 @@ class ShadowCache:
         self.hits = 0  # surveys reused (tests and the bench read it)
         # The symbolic links on the way to the denied names, as the last `inspect` found them.
         self.links: tuple[str, ...] = ()
+        # The names the last `inspect` covers where they lie, existing or not (`survey_shadows`).
+        self.candidates: tuple[str, ...] = ()
 
     def inspect(
         self, denied: Iterable[str], roots: tuple[str, ...]
@@ -111,12 +113,14 @@ class ShadowCache:
             if key == self._key and survey is not None and self._unchanged(survey):
                 self.hits += 1
                 self.links = _links(survey, self._stamps)
+                self.candidates = survey.candidates
                 return cover_candidates(survey)
         survey = survey_shadows(key[0], roots)
         # Stamped after the survey: a listing changed in between is recent, so never kept;
         # a path replaced in between has a new identity at once, so the next call redoes it.
         stamps = _stamps(survey)
         self.links = _links(survey, stamps)
+        self.candidates = survey.candidates
         with self._lock:
             if self._settled(survey, stamps):
                 self._key, self._survey, self._stamps = key, survey, stamps

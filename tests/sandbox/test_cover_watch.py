@@ -129,7 +129,9 @@ async def test_a_denied_name_the_host_creates_while_a_command_runs_is_never_read
         )
     )
     await asyncio.sleep(0.5)
-    later.parent.mkdir()  # the missing parent made first, then the secret in it
+    # The missing parent made first, then the secret in it. Inside a writable root the
+    # parent is already there: a placeholder held while the command runs, covered unreadable.
+    later.parent.mkdir(exist_ok=mode == "workspace-write")
     later.write_text("TOKEN-123\n")
     await _go(workspace)
     if mode == "read-only":
@@ -145,6 +147,7 @@ async def test_a_denied_name_the_host_creates_while_a_command_runs_is_never_read
         await asyncio.wait_for(proc.wait(), 20)
         assert proc.signal == "SIGKILL"
     assert "TOKEN-123" not in proc.read_output().delta
+    assert later.read_text() == "TOKEN-123\n"  # the host's, kept (no placeholder now)
 
 
 async def test_unrelated_host_changes_and_settled_commands_are_left_alone(

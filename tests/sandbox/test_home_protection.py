@@ -10,6 +10,7 @@ nothing. Ordinary work in the home keeps working.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -208,3 +209,75 @@ async def test_xdg_config_home_elsewhere_and_more_rc_files_are_the_homes_too(
     await ex.aclose()
     for name in planted:
         assert not (home / name).exists(), name
+
+
+async def test_a_home_workspace_cannot_plant_what_more_host_tools_run(
+    make_executor: ExecutorFactory, home: Path, tmp_path: Path
+) -> None:
+    # A red team's: `~/.exrc` (vim's fallback), `~/.mavenrc` (mvn sources it), and whole
+    # directories a host tool reads whether or not they existed (`~/.ssh`, `~/.gnupg`,
+    # `~/.cargo`: cargo reads ~/.cargo/config.toml), made in one rename with their content.
+    marker = tmp_path / "ran"
+    ex = make_executor(mode="workspace-write", workspace_root=str(home))
+    names = (".exrc", ".gvimrc", ".emacs.el", ".mavenrc", ".lldbinit", ".screenrc", ".irbrc",
+             ".ghci", ".terraformrc")  # fmt: skip
+    files = " ".join(f"echo '!touch {marker}' > {n};" for n in names)
+    dirs = (".ssh", ".gnupg", ".cargo", ".bashrc.d", ".m2", "go", ".terraform.d", ".mozilla",
+            ".pki", ".emacs.d", ".julia")  # fmt: skip
+    moves = " ".join(
+        f"mkdir -p st/config && echo 'touch {marker}' > st/config/x && mv -T st {d};" for d in dirs
+    )
+    result = await _run(ex, f"{files} {moves} mkdir -p p && echo fine > p/a", home)
+    assert (home / "p" / "a").read_text() == "fine\n"
+    reasons = _reasons(result)
+    assert any("~/.exrc: vim" in r for r in reasons), reasons
+    # The sandbox's cargo keeps its own home while `~/.cargo` is only a placeholder (another
+    # command of the executor holds it).
+    holder = await ex.start(ex.resolve(BashExecRequest(command="sleep 30", workdir=str(home))))
+    for _ in range(500):
+        if (home / ".cargo").is_dir():
+            break
+        await asyncio.sleep(0.01)
+    cargo = await _run(ex, 'mkdir -p "$CARGO_HOME/registry" && echo "$CARGO_HOME"', home)
+    holder.kill()
+    await asyncio.wait_for(holder.wait(), 20)
+    assert cargo.sandbox is not None
+    assert cargo.exit_code == 0 and ".cargo" not in cargo.stdout.text, cargo.sandbox.warnings
+    await ex.aclose()
+    for name in (*names, *dirs):
+        assert not os.path.lexists(home / name), name
+    assert not marker.exists()
+
+
+async def test_a_home_name_behind_a_linked_directory_is_protected_at_its_target(
+    make_executor: ExecutorFactory, home: Path, tmp_path: Path
+) -> None:
+    # GNU stow folds a tree into one link (`~/.ssh -> dotfiles/ssh`,
+    # `~/.config/nvim -> ../dotfiles/nvim`); the workspace is `~/dotfiles`. Only a link at
+    # the name itself was followed: the key was read, ssh's config and nvim's init written.
+    dotfiles = home / "dotfiles"
+    (dotfiles / "ssh").mkdir(parents=True)
+    (dotfiles / "nvim").mkdir()
+    (dotfiles / "ssh" / "config").write_text("Host *\n")
+    (dotfiles / "ssh" / "id_ed25519").write_text("PRIVATE-KEY-CANARY\n")
+    (dotfiles / "nvim" / "init.lua").write_text("-- mine\n")
+    (home / ".ssh").symlink_to("dotfiles/ssh")
+    (home / ".config" / "nvim").symlink_to("../dotfiles/nvim")
+    marker = tmp_path / "ran"
+    ex = make_executor(mode="workspace-write", workspace_root=str(dotfiles))
+    result = await _run(
+        ex,
+        f"cat ssh/id_ed25519; printf '  ProxyCommand sh -c \"touch {marker}\"\\n' >> ssh/config; "
+        f"echo 'os.execute(\"touch {marker}\")' >> nvim/init.lua; echo fine > notes",
+        dotfiles,
+    )
+    assert "CANARY" not in result.stdout.text
+    assert (dotfiles / "notes").read_text() == "fine\n"
+    assert any("~/.config/nvim/init.lua links here" in r for r in _reasons(result)), _reasons(
+        result
+    )
+    await ex.aclose()
+    assert (dotfiles / "ssh" / "config").read_text() == "Host *\n"
+    assert (dotfiles / "nvim" / "init.lua").read_text() == "-- mine\n"
+    found = dict(home_paths((str(dotfiles),)))
+    assert str(dotfiles / "ssh") in found and str(dotfiles / "nvim" / "init.lua") in found

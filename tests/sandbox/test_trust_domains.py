@@ -12,6 +12,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from bash_sandbox import SandboxBashConfig, SandboxBashExecutor
 from bash_sandbox.trust_domain import domain_key, executor_reach
 from bash_seam import BashExecRequest, BashRunResult
@@ -190,3 +192,39 @@ async def test_executors_that_reach_private_addresses_share_no_cache_home_with_o
     again = make_executor(mode="workspace-write", allow_domains=("intranet.test",))
     third = await _run(again, 'sh "$XDG_CACHE_HOME/hook.sh"', workspace)
     assert third.stdout.text == "RAN\n", third.stderr
+
+
+async def test_a_call_that_may_edit_a_lifted_home_name_shares_nothing_with_one_that_may_not(
+    make_executor: ExecutorFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `.gitconfig` is a home name, not in `protected_paths`: lifting it left that list (and
+    # the key) as it was. A narrow call planted /tmp/build.sh and a cache script; the wider
+    # call, allowed to edit ~/.gitconfig, ran them (a red team's): host git ran fsmonitor.
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    marker = tmp_path / "pwned"
+    narrow = SandboxPolicy(mode=SandboxMode.WORKSPACE_WRITE, workspace_root=str(home))
+    wide = narrow.model_copy(update={"unprotected_paths": (".gitconfig",)})
+    ex = make_executor(workspace_root=str(home))
+    script = f"git config -f \"$HOME/.gitconfig\" core.fsmonitor 'touch {marker}; false'"
+    plant = (
+        f"cat > /tmp/build.sh <<'X'\n{script}\nX\n"
+        'mkdir -p "$XDG_CACHE_HOME" && cp /tmp/build.sh "$XDG_CACHE_HOME/b.sh" && '
+        "(echo '[core]' >> ~/.gitconfig || echo REFUSED)"
+    )
+    first = await _run(ex, plant, home, narrow)
+    assert "REFUSED" in first.stdout.text, first.stderr.text
+    run = 'sh /tmp/build.sh || echo NO-TMP; sh "$XDG_CACHE_HOME/b.sh" || echo NO-CACHE'
+    second = await _run(ex, run, home, wide)
+    assert "NO-TMP" in second.stdout.text and "NO-CACHE" in second.stdout.text, second.stdout
+    # The host: nothing planted in ~/.gitconfig, and host git in a repository runs nothing.
+    gitconfig = home / ".gitconfig"
+    assert not gitconfig.exists() or "fsmonitor" not in gitconfig.read_text()
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=30)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    subprocess.run(
+        ["git", "-C", str(repo), "status"], env=env, capture_output=True, timeout=30, check=False
+    )
+    assert not marker.exists()
