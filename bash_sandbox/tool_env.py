@@ -27,8 +27,12 @@
   And `PIP_DISABLE_PIP_VERSION_CHECK=1`, `npm_config_update_notifier=false`: pip's and
   npm's own update checks are refused lookups the result would report after work that went
   fine.
-- Read-only: `GIT_OPTIONAL_LOCKS=0`, so `git status` does not try to refresh the index (a
-  refused `index.lock` after a status that worked, which pointed users at workspace-write).
+- `GIT_OPTIONAL_LOCKS=0`, so `git status` (and `diff`, `describe`) does not rewrite the index
+  to refresh its stat data: in read-only a refused `index.lock` after a status that worked
+  (which pointed users at workspace-write); in workspace-write a changed index in the
+  overlay, which the import then compared with the host's (eight host git processes after
+  every `git status`, 3x a read-only one) to apply nothing. Git's own writes (`add`,
+  `commit`, `checkout`) are not optional and refresh it as they always do.
 - The egress proxy's variables (`egress.environment`) when the policy has an allowlist.
   A request's own `env` wins over all of these.
 """
@@ -120,8 +124,7 @@ def confined_environment(
         extra |= cache_variables(cache_home)
     elif private_tmp:
         extra |= cache_variables("/tmp/.cache")
-    if policy.mode is SandboxMode.READ_ONLY:
-        extra["GIT_OPTIONAL_LOCKS"] = "0"
+    extra["GIT_OPTIONAL_LOCKS"] = "0"
     if policy.network is NetworkMode.ISOLATED:
         # Under an allowlist too: a refusal is a 403 the tools would retry for seconds
         # (pip: 12 s); the timeouts stay longer there, for slow but allowed mirrors.

@@ -15,7 +15,7 @@ from bash_sandbox import SandboxBashExecutor
 from bash_sandbox import state as executor_state
 from bash_sandbox.git_import import KEEP_NAMESPACE
 from bash_seam import BashExecRequest, BashRunResult, GitImportStatus
-from tests.sandbox.conftest import ExecutorFactory, private_tmpfs
+from tests.sandbox.conftest import ExecutorFactory, counted_git_runs, private_tmpfs
 from tests.sandbox.git_import_harness import GIT_ENV, fsck_clean, host_git, make_repo, reachable
 
 
@@ -475,3 +475,32 @@ async def test_deleting_a_branch_after_checking_out_another_is_imported(
         "refs/heads/next"
     ]
     fsck_clean(repo)
+
+
+async def test_git_status_in_workspace_write_leaves_nothing_to_import(
+    make_executor: ExecutorFactory, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `git status` refreshed the index's stat data in the overlay after a `touch`: the
+    # import then compared the two indexes with host git (eight processes) to apply nothing.
+    # GIT_OPTIONAL_LOCKS=0 (git's own switch for that refresh) in every confined mode.
+    repo = make_repo(workspace / "repo", files=3)
+    time.sleep(0.05)
+    for path in repo.glob("f*.txt"):
+        os.utime(path)  # stat data now stale in the host's index: a refresh would write it
+    index = os.stat(repo / ".git" / "index")
+    ex = make_executor(mode="workspace-write")
+    compared = counted_git_runs(monkeypatch, "ls-files")  # the import reading an index
+    status = await ex.run(
+        ex.resolve(BashExecRequest(command="git status --porcelain", workdir=str(repo)))
+    )
+    assert status.exit_code == 0 and status.stdout.text == "", status.stderr.text
+    assert status.sandbox is not None and status.sandbox.git == ()
+    assert compared == []  # no index came back to compare
+    now = os.stat(repo / ".git" / "index")
+    assert (now.st_ino, now.st_mtime_ns) == (index.st_ino, index.st_mtime_ns)
+    added = await ex.run(
+        ex.resolve(BashExecRequest(command="echo n > n.txt && git add n.txt", workdir=str(repo)))
+    )
+    assert added.sandbox is not None
+    assert [o.status for o in added.sandbox.git] == [GitImportStatus.APPLIED]
+    assert "n.txt" in host_git(repo, "ls-files")  # git's own index writes still land

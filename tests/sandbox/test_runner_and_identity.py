@@ -325,7 +325,7 @@ async def test_a_workspace_the_command_made_unenterable_is_a_workdir_error(
     assert again.stdout.text == "ok\n"
 
 
-async def test_update_checks_are_off_offline_and_git_takes_no_optional_lock_read_only(
+async def test_update_checks_are_off_offline_and_git_takes_no_optional_lock(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
     # Refused lookups (pip's and npm's update checks) and a refused `index.lock` (git status
@@ -333,7 +333,7 @@ async def test_update_checks_are_off_offline_and_git_takes_no_optional_lock_read
     ex = make_executor()
     for mode, expected in (
         ("read-only", ["1", "false", "0"]),
-        ("workspace-write", ["1", "false", ""]),
+        ("workspace-write", ["1", "false", "0"]),
     ):
         request = BashExecRequest(
             command='echo "$PIP_DISABLE_PIP_VERSION_CHECK"; echo "$npm_config_update_notifier";'
