@@ -229,12 +229,44 @@ _XDG = {
 }
 
 
-def home_paths(
-    roots: tuple[str, ...], unprotected: tuple[str, ...] = ()
-) -> list[tuple[str, HomePath]]:
+Found = tuple[str, HomePath]
+# home_paths' last answers, each with the lstat kind of every path it looked at: where no
+# link was followed, the answer is that of those kinds (one lstat each to check, against the
+# walk of every home name a spawn paid: 0.6 ms of a read-only `true`).
+_KEPT: dict[tuple[object, ...], tuple[tuple[tuple[str, int | None], ...], tuple[Found, ...]]] = {}
+_KEPT_MAX = 16
+
+
+def home_paths(roots: tuple[str, ...], unprotected: tuple[str, ...] = ()) -> list[Found]:
     """The `HOME_PATHS` of every home (this user's and each account's) that lie inside one
     of ``roots`` (real paths), each with its entry; not a root itself, not one
     ``unprotected`` names (relative to its root, or to its home)."""
+    home = os.path.expanduser("~")
+    key = (
+        roots,
+        unprotected,
+        home,
+        os.path.realpath(home),
+        *(os.environ.get(v) for v in _XDG),
+    )
+    kept = _KEPT.get(key)
+    if kept is not None and all(_kind(path, {}) == kind for path, kind in kept[0]):
+        return list(kept[1])
+    kinds: dict[str, int | None] = {}
+    found, followed = _home_paths(roots, unprotected, kinds)
+    if not followed:
+        if len(_KEPT) >= _KEPT_MAX:
+            _KEPT.pop(next(iter(_KEPT)))
+        _KEPT[key] = (tuple(kinds.items()), tuple(found))
+    return found
+
+
+def _home_paths(
+    roots: tuple[str, ...], unprotected: tuple[str, ...], kinds: dict[str, int | None]
+) -> tuple[list[Found], bool]:
+    """`home_paths`, the kinds it looked up in ``kinds``, and whether it followed a link
+    (its answer then depends on where the link leads, not only on kinds)."""
+    followed = False
     found: dict[str, HomePath] = {}
     for home in _homes(os.path.expanduser("~")):
         for root in roots:
@@ -264,7 +296,6 @@ def home_paths(
     # user's home for every root (dotfiles kept anywhere); each account's home, as above,
     # where it holds a root or lies in one (root's executor, a workspace in alice's home).
     linked = {**HOME_PATHS, **{n: HomePath(False, False, r) for n, r in SHELL_RC_PATHS.items()}}
-    kinds: dict[str, int | None] = {}
     own = os.path.realpath(os.path.expanduser("~"))
     for home in _homes(os.path.expanduser("~")):
         if home != own and not any(within(home, r) or within(r, home) for r in roots):
@@ -274,6 +305,7 @@ def home_paths(
         for name, entry in linked.items():
             if not _through_link(home, name, kinds):
                 continue
+            followed = True
             target = os.path.realpath(os.path.join(home, name))
             if target in roots or not any(within(target, r) for r in roots):
                 continue
@@ -288,7 +320,7 @@ def home_paths(
     # Below a broad entry that is always covered (`.config` in a home root): covered with it.
     # (Its ancestors looked up: each name against each held one was 8 ms of a home's spawn.)
     held = {p for p, e in found.items() if e.hold}
-    return [(p, e) for p, e in found.items() if not _below(p, held)]
+    return [(p, e) for p, e in found.items() if not _below(p, held)], followed
 
 
 def _below(path: str, tops: set[str]) -> bool:
