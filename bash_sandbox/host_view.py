@@ -317,7 +317,12 @@ class HostSurvey:
         """The `.git` entries that may make a separate git dir's checkout count as inside:
         with no command of this executor running, all (a finished one's plant was removed
         when it settled), remembered; while one runs, only those a quiet survey found
-        leading where they lead now (what it plants meanwhile is not settled yet)."""
+        leading where they lead now (what it plants meanwhile is not settled yet). Nor is a
+        survey quiet while another executor of this uid has a command in these roots (it
+        holds placeholders there): that command's plant is that executor's to remove, and
+        this one's import wrote an outside checkout through it (a red team's)."""
+        if quiet and any(e.kind != "dir" for e in entries):
+            quiet = not self._placeholders.others_within(roots)
         if not quiet:
             return tuple(
                 e for e in entries if self._quiet_dotgits.get(e.path) == (e.kind, e.target)

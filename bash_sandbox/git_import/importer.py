@@ -326,6 +326,8 @@ class _Importer:
         self.forwarded: set[str] = set()  # those git found to be fast-forwards
         self.index_on: dict[str, str] = {}  # admin -> that ref its changed index rides on
         self.kept_heads: set[str] | None = None  # `_checked_out_kept`, read once
+        self.view_admins: dict[str, str] = {}  # admin -> its git dir in the view
+        self.kept_deleted: set[str] = set()  # refs the command deleted that stay, reflog too
 
     def _stash(self, data: bytes) -> str:
         """A checked copy in the work dir (what the transaction writes, and a recovery)."""
@@ -446,6 +448,13 @@ class _Importer:
                     self.plan.refused.append(f"{name}: names an object that does not exist")
                     continue
             outside = self._checked_out_outside() if outside is None else outside
+            if c is None and self._refs_removed_whole():
+                # `rm -rf .git` (its config and hooks stay, protected): every branch and tag
+                # went with the directory, not one by one as git deletes a ref. Kept, as the
+                # checked-out branch is: the host's history is not the command's to drop.
+                self.result.denials.append((name, "removed with the whole refs directory"))
+                self.kept_deleted.add(name)
+                continue
             if c is None and name not in outside and name in self._checked_out_kept():
                 # As git refuses to delete a checked-out branch: the checkout would be left
                 # with no commits and the branch's commits with no ref (an `rm -rf` of a
@@ -453,6 +462,7 @@ class _Importer:
                 self.result.denials.append(
                     (name, "checked out: its checkout would have no commits")
                 )
+                self.kept_deleted.add(name)
                 continue
             misnamed = self._misnamed(name) if c is not None else None
             if misnamed is not None:
@@ -488,10 +498,17 @@ class _Importer:
                 return "not a branch name git accepts (`git check-ref-format --branch`)"
         return None
 
+    def _view_admin(self, admin: str) -> str:
+        """The view's git dir for ``admin``, whose HEAD is the command's (made once)."""
+        if not admin:
+            return self.view
+        if admin not in self.view_admins:
+            head = os.path.join(self.upper, admin, "HEAD")
+            self.view_admins[admin] = add_admin_head(self.view, admin, head)
+        return self.view_admins[admin]
+
     def plan_head(self, admin: str) -> None:
-        view_admin = self.view
-        if admin:
-            view_admin = add_admin_head(self.view, admin, os.path.join(self.upper, admin, "HEAD"))
+        view_admin = self._view_admin(admin)
         sym = git(view_admin, "symbolic-ref", "-q", "HEAD", check=False)
         if sym.returncode == 0:
             target = sym.stdout.decode(errors="replace").strip()
@@ -501,6 +518,11 @@ class _Importer:
             )
             if not ok:
                 self.plan.refused.append(f"{admin or '.'}/HEAD: not a branch ({target!r})")
+                return
+            if target not in self.view_refs and self._refs_removed_whole():
+                # `rm -rf .git && git init`: the host's branches stay, so does its checkout.
+                why = "names a branch that does not exist, its refs removed whole"
+                self.result.denials.append((os.path.join(admin, "HEAD"), why))
                 return
             new = f"ref: {target}\n"
         else:
@@ -929,6 +951,8 @@ class _Importer:
             self.plan.refused.append(rel)
         host_now = host_refs(self.gitdir)
         self.plan_refs(host_now)
+        kept_logs = {f"logs/{name}" for name in self.kept_deleted}
+        self.reflogs = [r for r in self.reflogs if r[0] or r[1] not in kept_logs]
         for admin in sorted(heads):
             self.plan_head(admin)
         for admin in sorted(indexes):
@@ -1087,19 +1111,33 @@ class _Importer:
         args = ("diff-index", "--cached", "--quiet", self.fast_forwards[name], "--")
         return git(self.gitdir, *args, env=env, check=False).returncode == 0
 
+    def _refs_removed_whole(self) -> bool:
+        """Whether the command removed `refs`, `refs/heads` or `refs/tags` as a directory
+        (a whiteout on it or above it, or an opaque one made again): git itself never does."""
+        return any(
+            self.scan.removed(d) or d in self.scan.opaque
+            for d in ("refs", "refs/heads", "refs/tags")
+        )
+
     def _checked_out_kept(self) -> set[str]:
-        """The branches the host's HEADs name (as git reads them) where the command left
-        that HEAD as it was, or removed it (the import never removes a HEAD)."""
+        """The branches a HEAD names once the import is done, which it must not delete (as
+        git refuses to delete a checked-out branch): the command's HEAD names its own (even
+        rewritten with the same bytes), and the host's HEAD its own where the command left
+        it, removed it (never imported), detached it, or pointed it at a branch that will
+        not exist (`rm -rf .git && git init`: an unborn `master`, every ref deleted)."""
         if self.kept_heads is None:
-            self.kept_heads = set()
+            kept: set[str] = set()
             for admin in _admins(self.gitdir):
                 if os.path.join(admin, "HEAD") in self.scan.files:
-                    continue  # the command's HEAD: `plan_head` decides
-                got = git(
-                    os.path.join(self.gitdir, admin), "symbolic-ref", "-q", "HEAD", check=False
-                )
-                if got.returncode == 0:
-                    self.kept_heads.add(got.stdout.decode(errors="surrogateescape").rstrip("\n"))
+                    ours = _symref(self._view_admin(admin))
+                    if ours is not None:
+                        kept.add(ours)
+                        if ours in self.view_refs:
+                            continue  # another branch checked out: the host's may go
+                host = _symref(os.path.join(self.gitdir, admin))
+                if host is not None:
+                    kept.add(host)
+            self.kept_heads = kept
         return self.kept_heads
 
     def _checked_out_outside(self) -> dict[str, str]:
@@ -1275,6 +1313,14 @@ def _loose_temps(gitdir: str, since_ns: int) -> set[str]:
                     if e.name.startswith("tmp_") and e.stat().st_mtime_ns >= since_ns
                 )
     return found
+
+
+def _symref(gitdir: str) -> str | None:
+    """The ref ``gitdir``'s HEAD names, as git reads it (None: detached, or unreadable)."""
+    got = git(gitdir, "symbolic-ref", "-q", "HEAD", check=False)
+    if got.returncode != 0:
+        return None
+    return got.stdout.decode(errors="surrogateescape").rstrip("\n")
 
 
 def _branch(head: str | None) -> str | None:

@@ -433,8 +433,15 @@ async def test_dropping_an_older_stash_keeps_only_its_own_commit(
 
 @pytest.mark.parametrize(
     "command",
-    ["rm -rf repo", "git -C repo update-ref -d refs/heads/main"],
-    ids=["rm -rf", "update-ref -d"],
+    [
+        "rm -rf repo",
+        "rm -rf repo/.git; git init -q repo",  # an unborn master: every ref went
+        "rm -rf repo/.git; git init -q -b main repo",
+        "git -C repo update-ref -d refs/heads/main",
+        # HEAD rewritten with the bytes it had: still the command's HEAD naming `main`
+        "git -C repo update-ref -d refs/heads/main && cp repo/.git/HEAD h && cp h repo/.git/HEAD",
+    ],
+    ids=["rm -rf", "rm and init", "rm and init -b main", "update-ref -d", "HEAD rewritten"],
 )
 async def test_a_command_deleting_the_checked_out_branch_leaves_it_and_its_commits(
     make_executor: ExecutorFactory, workspace: Path, command: str
@@ -442,16 +449,24 @@ async def test_a_command_deleting_the_checked_out_branch_leaves_it_and_its_commi
     # `rm -rf` of a repository the host made: its config and hooks stay (protected), the
     # rest went, and the import deleted every ref: host git then said "your current branch
     # 'main' does not have any commits yet", the history reachable from nothing (a user's).
-    # Git refuses to delete a checked-out branch; so does the import, as a denial.
+    # Git refuses to delete a checked-out branch; so does the import, as a denial, and a
+    # refs directory removed whole keeps every branch and tag (red team round 4).
     repo = make_repo(workspace / "repo", files=3)
+    host_git(repo, "branch", "feature")
+    host_git(repo, "tag", "-a", "-m", "one", "v1")
+    refs = host_git(repo, "for-each-ref", "--format=%(refname) %(objectname)")
     tip = host_git(repo, "rev-parse", "main").strip()
     ex = make_executor(mode="workspace-write")
-    result = await ex.run(ex.resolve(BashExecRequest(command=command, workdir=str(workspace))))
+    request = BashExecRequest(command=command, workdir=str(workspace), env=GIT_ENV)
+    result = await ex.run(ex.resolve(request))
     assert result.sandbox is not None
-    denied = [d.target for d in result.sandbox.denials]
-    assert any(t.endswith("refs/heads/main") for t in denied), result.sandbox.denials
+    if not command.startswith("rm"):  # (`rm`'s dozen hook denials come first in the list)
+        denied = [d.target for d in result.sandbox.denials]
+        assert any(t.endswith("refs/heads/main") for t in denied), result.sandbox.denials
     assert host_git(repo, "rev-parse", "main").strip() == tip
     assert host_git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
+    assert host_git(repo, "for-each-ref", "--format=%(refname) %(objectname)") == refs
+    assert host_git(repo, "reflog", "show", "main") != ""  # its reflog stays with it
     host_git(repo, "checkout", "-q", "--", ".")  # what the command removed, back from git
     assert sorted(p.name for p in repo.glob("f*.txt")) == ["f0.txt", "f1.txt", "f2.txt"]
     host_git(repo, "gc", "-q", "--prune=now")

@@ -6,6 +6,9 @@ with host git from outside."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,3 +171,50 @@ async def test_the_users_separate_git_dir_checkout_in_the_root_takes_commits_whi
     go.touch()
     await background.wait()
     assert (main / ".git").read_text() == f"gitdir: {store}\n"
+
+
+@pytest.mark.parametrize("other", ["executor", "process"])
+async def test_a_gitfile_another_executors_running_command_plants_is_no_checkout(
+    other: str, backend: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # Two harnesses on one workspace (two executors, or the CLI beside a library): the
+    # plant of one's running command is that one's to remove, and the other's survey took it
+    # for the main checkout: its import wrote the outside checkout (red team round 4).
+    main = tmp_path / "main-checkout"
+    store = _separate(tmp_path, main)
+    wt = workspace / "wt"
+    host_git(main, "worktree", "add", "-q", "-b", "side", str(wt))
+    head, index = host_git(main, "rev-parse", "main").strip(), (store / "index").read_bytes()
+    marker, planted, go = tmp_path / "pwned", workspace / "planted", workspace / "go"
+    plant = (
+        f"mkdir -p x && printf 'gitdir: {store}\\n' > x/.git && touch {planted}"
+        f" && for i in $(seq 400); do [ -e {go} ] && break; sleep 0.05; done"
+    )
+    cli: subprocess.Popen[bytes] | None = None
+    background: BashProcess | None = None
+    if other == "executor":
+        background = await _start(make_executor(mode="workspace-write"), plant, wt)
+    else:
+        cli = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "bash_sandbox.cli", "run", "--backend", backend),
+                *("--mode", "workspace-write", "--workspace", str(workspace)),
+                *("--", f"cd wt && {plant}"),
+            ],
+            env={**os.environ, **GIT_ENV, "BASH_SANDBOX_DAEMON": "0"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    try:
+        await _until(planted)
+        ex = make_executor(mode="workspace-write")
+        result = await _run(ex, _evil(store, wt / "x", marker), wt)
+        assert result.exit_code == 0, result.stderr.text
+    finally:
+        go.touch()
+        if background is not None:
+            await background.wait()
+        if cli is not None:
+            cli.wait(timeout=60)
+    assert not (wt / "x" / ".git").exists()  # removed by its own executor as it settled
+    _outside_unchanged(main, head, index, store, marker)
