@@ -42,6 +42,7 @@ from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.facts import collect_hints, derive_facts_flags, summarize
 from bash_sandbox.git_plane import MergeReport, merge_back
 from bash_sandbox.git_spawn import GitInspection, settle_git, unlink_worktree_links
+from bash_sandbox.link_restore import put_back
 from bash_sandbox.linux.binaries import host_git
 from bash_sandbox.linux.child_setup import ChildSetup
 from bash_sandbox.linux.compiled_launcher import compiled_launcher
@@ -132,6 +133,7 @@ class ConfinedSpawn(SpawnScope):
         self._early: list[_Idempotent] = []
         # (target, this spawn's file bound there, its content as made): `HostView.file_binds`.
         self._stand_ins: list[tuple[str, str, bytes | None]] = []
+        self._links: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     async def open(
@@ -285,6 +287,7 @@ class ConfinedSpawn(SpawnScope):
         for overlay in view.overlays:
             self._stack.callback(self._services.recycle_upper, overlay)
         self.overlays = view.overlays
+        self._links = view.links
         return view
 
     def _watch_covers(self, view: HostView) -> HostView:
@@ -561,6 +564,10 @@ class ConfinedSpawn(SpawnScope):
                 os.path.join(os.path.dirname(overlay.gitdir), p) for p in report.new_gitlinks
             ]
             self.warnings += [f"git: not copied back: {c}" for c in report.conflicts]
+        for path, value in self._links:
+            done = put_back(path, value)
+            if done is not None:
+                self.warnings.append(f"home: {done} (a home name leads through it)")
         unlinked = unlink_worktree_links(tuple(o.gitdir for o in self.overlays), roots)
         if unlinked:
             self.warnings.append(

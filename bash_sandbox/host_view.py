@@ -40,6 +40,7 @@ from bash_sandbox.git_spawn import (
     inspect_git,
     linked_worktree_dirs,
 )
+from bash_sandbox.link_restore import snapshot_links
 from bash_sandbox.placeholder_linger import LingeringPlaceholders
 from bash_sandbox.placeholder_stash import STASH_DIR
 from bash_sandbox.placeholders import Placeholders
@@ -308,6 +309,9 @@ class HostSurvey:
             partial=tuple(partial),
             watched=tuple(dict.fromkeys(watched)),
             file_binds=self._excludes(overlays, held),
+            links=snapshot_links(
+                [c.path for c in git.chain if not c.covered and within_any(c.path, roots)]
+            ),
         )
         return view
 
@@ -343,10 +347,12 @@ class HostSurvey:
         inside a root (or its first missing directory), as protected names are held: a
         mount point, so `mv` onto it fails (EBUSY) and nothing is made below it. (dirs,
         files) to cover unreadable. One inside a name ``covered`` (denied, or read-only) or
-        a placeholder held already needs none; a file placeholder reads as empty to host
-        tools. An empty directory on its way may be another command's placeholder for it
-        (`~/.composer` for `.composer/auth.json`): held instead when the ledger knows it, so
-        that command's end cannot remove it under this one."""
+        a placeholder held already needs none. Always a directory: git never shows an empty
+        one (an empty file was `?? .env` in the host's `git status`, which `git add -A`
+        tracked, a later secret one commit away; a red team's). An empty directory on its
+        way may be another command's placeholder for it (`~/.composer` for
+        `.composer/auth.json`): held instead when the ledger knows it, so that command's end
+        cannot remove it under this one."""
         wanted: dict[str, bool] = {}
         maybe: dict[str, tuple[str, bool]] = {}  # an empty parent -> the name to hold else
         hidden = {*covered, *held}
@@ -363,9 +369,9 @@ class HostSurvey:
                 continue
             parent = os.path.dirname(first)
             if parent != root and _empty_directory(parent):
-                maybe.setdefault(parent, (first, first != path))
+                maybe.setdefault(parent, (first, True))
             else:
-                wanted.setdefault(first, first != path)
+                wanted.setdefault(first, True)
         if not wanted and not maybe:
             return (), ()
         got = self._placeholders.acquire_all([*wanted.items(), *((p, True) for p in maybe)])

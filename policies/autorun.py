@@ -176,16 +176,38 @@ HOME_PATHS: MappingProxyType[str, HomePath] = MappingProxyType(
                                      "profiles"),
         ".gnupg/gpg-agent.conf": HomePath(False, False, "gpg-agent runs the programs it "
                                           "names"),
-        ".yarnrc": HomePath(False, False, "yarn takes its options from it"),
-        ".yarnrc.yml": HomePath(False, False, "yarn runs the yarnPath it names"),
-        ".condarc": HomePath(False, False, "conda installs from the channels it names"),
+        ".yarnrc": HomePath(False, True, "yarn runs the yarn-path it names"),
+        ".yarnrc.yml": HomePath(False, True, "yarn runs the yarnPath it names"),
+        ".condarc": HomePath(False, True, "conda installs from the channels it names"),
         ".pip": HomePath(True, False, "pip installs from the indexes its config names"),
-        ".pydistutils.cfg": HomePath(False, False, "Python's build tools take options "
+        ".pydistutils.cfg": HomePath(False, True, "Python's build tools take options "
                                      "from it"),
-        ".xinitrc": HomePath(False, False, "the X session runs it"),
-        ".xprofile": HomePath(False, False, "the X session runs it"),
-        ".xsession": HomePath(False, False, "the X session runs it"),
-        ".xsessionrc": HomePath(False, False, "the X session runs it"),
+        ".xinitrc": HomePath(False, True, "the X session runs it"),
+        ".xprofile": HomePath(False, True, "the X session runs it"),
+        ".xsession": HomePath(False, True, "the X session runs it"),
+        ".xsessionrc": HomePath(False, True, "the X session runs it"),
+        ".Xresources": HomePath(False, True, "the X session loads it (xterm's commands)"),
+        ".xbindkeysrc": HomePath(False, True, "xbindkeys runs the commands it binds"),
+        ".bash_completion": HomePath(False, True, "bash-completion sources it in every "
+                                     "interactive shell"),
+        ".perldb": HomePath(False, True, "perl -d runs it"),
+        ".pryrc": HomePath(False, True, "pry runs it"),
+        ".octaverc": HomePath(False, True, "Octave runs it"),
+        ".sbclrc": HomePath(False, True, "SBCL runs it"),
+        ".guile": HomePath(False, True, "Guile runs it"),
+        ".muttrc": HomePath(False, True, "mutt runs the commands it names"),
+        ".zcompdump": HomePath(False, False, "zsh's compinit sources it"),
+        ".p10k.zsh": HomePath(False, False, "the user's .zshrc sources it"),
+        ".fzf.bash": HomePath(False, False, "the user's .bashrc sources it"),
+        ".fzf.zsh": HomePath(False, False, "the user's .zshrc sources it"),
+        ".oh-my-zsh": HomePath(True, False, "the user's .zshrc sources its plugins"),
+        "miniconda3": HomePath(True, False, _RUNS_ON_PATH),
+        "anaconda3": HomePath(True, False, _RUNS_ON_PATH),
+        "miniforge3": HomePath(True, False, _RUNS_ON_PATH),
+        ".ghcup": HomePath(True, False, _RUNS_ON_PATH),
+        ".krew": HomePath(True, False, _RUNS_ON_PATH),
+        ".dotnet": HomePath(True, False, _RUNS_ON_PATH),
+        ".opam": HomePath(True, False, "the user's shell sources its opam-init"),
         ".docker": HomePath(True, True, "docker runs the credential helpers its config "
                             "names"),
         ".kube": HomePath(True, True, "kubectl runs the exec plugins its config names"),
@@ -297,8 +319,11 @@ def _home_paths(
     # where it holds a root or lies in one (root's executor, a workspace in alice's home).
     linked = {**HOME_PATHS, **{n: HomePath(False, False, r) for n, r in SHELL_RC_PATHS.items()}}
     own = os.path.realpath(os.path.expanduser("~"))
-    for home in _homes(os.path.expanduser("~")):
-        if home != own and not any(within(home, r) or within(r, home) for r in roots):
+    # The account's own home too where HOME says otherwise (a harness's temporary HOME):
+    # ssh and sshd read the account's (a red team's stow links there were not followed).
+    owned = {own, *_account_home()}
+    for home in sorted({*_homes(os.path.expanduser("~")), *owned}):
+        if home not in owned and not any(within(home, r) or within(r, home) for r in roots):
             continue  # a service account's home: a lstat of each name there, every spawn
         if _kind(home, kinds) != stat.S_IFDIR:
             continue  # `/nonexistent`
@@ -317,10 +342,55 @@ def _home_paths(
             shown = f"~/{name}" if home == own else os.path.join(home, name)
             why = f"{entry.reason} ({shown} links here)"
             found.setdefault(target, HomePath(entry.is_dir, True, why))
+            # A link on the way that lies in a root (`dotfiles/ssh -> ssh-real`) can be
+            # re-pointed by a command in one rename: named, so the run says it cannot be
+            # covered (a link is no mount point), as a protected name that is a link is.
+            for link in _links_on_way(os.path.join(home, name)):
+                if any(within(link, r) and link != r for r in roots):
+                    found.setdefault(link, HomePath(entry.is_dir, True, why))
     # Below a broad entry that is always covered (`.config` in a home root): covered with it.
     # (Its ancestors looked up: each name against each held one was 8 ms of a home's spawn.)
     held = {p for p, e in found.items() if e.hold}
     return [(p, e) for p, e in found.items() if not _below(p, held)], followed
+
+
+@functools.cache
+def _account_home() -> tuple[str, ...]:
+    """The real path of this uid's home as its passwd entry names it (none: no entry)."""
+    try:
+        home = pwd.getpwuid(os.geteuid()).pw_dir
+    except KeyError:
+        return ()
+    return (os.path.realpath(home),) if home not in ("", "/") else ()
+
+
+def _links_on_way(path: str, limit: int = 40) -> list[str]:
+    """Every symbolic link resolving ``path`` goes through, in order (as `realpath` walks
+    it; at most ``limit``): the links whose re-pointing changes where it leads."""
+    found: list[str] = []
+    pending = [p for p in path.split("/") if p]
+    current = "/"
+    while pending and len(found) < limit:
+        part = pending.pop(0)
+        if part in (".", ""):
+            continue
+        candidate = os.path.dirname(current) if part == ".." else os.path.join(current, part)
+        try:
+            is_link = stat.S_ISLNK(os.lstat(candidate).st_mode)
+        except OSError:
+            return found  # missing from here on: nothing more to follow
+        if not is_link:
+            current = candidate
+            continue
+        found.append(candidate)
+        try:
+            value = os.readlink(candidate)
+        except OSError:
+            return found
+        if value.startswith("/"):
+            current = "/"
+        pending[:0] = [p for p in value.split("/") if p]
+    return found
 
 
 def _below(path: str, tops: set[str]) -> bool:

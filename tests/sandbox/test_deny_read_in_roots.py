@@ -42,17 +42,20 @@ async def test_a_missing_denied_name_in_a_root_cannot_be_made_or_read(
     assert not os.path.lexists(creds) and not os.path.lexists(key)
     assert not os.path.lexists(workspace / "keys")
     # Held while the command runs: what the host writes there meanwhile stays unreadable.
-    loop = "for i in $(seq 100); do cat creds 2>/dev/null >> loot; sleep 0.01; done; echo ok"
+    # A directory, as git never shows an empty one: an empty file there was `?? creds` in
+    # the host's `git status`, and `git add -A` tracked it (a later secret one commit away).
+    loop = "for i in $(seq 100); do cat creds/k 2>/dev/null >> loot; sleep 0.01; done; echo ok"
     proc = await ex.start(ex.resolve(BashExecRequest(command=loop, workdir=str(workspace))))
     for _ in range(200):
         if creds.exists():
             break
         await asyncio.sleep(0.01)
-    creds.write_text("TOPSECRET\n")  # the host's own file now (no longer a placeholder)
+    assert creds.is_dir() and os.listdir(creds) == []
+    (creds / "k").write_text("TOPSECRET\n")  # the host's own file (no longer a placeholder)
     await proc.wait()
     loot = workspace / "loot"
     assert "TOPSECRET" not in (loot.read_text() if loot.exists() else "")
-    assert creds.read_text() == "TOPSECRET\n"
+    assert (creds / "k").read_text() == "TOPSECRET\n"
 
 
 async def test_a_denied_link_above_the_workspace_hides_its_target_inside(

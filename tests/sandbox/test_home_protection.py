@@ -220,7 +220,10 @@ async def test_a_home_workspace_cannot_plant_what_more_host_tools_run(
     marker = tmp_path / "ran"
     ex = make_executor(mode="workspace-write", workspace_root=str(home))
     names = (".exrc", ".gvimrc", ".emacs.el", ".mavenrc", ".lldbinit", ".screenrc", ".irbrc",
-             ".ghci", ".terraformrc")  # fmt: skip
+             ".ghci", ".terraformrc",
+             # round 4: bash-completion, perl -d, the X session, yarn's yarn-path
+             ".bash_completion", ".perldb", ".xsessionrc", ".xprofile", ".yarnrc",
+             ".pydistutils.cfg", ".pryrc", ".muttrc")  # fmt: skip
     files = " ".join(f"echo '!touch {marker}' > {n};" for n in names)
     dirs = (".ssh", ".gnupg", ".cargo", ".bashrc.d", ".m2", "go", ".terraform.d", ".mozilla",
             ".pki", ".emacs.d", ".julia")  # fmt: skip
@@ -281,3 +284,69 @@ async def test_a_home_name_behind_a_linked_directory_is_protected_at_its_target(
     assert (dotfiles / "nvim" / "init.lua").read_text() == "-- mine\n"
     found = dict(home_paths((str(dotfiles),)))
     assert str(dotfiles / "ssh") in found and str(dotfiles / "nvim" / "init.lua") in found
+
+
+async def test_a_link_in_the_root_a_home_name_leads_through_is_put_back(
+    make_executor: ExecutorFactory, home: Path, tmp_path: Path
+) -> None:
+    # `~/.ssh -> dotfiles/ssh`, and `dotfiles/ssh -> ssh-real` a link inside the workspace:
+    # no mount can hold a link, so a command re-pointed it (`mv -T ssh.new ssh`) at a
+    # directory of its own, and host ssh ran its `Match exec` (red team round 4). The run
+    # says `partial`, and the link is put back as it was after the command.
+    dotfiles = home / "dotfiles"
+    (dotfiles / "ssh-real").mkdir(parents=True)
+    (dotfiles / "ssh-real" / "config").write_text("Host x\n")
+    (dotfiles / "ssh").symlink_to("ssh-real")
+    (home / ".ssh").symlink_to("dotfiles/ssh")
+    marker = tmp_path / "ran"
+    ex = make_executor(mode="workspace-write", workspace_root=str(dotfiles))
+    result = await _run(
+        ex,
+        f"mkdir evil && printf 'Match exec \"touch {marker}\"\\n' > evil/config"
+        " && ln -sfn evil ssh.new && mv -T ssh.new ssh",
+        dotfiles,
+    )
+    assert result.sandbox is not None
+    assert result.sandbox.enforcement == "partial"
+    assert os.readlink(dotfiles / "ssh") == "ssh-real"  # put back
+    assert (home / ".ssh" / "config").read_text() == "Host x\n"  # what host ssh reads
+    assert any("put back the link" in w for w in result.sandbox.warnings)
+    assert not marker.exists()
+
+
+def test_a_directory_left_where_the_link_was_is_moved_aside_not_followed(tmp_path: Path) -> None:
+    # `rm ssh && mkdir ssh` (the cover watch usually stops the command in between).
+    from bash_sandbox.link_restore import put_back
+
+    (tmp_path / "ssh-real").mkdir()
+    (tmp_path / "ssh").mkdir()
+    (tmp_path / "ssh" / "config").write_text("Match exec x\n")
+    done = put_back(str(tmp_path / "ssh"), "ssh-real")
+    assert done is not None and "put back" in done
+    assert os.readlink(tmp_path / "ssh") == "ssh-real"
+    [aside] = tmp_path.glob("ssh.bash-sandbox-*")
+    assert (aside / "config").read_text() == "Match exec x\n"  # kept, the user's to look at
+    assert put_back(str(tmp_path / "ssh"), "ssh-real") is None  # as it was: nothing to do
+
+
+async def test_the_accounts_own_home_is_followed_where_home_says_otherwise(
+    make_executor: ExecutorFactory, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A harness's temporary HOME: the account's home (its passwd entry, what ssh and sshd
+    # read) holds `~/.ssh -> dotfiles/ssh` into the workspace, and was not followed.
+    from policies import autorun
+
+    dotfiles = home / "dotfiles"
+    (dotfiles / "ssh").mkdir(parents=True)
+    (dotfiles / "ssh" / "config").write_text("Host x\n")
+    (home / ".ssh").symlink_to("dotfiles/ssh")
+    monkeypatch.setattr(autorun, "_account_home", lambda: (str(home),))
+    monkeypatch.setattr(autorun, "_KEPT", {})
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    (tmp_path / "elsewhere").mkdir()
+    ex = make_executor(mode="workspace-write", workspace_root=str(dotfiles))
+    result = await _run(ex, "echo 'Match exec x' >> ssh/config; echo '' > ssh/rc", dotfiles)
+    assert result.sandbox is not None
+    assert (dotfiles / "ssh" / "config").read_text() == "Host x\n"
+    assert not (dotfiles / "ssh" / "rc").exists()
+    assert any("~/.ssh" in r or ".ssh links here" in r for r in _reasons(result)), _reasons(result)
