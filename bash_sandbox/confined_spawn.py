@@ -133,7 +133,7 @@ class ConfinedSpawn(SpawnScope):
         self._early: list[_Idempotent] = []
         # (target, this spawn's file bound there, its content as made): `HostView.file_binds`.
         self._stand_ins: list[tuple[str, str, bytes | None]] = []
-        self._links: tuple[tuple[str, str], ...] = ()
+        self._links: tuple[tuple[str, str, str], ...] = ()
 
     @classmethod
     async def open(
@@ -277,9 +277,11 @@ class ConfinedSpawn(SpawnScope):
         """The host as it is now: overlays, placeholders, shadows, covers (`host_view.py`)."""
         survey = self._services.survey
         self.started_ns = time.time_ns()
-        view, held, self._git = survey.take(self.policy, self.backend.mounts, self._user_policy)
+        view, held, self._git, token = survey.take(
+            self.policy, self.backend.mounts, self._user_policy
+        )
         # Once the stack closes: after the copy-back settled what the command left.
-        self._stack.callback(survey.settled)
+        self._stack.callback(survey.settled, token)
         self._stack.callback(self._early_release(functools.partial(survey.release, held)))
         for target, source in view.file_binds:  # this spawn's files (`HostView.file_binds`)
             self._stack.callback(_unlink_quietly, source)
@@ -564,8 +566,8 @@ class ConfinedSpawn(SpawnScope):
                 os.path.join(os.path.dirname(overlay.gitdir), p) for p in report.new_gitlinks
             ]
             self.warnings += [f"git: not copied back: {c}" for c in report.conflicts]
-        for path, value in self._links:
-            done = put_back(path, value)
+        for root, path, value in self._links:
+            done = put_back(root, path, value)
             if done is not None:
                 self.warnings.append(f"home: {done} (a home name leads through it)")
         unlinked = unlink_worktree_links(tuple(o.gitdir for o in self.overlays), roots)

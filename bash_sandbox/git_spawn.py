@@ -57,12 +57,11 @@ class GitInspection:
         return {c.path: c.reason for c in self.chain if c.covered}
 
     def pins(self, roots: tuple[str, ...]) -> tuple[str, ...]:
-        """Real directories between a root and each covered chain path: renaming one would
-        carry the cover away and let the command put its own file at the old path."""
+        """Real directories between a root and each chain path: renaming one would carry a
+        cover away and let the command put its own file at the old path, or swap a link a
+        home name leads through (uncovered: no mount holds a link) along with its directory."""
         pins: dict[str, None] = {}
         for c in self.chain:
-            if not c.covered:
-                continue
             root = next((r for r in roots if within(c.path, r)), None)
             if root is None:
                 continue

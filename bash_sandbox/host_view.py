@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import replace
 
-from bash_sandbox import git_import
+from bash_sandbox import git_import, running_spawns
 from bash_sandbox.backends.mount_plan import (
     Shadow,
     _first_missing,
@@ -47,7 +47,7 @@ from bash_sandbox.placeholders import Placeholders
 from bash_sandbox.safe_read import read_regular
 from bash_sandbox.state import ExecutorState
 from bash_sandbox.view import GitOverlay, HostView
-from policies import SandboxPolicy, host_secrets
+from policies import SandboxMode, SandboxPolicy, host_secrets
 from policies.autorun import UNPROTECT_KEY, home_paths
 from policies.paths import within, within_any
 
@@ -96,10 +96,11 @@ class HostSurvey:
         self._running_lock = threading.Lock()
         self._quiet_dotgits: dict[str, tuple[str, str | None]] = {}
 
-    def settled(self) -> None:
+    def settled(self, token: int) -> None:
         """A spawn `take` surveyed is over and its `.git` entries settled (`settle_git`)."""
         with self._running_lock:
             self._running -= 1
+        running_spawns.end(token)
 
     def release(self, held: tuple[str, ...]) -> None:
         """Give back the host placeholders one survey acquired."""
@@ -131,22 +132,25 @@ class HostSurvey:
 
     def take(
         self, policy: SandboxPolicy, mounts: bool, user_policy: SandboxPolicy
-    ) -> tuple[HostView, tuple[str, ...], GitInspection | None]:
+    ) -> tuple[HostView, tuple[str, ...], GitInspection | None, int]:
         """See `_take`; placeholders acquired before a failure are given back. The git
         inspection (None without mounts: nothing is overlaid) is what `settle_git` reads.
-        Call `settled` once the spawn's command is over and settled."""
+        Call `settled` with the token once the spawn's command is over and settled."""
         held: list[str] = []
         found: list[GitInspection] = []
         with self._running_lock:
             quiet = self._running == 0
             self._running += 1
+        # What a command could plant in: a read-only one plants nothing.
+        writes = mounts and policy.mode is SandboxMode.WORKSPACE_WRITE
+        token = running_spawns.begin(id(self), policy.all_writable_roots() if writes else ())
         try:
             view = self._take(policy, mounts, user_policy, held, found, quiet=quiet)
         except BaseException:
             self.release(tuple(held))
-            self.settled()
+            self.settled(token)
             raise
-        return view, tuple(held), found[0] if found else None
+        return view, tuple(held), found[0] if found else None, token
 
     def _take(
         self,
@@ -309,9 +313,7 @@ class HostSurvey:
             partial=tuple(partial),
             watched=tuple(dict.fromkeys(watched)),
             file_binds=self._excludes(overlays, held),
-            links=snapshot_links(
-                [c.path for c in git.chain if not c.covered and within_any(c.path, roots)]
-            ),
+            links=snapshot_links([c.path for c in git.chain if not c.covered], roots),
         )
         return view
 
@@ -322,11 +324,13 @@ class HostSurvey:
         with no command of this executor running, all (a finished one's plant was removed
         when it settled), remembered; while one runs, only those a quiet survey found
         leading where they lead now (what it plants meanwhile is not settled yet). Nor is a
-        survey quiet while another executor of this uid has a command in these roots (it
-        holds placeholders there): that command's plant is that executor's to remove, and
-        this one's import wrote an outside checkout through it (a red team's)."""
+        survey quiet while another executor of this uid has a command running over a root
+        that holds or lies in these (`running_spawns`): that command's plant is that
+        executor's to remove, and this one's import wrote an outside checkout through it
+        (a red team's: another executor, a CLI process, one whose workspace was a
+        sub-directory, one with another `TMPDIR`)."""
         if quiet and any(e.kind != "dir" for e in entries):
-            quiet = not self._placeholders.others_within(roots)
+            quiet = not running_spawns.others_over(id(self), roots)
         if not quiet:
             return tuple(
                 e for e in entries if self._quiet_dotgits.get(e.path) == (e.kind, e.target)

@@ -4,9 +4,12 @@ A home name can reach a root through a link that lies *in* the root (a dotfiles 
 `~/.ssh -> dotfiles/ssh`, `dotfiles/ssh -> ssh-real`, the workspace `~/dotfiles`). No mount
 can hold a link (a mount point is never a link), so a command can re-point it in one rename,
 and host ssh then reads the command's directory as `~/.ssh` (a red team's). The run says so
-(`partial`), the cover watch stops the command when it happens, and after the command each
-such link is put back as the spawn found it: whatever the command left there is moved aside
-beside it (never deleted: it may hold the user's work), never followed.
+(`partial`), the real directories between the root and the link are pinned (a command
+swapped one for a link out of the roots, and the put-back wrote there: a red team's), the
+cover watch stops the command when the link changes, and after the command each such link is
+put back as the spawn found it, reached from its root one directory at a time, never through
+a link: whatever the command left there is moved aside beside it (never deleted: it may hold
+the user's work).
 """
 
 from __future__ import annotations
@@ -16,24 +19,47 @@ import os
 import secrets
 import stat
 
+from policies.paths import within
 
-def snapshot_links(paths: list[str]) -> tuple[tuple[str, str], ...]:
-    """(path, target) of each of ``paths`` that is a symbolic link now."""
-    found: list[tuple[str, str]] = []
+
+def snapshot_links(paths: list[str], roots: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+    """(root, path, target) of each of ``paths`` that is a symbolic link in a root now."""
+    found: list[tuple[str, str, str]] = []
     for path in paths:
+        root = next((r for r in roots if within(path, r) and path != r), None)
+        if root is None:
+            continue
         with contextlib.suppress(OSError):
-            found.append((path, os.readlink(path)))
+            found.append((root, path, os.readlink(path)))
     return tuple(found)
 
 
-def put_back(path: str, value: str) -> str | None:
-    """Make ``path`` the link to ``value`` it was, if the command changed it; a warning
-    naming what was done, or None (unchanged, or it could not be done: then named too)."""
+def _open_below(root: str, directory: str) -> int:
+    """``directory`` opened from ``root`` one component at a time, following no link (a
+    command swapped a directory on the way for a link out of the roots: a red team's)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        rel = os.path.relpath(directory, root)
+        for part in [] if rel == "." else rel.split("/"):
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            below = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = below
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def put_back(root: str, path: str, value: str) -> str | None:
+    """Make ``path`` (in ``root``) the link to ``value`` it was, if the command changed it;
+    a warning naming what was done, or None (unchanged). Never through a link: a directory
+    on the way that is no longer a directory is named, and nothing is done."""
     directory, name = os.path.split(path)
     try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dir_fd = _open_below(root, directory)
     except OSError as exc:
-        return f"could not put back the link {path} (its directory: {exc.strerror})"
+        return f"could not put back the link {path} (a directory on its way: {exc.strerror})"
     try:
         try:
             st: os.stat_result | None = os.lstat(name, dir_fd=dir_fd)
@@ -53,9 +79,9 @@ def put_back(path: str, value: str) -> str | None:
         tmp = f".{name}.bash-sandbox-{secrets.token_hex(4)}"
         os.symlink(value, tmp, dir_fd=dir_fd)
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        moved = (
-            f"; what the command put there is at {os.path.join(directory, aside)}" if aside else ""
-        )
+        moved = ""
+        if aside:
+            moved = f"; what the command put there is at {os.path.join(directory, aside)}"
         return f"put back the link {path} -> {value} the command changed{moved}"
     except OSError as exc:
         return f"could not put back the link {path} -> {value}: {exc.strerror}"

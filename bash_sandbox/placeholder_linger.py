@@ -30,16 +30,10 @@ import asyncio
 import os
 import threading
 import time
-import weakref
 from collections import Counter
 from collections.abc import Iterable
 
 from bash_sandbox.placeholders import Placeholders
-from policies.paths import within_any
-
-# Every executor's holds in this process (`others_within`).
-_LIVE: weakref.WeakSet[LingeringPlaceholders] = weakref.WeakSet()
-_LIVE_LOCK = threading.Lock()
 
 
 class LingeringPlaceholders:
@@ -59,8 +53,6 @@ class LingeringPlaceholders:
         self._idle: dict[str, float] = {}  # path -> when its last spawn let it go
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
-        with _LIVE_LOCK:
-            _LIVE.add(self)
 
     def acquire_all(self, wanted: Iterable[tuple[str, bool]]) -> list[str]:
         """`Placeholders.acquire_all`; a path this executor holds already (for another
@@ -107,18 +99,6 @@ class LingeringPlaceholders:
             self._expire(keep=set())
             if self._idle:
                 self._schedule()
-
-    def others_within(self, roots: tuple[str, ...]) -> bool:
-        """Whether another executor has a command in ``roots`` now: one of this process
-        holding a path there for a running spawn, or another process's
-        (`Placeholders.others_within`; the ledger names processes, not executors)."""
-        with _LIVE_LOCK:
-            others = [holds for holds in _LIVE if holds is not self]
-        for holds in others:
-            with holds._lock:
-                if any(within_any(path, roots) for path in holds._users):
-                    return True
-        return self._inner.others_within(roots)
 
     def let_go(self) -> None:
         """Release the lingering directories now (no command of this executor holds them)."""

@@ -33,7 +33,6 @@ from collections.abc import Iterable, Iterator
 
 from bash_local.userdir import user_base_dir
 from bash_sandbox.placeholder_stash import Stash
-from policies.paths import within_any
 
 _LEDGER = "placeholders.json"
 # A ledger shrinks by padding up to this much (or its new size), beyond it by a truncate: a
@@ -294,19 +293,6 @@ class Placeholders:
                 ledger.flush()
                 raise failure
         return held
-
-    def others_within(self, roots: tuple[str, ...]) -> bool:
-        """Whether a live executor other than this one holds a placeholder inside ``roots``:
-        a command of its may be running there (a workspace-write command holds one for each
-        auto-run name missing in its roots)."""
-        try:
-            with _ledger(self._base, create=False, me=self._me) as ledger:
-                return any(
-                    within_any(path, roots) and any(h != self._me for h in ledger.holders(e))
-                    for path, e in ledger.entries.items()
-                )
-        except OSError:
-            return False  # no ledger yet: no executor of this uid ever held one
 
     def release(self, path: str) -> None:
         """Stop holding ``path``; remove it when nobody does and it is still untouched."""

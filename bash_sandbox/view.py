@@ -79,5 +79,5 @@ class HostView:
     partial: tuple[str, ...] = field(default=(), compare=False)  # why enforcement is partial
     # Names covered where they lie (or missing there): a host change ends their cover.
     watched: tuple[str, ...] = field(default=(), compare=False)
-    # (path, target): links in a root a host name leads through, put back after the command.
-    links: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    # (root, path, target): links in a root a host name leads through, put back after.
+    links: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)

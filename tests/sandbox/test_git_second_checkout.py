@@ -173,7 +173,9 @@ async def test_the_users_separate_git_dir_checkout_in_the_root_takes_commits_whi
     assert (main / ".git").read_text() == f"gitdir: {store}\n"
 
 
-@pytest.mark.parametrize("other", ["executor", "process"])
+@pytest.mark.parametrize(
+    "other", ["executor", "process", "executor on a sub-directory", "process with its own TMPDIR"]
+)
 async def test_a_gitfile_another_executors_running_command_plants_is_no_checkout(
     other: str, backend: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
 ) -> None:
@@ -192,7 +194,9 @@ async def test_a_gitfile_another_executors_running_command_plants_is_no_checkout
     )
     cli: subprocess.Popen[bytes] | None = None
     background: BashProcess | None = None
-    if other == "executor":
+    own_tmp = tmp_path / "own-tmp"
+    own_tmp.mkdir()
+    if other.startswith("executor"):
         background = await _start(make_executor(mode="workspace-write"), plant, wt)
     else:
         cli = subprocess.Popen(
@@ -201,13 +205,20 @@ async def test_a_gitfile_another_executors_running_command_plants_is_no_checkout
                 *("--mode", "workspace-write", "--workspace", str(workspace)),
                 *("--", f"cd wt && {plant}"),
             ],
-            env={**os.environ, **GIT_ENV, "BASH_SANDBOX_DAEMON": "0"},
+            env={
+                **os.environ,
+                **GIT_ENV,
+                "BASH_SANDBOX_DAEMON": "0",
+                **({"TMPDIR": str(own_tmp)} if "TMPDIR" in other else {}),
+            },
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
     try:
         await _until(planted)
-        ex = make_executor(mode="workspace-write")
+        # The committing executor's workspace is the worktree itself, below the planter's.
+        root = {"workspace_root": str(wt)} if "sub-directory" in other else {}
+        ex = make_executor(mode="workspace-write", **root)
         result = await _run(ex, _evil(store, wt / "x", marker), wt)
         assert result.exit_code == 0, result.stderr.text
     finally:

@@ -321,12 +321,12 @@ def test_a_directory_left_where_the_link_was_is_moved_aside_not_followed(tmp_pat
     (tmp_path / "ssh-real").mkdir()
     (tmp_path / "ssh").mkdir()
     (tmp_path / "ssh" / "config").write_text("Match exec x\n")
-    done = put_back(str(tmp_path / "ssh"), "ssh-real")
+    done = put_back(str(tmp_path), str(tmp_path / "ssh"), "ssh-real")
     assert done is not None and "put back" in done
     assert os.readlink(tmp_path / "ssh") == "ssh-real"
     [aside] = tmp_path.glob("ssh.bash-sandbox-*")
     assert (aside / "config").read_text() == "Match exec x\n"  # kept, the user's to look at
-    assert put_back(str(tmp_path / "ssh"), "ssh-real") is None  # as it was: nothing to do
+    assert put_back(str(tmp_path), str(tmp_path / "ssh"), "ssh-real") is None  # as it was
 
 
 async def test_the_accounts_own_home_is_followed_where_home_says_otherwise(
@@ -350,3 +350,55 @@ async def test_the_accounts_own_home_is_followed_where_home_says_otherwise(
     assert (dotfiles / "ssh" / "config").read_text() == "Host x\n"
     assert not (dotfiles / "ssh" / "rc").exists()
     assert any("~/.ssh" in r or ".ssh links here" in r for r in _reasons(result)), _reasons(result)
+
+
+_EXCHANGE = (
+    "python3 -c 'import ctypes, os, sys; libc = ctypes.CDLL(None, use_errno=True);"
+    ' sys.exit(libc.renameat2(-100, b"a", -100, b"a.new", 2) and'
+    " os.strerror(ctypes.get_errno()))'"
+)
+
+
+async def test_a_directory_on_the_way_to_a_link_cannot_be_swapped_for_a_link_out(
+    make_executor: ExecutorFactory, home: Path, tmp_path: Path
+) -> None:
+    # `~/.ssh -> dotfiles/a/b/ssh`, `dotfiles/a/b/ssh -> ../../ssh-real`: a command swapped
+    # `a` for a link (one `renameat2` exchange) to a directory outside every root, and the
+    # put-back, following it, renamed and replaced the user's files there; or to a copy of
+    # its own whose `b/ssh` link was unchanged, and host ssh then read its config (red team
+    # round 5). The directories on the way are pinned; the put-back follows no link.
+    dotfiles = home / "dotfiles"
+    (dotfiles / "a" / "b").mkdir(parents=True)
+    (dotfiles / "ssh-real").mkdir()
+    (dotfiles / "ssh-real" / "config").write_text("Host x\n")
+    (dotfiles / "a" / "b" / "ssh").symlink_to("../../ssh-real")
+    (home / ".ssh").symlink_to("dotfiles/a/b/ssh")
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (outside / "b" / "ssh").write_text("the user's own file\n")
+    ex = make_executor(mode="workspace-write", workspace_root=str(dotfiles))
+    evil = (
+        "mkdir -p evil/x/b evil/ssh-real && ln -s ../../ssh-real evil/x/b/ssh"
+        " && echo 'Match exec x' > evil/ssh-real/config"
+    )
+    for target in (str(outside), "evil/x"):
+        result = await _run(ex, f"{evil}; ln -sfn {target} a.new && {_EXCHANGE}", dotfiles)
+        assert result.sandbox is not None and result.sandbox.enforcement == "partial"
+        assert (dotfiles / "a").is_dir() and not (dotfiles / "a").is_symlink()
+        assert (home / ".ssh" / "config").read_text() == "Host x\n"  # what host ssh reads
+    assert (outside / "b" / "ssh").read_text() == "the user's own file\n"
+    assert os.listdir(outside / "b") == ["ssh"]
+
+
+def test_the_put_back_follows_no_link_on_its_way(tmp_path: Path) -> None:
+    from bash_sandbox.link_restore import put_back
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (outside / "b" / "ssh").write_text("the user's own file\n")
+    root.mkdir()
+    (root / "a").symlink_to(outside)  # a directory on the way, swapped for a link out
+    done = put_back(str(root), str(root / "a" / "b" / "ssh"), "../../ssh-real")
+    assert done is not None and "could not put back" in done
+    assert (outside / "b" / "ssh").read_text() == "the user's own file\n"
+    assert os.listdir(outside / "b") == ["ssh"]
