@@ -26,9 +26,15 @@ _here: dict[int, tuple[int, tuple[str, ...]]] = {}  # token -> (owner, roots)
 _tokens = itertools.count(1)
 
 
+_me: dict[int, str] = {}  # pid -> `pid:starttime` (a forked child is asked afresh)
+
+
 def _process() -> str:
     """This process as `pid:starttime` (a reused pid is another process)."""
-    return f"{os.getpid()}:{_start_time(os.getpid())}"
+    pid = os.getpid()
+    if pid not in _me:
+        _me[pid] = f"{pid}:{_start_time(pid)}"
+    return _me[pid]
 
 
 def _start_time(pid: int) -> str:
