@@ -569,7 +569,7 @@ class ConfinedSpawn(SpawnScope):
         for root, path, value in self._links:
             done = put_back(root, path, value)
             if done is not None:
-                self.warnings.append(f"home: {done} (a home name leads through it)")
+                self.warnings.append(f"{done} (a host tool reads through it)")
         unlinked = unlink_worktree_links(tuple(o.gitdir for o in self.overlays), roots)
         if unlinked:
             self.warnings.append(
