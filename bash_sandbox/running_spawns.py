@@ -13,6 +13,7 @@ recognised as dead) and holding the spawn's roots.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import threading
@@ -21,7 +22,9 @@ from bash_local.userdir import fixed_bases
 from policies.paths import within
 
 _DIR = "running"
+_GENERATION = "generation"  # a count of every record made or removed, in each fixed base
 _lock = threading.Lock()
+_changes = [0]  # this process's records made or removed
 _here: dict[int, tuple[int, tuple[str, ...]]] = {}  # token -> (owner, roots)
 _tokens = itertools.count(1)
 
@@ -50,6 +53,48 @@ def _overlap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return any(within(x, y) or within(y, x) for x in a for y in b)
 
 
+def generation() -> tuple[int, ...]:
+    """A count that moves whenever any spawn of this uid starts or ends: a survey that read
+    the host between two equal ones saw no command start or end meanwhile (one that planted
+    and settled while the survey read, a red team's, changed it)."""
+    counts = [_changes[0]]
+    for base in fixed_bases():
+        try:
+            fd = os.open(os.path.join(base, _DIR, _GENERATION), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            counts.append(-1)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            counts.append(int(os.pread(fd, 32, 0) or b"0"))
+        except (OSError, ValueError):
+            counts.append(-1)
+        finally:
+            os.close(fd)
+    return tuple(counts)
+
+
+def _changed() -> None:
+    """Count one record made or removed (`generation`)."""
+    with _lock:
+        _changes[0] += 1
+    for base in fixed_bases():
+        with contextlib.suppress(OSError, ValueError):
+            directory = os.path.join(base, _DIR)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o700)
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(os.path.join(directory, _GENERATION), flags, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                count = int(os.pread(fd, 32, 0) or b"0") + 1
+                data = str(count).encode()
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+            finally:
+                os.close(fd)
+
+
 def begin(owner: int, roots: tuple[str, ...]) -> int:
     """Record that ``owner`` (an executor's id) has a command running over ``roots``; the
     token to give `end`. A record that cannot be written (a full disk) is only this
@@ -71,15 +116,18 @@ def begin(owner: int, roots: tuple[str, ...]) -> int:
                     os.write(fd, body)
                 finally:
                     os.close(fd)
+        _changed()
     return token
 
 
 def end(token: int) -> None:
     with _lock:
-        _here.pop(token, None)
+        mine = _here.pop(token, None)
     for base in fixed_bases():
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(base, _DIR, f"{_process()}:{token}"))
+    if mine is not None and mine[1]:
+        _changed()
 
 
 def others_over(owner: int, roots: tuple[str, ...]) -> bool:
@@ -97,6 +145,8 @@ def others_over(owner: int, roots: tuple[str, ...]) -> bool:
         except OSError:
             continue
         for name in names:
+            if name == _GENERATION:
+                continue
             pid, _, rest = name.partition(":")
             start, _, _ = rest.partition(":")
             if f"{pid}:{start}" == me or not pid.isdigit():

@@ -9,6 +9,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -228,4 +229,67 @@ async def test_a_gitfile_another_executors_running_command_plants_is_no_checkout
         if cli is not None:
             cli.wait(timeout=60)
     assert not (wt / "x" / ".git").exists()  # removed by its own executor as it settled
+    _outside_unchanged(main, head, index, store, marker)
+
+
+async def test_a_plant_whose_command_settles_while_the_survey_reads_is_not_trusted(
+    backend: str,
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The survey read the `.git` entries (the plant among them), then asked whether another
+    # executor's command ran: by then the planter had settled, its plant and record gone,
+    # and the stale reading was trusted (red team round 6). The record count must not move
+    # between the reading and the question.
+    from bash_local.userdir import fixed_bases
+    from bash_sandbox import running_spawns
+
+    main = tmp_path / "main-checkout"
+    store = _separate(tmp_path, main)
+    wt = workspace / "wt"
+    host_git(main, "worktree", "add", "-q", "-b", "side", str(wt))
+    head, index = host_git(main, "rev-parse", "main").strip(), (store / "index").read_bytes()
+    marker, planted, go = tmp_path / "pwned", workspace / "planted", workspace / "go"
+    plant = (
+        f"mkdir -p x && printf 'gitdir: {store}\\n' > x/.git && touch {planted}"
+        f" && for i in $(seq 400); do [ -e {go} ] && break; sleep 0.05; done"
+    )
+    cli = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "bash_sandbox.cli", "run", "--backend", backend),
+            *("--mode", "workspace-write", "--workspace", str(workspace)),
+            *("--", f"cd wt && {plant}"),
+        ],
+        env={**os.environ, **GIT_ENV, "BASH_SANDBOX_DAEMON": "0"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    real = running_spawns.others_over
+
+    def after_the_planter_settled(owner: int, roots: tuple[str, ...]) -> bool:
+        # The planter ends between this survey's reading and its question.
+        go.touch()
+        for _ in range(600):
+            records = [
+                n
+                for b in fixed_bases()
+                for n in os.listdir(os.path.join(b, "running"))
+                if n.startswith(f"{cli.pid}:")
+            ]
+            if not records:
+                break
+            time.sleep(0.05)
+        return real(owner, roots)
+
+    try:
+        await _until(planted)
+        monkeypatch.setattr(running_spawns, "others_over", after_the_planter_settled)
+        ex = make_executor(mode="workspace-write", workspace_root=str(wt))
+        result = await _run(ex, _evil(store, wt / "x", marker), wt)
+        assert result.exit_code == 0, result.stderr.text
+    finally:
+        go.touch()
+        cli.wait(timeout=60)
     _outside_unchanged(main, head, index, store, marker)

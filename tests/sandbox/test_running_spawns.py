@@ -29,7 +29,7 @@ def test_another_executors_command_over_a_parent_or_a_child_root_is_seen(base: P
     finally:
         running_spawns.end(token)
     assert not running_spawns.others_over(2, ("/w/ws",))
-    assert os.listdir(base / "running") == []
+    assert os.listdir(base / "running") == ["generation"]
 
 
 def test_another_process_is_seen_until_it_ends_and_a_dead_ones_record_is_dropped(
@@ -52,8 +52,18 @@ def test_another_process_is_seen_until_it_ends_and_a_dead_ones_record_is_dropped
         child.kill()
         child.wait(timeout=30)
         assert not running_spawns.others_over(1, ("/w/ws",))
-        assert os.listdir(base / "running") == []  # the dead one's record swept
+        assert os.listdir(base / "running") == ["generation"]  # the dead one's record swept
     finally:
         if child.poll() is None:
             child.kill()
             child.wait(timeout=30)
+
+
+def test_the_generation_moves_with_every_record_made_or_removed(base: Path) -> None:
+    before = running_spawns.generation()
+    token = running_spawns.begin(1, ("/w/ws",))
+    during = running_spawns.generation()
+    running_spawns.end(token)
+    after = running_spawns.generation()
+    assert before != during != after != before
+    assert running_spawns.generation() == after  # asked again: nothing moved
