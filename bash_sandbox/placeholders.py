@@ -41,7 +41,8 @@ _PAD_MAX = 1 << 14
 _LEDGER_MAX = 1 << 22
 
 
-def _process_id(pid: int) -> str:
+def process_id(pid: int) -> str:
+    """``pid`` as `pid:starttime`: a pid reused by another process names another one."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             fields = fh.read().rsplit(b")", 1)[1].split()
@@ -59,7 +60,7 @@ def _alive(holder: str, seen: dict[str, bool]) -> bool:
     known = seen.get(holder)
     if known is None:
         pid, _, _ = holder.partition(":")
-        known = seen[holder] = pid.isdigit() and _process_id(int(pid)) == holder
+        known = seen[holder] = pid.isdigit() and process_id(int(pid)) == holder
     return known
 
 
@@ -220,7 +221,7 @@ class Placeholders:
     def __init__(self, base: str | None = None, stash: str | None = None) -> None:
         """``stash``: a private directory (the executor's state) where released placeholder
         directories wait for the next spawn (`placeholder_stash.py`); None: made and removed."""
-        self._me = _process_id(os.getpid())
+        self._me = process_id(os.getpid())
         self._base = base
         self._stash = stash
         # Whatever a killed executor left: removed before this one makes any of its own.

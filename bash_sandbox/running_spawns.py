@@ -19,6 +19,7 @@ import os
 import threading
 
 from bash_local.userdir import fixed_bases
+from bash_sandbox.placeholders import process_id
 from policies.paths import within
 
 _DIR = "running"
@@ -36,17 +37,8 @@ def _process() -> str:
     """This process as `pid:starttime` (a reused pid is another process)."""
     pid = os.getpid()
     if pid not in _me:
-        _me[pid] = f"{pid}:{_start_time(pid)}"
+        _me[pid] = process_id(pid)
     return _me[pid]
-
-
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        return "gone" if fields[0] in (b"Z", b"X") else fields[19].decode()
-    except (OSError, IndexError):
-        return "?"
 
 
 def _overlap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -152,7 +144,7 @@ def others_over(owner: int, roots: tuple[str, ...]) -> bool:
             if f"{pid}:{start}" == me or not pid.isdigit():
                 continue  # this process's own: in `_here`
             path = os.path.join(directory, name)
-            if _start_time(int(pid)) != start:
+            if process_id(int(pid)) != f"{pid}:{start}":
                 with contextlib.suppress(OSError):
                     os.unlink(path)  # its process died: nothing of it runs
                 continue
