@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,6 +175,49 @@ async def test_the_users_separate_git_dir_checkout_in_the_root_takes_commits_whi
     assert (main / ".git").read_text() == f"gitdir: {store}\n"
 
 
+def _outside_layout(tmp_path: Path, workspace: Path) -> tuple[Path, Path, Path, str, bytes]:
+    """A separate git dir with its main checkout outside the roots and a linked worktree
+    `wt` in the workspace: (main, store, wt, main's tip, the main index's bytes)."""
+    main = tmp_path / "main-checkout"
+    store = _separate(tmp_path, main)
+    wt = workspace / "wt"
+    host_git(main, "worktree", "add", "-q", "-b", "side", str(wt))
+    return (
+        main,
+        store,
+        wt,
+        host_git(main, "rev-parse", "main").strip(),
+        (store / "index").read_bytes(),
+    )
+
+
+def _planting(store: Path, planted: Path, go: Path) -> str:
+    """A command that plants `x/.git` naming ``store``, says so, and waits for ``go``."""
+    return (
+        f"mkdir -p x && printf 'gitdir: {store}\\n' > x/.git && touch {planted}"
+        f" && for i in $(seq 400); do [ -e {go} ] && break; sleep 0.05; done"
+    )
+
+
+def _cli(backend: str, workspace: Path, command: str, tmpdir: Path | None = None) -> Any:
+    """``command`` run by a one-shot `bash-sandbox run` process (another executor)."""
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "bash_sandbox.cli", "run", "--backend", backend),
+            *("--mode", "workspace-write", "--workspace", str(workspace)),
+            *("--", command),
+        ],
+        env={
+            **os.environ,
+            **GIT_ENV,
+            "BASH_SANDBOX_DAEMON": "0",
+            **({"TMPDIR": str(tmpdir)} if tmpdir is not None else {}),
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 @pytest.mark.parametrize(
     "other", ["executor", "process", "executor on a sub-directory", "process with its own TMPDIR"]
 )
@@ -183,16 +227,9 @@ async def test_a_gitfile_another_executors_running_command_plants_is_no_checkout
     # Two harnesses on one workspace (two executors, or the CLI beside a library): the
     # plant of one's running command is that one's to remove, and the other's survey took it
     # for the main checkout: its import wrote the outside checkout (red team round 4).
-    main = tmp_path / "main-checkout"
-    store = _separate(tmp_path, main)
-    wt = workspace / "wt"
-    host_git(main, "worktree", "add", "-q", "-b", "side", str(wt))
-    head, index = host_git(main, "rev-parse", "main").strip(), (store / "index").read_bytes()
+    main, store, wt, head, index = _outside_layout(tmp_path, workspace)
     marker, planted, go = tmp_path / "pwned", workspace / "planted", workspace / "go"
-    plant = (
-        f"mkdir -p x && printf 'gitdir: {store}\\n' > x/.git && touch {planted}"
-        f" && for i in $(seq 400); do [ -e {go} ] && break; sleep 0.05; done"
-    )
+    plant = _planting(store, planted, go)
     cli: subprocess.Popen[bytes] | None = None
     background: BashProcess | None = None
     own_tmp = tmp_path / "own-tmp"
@@ -200,21 +237,8 @@ async def test_a_gitfile_another_executors_running_command_plants_is_no_checkout
     if other.startswith("executor"):
         background = await _start(make_executor(mode="workspace-write"), plant, wt)
     else:
-        cli = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "bash_sandbox.cli", "run", "--backend", backend),
-                *("--mode", "workspace-write", "--workspace", str(workspace)),
-                *("--", f"cd wt && {plant}"),
-            ],
-            env={
-                **os.environ,
-                **GIT_ENV,
-                "BASH_SANDBOX_DAEMON": "0",
-                **({"TMPDIR": str(own_tmp)} if "TMPDIR" in other else {}),
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        tmpdir = own_tmp if "TMPDIR" in other else None
+        cli = _cli(backend, workspace, f"cd wt && {plant}", tmpdir)
     try:
         await _until(planted)
         # The committing executor's workspace is the worktree itself, below the planter's.
@@ -246,26 +270,9 @@ async def test_a_plant_whose_command_settles_while_the_survey_reads_is_not_trust
     from bash_local.userdir import fixed_bases
     from bash_sandbox import running_spawns
 
-    main = tmp_path / "main-checkout"
-    store = _separate(tmp_path, main)
-    wt = workspace / "wt"
-    host_git(main, "worktree", "add", "-q", "-b", "side", str(wt))
-    head, index = host_git(main, "rev-parse", "main").strip(), (store / "index").read_bytes()
+    main, store, wt, head, index = _outside_layout(tmp_path, workspace)
     marker, planted, go = tmp_path / "pwned", workspace / "planted", workspace / "go"
-    plant = (
-        f"mkdir -p x && printf 'gitdir: {store}\\n' > x/.git && touch {planted}"
-        f" && for i in $(seq 400); do [ -e {go} ] && break; sleep 0.05; done"
-    )
-    cli = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "bash_sandbox.cli", "run", "--backend", backend),
-            *("--mode", "workspace-write", "--workspace", str(workspace)),
-            *("--", f"cd wt && {plant}"),
-        ],
-        env={**os.environ, **GIT_ENV, "BASH_SANDBOX_DAEMON": "0"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    cli = _cli(backend, workspace, f"cd wt && {_planting(store, planted, go)}")
     real = running_spawns.others_over
 
     def after_the_planter_settled(owner: int, roots: tuple[str, ...]) -> bool:
