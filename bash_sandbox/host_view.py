@@ -16,6 +16,7 @@ import os
 import secrets
 import stat
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -177,9 +178,9 @@ class HostSurvey:
         private_tmp = True
         tops = tmp_tops((policy.workspace_root, *roots))
         # The user's roots: the sandbox's own cache home has no git dir or protected names.
-        # Before the `.git` entries are read: a command that plants and settles while they
-        # are read moves it (`_trusted_dotgits`).
-        generation = running_spawns.generation()
+        # Before the `.git` entries are read: a command over these roots that ran at any
+        # time since then may have planted one (`_trusted_dotgits`).
+        reading = time.time_ns()
         git = inspect_git(user_policy, known=tuple(self._known_dotgits), search=self.search)
         if user_policy.protect_hook_chain:
             # What an allowed `.envrc` loads is covered as the hook chain is.
@@ -192,7 +193,7 @@ class HostSurvey:
             git = replace(git, chain=(*git.chain, *home))
         found.append(git)
         self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
-        trusted = self._trusted_dotgits(git.discovery.entries, roots, quiet, generation)
+        trusted = self._trusted_dotgits(git.discovery.entries, roots, quiet, reading)
         gitdirs = git.gitdirs
         # A search cut short, a hook chain that cannot be covered: named, and partial.
         partial += git.partial
@@ -325,7 +326,7 @@ class HostSurvey:
         entries: tuple[DotGit, ...],
         roots: tuple[str, ...],
         quiet: bool,
-        generation: tuple[int, ...],
+        reading: int,
     ) -> tuple[DotGit, ...]:
         """The `.git` entries that may make a separate git dir's checkout count as inside:
         with no command of this executor running, all (a finished one's plant was removed
@@ -337,12 +338,9 @@ class HostSurvey:
         (a red team's: another executor, a CLI process, one whose workspace was a
         sub-directory, one with another `TMPDIR`)."""
         if quiet and any(e.kind != "dir" for e in entries):
-            # Nothing running over them now, and nothing started or ended since before the
-            # entries were read (a plant read, then removed with its record: a red team's).
-            quiet = (
-                not running_spawns.others_over(id(self), roots)
-                and running_spawns.generation() == generation
-            )
+            # No other command over them at any time since the entries were read (a plant
+            # read, then removed with its record before this question: a red team's).
+            quiet = not running_spawns.others_over(id(self), roots, reading)
         if not quiet:
             return tuple(
                 e for e in entries if self._quiet_dotgits.get(e.path) == (e.kind, e.target)

@@ -7,29 +7,31 @@ whose workspace is a sub-directory or a parent of this one, one with another `TM
 team's, each). So every spawn is recorded while its command runs: in this process's table,
 and as a file in this uid's fixed bases (`/tmp` and `/var/tmp`, hidden from every command,
 the same for every `TMPDIR`), named after the process (`pid:starttime`, so a killed one's is
-recognised as dead) and holding the spawn's roots.
+recognised as dead) and holding the spawn's roots. An ended spawn's record is kept a minute
+with its end time: a survey asks whether any command ran over its roots *since it began
+reading* (a planter that settled between the reading and the question, plant and record
+gone, let the stale reading stand: a red team's); a command over other roots never counts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import os
 import threading
+import time
 
 from bash_local.userdir import fixed_bases
 from bash_sandbox.placeholders import process_id
 from policies.paths import within
 
 _DIR = "running"
-_GENERATION = "generation"  # a count of every record made or removed, in each fixed base
+_ENDED = "ended"  # an ended record's name: `ended:<end ns>:<the record's name>`
+_KEEP_NS = 60_000_000_000  # how long an ended record answers
 _lock = threading.Lock()
-_changes = [0]  # this process's records made or removed
 _here: dict[int, tuple[int, tuple[str, ...]]] = {}  # token -> (owner, roots)
+_ended: list[tuple[int, int, tuple[str, ...]]] = []  # (end ns, owner, roots), this process
 _tokens = itertools.count(1)
-
-
 _me: dict[int, str] = {}  # pid -> `pid:starttime` (a forked child is asked afresh)
 
 
@@ -43,48 +45,6 @@ def _process() -> str:
 
 def _overlap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return any(within(x, y) or within(y, x) for x in a for y in b)
-
-
-def generation() -> tuple[int, ...]:
-    """A count that moves whenever any spawn of this uid starts or ends: a survey that read
-    the host between two equal ones saw no command start or end meanwhile (one that planted
-    and settled while the survey read, a red team's, changed it)."""
-    counts = [_changes[0]]
-    for base in fixed_bases():
-        try:
-            fd = os.open(os.path.join(base, _DIR, _GENERATION), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            counts.append(-1)
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            counts.append(int(os.pread(fd, 32, 0) or b"0"))
-        except (OSError, ValueError):
-            counts.append(-1)
-        finally:
-            os.close(fd)
-    return tuple(counts)
-
-
-def _changed() -> None:
-    """Count one record made or removed (`generation`)."""
-    with _lock:
-        _changes[0] += 1
-    for base in fixed_bases():
-        with contextlib.suppress(OSError, ValueError):
-            directory = os.path.join(base, _DIR)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(directory, 0o700)
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(os.path.join(directory, _GENERATION), flags, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                count = int(os.pread(fd, 32, 0) or b"0") + 1
-                data = str(count).encode()
-                os.pwrite(fd, data, 0)
-                os.ftruncate(fd, len(data))
-            finally:
-                os.close(fd)
 
 
 def begin(owner: int, roots: tuple[str, ...]) -> int:
@@ -108,25 +68,33 @@ def begin(owner: int, roots: tuple[str, ...]) -> int:
                     os.write(fd, body)
                 finally:
                     os.close(fd)
-        _changed()
     return token
 
 
 def end(token: int) -> None:
+    """The spawn of ``token`` is over: its record is kept a minute as ended."""
+    now = time.time_ns()
     with _lock:
         mine = _here.pop(token, None)
+        if mine is not None:
+            _ended.append((now, *mine))
+    name = f"{_process()}:{token}"
     for base in fixed_bases():
         with contextlib.suppress(OSError):
-            os.unlink(os.path.join(base, _DIR, f"{_process()}:{token}"))
-    if mine is not None and mine[1]:
-        _changed()
+            directory = os.path.join(base, _DIR)
+            os.rename(
+                os.path.join(directory, name), os.path.join(directory, f"{_ENDED}:{now}:{name}")
+            )
 
 
-def others_over(owner: int, roots: tuple[str, ...]) -> bool:
-    """Whether an executor other than ``owner`` has a command running over a root that
-    holds one of ``roots`` or lies in one."""
+def others_over(owner: int, roots: tuple[str, ...], since_ns: int) -> bool:
+    """Whether an executor other than ``owner`` has had a command running over a root that
+    holds one of ``roots`` or lies in one at any time since ``since_ns`` (now included)."""
+    now = time.time_ns()
     with _lock:
+        _ended[:] = [e for e in _ended if e[0] >= now - _KEEP_NS]
         here = [r for o, r in _here.values() if o != owner]
+        here += [r for t, o, r in _ended if o != owner and t >= since_ns]
     if any(_overlap(roots, r) for r in here):
         return True
     me = _process()
@@ -137,26 +105,36 @@ def others_over(owner: int, roots: tuple[str, ...]) -> bool:
         except OSError:
             continue
         for name in names:
-            if name == _GENERATION:
-                continue
-            pid, _, rest = name.partition(":")
-            start, _, _ = rest.partition(":")
-            if f"{pid}:{start}" == me or not pid.isdigit():
-                continue  # this process's own: in `_here`
             path = os.path.join(directory, name)
-            if process_id(int(pid)) != f"{pid}:{start}":
-                with contextlib.suppress(OSError):
-                    os.unlink(path)  # its process died: nothing of it runs
-                continue
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                data = os.read(fd, 1 << 20)
-            finally:
-                os.close(fd)
-            theirs = tuple(os.fsdecode(p) for p in data.split(b"\0") if p)
-            if _overlap(roots, theirs):
+            if name.startswith(f"{_ENDED}:"):
+                _, ended, record = name.split(":", 2)
+                if not ended.isdigit() or int(ended) < now - _KEEP_NS:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)  # older than any survey asks about
+                    continue
+                if record.startswith(f"{me}:") or int(ended) < since_ns:
+                    continue  # this process's own (in `_ended`), or over before the reading
+            else:
+                pid, _, rest = name.partition(":")
+                start, _, _ = rest.partition(":")
+                if f"{pid}:{start}" == me or not pid.isdigit():
+                    continue  # this process's own: in `_here`
+                if process_id(int(pid)) != f"{pid}:{start}":
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)  # its process died: nothing of it runs
+                    continue
+            if _overlap(roots, _roots_of(path)):
                 return True
     return False
+
+
+def _roots_of(path: str) -> tuple[str, ...]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ()
+    try:
+        data = os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    return tuple(os.fsdecode(p) for p in data.split(b"\0") if p)

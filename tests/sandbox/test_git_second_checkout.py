@@ -265,8 +265,8 @@ async def test_a_plant_whose_command_settles_while_the_survey_reads_is_not_trust
 ) -> None:
     # The survey read the `.git` entries (the plant among them), then asked whether another
     # executor's command ran: by then the planter had settled, its plant and record gone,
-    # and the stale reading was trusted (red team round 6). The record count must not move
-    # between the reading and the question.
+    # and the stale reading was trusted (red team round 6). A command over these roots that
+    # ended after the reading began counts.
     from bash_local.userdir import fixed_bases
     from bash_sandbox import running_spawns
 
@@ -275,7 +275,7 @@ async def test_a_plant_whose_command_settles_while_the_survey_reads_is_not_trust
     cli = _cli(backend, workspace, f"cd wt && {_planting(store, planted, go)}")
     real = running_spawns.others_over
 
-    def after_the_planter_settled(owner: int, roots: tuple[str, ...]) -> bool:
+    def after_the_planter_settled(owner: int, roots: tuple[str, ...], since: int) -> bool:
         # The planter ends between this survey's reading and its question.
         go.touch()
         for _ in range(600):
@@ -288,7 +288,7 @@ async def test_a_plant_whose_command_settles_while_the_survey_reads_is_not_trust
             if not records:
                 break
             time.sleep(0.05)
-        return real(owner, roots)
+        return real(owner, roots, since)
 
     try:
         await _until(planted)
