@@ -85,6 +85,19 @@ def end(token: int) -> None:
             os.rename(
                 os.path.join(directory, name), os.path.join(directory, f"{_ENDED}:{now}:{name}")
             )
+            _sweep(directory, now)
+
+
+def _sweep(directory: str, now: int) -> None:
+    """Remove the ended records older than any survey asks about (each end does: the
+    directory holds only the last minute's)."""
+    for entry in os.listdir(directory):
+        if not entry.startswith(f"{_ENDED}:"):
+            continue
+        ended = entry.split(":", 2)[1]
+        if not ended.isdigit() or int(ended) < now - _KEEP_NS:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, entry))
 
 
 def others_over(owner: int, roots: tuple[str, ...], since_ns: int) -> bool:

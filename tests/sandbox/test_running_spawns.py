@@ -86,3 +86,15 @@ def test_a_killed_processes_record_is_dropped(base: Path) -> None:
         child.wait(timeout=30)
     assert not running_spawns.others_over(1, ("/w/ws",), time.time_ns())
     assert os.listdir(base / "running") == []  # swept
+
+
+def test_ended_records_older_than_a_minute_are_swept_at_each_end(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without it, every workspace-write spawn left one file behind, forever.
+    for _ in range(3):
+        running_spawns.end(running_spawns.begin(1, ("/w/ws",)))
+    assert len(os.listdir(base / "running")) == 3  # the last minute's
+    monkeypatch.setattr(running_spawns, "_KEEP_NS", 0)
+    running_spawns.end(running_spawns.begin(1, ("/w/ws",)))
+    assert len(os.listdir(base / "running")) <= 1  # only the one just ended, if that
