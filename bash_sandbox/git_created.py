@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from bash_sandbox.git_discovery import scrubbed_git, scrubbed_git_env
 from bash_sandbox.git_import.state_files import worktree_inside
 from bash_sandbox.host_run import run_bounded
-from bash_sandbox.safe_read import is_special
+from bash_sandbox.safe_read import is_special, open_below
 from policies.paths import within_any
 
 # Keys that only describe data; every other key is dropped.
@@ -124,7 +124,7 @@ def _nested(fd: int, gitdir: str, roots: tuple[str, ...], dropped: list[str]) ->
     while pending:
         rel = pending.pop()
         try:
-            parent = _open_below(fd, rel)
+            parent = open_below(fd, rel)
         except OSError:
             continue
         try:
@@ -162,20 +162,6 @@ def _drop_special(fd: int, rel: str, dropped: list[str]) -> None:
                 dropped.append(os.path.join(rel, name) + " (not a file: removed)")
 
 
-def _open_below(fd: int, rel: str) -> int:
-    """A descriptor of the directory ``rel`` below ``fd``, no component followed as a link."""
-    cur = os.dup(fd)
-    try:
-        for part in rel.split("/") if rel else ():
-            nxt = os.open(part, _O_DIR, dir_fd=cur)
-            os.close(cur)
-            cur = nxt
-    except BaseException:
-        os.close(cur)
-        raise
-    return cur
-
-
 def _linked_worktree(fd: int, parent: str) -> bool:
     """Whether the directory ``fd`` (in ``parent``) is a linked worktree's in git's own
     layout: in a `worktrees/`, naming its common dir `../..`, whose config and hooks git
@@ -203,7 +189,7 @@ def _open_path(path: str) -> int:
     """A directory descriptor for the absolute ``path``, no component followed as a link."""
     top = os.open("/", _O_DIR)
     try:
-        return _open_below(top, "/".join(p for p in path.split("/") if p))
+        return open_below(top, "/".join(p for p in path.split("/") if p))
     finally:
         os.close(top)
 

@@ -19,6 +19,7 @@ import os
 import secrets
 import stat
 
+from bash_sandbox.safe_read import open_below
 from policies.paths import within
 
 
@@ -34,30 +35,18 @@ def snapshot_links(paths: list[str], roots: tuple[str, ...]) -> tuple[tuple[str,
     return tuple(found)
 
 
-def _open_below(root: str, directory: str) -> int:
-    """``directory`` opened from ``root`` one component at a time, following no link (a
-    command swapped a directory on the way for a link out of the roots: a red team's)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        rel = os.path.relpath(directory, root)
-        for part in [] if rel == "." else rel.split("/"):
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            below = os.open(part, flags, dir_fd=fd)
-            os.close(fd)
-            fd = below
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def put_back(root: str, path: str, value: str) -> str | None:
     """Make ``path`` (in ``root``) the link to ``value`` it was, if the command changed it;
     a warning naming what was done, or None (unchanged). Never through a link: a directory
     on the way that is no longer a directory is named, and nothing is done."""
     directory, name = os.path.split(path)
     try:
-        dir_fd = _open_below(root, directory)
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            rel = os.path.relpath(directory, root)
+            dir_fd = open_below(top, "" if rel == "." else rel)
+        finally:
+            os.close(top)
     except OSError as exc:
         return f"could not put back the link {path} (a directory on its way: {exc.strerror})"
     try:

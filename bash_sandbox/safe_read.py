@@ -107,3 +107,19 @@ def blocking_names(gitdir: str) -> list[str]:
 
 _GIT_READS = ("HEAD", "config", "config.worktree", "commondir", "packed-refs", "index")
 _REFS_MAX = 4096
+
+
+def open_below(fd: int, rel: str) -> int:
+    """A descriptor of the directory ``rel`` below the directory ``fd``, no component
+    followed as a link (a command may have swapped one for a link out of the roots)."""
+    cur = os.dup(fd)
+    try:
+        for part in rel.split("/") if rel else ():
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            nxt = os.open(part, flags, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+    except BaseException:
+        os.close(cur)
+        raise
+    return cur
