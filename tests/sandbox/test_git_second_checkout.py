@@ -50,6 +50,22 @@ def _separate(tmp_path: Path, main: Path) -> Path:
     return store
 
 
+def _outside_layout(tmp_path: Path, workspace: Path) -> tuple[Path, Path, Path, str, bytes]:
+    """A separate git dir with its main checkout outside the roots and a linked worktree
+    `wt` in the workspace: (main, store, wt, main's tip, the main index's bytes)."""
+    main = tmp_path / "main-checkout"
+    store = _separate(tmp_path, main)
+    wt = workspace / "wt"
+    host_git(main, "worktree", "add", "-q", "-b", "side", str(wt))
+    return (
+        main,
+        store,
+        wt,
+        host_git(main, "rev-parse", "main").strip(),
+        (store / "index").read_bytes(),
+    )
+
+
 def _evil(store: Path, work: Path, marker: Path) -> str:
     """Stage an executable in ``store``'s main index and commit it on `main`, through a
     checkout the command names itself."""
@@ -77,11 +93,7 @@ async def test_a_gitfile_a_call_plants_naming_the_git_dir_is_removed_and_the_out
     # the roots. Call 1 wrote `x/.git` naming the git dir itself; it was kept (its target is
     # overlaid), the next survey took `x` for the main checkout, and call 2's import wrote
     # that outside checkout's index and branch (red team).
-    main = tmp_path / "main-checkout"
-    store = _separate(tmp_path, main)
-    wt = workspace / "wt"
-    host_git(main, "worktree", "add", "-q", "-b", "side", str(wt))
-    head, index = host_git(main, "rev-parse", "main").strip(), (store / "index").read_bytes()
+    main, store, wt, head, index = _outside_layout(tmp_path, workspace)
     marker = tmp_path / "pwned"
     ex = make_executor(mode="workspace-write")
     plant = await _run(ex, f"mkdir -p x && printf 'gitdir: {store}\\n' > x/.git", wt)
@@ -99,11 +111,7 @@ async def test_a_gitfile_a_running_command_plants_is_no_checkout_for_another_cal
 ) -> None:
     # The same gitfile planted by a background command still running when the next call
     # starts: its command has not settled, so nothing has removed it yet.
-    main = tmp_path / "main-checkout"
-    store = _separate(tmp_path, main)
-    wt = workspace / "wt"
-    host_git(main, "worktree", "add", "-q", "-b", "side", str(wt))
-    head, index = host_git(main, "rev-parse", "main").strip(), (store / "index").read_bytes()
+    main, store, wt, head, index = _outside_layout(tmp_path, workspace)
     marker, planted, go = tmp_path / "pwned", workspace / "planted", workspace / "go"
     ex = make_executor(mode="workspace-write")
     background = await _start(
@@ -173,22 +181,6 @@ async def test_the_users_separate_git_dir_checkout_in_the_root_takes_commits_whi
     go.touch()
     await background.wait()
     assert (main / ".git").read_text() == f"gitdir: {store}\n"
-
-
-def _outside_layout(tmp_path: Path, workspace: Path) -> tuple[Path, Path, Path, str, bytes]:
-    """A separate git dir with its main checkout outside the roots and a linked worktree
-    `wt` in the workspace: (main, store, wt, main's tip, the main index's bytes)."""
-    main = tmp_path / "main-checkout"
-    store = _separate(tmp_path, main)
-    wt = workspace / "wt"
-    host_git(main, "worktree", "add", "-q", "-b", "side", str(wt))
-    return (
-        main,
-        store,
-        wt,
-        host_git(main, "rev-parse", "main").strip(),
-        (store / "index").read_bytes(),
-    )
 
 
 def _planting(store: Path, planted: Path, go: Path) -> str:
