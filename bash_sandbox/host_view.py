@@ -50,7 +50,7 @@ from bash_sandbox.state import ExecutorState
 from bash_sandbox.view import GitOverlay, HostView
 from policies import SandboxMode, SandboxPolicy, host_secrets
 from policies.autorun import UNPROTECT_KEY, home_paths
-from policies.paths import within, within_any
+from policies.paths import within, within_any, within_set
 
 
 def denied_paths(deny_read: tuple[str, ...]) -> tuple[str, ...]:
@@ -373,7 +373,7 @@ class HostSurvey:
         for path in self._shadows.candidates:
             if path in roots or not within_any(path, roots) or within_any(path, gitdirs):
                 continue
-            if os.path.lexists(path) or _at_or_below(path, hidden):
+            if os.path.lexists(path) or within_set(path, hidden):
                 continue
             if os.path.realpath(path) != path:
                 continue  # through a link: its resolved path is a candidate of its own
@@ -553,16 +553,6 @@ def home_links(policy: SandboxPolicy) -> list[ChainLink]:
 def _literal(name: str) -> str:
     """``name`` as a gitignore pattern matching it literally."""
     return "".join("\\" + c if c in "\\*?[]!# " else c for c in name)
-
-
-def _at_or_below(path: str, tops: set[str]) -> bool:
-    """Whether ``path`` or a directory above it is one of ``tops`` (a lookup per ancestor:
-    a home's spawn has some 200 covers and 60 denied names)."""
-    while path not in ("/", ""):
-        if path in tops:
-            return True
-        path = os.path.dirname(path)
-    return False
 
 
 def _empty_directory(path: str) -> bool:

@@ -24,7 +24,7 @@ import stat
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from policies.paths import within
+from policies.paths import within, within_set
 
 AUTORUN_PATHS: MappingProxyType[str, str] = MappingProxyType(
     {
@@ -351,7 +351,7 @@ def _home_paths(
     # Below a broad entry that is always covered (`.config` in a home root): covered with it.
     # (Its ancestors looked up: each name against each held one was 8 ms of a home's spawn.)
     held = {p for p, e in found.items() if e.hold}
-    return [(p, e) for p, e in found.items() if not _below(p, held)], followed
+    return [(p, e) for p, e in found.items() if not within_set(os.path.dirname(p), held)], followed
 
 
 @functools.cache
@@ -391,16 +391,6 @@ def _links_on_way(path: str, limit: int = 40) -> list[str]:
             current = "/"
         pending[:0] = [p for p in value.split("/") if p]
     return found
-
-
-def _below(path: str, tops: set[str]) -> bool:
-    """Whether a directory above ``path`` is one of ``tops``."""
-    parent = os.path.dirname(path)
-    while parent not in ("/", ""):
-        if parent in tops:
-            return True
-        parent = os.path.dirname(parent)
-    return False
 
 
 def _kind(path: str, kinds: dict[str, int | None]) -> int | None:

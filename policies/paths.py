@@ -6,6 +6,7 @@ symlinks matter; ``/a/bc`` is not within ``/a/b``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 
@@ -16,3 +17,13 @@ def within(path: str, root: str) -> bool:
 
 def within_any(path: str, roots: Iterable[str]) -> bool:
     return any(within(path, r) for r in roots)
+
+
+def within_set(path: str, tops: set[str]) -> bool:
+    """`within_any` for many roots at once: a set lookup per ancestor of ``path`` (a home's
+    spawn has some 200 covers and 60 denied names)."""
+    while path not in ("/", ""):
+        if path in tops:
+            return True
+        path = os.path.dirname(path)
+    return False
