@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bash_sandbox import state as executor_state
-from bash_sandbox.git_discovery import DotGit
+from bash_sandbox.git_discovery import DotGit, read_gitfile
 from bash_sandbox.git_import import state_files as sf
 from bash_sandbox.git_import.gitcmd import SCRATCH_OPTIONS, GitError, git, git_env
 from bash_sandbox.git_import.kept_refs import snapshot_refs
@@ -1564,12 +1564,18 @@ def _keep_worktree(source: str, host_gitdir: str, within: str) -> None:
     target = os.path.normpath(os.path.join(host_gitdir, value))
     # Only a real directory reached without a symlink: a link inside the workspace that a
     # later command re-points would carry the user's checkouts there wherever it points.
+    # And only the submodule's own checkout, whose `.git` file names this git directory (as
+    # `git submodule add` leaves it): `../..` is the superproject's `.git`, where host git in
+    # the submodule (`git submodule foreach git reset --hard`) then checked out the
+    # command's `hooks/pre-commit` (a red team's). Never a directory in a `.git`.
     if (
         value
         and "\n" not in value
         and within_path(target, within)
         and os.path.isdir(target)
         and os.path.realpath(target) == target
+        and ".git" not in os.path.relpath(target, within).lower().split("/")
+        and read_gitfile(os.path.join(target, ".git")) == os.path.realpath(host_gitdir)
     ):
         git(host_gitdir, "config", "core.worktree", value)
 

@@ -927,3 +927,64 @@ async def test_a_host_reflog_redated_to_1970_still_keeps_its_commits_through_gc(
     kept = host_git(repo, "for-each-ref", "--format=%(refname)", "refs/bash-sandbox/").split()
     assert result.sandbox is not None and set(kept) <= set(result.sandbox.git[0].applied)
     fsck_clean(repo)
+
+
+@pytest.mark.parametrize("value", ["../..", "../../hooks", ".."])
+async def test_a_new_submodules_worktree_inside_the_superprojects_git_dir_is_dropped(
+    make_executor: ExecutorFactory, tmp_path: Path, workspace: Path, value: str
+) -> None:
+    # A submodule the command added, its new git dir's `core.worktree` pointed at the
+    # superproject's `.git`: the import kept it (a real directory inside the worktree), and
+    # the host's `git submodule foreach git reset --hard` checked the command's
+    # `hooks/pre-commit` out into `.git/hooks`, which the next `git commit` ran (red team).
+    repo = make_repo(workspace / "repo")
+    marker = tmp_path / "pwned"
+    command = (
+        "set -e; mkdir src && cd src && git init -q -b main && mkdir hooks"
+        f" && printf '#!/bin/sh\\ntouch {marker}\\n' > hooks/pre-commit"
+        " && chmod +x hooks/pre-commit && mkdir -p objects && echo x > objects/x"
+        " && git add hooks objects && git commit -qm payload && cd .."
+        " && git -c protocol.file.allow=always submodule add -q ./src mod 2>/dev/null"
+        " && git commit -qm 'add submodule' && rm -rf src mod/hooks mod/objects"
+        f" && git config -f .git/modules/mod/config core.worktree {value}"
+    )
+    result = await _run(make_executor(mode="workspace-write"), command, repo)
+    if result.exit_code != 0 and os.geteuid() != 0:
+        pytest.xfail("git submodule add inside the sandbox fails as an unprivileged user")
+    assert result.exit_code == 0, result.stderr.text
+    module = repo / ".git" / "modules" / "mod"
+    assert (module / "HEAD").exists()  # imported, as a new repository
+    kept = host_git(module, "config", "--file", "config", "--get", "core.worktree", check=False)
+    assert kept.strip() != value
+    hooks_before = sorted(os.listdir(repo / ".git" / "hooks"))
+    host_git(repo, "submodule", "foreach", "-q", "git reset -q --hard", check=False)
+    host_git(repo / "mod", "checkout", "--", ".", check=False)
+    (repo / "f0.txt").write_text("edited\n")
+    host_git(repo, "commit", "-qam", "edit", check=False)
+    assert not marker.exists()
+    assert sorted(os.listdir(repo / ".git" / "hooks")) == hooks_before
+    assert not (repo / ".git" / "objects" / "x").exists()
+    fsck_clean(repo)
+
+
+async def test_a_submodule_added_in_the_sandbox_keeps_its_worktree_on_the_host(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    repo = make_repo(workspace / "repo")
+    command = (
+        "set -e; mkdir src && cd src && git init -q -b main && echo a > a && git add a"
+        " && git commit -qm a && cd .."
+        " && git -c protocol.file.allow=always submodule add -q ./src mod 2>/dev/null"
+        " && git commit -qm sub"
+    )
+    result = await _run(make_executor(mode="workspace-write"), command, repo)
+    if result.exit_code != 0 and os.geteuid() != 0:
+        pytest.xfail("git submodule add inside the sandbox fails as an unprivileged user")
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    assert {o.status for o in result.sandbox.git} == {GitImportStatus.APPLIED}
+    module = repo / ".git" / "modules" / "mod"
+    worktree = host_git(module, "config", "--file", "config", "--get", "core.worktree")
+    assert worktree.strip() == "../../../mod"
+    assert host_git(repo / "mod", "log", "--format=%s").split() == ["a"]
+    assert host_git(repo, "submodule", "status").split()[1] == "mod"
