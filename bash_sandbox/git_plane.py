@@ -145,21 +145,24 @@ def _config_values(text: str) -> Iterator[tuple[str, str]]:
 
 
 def config_path_targets(
-    gitdir: str, worktree: str, home: str
+    gitdir: str | None, worktree: str | None, home: str
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(hooks directories, included config files): the targets of `core.hooksPath` and of
     `include.path`/`includeIf.*.path` in the configs git reads for this repository (system,
-    global, local, worktree), following includes. Relative hooks paths are relative to the
-    worktree, includes to the file that includes them."""
+    global, local, worktree; ``gitdir`` None: those every repository of the host reads),
+    following includes, whatever their conditions. Relative hooks paths are relative to the
+    worktree (None: not known, left out), includes to the file that includes them."""
     configs = [
         "/etc/gitconfig",
         os.path.join(home, ".gitconfig"),
         os.path.join(
             os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "git", "config"
         ),
-        os.path.join(gitdir, "config"),
-        os.path.join(gitdir, "config.worktree"),
+        # Where the harness's environment moves them (the user's shell may not).
+        *(os.environ[v] for v in ("GIT_CONFIG_SYSTEM", "GIT_CONFIG_GLOBAL") if os.environ.get(v)),
     ]
+    if gitdir is not None:
+        configs += [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
     hooks: dict[str, None] = {}
     includes: dict[str, None] = {}
     seen: set[str] = set()
@@ -177,7 +180,11 @@ def config_path_targets(
                 continue
             expanded = os.path.expanduser(value) if value.startswith("~") else value
             if key == "core.hookspath":
-                full = expanded if os.path.isabs(expanded) else os.path.join(worktree, expanded)
+                if not os.path.isabs(expanded) and worktree is None:
+                    continue
+                full = (
+                    expanded if os.path.isabs(expanded) else os.path.join(worktree or "", expanded)
+                )
                 hooks.setdefault(os.path.normpath(full), None)
             elif key.startswith("include") and key.endswith(".path"):
                 full = (

@@ -191,6 +191,12 @@ class HostSurvey:
         home = home_links(user_policy)
         if home:
             git = replace(git, chain=(*git.chain, *home))
+        # Hooks paths and included configs inside a root run or configure the host's git:
+        # the host's own configs' too, with no repository in the roots (a red team's
+        # `~/.gitconfig.local` in a home workspace).
+        config = self._git_config_links(git.gitdirs, roots, {c.path for c in git.chain})
+        if config:
+            git = replace(git, chain=(*git.chain, *config))
         found.append(git)
         self._known_dotgits.update(dict.fromkeys(git.discovery.dotgits))
         trusted = self._trusted_dotgits(git.discovery.entries, roots, quiet, reading)
@@ -237,14 +243,14 @@ class HostSurvey:
         # read-only here, its path pinned, so no command plants code in another domain's
         # cache or links for the sweep (`cache_domains.exposed_to`).
         cache_pins = self._cover_cache_homes(roots, covers)
-        # Hooks paths and included configs inside a root run or configure the host's git.
-        # And the workspace files the installed hooks run (`git_hook_chain.py`).
-        # And a home's environment. The missing ones are held in one ledger transaction.
+        # The workspace files the installed hooks run (`git_hook_chain.py`), the configs and
+        # hooks paths host git reads there, a home's environment: covered where they exist.
+        # The missing ones are held in one ledger transaction.
         # An existing one may be another command's placeholder (a home's `~/.cargo`): held
         # too, as protected names are, so that command's end cannot remove it under this one.
         missing: list[tuple[str, bool]] = []
         present: list[tuple[str, bool]] = []
-        for path, is_dir in [*self._git_config_targets(gitdirs, roots), *git.chain_targets]:
+        for path, is_dir in git.chain_targets:
             if os.path.lexists(path):
                 covers.append(os.path.realpath(path))
                 present.append((path, is_dir))
@@ -488,23 +494,26 @@ class HostSurvey:
         return _pins_between(owner, top)
 
     @staticmethod
-    def _git_config_targets(
-        gitdirs: tuple[str, ...], roots: tuple[str, ...]
-    ) -> list[tuple[str, bool]]:
-        """`core.hooksPath` and `include`/`includeIf` targets inside a writable root, with
-        whether each is a directory (hooks) or a file (a config)."""
+    def _git_config_links(
+        gitdirs: tuple[str, ...], roots: tuple[str, ...], known: set[str]
+    ) -> list[ChainLink]:
+        """`core.hooksPath` and `include`/`includeIf` targets inside a writable root (any
+        condition: host git evaluates it for repositories elsewhere too) of the host's own
+        configs and of each of ``gitdirs``, as chain links, but those ``known`` already."""
         home = os.path.expanduser("~")
-        found: dict[str, bool] = {}
-        for gitdir in gitdirs:
-            worktree = os.path.dirname(gitdir)
+        found: dict[str, ChainLink] = {}
+        for gitdir in (None, *gitdirs):
+            worktree = os.path.dirname(gitdir) if gitdir is not None else None
             hooks, includes = config_path_targets(gitdir, worktree, home)
             for path in hooks:
-                if within_any(os.path.realpath(path), roots):
-                    found.setdefault(path, True)
+                if path not in known and within_any(os.path.realpath(path), roots):
+                    why = f"hook chain: core.hooksPath is {path}"
+                    found.setdefault(path, ChainLink(path, True, why))
             for path in includes:
-                if within_any(os.path.realpath(path), roots):
-                    found.setdefault(path, False)
-        return list(found.items())
+                if path not in known and within_any(os.path.realpath(path), roots):
+                    why = f"git config: host git reads {path} (an include)"
+                    found.setdefault(path, ChainLink(path, False, why))
+        return list(found.values())
 
 
 def _linked_worktrees(

@@ -1009,3 +1009,45 @@ async def test_a_link_that_cannot_be_resolved_skips_no_reset_and_fails_no_later_
     assert not marker.exists()
     nxt = await _run(ex, "echo next", workspace)
     assert nxt.stdout.text == "next\n", nxt.stderr.text
+
+
+@pytest.mark.parametrize("layout", ["home workspace, missing", "project, existing"])
+async def test_an_include_of_the_hosts_own_git_config_stays_read_only_without_a_repository(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    layout: str,
+) -> None:
+    # `~/.gitconfig` includes `~/.gitconfig.local` (dotfiles) or a team file kept in a
+    # project: with no repository in the roots, only the repositories' own configs were
+    # read, so the include stayed writable and host git elsewhere ran what the command
+    # put there (red team).
+    marker = tmp_path / "pwned"
+    if layout.startswith("home"):
+        home, target, named = workspace, workspace / ".gitconfig.local", "~/.gitconfig.local"
+    else:
+        home, target = tmp_path / "home", workspace / "team.gitconfig"
+        home.mkdir()
+        target.write_text("[user]\n\tname = team\n")
+        named = str(target)
+    (home / ".gitconfig").write_text(f"[include]\n\tpath = {named}\n")
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    before = target.read_bytes() if target.exists() else None
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex, f"printf '[core]\\n\\tfsmonitor = touch {marker}\\n' >> {target}", workspace
+    )
+    assert result.exit_code != 0 and result.sandbox is not None
+    assert [d.target for d in result.sandbox.denials] == [str(target)]
+    assert "an include" in (result.sandbox.denials[0].reason or "")
+    assert (target.read_bytes() if target.exists() else None) == before
+    elsewhere = tmp_path / "elsewhere"
+    _repo(elsewhere)
+    user_env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    subprocess.run(
+        ["git", "status"], cwd=elsewhere, env=user_env, capture_output=True, timeout=30, check=False
+    )
+    assert not marker.exists()
