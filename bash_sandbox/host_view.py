@@ -42,6 +42,8 @@ from bash_sandbox.git_spawn import (
     linked_worktree_dirs,
 )
 from bash_sandbox.link_restore import snapshot_links
+from bash_sandbox.own_code import REASON as OWN_CODE
+from bash_sandbox.own_code import own_installation
 from bash_sandbox.placeholder_linger import LingeringPlaceholders
 from bash_sandbox.placeholder_stash import STASH_DIR
 from bash_sandbox.placeholders import Placeholders
@@ -195,6 +197,14 @@ class HostSurvey:
         # the host's own configs' too, with no repository in the roots (a red team's
         # `~/.gitconfig.local` in a home workspace).
         config = self._git_config_links(git.gitdirs, roots, {c.path for c in git.chain})
+        # The harness's own code (a project's `.venv` it runs from): a `.pth` planted there
+        # ran in the next harness process, unconfined (a red team's).
+        known = {c.path for c in (*git.chain, *config)}
+        config += [
+            ChainLink(path, True, f"{OWN_CODE}: {path}")
+            for path in own_installation()
+            if path not in known and any(within(path, r) and path != r for r in roots)
+        ]
         if config:
             git = replace(git, chain=(*git.chain, *config))
         found.append(git)

@@ -1,0 +1,42 @@
+"""The sandbox's own installation: what the harness itself runs and imports.
+
+A harness started from a project's virtual environment (`.venv/bin/bash-sandbox`, an MCP
+client pointed there, an editable install of this repository) keeps its own code inside the
+workspace. A confined command that writes a `.pth` file there, or edits a module, runs its
+code in the next harness process, unconfined (a red team's). These paths are covered
+read-only in every confined view wherever they lie in a writable root (`host_view.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import site
+import sys
+
+_PACKAGES = ("bash_sandbox", "bash_local", "bash_seam", "policies")
+
+REASON = "the sandbox's own installation, which the harness runs next"
+
+
+@functools.cache
+def own_installation() -> tuple[str, ...]:
+    """The real paths the harness's interpreter starts from and imports this package and its
+    dependencies from: the environment (`sys.prefix`, where `.pth` files run at start), the
+    site directories, and each of this distribution's package directories (an editable
+    install's lie in its source tree)."""
+    paths = [sys.prefix, sys.exec_prefix]
+    paths += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        paths.append(site.getusersitepackages())
+    for name in _PACKAGES:
+        spec = importlib.util.find_spec(name)
+        paths += list(spec.submodule_search_locations or ()) if spec is not None else []
+    found = {os.path.realpath(p) for p in paths if p and os.path.isdir(p)}
+    # The outermost of nested ones (a venv holds its site-packages): one cover each.
+    return tuple(sorted(p for p in found if not any(_below(p, q) for q in found)))
+
+
+def _below(path: str, other: str) -> bool:
+    return path != other and path.startswith(other.rstrip("/") + "/")

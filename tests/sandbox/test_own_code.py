@@ -1,0 +1,78 @@
+"""The sandbox's own installation inside a writable root (a harness run from the project's
+`.venv`): read-only to every command, so nothing a command plants there runs in the next
+harness process. Real backends; the next harness is a real interpreter started from there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import bash_sandbox
+
+_HARNESS = """
+import asyncio, json, sys
+from bash_sandbox import SandboxBashExecutor
+from bash_seam import BashExecRequest
+async def main():
+    ws, backend, command = sys.argv[1:4]
+    ex = SandboxBashExecutor(backend=backend, workspace_root=ws)
+    spec = ex.resolve(BashExecRequest(command=command, workdir=ws, sandbox_mode="workspace-write"))
+    r = await ex.run(spec)
+    await ex.aclose()
+    print(json.dumps([r.exit_code, [[d.target, d.reason] for d in r.sandbox.denials]]))
+asyncio.run(main())
+"""
+
+
+def _project_venv(project: Path) -> tuple[Path, Path]:
+    """A venv in ``project`` whose interpreter imports this checkout and its dependencies
+    (as `pip install` there would): (its python, its site-packages)."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(project / ".venv")],
+        check=True,
+        timeout=60,
+    )
+    python = project / ".venv" / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.strip()
+    source = Path(bash_sandbox.__file__).resolve().parents[1]
+    ours = sysconfig.get_paths()["purelib"]
+    (Path(purelib) / "harness.pth").write_text(f"{source}\n{ours}\n")
+    return python, Path(purelib)
+
+
+def test_a_pth_planted_in_the_harnesss_own_venv_never_runs(backend: str, tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    python, purelib = _project_venv(project)
+    other = project / "other-env"  # a venv the harness does not run from stays writable
+    other.mkdir()
+    marker = tmp_path / "pwned"
+    plant = f"import os; open({str(marker)!r}, 'w').write('ran')"
+    command = f"echo {plant!r} > {purelib}/zz.pth; echo ok > other-env/x"
+    done = subprocess.run(
+        [str(python), "-c", _HARNESS, str(project), backend, command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    _, denials = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [t for t, _ in denials] == [f"{purelib}/zz.pth"]
+    assert "the sandbox's own installation" in denials[0][1]
+    assert (other / "x").read_text() == "ok\n"
+    # The next harness process (any interpreter start from that venv) runs nothing planted.
+    subprocess.run([str(python), "-c", "pass"], check=True, timeout=60)
+    assert not (purelib / "zz.pth").exists()
+    assert not marker.exists()
