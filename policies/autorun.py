@@ -77,7 +77,19 @@ SHELL_RC_PATHS: MappingProxyType[str, str] = MappingProxyType(
     }
 )
 
-DEFAULT_AUTORUN_PATHS: tuple[str, ...] = (*AUTORUN_PATHS, *SHELL_RC_PATHS)
+# Other version control systems' repository configs: host tools (an IDE's `hg status` on
+# open, the user's next `jj log`) run what they name. Held while missing only where their
+# repository directory exists (`needs_placeholder`): a placeholder `.hg` would make every
+# workspace look like a Mercurial repository.
+VCS_CONFIG_PATHS: MappingProxyType[str, str] = MappingProxyType(
+    {
+        ".hg/hgrc": "Mercurial runs the hooks it names (an IDE's `hg status` on open)",
+        ".jj/repo/config.toml": "Jujutsu runs the pager, editors and tools it names",
+        ".sl/config": "Sapling runs the hooks it names",
+    }
+)
+
+DEFAULT_AUTORUN_PATHS: tuple[str, ...] = (*AUTORUN_PATHS, *SHELL_RC_PATHS, *VCS_CONFIG_PATHS)
 
 
 @dataclass(frozen=True)
@@ -426,7 +438,7 @@ UNPROTECT_KEY = "unprotected_paths"
 
 def autorun_reason(name: str) -> str | None:
     """Why ``name`` (a protected name) is protected by default, if it is an auto-run name."""
-    return AUTORUN_PATHS.get(name) or SHELL_RC_PATHS.get(name)
+    return AUTORUN_PATHS.get(name) or SHELL_RC_PATHS.get(name) or VCS_CONFIG_PATHS.get(name)
 
 
 @functools.cache
@@ -442,8 +454,16 @@ def _homes(home: str) -> frozenset[str]:
 
 def needs_placeholder(name: str, root: str, *, real_root: str | None = None) -> bool:
     """Whether a missing protected ``name`` in ``root`` must be held by a placeholder:
-    a shell start-up file only in a home directory (see the module docstring).
+    a shell start-up file only in a home directory (see the module docstring), another
+    version control system's config only in its repository.
     ``real_root``: ``root`` resolved, where the caller has it (once a spawn, not per name)."""
+    if name in VCS_CONFIG_PATHS:
+        # Only in a repository: its directory a real one (one lstat, kept with the kinds).
+        top = os.path.join(root, name.split("/", maxsplit=1)[0])
+        try:
+            return stat.S_ISDIR(os.lstat(top).st_mode)
+        except OSError:
+            return False
     if name not in SHELL_RC_PATHS:
         return True
     return (real_root or os.path.realpath(root)) in _homes(os.path.expanduser("~"))
@@ -455,7 +475,7 @@ def directory_placeholder(name: str) -> bool:
     placeholder got committed by the user's `git add -A` while a command ran). Not a shell
     start-up file, held in a home only: bash reads an empty file as nothing, and a
     directory there made every login shell complain."""
-    return name in AUTORUN_PATHS or name == ".config/fish"
+    return name in AUTORUN_PATHS or name in VCS_CONFIG_PATHS or name == ".config/fish"
 
 
 def protected_label(name: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -304,3 +305,44 @@ async def test_the_excludes_stand_in_never_follows_a_link_a_running_command_left
     with open(gate, "w") as fh:
         fh.write("go\n")
     await asyncio.wait_for(bg.wait(), 30)
+
+
+@pytest.mark.parametrize("config", sorted(autorun.VCS_CONFIG_PATHS))
+@pytest.mark.parametrize("present", [True, False])
+async def test_another_vcs_repositorys_config_is_protected_only_in_its_repository(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, config: str, present: bool
+) -> None:
+    # `.hg/hgrc` of a Mercurial repository in the workspace: a command's `[hooks]` there ran
+    # in the host's `hg status` (an IDE polls it on open) (red team).
+    marker = tmp_path / "pwned"
+    target = workspace / config
+    target.parent.mkdir(parents=True)
+    (workspace / config.split("/", maxsplit=1)[0] / "requires").write_text("store\n")
+    before = "[ui]\nusername = t\n"
+    if present:
+        target.write_text(before)
+    ex = make_executor(mode="workspace-write")
+    hook = f"[hooks]\\npre-status = touch {marker}\\n"
+    result = await _run(ex, f"printf '{hook}' >> {config}; echo ok > work.txt", workspace)
+    assert result.exit_code == 0, result.stderr.text  # other work goes on
+    assert [d.target for d in result.sandbox.denials] == [str(target)]  # type: ignore[union-attr]
+    assert "unprotected_paths lifts it" in _reasons(result)[0]
+    # From the host: the config is the user's, no placeholder is left, no hook ran.
+    assert (target.read_text() if present else target.exists()) == (before if present else False)
+    assert (workspace / "work.txt").read_text() == "ok\n"
+    if config == ".hg/hgrc" and shutil.which("hg"):
+        subprocess.run(
+            ["hg", "status"], cwd=workspace, capture_output=True, timeout=60, check=False
+        )
+    assert not marker.exists()
+
+
+async def test_no_vcs_directory_is_made_where_there_is_no_such_repository(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "ls -a", workspace)
+    assert result.exit_code == 0
+    listed = set(result.stdout.text.split())
+    assert not listed & {".hg", ".jj", ".sl"}
+    assert not any((workspace / name).exists() for name in (".hg", ".jj", ".sl"))
