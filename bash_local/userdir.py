@@ -3,9 +3,12 @@
 `user_base_dir()` is `<tempdir>/bash-sandbox-<uid>` (0700, owned by this uid; a planted path,
 a symlink, a directory open to others, or one inside a writable root some executor of this
 uid granted is never used: the next candidate is). Every
-executor spills under `<base>/spill/` unless its config names another parent; such a parent
-is registered in `<base>/spill-dirs`, so a confining executor can hide every spill this
-uid's executors write, whichever executor wrote it.
+executor spills under `<base>/spill/` unless its config names another parent. Every spill
+parent that is not in a fixed base (a custom one, or the default one of a base under another
+`TMPDIR`) is recorded in this uid's fixed bases (`spill-parents`), so a confining executor
+hides every spill this uid's executors write, whichever executor wrote it, whatever its
+`TMPDIR`, and after the base that recorded it is gone (a /tmp cleaner, a reboot: /var/tmp's
+record stays). The fixed bases themselves are hidden from every command.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from collections.abc import Iterable
 
 from policies.paths import within_any
 
+# Where a base recorded its custom spill parents before they were recorded uid-wide: read
+# for this base, and merged into the fixed bases' record once (`_merge_legacy_registries`).
 _REGISTRY = "spill-dirs"
 
 
@@ -40,7 +45,8 @@ def _base_for(uid: int, tempdir: str) -> str:
     with contextlib.suppress(OSError):
         # Pruned of the gone ones here, once a process (a stat of each): read as they are.
         roots = _recorded_live(_ROOTS)
-        _recorded_live(_BASES)
+        _merge_legacy_registries(_recorded_live(_BASES))
+        _recorded_live(_SPILLS)
     for parent in dict.fromkeys((tempdir, "/tmp", "/var/tmp")):
         candidate = os.path.join(parent, name)
         # Inside a root some executor granted, a command may have made it, state and all
@@ -60,33 +66,75 @@ def user_base_dir() -> str:
 
 
 def default_spill_parent() -> str:
-    path = os.path.join(user_base_dir(), "spill")
+    """`<base>/spill`, recorded uid-wide before the first spill file is made there when the
+    base is not a fixed one (another `TMPDIR`): the fixed bases are hidden as they are."""
+    base = user_base_dir()
+    path = os.path.join(base, "spill")
     if not _usable(path):
         raise OSError(f"unsafe spill directory {path}")
+    if base not in fixed_bases():
+        register_spill_parent(path)
     return path
 
 
 def register_spill_parent(path: str) -> None:
-    """Record a custom spill parent so every sandbox of this uid hides it (and drop those
-    gone: each executor's start prunes the registry)."""
-    registry = os.path.join(user_base_dir(), _REGISTRY)
-    _append(registry, os.path.realpath(path))
-    _pruned(registry, _read_kept(registry))
+    """Record a spill parent in every fixed base so every sandbox of this uid hides it,
+    whatever its `TMPDIR` (and drop those gone: each executor's start prunes the record).
+    Raises OSError when no fixed base took it: spilling there would be readable."""
+    real = os.path.realpath(path)
+    taken = False
+    for base in fixed_bases():
+        registry = os.path.join(base, _SPILLS)
+        with contextlib.suppress(OSError):  # a full disk in one: the other may take it
+            _append(registry, real)
+            taken = True
+            _pruned(registry, _read_kept(registry))
+    if not taken:
+        raise OSError(f"spill parent {real} could not be recorded in {fixed_bases()}")
 
 
 def recorded_spill_parents() -> tuple[str, ...]:
-    """Every spill parent recorded, gone or not, read again only when the registry changed:
+    """Every spill parent recorded, gone or not, read again only when a record changed:
     what each spawn hides (a gone one costs nothing there; the spawn's own look at each
-    hidden path is the only stat, not one here as well)."""
-    return tuple(p for p in _read_kept(os.path.join(user_base_dir(), _REGISTRY)) if p[:1] == "/")
+    hidden path is the only stat, not one here as well). This base's own registry from
+    before the uid-wide record is read as well (an older executor may still write it)."""
+    records = [os.path.join(base, _SPILLS) for base in fixed_bases()]
+    records.append(os.path.join(user_base_dir(), _REGISTRY))
+    read = tuple(_read_kept(r) for r in records)
+    last = _spill_union.get(None)
+    if last is None or last[0] != read:  # the same kept tuples: compared by identity first
+        last = _spill_union[None] = (read, tuple(p for p in _union(read) if p[:1] == "/"))
+    return last[1]
+
+
+# The last records read and their union (asked before every spawn; they rarely change).
+_spill_union: dict[None, tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]] = {}
 
 
 def registered_spill_parents() -> tuple[str, ...]:
-    """Every custom spill parent this uid's executors registered that still exists. Those
-    gone are dropped from the registry (read before every confined spawn: it must not grow
-    with every parent ever used)."""
-    registry = os.path.join(user_base_dir(), _REGISTRY)
-    return _pruned(registry, _read_kept(registry))
+    """Every spill parent recorded that still exists. Those gone are dropped from the
+    records (read before every confined spawn: they must not grow with every parent ever
+    used)."""
+    return _recorded_live(_SPILLS)
+
+
+def _merge_legacy_registries(bases: tuple[str, ...]) -> None:
+    """Once per fixed base (its `spill-parents` missing): record in it what executors from
+    before the uid-wide record spilled into: the custom parents each live base recorded in
+    its own registry, and the default parent of each base that is not a fixed one."""
+    for fixed in fixed_bases():
+        registry = os.path.join(fixed, _SPILLS)
+        if os.path.lexists(registry):
+            continue
+        legacy = _union(_read_names(os.path.join(b, _REGISTRY)) for b in (*bases, fixed))
+        own = (os.path.join(b, "spill") for b in bases if b not in fixed_bases())
+        legacy += tuple(p for p in own if os.path.isdir(p))
+        for parent in legacy:
+            if parent[:1] == "/":
+                _append(registry, parent)
+        # Made even when there was nothing to copy: merged, never again.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        os.close(os.open(registry, flags, 0o600))
 
 
 def _append(registry: str, real: str) -> None:
@@ -137,7 +185,7 @@ def _pruned(registry: str, named: tuple[str, ...]) -> tuple[str, ...]:
 # hidden: a base is never taken inside a recorded root, and each recorded base inside a
 # call's writable roots is hidden from its commands (`state.hidden_paths`).
 _FIXED_PARENTS = ("/tmp", "/var/tmp")
-_ROOTS, _BASES = "roots", "bases"
+_ROOTS, _BASES, _SPILLS = "roots", "bases", "spill-parents"
 _recorded: set[tuple[str, str]] = set()
 
 

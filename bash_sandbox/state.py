@@ -10,8 +10,10 @@ write here could redirect the next spawn. The rule, by construction:
 2. it is held by a descriptor from creation on, and before each spawn `check()` verifies
    that the path still names that very directory (device, inode, owner, mode) and that no
    writable root of *this call's* policy contains it (a per-call policy can add roots);
-3. every confined command has the whole per-user base hidden (`hidden_paths`), so no command
-   reads another executor's state or any spill file of this uid.
+3. every confined command has the whole per-user base hidden (`hidden_paths`), the fixed
+   bases, and every spill parent recorded uid-wide (`userdir.register_spill_parent`), so no
+   command reads another executor's state or any spill file of this uid, whatever `TMPDIR`
+   the executor that spilled had, and after its base is gone.
 
 The private `/tmp` and `/dev/shm` are one tmpfs each per executor, but a command sees only
 its trust domain's directory in them (`scratch_for`, `trust_domain.py`): a call wider in any
@@ -350,9 +352,10 @@ class ExecutorState:
 
     def hidden_paths(self, roots: tuple[str, ...] = ()) -> tuple[str, ...]:
         """What no confined command may see: this uid's base (every executor's state and
-        spills), this state dir when it lives elsewhere, every registered spill parent (a
-        result names its spill path, so a model knows it: unlistable dirs are not enough),
-        the fixed bases, and the other bases recorded inside ``roots``."""
+        spills), this state dir when it lives elsewhere, every spill parent recorded in the
+        fixed bases, whichever executor and `TMPDIR` recorded it (a result names its spill
+        path, so a model knows it: unlistable dirs are not enough), the fixed bases, and
+        the other bases recorded inside ``roots``."""
         base = os.path.realpath(user_base_dir())
         paths = [base]
         parent = os.path.dirname(self.path)
