@@ -54,7 +54,7 @@ from bash_sandbox.linux.fast_writes import call_table, rules_blob
 from bash_sandbox.linux.fast_writes import library as fast_library
 from bash_sandbox.linux.file_calls import FileCall, by_number
 from bash_sandbox.linux.setid import CONTINUE, setid_call
-from bash_sandbox.linux.write_watch import WritePolicy, capture, judge
+from bash_sandbox.linux.write_watch import WritePolicy, capture, held_placeholder, judge
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
 
 logger = logging.getLogger("bash_sandbox")
@@ -467,6 +467,10 @@ class SeccompSupervisor:
             except Exception:
                 # Observing must never turn into refusing: the call continues regardless.
                 logger.exception("seccomp supervisor: write watch capture failed")
+        if captured is not None and watch is not None and held_placeholder(captured, args, watch):
+            captured.close()
+            self._respond(command, notif.id, 0, 0)  # done as far as the command can tell
+            return
         # The kernel decides every call that reaches here (`write_watch.py`). An xattr name
         # other than security.capability too: a thread rewriting the name after the check
         # gains nothing, since writing that xattr needs CAP_SETFCAP, which no confined

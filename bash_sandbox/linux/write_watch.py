@@ -421,6 +421,31 @@ def _refused(captured: Captured, policy: WritePolicy | None = None) -> bool:
         old.close()
 
 
+AT_REMOVEDIR = 0x200
+
+
+def held_placeholder(captured: Captured, args: tuple[int, ...], policy: WritePolicy) -> bool:
+    """Whether the call removes an empty directory held at a protected name (a missing
+    auto-run name's placeholder, a mount): the kernel would answer EBUSY, and `git clean
+    -fdx` (or `rm -rf .[!.]*`) then failed on every one of them and exited 1 (a usability
+    pass). The caller answers it as done without running it: the name stays held, the host
+    never had it, and a thread rewriting the path after this check changes nothing, since
+    the call never runs."""
+    call = captured.call
+    removes_dir = call.name == "rmdir" or (call.name == "unlinkat" and bool(args[2] & AT_REMOVEDIR))
+    if not removes_dir or not _placeholder_name(captured.paths[0], policy):
+        return False
+    found = _Resolved(captured.root, captured.paths[0], False)
+    try:
+        if not (found.exists and stat.S_ISDIR(found.mode) and _read_only(found.target)):
+            return False
+        return not os.listdir(f"/proc/self/fd/{found.target}")
+    except OSError:
+        return False
+    finally:
+        found.close()
+
+
 def _placeholder_name(path: str, policy: WritePolicy) -> bool:
     """Whether ``path`` is a protected name itself (where a missing one is held by a
     placeholder directory), or a covered path a missing one of which is held the same way

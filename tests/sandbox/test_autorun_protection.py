@@ -346,3 +346,33 @@ async def test_no_vcs_directory_is_made_where_there_is_no_such_repository(
     listed = set(result.stdout.text.split())
     assert not listed & {".hg", ".jj", ".sl"}
     assert not any((workspace / name).exists() for name in (".hg", ".jj", ".sl"))
+
+
+async def test_git_clean_fdx_passes_over_the_held_names_and_removes_the_rest(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # Each missing auto-run name is an empty directory held by a mount while the command
+    # runs: `git clean -fdx` failed on every one (EBUSY) and exited 1, so `git clean -fdx &&
+    # make` never built (a usability pass). Their removal is answered as done, nothing done.
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True, timeout=30)
+    (workspace / ".vscode").mkdir()  # the user's own, committed
+    (workspace / ".vscode" / "settings.json").write_text("{}\n")
+    git = ["git", "-C", str(workspace), "-c", "user.name=t", "-c", "user.email=t@e"]
+    subprocess.run([*git, "add", "."], check=True, timeout=30)
+    subprocess.run([*git, "commit", "-qm", "settings"], check=True, timeout=30)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "mkdir -p build && touch build/o && git clean -qfdx && echo built"
+        " && rm -rf .envrc && echo again > .envrc",
+        workspace,
+    )
+    assert result.stdout.text == "built\n", result.stderr.text
+    assert "Device or resource busy" not in result.stderr.text
+    assert result.exit_code != 0  # the write after the `rm` is refused, with its denial
+    assert _reasons(result) and any(".envrc" in r for r in _reasons(result)), result.sandbox
+    # From the host: the build output is gone, the user's settings stay, nothing is left.
+    assert not (workspace / "build").exists()
+    assert (workspace / ".vscode" / "settings.json").read_text() == "{}\n"
+    assert not (workspace / ".envrc").exists()
+    assert sorted(p.name for p in workspace.iterdir()) == [".git", ".vscode"]
