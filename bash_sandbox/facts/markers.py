@@ -59,15 +59,24 @@ def _file_step(denial: SandboxDenial | SandboxHint | DenialGroup) -> str:
         return "add it to writable_roots or ask for danger-full-access"
     if denial.reason == REASON_DENY_READ:
         return "remove it from deny_read or ask for danger-full-access"
+    # Git's config (its `config.lock` renamed over it: branch tracking, a rename's section,
+    # remotes) is the host's in every mode but danger-full-access: say where to change it.
+    if denial.reason in ("protected name .git", "protected name .git/config") or (
+        denial.reason.startswith("git control plane") and "config" in denial.reason
+    ):
+        return (
+            "git config stays the host's; change it outside the sandbox (branch tracking, "
+            "remotes: `git branch -u`, `git remote` on the host)"
+        )
+    if denial.reason.startswith("git control plane"):
+        # The overlay discarded it: git's own files are the host's to change.
+        return "git config, hooks and info stay the host's; change them outside the sandbox"
     # The write watch's word for a protected name (or a placeholder) inside a root.
     if denial.reason.startswith(("protected name", "held read-only")):
         if UNPROTECT_KEY in denial.reason:
             name = denial.reason.split()[2].rstrip(":,")
             return f"add {name} to {UNPROTECT_KEY} if commands may change it, after review"
         return "protected names stay read-only; ask for danger-full-access if the change is meant"
-    if denial.reason.startswith("git control plane"):
-        # The overlay discarded it: git's own files are the host's to change.
-        return "git config, hooks and info stay the host's; change them outside the sandbox"
     return "ask for a wider mode"
 
 

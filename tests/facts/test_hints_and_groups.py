@@ -342,3 +342,15 @@ async def test_thirty_refused_connects_read_in_two_lines(backend: str, tmp_path:
         "192.0.2.3:443 and 13 more; ask for network=host or add the domain to allow_domains]",
         "[sandbox: 14 more refusal(s) counted (repeats, or beyond the list)]",
     ]
+
+
+@pytest.mark.parametrize("reason", ["protected name .git", "protected name .git/config"])
+def test_a_refused_git_config_write_says_where_to_change_it_not_to_widen_the_mode(
+    reason: str,
+) -> None:
+    # `git switch -c feat origin/main` renames `config.lock` over `.git/config` (EBUSY): the
+    # step said "ask for danger-full-access" for branch tracking (a usability pass).
+    lock = _d(DenialKind.FILE_WRITE, "/srv/ws/.git/config", reason, DenialEvidence.SUPERVISOR)
+    line = denial_marker(lock, "workspace-write", "isolated")
+    assert line.endswith("`git branch -u`, `git remote` on the host)]")
+    assert "danger-full-access" not in line
