@@ -552,6 +552,19 @@ def _keep(key: str, value: str | None, gitdir: str, roots: tuple[str, ...]) -> b
     return True
 
 
+def data_pairs(pairs: list[tuple[str, str | None]]) -> list[tuple[str, str]]:
+    """Of ``pairs`` (`parse_config`), those of the remote, branch, submodule and user keys
+    the allowlist keeps (`_KEPT`, `_KEPT_SUB`): what a new repository the import makes may
+    take over from the command's (its `core.*` and `extensions.*` are git's own there)."""
+    return [
+        (k, v)
+        for k, v in pairs
+        if v is not None
+        and k.partition(".")[0] in ("remote", "branch", "submodule", "user")
+        and _keep(k, v, "", ())
+    ]
+
+
 def _quote(text: str) -> str:
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     return '"' + escaped.replace("\n", "\\n").replace("\t", "\\t") + '"'

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bash_sandbox import state as executor_state
+from bash_sandbox.git_created import data_pairs, parse_config
 from bash_sandbox.git_discovery import DotGit, read_gitfile
 from bash_sandbox.git_import import state_files as sf
 from bash_sandbox.git_import.gitcmd import SCRATCH_OPTIONS, GitError, git, git_env
@@ -1535,6 +1536,7 @@ def import_created(
     os.makedirs(os.path.dirname(host_gitdir), exist_ok=True)
     git(host_gitdir, "init", "--bare", "-q", "--template=", host_gitdir)
     git(host_gitdir, "config", "core.bare", "false")
+    _keep_data_config(source_gitdir, host_gitdir)
     if worktree_within is not None:
         _keep_worktree(source_gitdir, host_gitdir, worktree_within)
     snap = Snapshot(
@@ -1548,6 +1550,19 @@ def import_created(
     )
     os.makedirs(work, exist_ok=True)
     return import_changes(snap, work_base=work)
+
+
+def _keep_data_config(source: str, host_gitdir: str) -> None:
+    """The command's remotes, branch tracking and submodule URLs, read by git's parser and
+    kept by the allowlist a created repository's config keeps (`git_created.data_pairs`):
+    `git submodule add` writes the new submodule's `origin`, and without it the user's
+    `git -C sub pull` had no remote (a usability pass)."""
+    try:
+        data = read_regular(os.path.join(source, "config"), 1 << 20)
+    except OSError:
+        return
+    for key, value in data_pairs(parse_config(data) or [])[:256]:
+        git(host_gitdir, "config", "--add", key, value, check=False)
 
 
 def _keep_worktree(source: str, host_gitdir: str, within: str) -> None:

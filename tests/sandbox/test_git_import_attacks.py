@@ -971,11 +971,15 @@ async def test_a_submodule_added_in_the_sandbox_keeps_its_worktree_on_the_host(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
     repo = make_repo(workspace / "repo")
+    marker = workspace.parent / "pwned"
     command = (
         "set -e; mkdir src && cd src && git init -q -b main && echo a > a && git add a"
         " && git commit -qm a && cd .."
         " && git -c protocol.file.allow=always submodule add -q ./src mod 2>/dev/null"
-        " && git commit -qm sub"
+        " && git commit -qm sub && cfg=.git/modules/mod/config"
+        f" && git config -f $cfg core.fsmonitor 'touch {marker}'"
+        f" && git config -f $cfg remote.origin.uploadpack 'touch {marker}; git-upload-pack'"
+        " && git config -f $cfg remote.evil.url 'ext::sh -c touch% /tmp/x'"
     )
     result = await _run(make_executor(mode="workspace-write"), command, repo)
     if result.exit_code != 0 and os.geteuid() != 0:
@@ -988,3 +992,12 @@ async def test_a_submodule_added_in_the_sandbox_keeps_its_worktree_on_the_host(
     assert worktree.strip() == "../../../mod"
     assert host_git(repo / "mod", "log", "--format=%s").split() == ["a"]
     assert host_git(repo, "submodule", "status").split()[1] == "mod"
+    # Its remote and tracking came back (data keys only): the user's pull works, and runs
+    # nothing the command configured.
+    assert host_git(repo / "mod", "remote").split() == ["origin"]
+    assert host_git(repo / "mod", "rev-parse", "--abbrev-ref", "main@{upstream}").strip() == (
+        "origin/main"
+    )
+    host_git(repo / "mod", "-c", "protocol.file.allow=always", "pull", "-q")
+    host_git(repo / "mod", "status")
+    assert not marker.exists()
