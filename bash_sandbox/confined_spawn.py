@@ -4,8 +4,9 @@
 `ExitStack` at the line that acquires it, so a failure at any stage gives back exactly what
 the stages before it took (and `close()` gives back everything, once):
 
-    check -> cache home -> survey (placeholders, overlays) -> cover watch -> egress grant
-    -> environment -> limits -> supervisor channel -> the backend's wrap
+    check -> trust domain's namespaces -> cache home -> survey (placeholders, overlays)
+    -> cover watch -> egress grant -> environment -> limits -> supervisor channel
+    -> the backend's wrap
 
 `settled()` reads, in this order and in one place: the limits (their counters live in the
 command's cgroup), the supervisor, the git copy-back, and the facts.
@@ -49,6 +50,7 @@ from bash_sandbox.linux.compiled_launcher import compiled_launcher
 from bash_sandbox.linux.cover_watch import CoverWatchError
 from bash_sandbox.linux.helper_client import helper_can_launch
 from bash_sandbox.linux.limits import LimitsPlan, LimitsSetupError, tmpfs_full
+from bash_sandbox.linux.namespaces import NamespaceFds
 from bash_sandbox.linux.supervisor import (
     ConnectPolicy,
     SupervisedCommand,
@@ -134,6 +136,7 @@ class ConfinedSpawn(SpawnScope):
         # (target, this spawn's file bound there, its content as made): `HostView.file_binds`.
         self._stand_ins: list[tuple[str, str, bytes | None]] = []
         self._links: tuple[tuple[str, str, str], ...] = ()
+        self._domain: NamespaceFds | None = None  # this call's trust domain's namespaces
 
     @classmethod
     async def open(
@@ -169,12 +172,15 @@ class ConfinedSpawn(SpawnScope):
         settings: SpawnSettings,
     ) -> None:
         """The stages of `open` that make nothing the host sees, for ``spec``, ahead of its
-        first spawn (`SandboxBashExecutor.warm`): the checks, the cache home (held, as a spawn
-        holds it, until the executor closes), the environment's settings, and the survey's
-        read-only part (`HostSurvey.warm`). Nothing is spawned, planned or watched."""
+        first spawn (`SandboxBashExecutor.warm`): the checks, its trust domain's namespaces,
+        the cache home (held, as a spawn holds it, until the executor closes), the
+        environment's settings, and the survey's read-only part (`HostSurvey.warm`). Nothing
+        is spawned, planned or watched."""
         scope = cls(services, spec, policy, backend, settings)
         try:
             scope._check()
+            if backend.mounts:
+                services.domain_namespaces(policy)  # the domain's loopback and ptys, kept
             scope._add_cache_home()
             scope._environment()
             services.survey.warm(scope.policy, backend.mounts, scope._user_policy)
@@ -189,6 +195,7 @@ class ConfinedSpawn(SpawnScope):
         fails the spawn before anything ran (`ViewChangedError`, looked at again); one
         replaced meanwhile is seen by the cover watch, which stops the command."""
         self._check()
+        self._domain = await self._domain_namespaces()
         self._add_cache_home()
         self.grant = self._egress_grant()
         env = self._environment()
@@ -306,8 +313,20 @@ class ConfinedSpawn(SpawnScope):
         self._stack.callback(self._early_release(functools.partial(watch.release, ticket)))
         return view
 
+    async def _domain_namespaces(self) -> NamespaceFds | None:
+        """The loopback, abstract sockets and ptys of this call's trust domain, shared with
+        no wider or narrower call (`linux/namespaces.py`); made off the loop the first time
+        the domain spawns (a fork and a wait)."""
+        if not self.backend.mounts:
+            return None
+        services = self._services
+        ready = services.domain_ready(self._user_policy)
+        if ready is not None:
+            return ready
+        return await asyncio.to_thread(services.domain_namespaces, self._user_policy)
+
     def _egress_grant(self) -> ProxyGrant | None:
-        grant = self._services.egress_grant(self.policy, self.backend)
+        grant = self._services.egress_grant(self.policy, self.backend, self._domain)
         if grant is not None:
             self._stack.callback(grant.close)
         return grant
@@ -357,7 +376,7 @@ class ConfinedSpawn(SpawnScope):
 
     def _wrap(self, plan: SpawnPlan, view: HostView, listener_fd: int) -> ConfinedPlan:
         services, backend, policy = self._services, self.backend, self.policy
-        namespaces = services.namespaces.ready if backend.mounts else None
+        namespaces = self._domain
         # The private /tmp and /dev/shm of this policy's trust domain (`trust_domain.py`).
         scratch = services.state.scratch_for(policy, namespaces) if namespaces else None
         if self.grant is not None and namespaces is not None and scratch is not None:

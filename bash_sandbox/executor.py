@@ -286,9 +286,12 @@ class SandboxBashExecutor(LocalBashExecutor):
         self._services.publications.check_room()
         policy = self._policy_of(spec)
         own_network = policy.confined and policy.network is NetworkMode.ISOLATED
+        namespaces = None
         if own_network:
-            await asyncio.to_thread(self._prepare, policy.mode)
-        namespaces = self._services.namespaces.ready if own_network else None
+            backend = await asyncio.to_thread(self._prepare, policy.mode)
+            if backend.mounts:
+                # The loopback of the call's trust domain: where its server listens.
+                namespaces = await asyncio.to_thread(self._services.domain_namespaces, policy)
         if own_network and namespaces is None:
             raise PublishError("publish: this backend gives commands no network namespace")
         return await asyncio.to_thread(

@@ -34,7 +34,7 @@ from bash_sandbox.loop_turns import follow_loop
 from bash_sandbox.mirrors import Mirrors
 from bash_sandbox.publish import Publications
 from bash_sandbox.state import ExecutorState, GitUpper
-from bash_sandbox.trust_domain import executor_reach
+from bash_sandbox.trust_domain import domain_key, executor_reach
 from bash_sandbox.view import GitOverlay
 from policies import NetworkMode, SandboxMode, SandboxPolicy
 
@@ -92,6 +92,7 @@ class SandboxServices:
         self._egress_resolver = egress_resolver
         self._supervisor: SeccompSupervisor | None = None
         self._proxy: EgressProxy | None = None
+        self._proxy_nets: set[int] = set()  # the domains' namespaces the proxy listens in
         self._watch: CoverWatch | None = None
         self._watch_loop: asyncio.AbstractEventLoop | None = None
         self._helper: SpawnHelper | None = None
@@ -114,6 +115,21 @@ class SandboxServices:
             raise SandboxUnavailableError(
                 mode, f"cannot make the executor's namespaces: {exc}"
             ) from exc
+
+    def domain_namespaces(self, policy: SandboxPolicy) -> NamespaceFds:
+        """The namespaces ``policy``'s commands join: its trust domain's own loopback, abstract
+        sockets and ptys, made the first time the domain spawns (blocking: off the loop
+        unless `domain_ready`), kept until `close()`. ``policy``: the caller's, before the
+        executor adds its cache home (which follows from it)."""
+        try:
+            return self.namespaces.for_domain(domain_key(policy))
+        except NamespaceError as exc:
+            raise SandboxUnavailableError(
+                policy.mode, f"cannot make the trust domain's namespaces: {exc}"
+            ) from exc
+
+    def domain_ready(self, policy: SandboxPolicy) -> NamespaceFds | None:
+        return self.namespaces.domain_ready(domain_key(policy))
 
     def supervisor(self) -> SeccompSupervisor:
         if self._supervisor is None:
@@ -178,13 +194,16 @@ class SandboxServices:
     # The interpreter the helper runs on (None: this one); a test points it elsewhere.
     helper_python: str | None = None
 
-    def egress_grant(self, policy: SandboxPolicy, backend: SandboxBackend) -> ProxyGrant | None:
+    def egress_grant(
+        self, policy: SandboxPolicy, backend: SandboxBackend, domain: NamespaceFds | None
+    ) -> ProxyGrant | None:
         """Under `isolated` with an allowlist: this command's grant on the executor's proxy,
-        which listens inside the executor's network namespace and is its only way out."""
+        which listens at one address inside each trust domain's network namespace
+        (``domain``: this command's) and is its only way out."""
         if policy.network is not NetworkMode.ISOLATED or not policy.allow_domains:
             return None
         ns = self.namespaces.ready
-        if ns is None or not backend.mounts:
+        if ns is None or domain is None or not backend.mounts:
             raise SandboxUnavailableError(
                 policy.mode, "an allowlist needs the executor's network namespace (none here)"
             )
@@ -203,7 +222,16 @@ class SandboxServices:
             except EgressProxyError as exc:
                 proxy.close()  # never kept: the next call tries a fresh one
                 raise SandboxUnavailableError(policy.mode, str(exc)) from exc
-            self._proxy = proxy
+            self._proxy, self._proxy_nets = proxy, set()
+        if domain.net not in self._proxy_nets:
+            # Served in this domain from now on (the proxy owns the copy it is given).
+            from bash_sandbox.egress import EgressProxyError
+
+            try:
+                self._proxy.add_listener(socket.socket(fileno=os.dup(domain.listener)))
+            except EgressProxyError as exc:
+                raise SandboxUnavailableError(policy.mode, str(exc)) from exc
+            self._proxy_nets.add(domain.net)
         return self._proxy.register(policy.allow_domains)
 
     @property

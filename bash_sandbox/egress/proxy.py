@@ -163,6 +163,9 @@ class EgressProxy:
         self._private = parse_private_domains(allow_private)
         self._vault = credentials
         self._listen = listen_socket
+        # More listeners on the same address in other network namespaces (`add_listener`).
+        self._more: list[socket.socket] = []
+        self._listening = False
         self._host, self._port = listen_socket.getsockname()[:2]
         self._resolver: Resolver = resolver if resolver is not None else SystemResolver()
         self._state = threading.Lock()
@@ -173,6 +176,7 @@ class EgressProxy:
         self._failure: BaseException | None = None
         # Touched only on the proxy's loop:
         self._stop: asyncio.Event | None = None
+        self._accepting: list[asyncio.Task[None]] = []
         self._clients: dict[asyncio.Task[None], _Client] = {}
         self._per_grant: Counter[object] = Counter()
 
@@ -205,6 +209,22 @@ class EgressProxy:
 
         return self._grants.register(allow, environment=environment, on_close=self._grant_closed)
 
+    def add_listener(self, listen_socket: socket.socket) -> None:
+        """Also serve ``listen_socket``: bound, listening, on `address` (in another network
+        namespace: one per trust domain). The proxy owns it from here on."""
+        if listen_socket.getsockname()[:2] != (self._host, self._port):
+            raise EgressProxyError("another listener must be bound to the proxy's address")
+        with self._state:
+            if self._closed:
+                listen_socket.close()
+                raise EgressProxyError("the egress proxy is closed")
+            self._more.append(listen_socket)
+            # Once `_main` took its list, a later one is handed to its loop.
+            loop = self._loop if self._listening else None
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # stopped meanwhile: `_run` closes it
+                loop.call_soon_threadsafe(self._accept_on, listen_socket)
+
     def start(self) -> None:
         """Serve on a new thread; returns once the proxy accepts connections."""
         with self._state:
@@ -231,7 +251,7 @@ class EgressProxy:
             loop, thread = self._loop, self._thread
         self._grants.close_all()
         if thread is None:
-            self._listen.close()
+            self._close_listeners()
             return
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop already ended on its own
@@ -268,7 +288,13 @@ class EgressProxy:
                 # getaddrinfo threads of the SystemResolver; bounded so close() is too.
                 loop.run_until_complete(asyncio.wait_for(loop.shutdown_default_executor(), 5))
             loop.close()
-            self._listen.close()
+            self._close_listeners()
+
+    def _close_listeners(self) -> None:
+        with self._state:
+            more, self._more = self._more, []
+        for sock in (self._listen, *more):
+            sock.close()
 
     def _request_stop(self) -> None:
         if self._stop is not None:
@@ -276,23 +302,35 @@ class EgressProxy:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        self._listen.setblocking(False)
-        accepting = asyncio.create_task(self._accept_loop())
+        with self._state:
+            listeners = [self._listen, *self._more]
+            self._listening = True
+        for listen in listeners:
+            self._accept_on(listen)
         self._ready.set()
         try:
             await self._stop.wait()
         finally:
-            accepting.cancel()
+            for task in self._accepting:
+                task.cancel()
             clients = list(self._clients)
             for task in clients:
                 task.cancel()
-            await asyncio.gather(accepting, *clients, return_exceptions=True)
+            await asyncio.gather(*self._accepting, *clients, return_exceptions=True)
+            # Dropped now: a connection accepted as its task was cancelled is closed with it.
+            self._accepting.clear()
 
-    async def _accept_loop(self) -> None:
+    def _accept_on(self, listen: socket.socket) -> None:
+        if self._stop is None or self._stop.is_set():
+            return  # stopping: `_run` closes the socket
+        listen.setblocking(False)
+        self._accepting.append(asyncio.create_task(self._accept_loop(listen)))
+
+    async def _accept_loop(self, listen: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                sock, _ = await loop.sock_accept(self._listen)
+                sock, _ = await loop.sock_accept(listen)
             except OSError as exc:
                 # EMFILE and friends: back off briefly rather than spin on the ready socket.
                 _log.warning("egress proxy accept failed: %s", exc)
