@@ -25,7 +25,6 @@ snapshot)` after it, `recover(state_dir)` before a dead executor's state is swep
 """
 
 from bash_sandbox.git_import.importer import (
-    KEEP_NAMESPACE,
     ImportResult,
     Snapshot,
     begin,
@@ -37,7 +36,7 @@ from bash_sandbox.git_import.importer import (
     recover,
     recover_overlay,
 )
-from bash_sandbox.git_import.transaction import CRASH_ENV, WRITE_POINTS
+from bash_sandbox.git_import.transaction import CRASH_ENV, KEEP_NAMESPACE, WRITE_POINTS
 from bash_sandbox.git_import.view import GIT_STATE_CAP_BYTES
 
 __all__ = [

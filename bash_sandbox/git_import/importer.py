@@ -21,6 +21,7 @@ from bash_sandbox.git_import.kept_refs import snapshot_refs
 from bash_sandbox.git_import.transaction import (
     ABSENT,
     JOURNAL,
+    KEEP_NAMESPACE,
     Conflict,
     FileChange,
     IndexChange,
@@ -57,7 +58,6 @@ INTENT = "intent.json"
 UNIMPORTED = "unimported"
 # A one-page write cannot be split by a kill; intents this small are rewritten in place.
 _INTENT_PAGE = 4096
-KEEP_NAMESPACE = "refs/bash-sandbox"
 _CARRIER = "refs/bash-sandbox-import"
 # A linked worktree's links to its checkout and to the common dir (checked on their own).
 _WORKTREE_LINKS = frozenset({"gitdir", "commondir", "locked"})

@@ -38,6 +38,9 @@ from bash_sandbox.git_import import state_files as sf
 from bash_sandbox.git_import.gitcmd import GitError, git
 from policies.paths import within
 
+# Where the command's commits are kept until they land (`refs/bash-sandbox/<run>/...`).
+KEEP_NAMESPACE = "refs/bash-sandbox"
+
 CRASH_ENV = "BASH_SANDBOX_GIT_IMPORT_CRASH"
 # Set by tests in-process; the environment variable is read at each write point, never at
 # import (the warm daemon imports this once, with the environment of whoever started it).
@@ -569,6 +572,11 @@ def drop_keep_refs(
     if gone:
         with contextlib.suppress(GitError):
             _update_refs(journal.gitdir, gone, "bash-sandbox: imported", zero)
+        # Git removes a deleted ref's empty directories but the namespace's own: an empty
+        # `refs/bash-sandbox` was left in every repository an import touched.
+        for below in ("", "logs"):
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(journal.gitdir, below, KEEP_NAMESPACE))
     crash_point("keep-refs")
 
 

@@ -519,3 +519,16 @@ async def test_git_status_in_workspace_write_leaves_nothing_to_import(
     assert added.sandbox is not None
     assert [o.status for o in added.sandbox.git] == [GitImportStatus.APPLIED]
     assert "n.txt" in host_git(repo, "ls-files")  # git's own index writes still land
+
+
+async def test_an_import_leaves_no_empty_keep_ref_directory_behind(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # The keep-refs are deleted once the commits land; git left their namespace's own
+    # directory, so `refs/bash-sandbox/` stayed in every repository (a usability pass).
+    repo = make_repo(workspace / "repo")
+    ex = make_executor(mode="workspace-write")
+    await _committed(ex, repo, "echo x > x && git add x && git commit -qm 'from the command'")
+    assert not (repo / ".git" / KEEP_NAMESPACE).exists()
+    assert not (repo / ".git" / "logs" / KEEP_NAMESPACE).exists()
+    fsck_clean(repo)
