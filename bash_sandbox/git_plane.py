@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -144,14 +145,82 @@ def _config_values(text: str) -> Iterator[tuple[str, str]]:
         yield f"{section}.{match.group(1).lower()}", value
 
 
-def config_path_targets(
-    gitdir: str | None, worktree: str | None, home: str
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(hooks directories, included config files): the targets of `core.hooksPath` and of
-    `include.path`/`includeIf.*.path` in the configs git reads for this repository (system,
-    global, local, worktree; ``gitdir`` None: those every repository of the host reads),
-    following includes, whatever their conditions. Relative hooks paths are relative to the
-    worktree (None: not known, left out), includes to the file that includes them."""
+@dataclass(frozen=True)
+class ConfigTargets:
+    """What the configs host git reads name on disk: hooks directories (`core.hooksPath`),
+    included config files, programs it runs (path -> the key naming it) and template
+    directories `git init` and `git clone` copy hooks from."""
+
+    hooks: tuple[str, ...] = ()
+    includes: tuple[str, ...] = ()
+    programs: tuple[tuple[str, str], ...] = ()
+    templates: tuple[str, ...] = ()
+
+
+# Keys whose value is a command host git runs (a shell line: its first word is the program);
+# by section and key, any subsection (`diff.<driver>.textconv`).
+_PROGRAM_KEYS = frozenset(
+    {
+        ("core", "fsmonitor"),
+        ("core", "sshcommand"),
+        ("core", "editor"),
+        ("core", "pager"),
+        ("core", "askpass"),
+        ("core", "gitproxy"),
+        ("sequence", "editor"),
+        ("diff", "external"),
+        ("diff", "textconv"),
+        ("diff", "command"),
+        ("merge", "driver"),
+        ("mergetool", "cmd"),
+        ("mergetool", "path"),
+        ("difftool", "cmd"),
+        ("difftool", "path"),
+        ("filter", "clean"),
+        ("filter", "smudge"),
+        ("filter", "process"),
+        ("credential", "helper"),
+        ("gpg", "program"),
+        ("uploadpack", "packobjectshook"),
+        ("interactive", "difffilter"),
+        ("remote", "uploadpack"),
+        ("remote", "receivepack"),
+    }
+)
+# Sections every key of which is a command (`pager.log`; `alias.x` when it starts with `!`).
+_PROGRAM_SECTIONS = frozenset({"pager", "alias"})
+
+
+def _program(key: str, value: str, base: str | None) -> str | None:
+    """The file a command-valued ``key`` runs, where its value names one by path (absolute,
+    `~`, or relative to ``base``, the worktree); None for a program found on `PATH`."""
+    section, name = key.split(".", 1)[0], key.rsplit(".", 1)[-1]
+    if section == "alias" or (section == "credential" and name == "helper"):
+        if not value.startswith("!"):
+            return None  # a git command, or a helper `git-credential-<name>` on PATH
+        value = value[1:]
+    elif (section, name) not in _PROGRAM_KEYS and section not in _PROGRAM_SECTIONS:
+        return None
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        words = value.split()
+    if not words:
+        return None
+    word = os.path.expanduser(words[0]) if words[0].startswith("~") else words[0]
+    if os.path.isabs(word):
+        return os.path.normpath(word)
+    if "/" in word and base is not None:
+        return os.path.normpath(os.path.join(base, word))
+    return None
+
+
+def config_path_targets(gitdir: str | None, worktree: str | None, home: str) -> ConfigTargets:
+    """What the configs git reads for this repository (system, global, local, worktree;
+    ``gitdir`` None: those every repository of the host reads) name on disk, following
+    includes whatever their conditions (`ConfigTargets`). Relative hooks paths and programs
+    are relative to the worktree (None: not known, left out), includes to the file that
+    includes them."""
     configs = [
         "/etc/gitconfig",
         os.path.join(home, ".gitconfig"),
@@ -165,6 +234,8 @@ def config_path_targets(
         configs += [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
     hooks: dict[str, None] = {}
     includes: dict[str, None] = {}
+    programs: dict[str, str] = {}
+    templates: dict[str, None] = {}
     seen: set[str] = set()
     queue = list(configs)
     while queue and len(seen) < 32:
@@ -195,7 +266,14 @@ def config_path_targets(
                 full = os.path.normpath(full)
                 includes.setdefault(full, None)
                 queue.append(full)
-    return tuple(hooks), tuple(includes)
+            elif key == "init.templatedir":
+                if os.path.isabs(expanded):
+                    templates.setdefault(os.path.normpath(expanded), None)
+            else:
+                program = _program(key, value, worktree)
+                if program is not None:
+                    programs.setdefault(program, key)
+    return ConfigTargets(tuple(hooks), tuple(includes), tuple(programs.items()), tuple(templates))
 
 
 # -- the import -------------------------------------------------------------------------------

@@ -507,22 +507,34 @@ class HostSurvey:
     def _git_config_links(
         gitdirs: tuple[str, ...], roots: tuple[str, ...], known: set[str]
     ) -> list[ChainLink]:
-        """`core.hooksPath` and `include`/`includeIf` targets inside a writable root (any
-        condition: host git evaluates it for repositories elsewhere too) of the host's own
-        configs and of each of ``gitdirs``, as chain links, but those ``known`` already."""
+        """What the host's own configs and each of ``gitdirs``' name inside a writable root
+        (`git_plane.ConfigTargets`: hooks paths, includes whatever their condition, since
+        host git evaluates it for repositories elsewhere too, programs it runs, template
+        directories), as chain links, but those ``known`` already."""
         home = os.path.expanduser("~")
         found: dict[str, ChainLink] = {}
         for gitdir in (None, *gitdirs):
             worktree = os.path.dirname(gitdir) if gitdir is not None else None
-            hooks, includes = config_path_targets(gitdir, worktree, home)
-            for path in hooks:
+            named = config_path_targets(gitdir, worktree, home)
+            links = [
+                *((p, True, f"hook chain: core.hooksPath is {p}") for p in named.hooks),
+                *(
+                    (p, False, f"git config: host git reads {p} (an include)")
+                    for p in named.includes
+                ),
+                *((p, False, f"git config: host git runs {p} ({k})") for p, k in named.programs),
+                *(
+                    (
+                        p,
+                        True,
+                        f"git config: git init and clone copy hooks from {p} (init.templateDir)",
+                    )
+                    for p in named.templates
+                ),
+            ]
+            for path, is_dir, why in links:
                 if path not in known and within_any(os.path.realpath(path), roots):
-                    why = f"hook chain: core.hooksPath is {path}"
-                    found.setdefault(path, ChainLink(path, True, why))
-            for path in includes:
-                if path not in known and within_any(os.path.realpath(path), roots):
-                    why = f"git config: host git reads {path} (an include)"
-                    found.setdefault(path, ChainLink(path, False, why))
+                    found.setdefault(path, ChainLink(path, is_dir, why))
         return list(found.values())
 
 

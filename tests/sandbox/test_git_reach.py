@@ -1051,3 +1051,60 @@ async def test_an_include_of_the_hosts_own_git_config_stays_read_only_without_a_
         ["git", "status"], cwd=elsewhere, env=user_env, capture_output=True, timeout=30, check=False
     )
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("setting", "planted", "trigger"),
+    [
+        ("core.fsmonitor = {ws}/tools/fsmon.sh", "tools/fsmon.sh", ("status",)),
+        ("alias.lg = !{ws}/tools/lg.sh --oneline", "tools/lg.sh", ("lg",)),
+        ("init.templateDir = {ws}/tmpl", "tmpl/hooks/post-checkout", ("checkout", "-q", "-b", "x")),
+    ],
+)
+async def test_a_program_the_hosts_git_config_names_in_a_root_stays_read_only(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    setting: str,
+    planted: str,
+    trigger: tuple[str, ...],
+) -> None:
+    # The user's `~/.gitconfig` names a script kept in a project (an fsmonitor, an alias,
+    # the template directory `git init` copies hooks from): a command that rewrites it runs
+    # in the host's next git anywhere.
+    marker = tmp_path / "pwned"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(
+        "[user]\n\tname = t\n\temail = t@e\n["
+        + setting.format(ws=workspace).replace(".", "]\n\t", 1)
+        + "\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    target = workspace / planted
+    target.parent.mkdir(parents=True)
+    target.write_text("#!/bin/sh\nexit 0\n")
+    target.chmod(0o755)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex, f"printf '#!/bin/sh\\ntouch {marker}\\n' > {target}; echo ok > other.txt", workspace
+    )
+    assert result.sandbox is not None
+    assert [d.target for d in result.sandbox.denials] == [str(target)]
+    assert "git config: " in (result.sandbox.denials[0].reason or "")
+    assert target.read_text() == "#!/bin/sh\nexit 0\n"
+    assert (workspace / "other.txt").read_text() == "ok\n"  # the rest of the root is writable
+    user_env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    elsewhere = tmp_path / "elsewhere"
+    subprocess.run(["git", "init", "-q", str(elsewhere)], env=user_env, check=True, timeout=30)
+    subprocess.run(
+        ["git", "commit", "-q", "--allow-empty", "-m", "a"],
+        cwd=elsewhere, env=user_env, capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    subprocess.run(
+        ["git", *trigger], cwd=elsewhere, env=user_env, capture_output=True, timeout=30, check=False
+    )
+    assert not marker.exists()
