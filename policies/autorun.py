@@ -89,7 +89,26 @@ VCS_CONFIG_PATHS: MappingProxyType[str, str] = MappingProxyType(
     }
 )
 
-DEFAULT_AUTORUN_PATHS: tuple[str, ...] = (*AUTORUN_PATHS, *SHELL_RC_PATHS, *VCS_CONFIG_PATHS)
+# Files a tool runs once the user trusted them by path (mise's `[env] _.source`, hooks and
+# tasks on entering the directory): a trusted one a command rewrites runs; a new one asks for
+# trust first, so a missing one is not held (no placeholder in every workspace).
+TRUSTED_CONFIG_PATHS: MappingProxyType[str, str] = MappingProxyType(
+    {
+        "mise.toml": "mise runs the env scripts and hooks of a trusted config on entering",
+        ".mise.toml": "mise runs the env scripts and hooks of a trusted config on entering",
+        "mise.local.toml": "mise runs the env scripts and hooks of a trusted config on entering",
+        ".mise.local.toml": "mise runs the env scripts and hooks of a trusted config on entering",
+        ".mise": "mise runs the env scripts and hooks of a trusted config on entering",
+        ".config/mise": "mise runs the env scripts and hooks of a trusted config on entering",
+    }
+)
+
+DEFAULT_AUTORUN_PATHS: tuple[str, ...] = (
+    *AUTORUN_PATHS,
+    *SHELL_RC_PATHS,
+    *VCS_CONFIG_PATHS,
+    *TRUSTED_CONFIG_PATHS,
+)
 
 
 @dataclass(frozen=True)
@@ -438,7 +457,12 @@ UNPROTECT_KEY = "unprotected_paths"
 
 def autorun_reason(name: str) -> str | None:
     """Why ``name`` (a protected name) is protected by default, if it is an auto-run name."""
-    return AUTORUN_PATHS.get(name) or SHELL_RC_PATHS.get(name) or VCS_CONFIG_PATHS.get(name)
+    return (
+        AUTORUN_PATHS.get(name)
+        or SHELL_RC_PATHS.get(name)
+        or VCS_CONFIG_PATHS.get(name)
+        or TRUSTED_CONFIG_PATHS.get(name)
+    )
 
 
 @functools.cache
@@ -455,8 +479,10 @@ def _homes(home: str) -> frozenset[str]:
 def needs_placeholder(name: str, root: str, *, real_root: str | None = None) -> bool:
     """Whether a missing protected ``name`` in ``root`` must be held by a placeholder:
     a shell start-up file only in a home directory (see the module docstring), another
-    version control system's config only in its repository.
+    version control system's config only in its repository, a config trusted by path never.
     ``real_root``: ``root`` resolved, where the caller has it (once a spawn, not per name)."""
+    if name in TRUSTED_CONFIG_PATHS:
+        return False
     if name in VCS_CONFIG_PATHS:
         # Only in a repository: its directory a real one (one lstat, kept with the kinds).
         top = os.path.join(root, name.split("/", maxsplit=1)[0])

@@ -376,3 +376,22 @@ async def test_git_clean_fdx_passes_over_the_held_names_and_removes_the_rest(
     assert (workspace / ".vscode" / "settings.json").read_text() == "{}\n"
     assert not (workspace / ".envrc").exists()
     assert sorted(p.name for p in workspace.iterdir()) == [".git", ".vscode"]
+
+
+async def test_a_trusted_mise_config_stays_read_only_and_a_missing_one_is_not_held(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # mise runs a trusted config's `[env] _.source` and hooks when the user's shell enters
+    # the directory, trusted by path: rewriting it ran the command's script there.
+    config = workspace / "mise.toml"
+    config.write_text('[env]\nNODE_ENV = "dev"\n')
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex, "printf '[env]\\n_.source = \"./evil.sh\"\\n' >> mise.toml; ls -a", workspace
+    )
+    assert [d.target for d in result.sandbox.denials] == [str(config)]  # type: ignore[union-attr]
+    assert "mise runs" in _reasons(result)[0]
+    assert config.read_text() == '[env]\nNODE_ENV = "dev"\n'
+    # A missing one needs the user's trust first: no placeholder for it in the workspace.
+    listed = result.stdout.text.split()
+    assert not {".mise.toml", "mise.local.toml", ".mise"} & set(listed)
