@@ -136,6 +136,7 @@ class ConfinedSpawn(SpawnScope):
         # (target, this spawn's file bound there, its content as made): `HostView.file_binds`.
         self._stand_ins: list[tuple[str, str, bytes | None]] = []
         self._links: tuple[tuple[str, str, str], ...] = ()
+        self._made: frozenset[str] = frozenset()  # the placeholders the survey made
         self._domain: NamespaceFds | None = None  # this call's trust domain's namespaces
 
     @classmethod
@@ -297,6 +298,7 @@ class ConfinedSpawn(SpawnScope):
             self._stack.callback(self._services.recycle_upper, overlay)
         self.overlays = view.overlays
         self._links = view.links
+        self._made = frozenset(view.placeholders)
         return view
 
     def _watch_covers(self, view: HostView) -> HostView:
@@ -489,6 +491,7 @@ class ConfinedSpawn(SpawnScope):
                 view_mounts=backend.mounts,
                 scratch=(self._private_tmpdir,),
                 guarded=self._guarded,
+                placeholders=self._made,
             ),
         )
 

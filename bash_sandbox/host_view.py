@@ -334,6 +334,13 @@ class HostSurvey:
             watched=tuple(dict.fromkeys(watched)),
             file_binds=self._excludes(overlays, held),
             links=snapshot_links([c.path for c in git.chain if not c.covered], roots),
+            placeholders=tuple(
+                p
+                for p in dict.fromkeys(
+                    (*(p for p, _ in protected.missing), *(p for p, _ in missing), *gaps_held)
+                )
+                if p in held
+            ),
         )
         return view
 

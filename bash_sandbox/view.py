@@ -81,3 +81,5 @@ class HostView:
     watched: tuple[str, ...] = field(default=(), compare=False)
     # (root, path, target): links in a root a host name leads through, put back after.
     links: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
+    # The placeholders this spawn holds for names missing when it looked (not the user's).
+    placeholders: tuple[str, ...] = field(default=(), compare=False)

@@ -101,6 +101,8 @@ class WritePolicy:
     # Covered files that are not protected names (what the installed git hooks run), each
     # with the reason a refused write there reports.
     guarded: tuple[tuple[str, str], ...] = ()
+    # The placeholders the spawn made for missing protected names (`held_placeholder`).
+    placeholders: frozenset[str] = frozenset()
 
     def allows(self, path: str) -> bool:
         """Landlock alone: whether its rules let ``path`` be written."""
@@ -146,6 +148,7 @@ def write_policy(
     view_mounts: bool = True,
     scratch: tuple[str, ...] = (),
     guarded: Mapping[str, str] | None = None,
+    placeholders: frozenset[str] = frozenset(),
 ) -> WritePolicy:
     """The judge's view of ``policy`` (a confined one); ``helper``: the backend's binary;
     ``view_mounts`` and ``scratch``: see `WritePolicy`."""
@@ -164,6 +167,7 @@ def write_policy(
         view_mounts=view_mounts,
         scratch=scratch,
         guarded=tuple((guarded or {}).items()),
+        placeholders=placeholders,
     )
 
 
@@ -400,7 +404,11 @@ def _refused(captured: Captured, policy: WritePolicy | None = None) -> bool:
     if kind == "remove":
         found = _Resolved(root, captured.paths[0], False)
         try:
-            return _read_only(found.parent)  # before the lookup: also for a missing name
+            if _read_only(found.parent):
+                return True  # before the lookup: also for a missing name
+            # A name covered where it lies is a mount point: EBUSY (a protected directory
+            # the user has, its refused removal without a denial: a red team's).
+            return found.exists and _read_only(found.target)
         finally:
             found.close()
     # rename: across two mounts EXDEV comes first. link: the new name is made first (an
@@ -425,15 +433,16 @@ AT_REMOVEDIR = 0x200
 
 
 def held_placeholder(captured: Captured, args: tuple[int, ...], policy: WritePolicy) -> bool:
-    """Whether the call removes an empty directory held at a protected name (a missing
-    auto-run name's placeholder, a mount): the kernel would answer EBUSY, and `git clean
-    -fdx` (or `rm -rf .[!.]*`) then failed on every one of them and exited 1 (a usability
-    pass). The caller answers it as done without running it: the name stays held, the host
-    never had it, and a thread rewriting the path after this check changes nothing, since
-    the call never runs."""
+    """Whether the call removes a placeholder the spawn made for a missing protected name
+    (an empty directory under a mount): the kernel would answer EBUSY, and `git clean -fdx`
+    (or `rm -rf .[!.]*`) then failed on every one of them and exited 1 (a usability pass).
+    The caller answers it as done without running it: the name stays held, the host never
+    had it, and a thread rewriting the path after this check changes nothing, since the
+    call never runs. Not a directory the user has there (a red team's: its refused removal
+    then left no denial)."""
     call = captured.call
     removes_dir = call.name == "rmdir" or (call.name == "unlinkat" and bool(args[2] & AT_REMOVEDIR))
-    if not removes_dir or not _placeholder_name(captured.paths[0], policy):
+    if not removes_dir or captured.paths[0] not in policy.placeholders:
         return False
     found = _Resolved(captured.root, captured.paths[0], False)
     try:

@@ -395,3 +395,19 @@ async def test_a_trusted_mise_config_stays_read_only_and_a_missing_one_is_not_he
     # A missing one needs the user's trust first: no placeholder for it in the workspace.
     listed = result.stdout.text.split()
     assert not {".mise.toml", "mise.local.toml", ".mise"} & set(listed)
+
+
+async def test_removing_the_users_own_protected_directory_is_refused_with_a_denial(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # Only the spawn's own placeholders are answered as removed: the user's empty `.vscode`
+    # was too, so its refused removal left no denial (a red team's).
+    (workspace / ".vscode").mkdir()
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "rmdir .vscode", workspace)
+    assert result.exit_code != 0
+    assert result.sandbox is not None
+    assert [(d.target, d.operation) for d in result.sandbox.denials] == [
+        (str(workspace / ".vscode"), "rmdir")
+    ]
+    assert (workspace / ".vscode").is_dir()
