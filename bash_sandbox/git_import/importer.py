@@ -110,6 +110,8 @@ class Snapshot:
     # no `core.worktree`: a separate git dir) lies in the roots, as the caller's survey
     # found it (`main_checkout_inside`); None: unknown, taken as outside.
     main_inside: bool | None = None
+    # The refs that were loose files (`refs/...`) when it was taken; None: not listed.
+    loose: list[str] | None = None
 
 
 @dataclass
@@ -233,15 +235,17 @@ def _overwritten(path: str, body: bytes) -> bool:
 
 def _take(gitdir: str, upper: str, run_id: str) -> Snapshot:
     admins = _admins(gitdir)
-    try:
-        refs: dict[str, str] | None = snapshot_refs(gitdir)
-    except (GitError, subprocess.SubprocessError):
-        refs = None  # not a repository git can read (yet): nothing to compare with
+    refs: dict[str, str] | None = None
+    loose: tuple[str, ...] | None = None
+    # Not a repository git can read (yet): nothing to compare with.
+    with contextlib.suppress(GitError, subprocess.SubprocessError):
+        refs, loose = snapshot_refs(gitdir)
     return Snapshot(
         gitdir=gitdir,
         upper=upper,
         run_id=run_id,
         refs=refs,
+        loose=list(loose) if loose is not None else None,
         taken_ns=time.time_ns(),
         heads={a: _read_head(gitdir, a) for a in admins},
         indexes={a: _identity(os.path.join(gitdir, a, "index")) for a in admins},
@@ -432,12 +436,19 @@ class _Importer:
         start = self.snap.refs or {}
         names = sorted(set(start) | set(view_refs))
         outside: dict[str, str] | None = None  # read at the first ref that changed
+        loose = frozenset(self.snap.loose or ())
         for name in names:
             if name.startswith((KEEP_NAMESPACE + "/", _CARRIER + "/")):
                 continue
             s, c, h = start.get(name), view_refs.get(name), host_now.get(name)
             if c in (s, h):
                 continue  # unchanged, or the host's own change the command saw
+            if name in loose and name not in self.scan.files and not self.scan.removed(name):
+                # Loose when the command started, and the command wrote nothing there: a
+                # host `git pack-refs` (or `gc`) removed the file meanwhile, and the view
+                # showed the value in the command's stale copy of `packed-refs` (a deleted
+                # tag copies it up): the host's branch was rewound (a red team's).
+                continue
             if name.startswith("refs/replace/"):
                 # Host git would show the replacement wherever the object appears (a diff
                 # of a file the command never touched), while a push sends the original.

@@ -25,14 +25,17 @@ from bash_sandbox.kept_answers import KeptAnswers
 from bash_sandbox.safe_read import blocking_names
 
 _MAX_ENTRIES = 4096
-_ANSWERS: KeptAnswers[str, dict[str, str]] = KeptAnswers()
+_ANSWERS: KeptAnswers[str, tuple[dict[str, str], tuple[str, ...]]] = KeptAnswers()
 
 
-def snapshot_refs(gitdir: str) -> dict[str, str]:
-    """`host_refs(gitdir)`, from the kept answer when no file it came from changed."""
+def snapshot_refs(gitdir: str) -> tuple[dict[str, str], tuple[str, ...] | None]:
+    """`host_refs(gitdir)`, from the kept answer when no file it came from changed, and the
+    names of the refs that were loose files then (None: not listed). The import tells by
+    the second a ref the command never wrote from one whose loose file the host packed
+    while it ran (its view then showed the command's stale `packed-refs` value)."""
     known = _ANSWERS.get(gitdir)
     if known is not None:
-        return dict(known)
+        return dict(known[0]), known[1]
     blocking = blocking_names(gitdir)
     if blocking:
         # git would wait on it until its time bound, with the loop waiting for git.
@@ -40,9 +43,14 @@ def snapshot_refs(gitdir: str) -> dict[str, str]:
     asked = time.time_ns()
     refs = host_refs(gitdir)
     watched = _ref_files(gitdir)
-    if watched is not None:
-        _ANSWERS.keep(gitdir, watched, asked, dict(refs))
-    return refs
+    if watched is None:
+        return refs, None
+    # Listed after git read them: a ref the host makes loose in between is listed (and only
+    # ever keeps the host's value), one it packs in between is not (the command's view read
+    # it packed too).
+    loose = tuple(os.path.relpath(p, gitdir) for p in watched[3:] if os.path.isfile(p))
+    _ANSWERS.keep(gitdir, watched, asked, (dict(refs), loose))
+    return refs, loose
 
 
 def _ref_files(gitdir: str) -> tuple[str, ...] | None:

@@ -4,6 +4,7 @@ rebase and worktree are in `tests/workflows/test_git_workflows.py`.)"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -531,4 +532,50 @@ async def test_an_import_leaves_no_empty_keep_ref_directory_behind(
     await _committed(ex, repo, "echo x > x && git add x && git commit -qm 'from the command'")
     assert not (repo / ".git" / KEEP_NAMESPACE).exists()
     assert not (repo / ".git" / "logs" / KEEP_NAMESPACE).exists()
+    fsck_clean(repo)
+
+
+@pytest.mark.parametrize("host_step", [("pack-refs", "--all"), ("gc", "-q")])
+async def test_a_host_repack_of_refs_during_a_command_that_deleted_a_tag_keeps_every_branch(
+    make_executor: ExecutorFactory, workspace: Path, host_step: tuple[str, ...]
+) -> None:
+    # Deleting a packed tag copies `packed-refs` up into the overlay; the host's `git gc`
+    # then packed the loose `main` and `zz` and removed their files, so the import's view
+    # showed the stale copy's values: `main` rewound to the packed commit and `zz` deleted,
+    # reported as applied (red team). A ref the command never wrote keeps the host's value.
+    repo = make_repo(workspace / "repo")
+    host_git(repo, "tag", "v0")
+    host_git(repo, "pack-refs", "--all")  # main and v0 packed
+    for i in (1, 2):
+        (repo / "f0.txt").write_text(f"host {i}\n")
+        host_git(repo, "commit", "-qam", f"host commit {i}")  # main loose again
+    host_git(repo, "branch", "zz", "HEAD~1")
+    tip, zz = host_git(repo, "rev-parse", "main", "zz").split()
+    mark, go = workspace / "mark", workspace / "go"
+    ex = make_executor(mode="workspace-write")
+    background = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command=f"git tag -d v0 >/dev/null && touch {mark}"
+                f" && for i in $(seq 1000); do [ -e {go} ] && break; sleep 0.02; done",
+                workdir=str(repo),
+                env=GIT_ENV,
+                timeout_ms=60_000,
+            )
+        )
+    )
+    for _ in range(1000):
+        if mark.exists():
+            break
+        await asyncio.sleep(0.02)
+    assert mark.exists(), "the background command never reached its mark"
+    host_git(repo, *host_step)
+    go.touch()
+    await background.wait()
+    assert background.exit_code == 0 and background.sandbox is not None
+    [outcome] = background.sandbox.git
+    assert outcome.status is GitImportStatus.APPLIED, outcome
+    assert host_git(repo, "rev-parse", "main", "zz").split() == [tip, zz]
+    assert host_git(repo, "tag").split() == []  # the command's own change landed
+    assert host_git(repo, "status", "--porcelain", "--untracked-files=no") == ""
     fsck_clean(repo)
