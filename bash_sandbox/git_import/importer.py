@@ -44,6 +44,7 @@ from bash_sandbox.git_import.view import (
     UpperScan,
     add_admin_head,
     build_view,
+    host_objects,
     scan_upper,
 )
 from bash_sandbox.safe_read import read_regular
@@ -915,9 +916,17 @@ class _Importer:
             if rel in self.scan.files:
                 with contextlib.suppress(sf.StateRefused, OSError):
                     wanted.update(dict.fromkeys(sf.parse_reflog(self._read(rel), self.hexlen)[1]))
-        missing = self._absent(self.gitdir, wanted)
+        missing = self._host_lacks(wanted)
         absent = self._absent(self.view, missing) if missing else set()
         return missing - absent, frozenset(absent)
+
+    def _host_lacks(self, oids: Iterable[str]) -> set[str]:
+        """Of ``oids``, those the host's store lacks, asked through a repository of the
+        executor's whose only objects are the host's (`view.host_objects`: a partial
+        clone's own config would have git fetch them, or fail with lazy fetching off)."""
+        fmt = "sha256" if self.hexlen == 64 else "sha1"
+        store = host_objects(os.path.join(self.work, "host.git"), self.gitdir, object_format=fmt)
+        return self._absent(store, oids)
 
     @staticmethod
     def _absent(gitdir: str, oids: Iterable[str]) -> set[str]:
@@ -1229,7 +1238,12 @@ class _Importer:
         lacking: dict[str, None] = {}
         for blobs in self.index_blobs.values():
             lacking.update(dict.fromkeys(blobs))
-        lacking = dict.fromkeys(sorted(self._absent(self.gitdir, lacking))) if lacking else {}
+        if lacking:
+            # Those the view lacks too are no one's here: a partial clone's promised blobs
+            # (outside a sparse cone), which the host's index names already.
+            host_lacks = self._host_lacks(lacking)
+            nowhere = self._absent(self.view, host_lacks) if host_lacks else set()
+            lacking = dict.fromkeys(sorted(host_lacks - nowhere))
         if not lacking:
             return keep
         tree = git(

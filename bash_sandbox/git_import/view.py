@@ -188,15 +188,12 @@ def _object_kind(rel: str) -> str | None:
     return None
 
 
-def build_view(
-    view: str, host_gitdir: str, upper: str, scan: UpperScan, *, object_format: str
-) -> list[str]:
-    """Lay out the import view at ``view``; returns the object files of the upper layer that
-    were left out (an alternates file, anything git does not read as objects)."""
-    os.makedirs(os.path.join(view, "objects", "info"))
-    os.makedirs(os.path.join(view, "refs"))
-    with open(os.path.join(view, "config"), "w") as fh:
-        # The executor's own config: never the command's, never the host's.
+def _bare(path: str, object_format: str) -> None:
+    """An empty bare repository of the executor's own config at ``path``: never the
+    command's, never the host's (no promisor remote, no hooks, nothing it runs)."""
+    os.makedirs(os.path.join(path, "objects", "info"))
+    os.makedirs(os.path.join(path, "refs"))
+    with open(os.path.join(path, "config"), "w") as fh:
         if object_format == "sha1":
             fh.write("[core]\n\trepositoryformatversion = 0\n\tbare = true\n")
         else:
@@ -204,6 +201,33 @@ def build_view(
                 "[core]\n\trepositoryformatversion = 1\n\tbare = true\n"
                 f"[extensions]\n\tobjectformat = {object_format}\n"
             )
+
+
+def _default_head(path: str) -> None:
+    if not os.path.exists(os.path.join(path, "HEAD")):
+        with open(os.path.join(path, "HEAD"), "w") as fh:
+            fh.write("ref: refs/heads/main\n")
+
+
+def host_objects(path: str, host_gitdir: str, *, object_format: str) -> str:
+    """A bare repository at ``path`` whose only objects are the host's (an alternate):
+    asked for an object the host lacks, git answers `missing`, where in the host's own
+    repository a partial clone's promisor remote makes it fetch or, with lazy fetching
+    off, fail (every import of a `--filter=blob:none` clone failed: a red team's)."""
+    if not os.path.isdir(path):
+        _bare(path, object_format)
+        with open(os.path.join(path, "objects", "info", "alternates"), "wb") as fh:
+            fh.write(_alternate_line(os.path.realpath(os.path.join(host_gitdir, "objects"))))
+        _default_head(path)
+    return path
+
+
+def build_view(
+    view: str, host_gitdir: str, upper: str, scan: UpperScan, *, object_format: str
+) -> list[str]:
+    """Lay out the import view at ``view``; returns the object files of the upper layer that
+    were left out (an alternates file, anything git does not read as objects)."""
+    _bare(view, object_format)
     kinds = {rel: _object_kind(rel) for rel in scan.files if rel.startswith("objects/")}
     left_out = [rel for rel, kind in kinds.items() if kind is None and rel != "objects/info/packs"]
     alternates = [os.path.realpath(os.path.join(host_gitdir, "objects"))]
@@ -233,9 +257,7 @@ def build_view(
             _link_or_copy(os.path.join(upper, name), os.path.join(view, name))
         elif name not in scan.whiteouts and os.path.isfile(os.path.join(host_gitdir, name)):
             _from_host(os.path.join(host_gitdir, name), os.path.join(view, name))
-    if not os.path.exists(os.path.join(view, "HEAD")):
-        with open(os.path.join(view, "HEAD"), "w") as fh:
-            fh.write("ref: refs/heads/main\n")
+    _default_head(view)
     return left_out
 
 

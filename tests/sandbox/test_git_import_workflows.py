@@ -579,3 +579,33 @@ async def test_a_host_repack_of_refs_during_a_command_that_deleted_a_tag_keeps_e
     assert host_git(repo, "tag").split() == []  # the command's own change landed
     assert host_git(repo, "status", "--porcelain", "--untracked-files=no") == ""
     fsck_clean(repo)
+
+
+async def test_a_commit_in_a_sparse_partial_clone_is_imported(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # `git clone --filter=blob:none --sparse`: the host lacks the blobs outside the cone,
+    # and asking its own store for an object it lacks made git fetch it from the promisor
+    # remote (lazy fetching off: exit 128), so every commit was refused and its overlay kept
+    # for a retry that never succeeded (red team).
+    source = make_repo(tmp_path / "source")
+    for d in ("d1", "d2"):
+        (source / d).mkdir()
+        (source / d / "f").write_text(f"{d}\n")
+    host_git(source, "add", ".")
+    host_git(source, "commit", "-qm", "dirs")
+    host_git(source, "config", "uploadpack.allowfilter", "true")
+    repo = workspace / "repo"
+    host_git(
+        workspace, "clone", "-q", "--filter=blob:none", "--sparse", f"file://{source}", str(repo)
+    )
+    host_git(repo, "sparse-checkout", "set", "--cone", "d1")
+    ex = make_executor(mode="workspace-write")
+    for i in (1, 2):
+        await _committed(
+            ex, repo, f"echo {i} > d1/n{i} && git add d1/n{i} && git commit -qm 'from the command'"
+        )
+    assert host_git(repo, "log", "--format=%s", "-3").split("\n")[:2] == ["from the command"] * 2
+    assert host_git(repo, "status", "--porcelain") == ""
+    assert not (repo / "d2").exists()  # still sparse
+    host_git(repo, "fsck", "--connectivity-only", "--no-progress")
