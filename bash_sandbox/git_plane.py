@@ -55,6 +55,7 @@ from bash_sandbox.git_import import (
     import_changes,
     load_snapshot,
     mark_unimported,
+    may_keep,
     recover_overlay,
 )
 from bash_sandbox.git_import.gitcmd import GIT_SAFE_OPTIONS, git_env
@@ -295,8 +296,10 @@ def merge_back(overlay: GitOverlay, started_ns: int) -> MergeReport:
         reason = f"the import failed ({exc}); its journal was rolled forward or back"
         if not recover_overlay(overlay.upper):
             # Not even kept (a full disk before the fetch): the upper layer holds the only
-            # copy of the command's objects, so it outlives this spawn and is tried again.
-            if mark_unimported(overlay.upper):
+            # copy of the command's objects, so it outlives this spawn and is tried again;
+            # within the bound of kept layers unless the disk is full (a failure the command
+            # can cause every time must not fill the disk with retries: a red team's).
+            if may_keep(overlay.gitdir, overlay.upper) and mark_unimported(overlay.upper):
                 reason += (
                     "; the command's git state is kept (this uid's state directory, "
                     "`exec-kept-*`) and a later executor imports its commits into keep-refs"

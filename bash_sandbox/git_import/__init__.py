@@ -33,6 +33,7 @@ from bash_sandbox.git_import.importer import (
     load_snapshot,
     main_checkout_inside,
     mark_unimported,
+    may_keep,
     recover,
     recover_overlay,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "load_snapshot",
     "main_checkout_inside",
     "mark_unimported",
+    "may_keep",
     "recover",
     "recover_overlay",
 ]

@@ -629,7 +629,7 @@ class _Importer:
             # Sparse checkout: the skip-worktree bits, set by git on the rebuilt entries.
             empty = os.path.join(self.work, "empty-worktree")
             os.makedirs(empty, exist_ok=True)
-            git(
+            marked = git(
                 self.view,
                 f"--work-tree={empty}",
                 "update-index",
@@ -638,7 +638,14 @@ class _Importer:
                 "--stdin",
                 input=b"".join(p + b"\0" for p in sparse),
                 env=env,
+                check=False,
             )
+            if marked.returncode != 0:
+                # An entry the rebuild dropped (a crafted index: `a` beside `a/b`): refused,
+                # never an import that fails and keeps its layer for a retry that fails too.
+                why = marked.stderr.decode(errors="replace").strip()[:200]
+                self.plan.refused.append(f"{admin or '.'}/index: git refuses its entries ({why})")
+                return
         kept = [e for e in self._ls_files(rebuilt).split(b"\0") if e]
         if len(kept) != len(entries) or not os.path.exists(rebuilt):
             ignored = [
@@ -1497,6 +1504,12 @@ def recover(state_dir: str) -> bool:
     for name in bases:
         safe = recover_overlay(os.path.join(root, name, "upper")) and safe
     return safe
+
+
+def may_keep(gitdir: str, upper: str) -> bool:
+    """Whether the upper layer at ``upper`` may be kept for a later import: the host's disk
+    is full (no commit is lost to it), or fewer than `KEPT_MAX` layers wait already."""
+    return _host_lacks_room(gitdir, 0) or executor_state.room_to_keep(upper)
 
 
 def mark_unimported(upper: str) -> bool:

@@ -1001,3 +1001,38 @@ async def test_a_submodule_added_in_the_sandbox_keeps_its_worktree_on_the_host(
     host_git(repo / "mod", "-c", "protocol.file.allow=always", "pull", "-q")
     host_git(repo / "mod", "status")
     assert not marker.exists()
+
+
+SKIP_CRAFT = r"""
+import hashlib, struct, subprocess, sys
+blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], input=b"x\n",
+                      capture_output=True, check=True).stdout.strip().decode()
+def entry(path, skip):
+    e = struct.pack(">10I", 0, 0, 0, 0, 0, 0, 0o100644, 0, 0, 2) + bytes.fromhex(blob)
+    e += struct.pack(">H", len(path) | (0x4000 if skip else 0))
+    e += (struct.pack(">H", 0x4000) if skip else b"") + path.encode()
+    return e + b"\0" * (8 - len(e) % 8)
+body = b"DIRC" + struct.pack(">II", 3, 2) + entry("a", True) + entry("a/b", False)
+open(".git/index", "wb").write(body + hashlib.sha1(body).digest())
+"""
+
+
+async def test_an_index_git_cannot_mark_sparse_is_refused_and_its_layer_not_kept(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # A skip-worktree `a` beside `a/b`: the rebuilt index drops `a`, and marking it sparse
+    # failed with an exception, so the import failed as a whole and kept its upper layer
+    # (the command's objects with it) on every run, past the bound of kept layers (red team).
+    repo = make_repo(workspace / "repo")
+    (repo / "craft.py").write_text(SKIP_CRAFT)
+    index_before = (repo / ".git" / "index").read_bytes()
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "python3 craft.py && git ls-files -t", repo)
+    assert result.exit_code == 0, result.stderr.text
+    assert result.sandbox is not None
+    [outcome] = result.sandbox.git
+    assert outcome.status is GitImportStatus.REFUSED
+    assert any("git refuses its entries" in r for r in outcome.refused), outcome
+    assert not any("import failed" in r for r in outcome.refused), outcome
+    assert (repo / ".git" / "index").read_bytes() == index_before
+    fsck_clean(repo)
