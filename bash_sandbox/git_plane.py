@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -158,8 +157,8 @@ class ConfigTargets:
     templates: tuple[str, ...] = ()
 
 
-# Keys whose value is a command host git runs (a shell line: its first word is the program);
-# by section and key, any subsection (`diff.<driver>.textconv`).
+# Keys whose value is a command host git runs (a shell line), by section and key, any
+# subsection (`diff.<driver>.textconv`); and any key named `*cmd`, `*command`, `*program`.
 _PROGRAM_KEYS = frozenset(
     {
         ("core", "fsmonitor"),
@@ -171,49 +170,53 @@ _PROGRAM_KEYS = frozenset(
         ("sequence", "editor"),
         ("diff", "external"),
         ("diff", "textconv"),
-        ("diff", "command"),
         ("merge", "driver"),
-        ("mergetool", "cmd"),
         ("mergetool", "path"),
-        ("difftool", "cmd"),
         ("difftool", "path"),
         ("filter", "clean"),
         ("filter", "smudge"),
         ("filter", "process"),
         ("credential", "helper"),
-        ("gpg", "program"),
         ("uploadpack", "packobjectshook"),
         ("interactive", "difffilter"),
         ("remote", "uploadpack"),
         ("remote", "receivepack"),
+        ("sendemail", "smtpserver"),
+        ("browser", "path"),
+        ("man", "path"),
+        ("web", "browser"),
     }
 )
+_PROGRAM_SUFFIXES = ("cmd", "command", "program")
 # Sections every key of which is a command (`pager.log`; `alias.x` when it starts with `!`).
 _PROGRAM_SECTIONS = frozenset({"pager", "alias"})
+# Where a shell line's words split besides blanks: `f() { /x "$@"; }; f`, `a|/x`, `A=/x b`.
+_SHELL_SPLIT = re.compile(r"[\s;&|(){}<>`=\"']+")
 
 
-def _program(key: str, value: str, base: str | None) -> str | None:
-    """The file a command-valued ``key`` runs, where its value names one by path (absolute,
-    `~`, or relative to ``base``, the worktree); None for a program found on `PATH`."""
+def _programs(key: str, value: str, base: str | None) -> list[str]:
+    """The files a command-valued ``key`` may run: every word of its value that is a path
+    (absolute, `~`, or with a `/`, relative to ``base``, the worktree), wherever it stands
+    in the line (an interpreter's script, a function body); none for another key."""
     section, name = key.split(".", 1)[0], key.rsplit(".", 1)[-1]
-    if section == "alias" or (section == "credential" and name == "helper"):
+    if section == "alias":
         if not value.startswith("!"):
-            return None  # a git command, or a helper `git-credential-<name>` on PATH
+            return []  # a git command
         value = value[1:]
-    elif (section, name) not in _PROGRAM_KEYS and section not in _PROGRAM_SECTIONS:
-        return None
-    try:
-        words = shlex.split(value)
-    except ValueError:
-        words = value.split()
-    if not words:
-        return None
-    word = os.path.expanduser(words[0]) if words[0].startswith("~") else words[0]
-    if os.path.isabs(word):
-        return os.path.normpath(word)
-    if "/" in word and base is not None:
-        return os.path.normpath(os.path.join(base, word))
-    return None
+    elif not (
+        (section, name) in _PROGRAM_KEYS
+        or section in _PROGRAM_SECTIONS
+        or name.endswith(_PROGRAM_SUFFIXES)
+    ):
+        return []
+    found: list[str] = []
+    for raw in _SHELL_SPLIT.split(value.removeprefix("!")):
+        word = os.path.expanduser(raw) if raw.startswith("~") else raw
+        if os.path.isabs(word):
+            found.append(os.path.normpath(word))
+        elif "/" in word and base is not None and "$" not in word:
+            found.append(os.path.normpath(os.path.join(base, word)))
+    return found
 
 
 def config_path_targets(gitdir: str | None, worktree: str | None, home: str) -> ConfigTargets:
@@ -271,8 +274,7 @@ def config_path_targets(gitdir: str | None, worktree: str | None, home: str) -> 
                 if os.path.isabs(expanded):
                     templates.setdefault(os.path.normpath(expanded), None)
             else:
-                program = _program(key, value, worktree)
-                if program is not None:
+                for program in _programs(key, value, worktree):
                     programs.setdefault(program, key)
     return ConfigTargets(tuple(hooks), tuple(includes), tuple(programs.items()), tuple(templates))
 

@@ -43,7 +43,7 @@ from bash_sandbox.git_spawn import (
 )
 from bash_sandbox.link_restore import snapshot_links
 from bash_sandbox.own_code import REASON as OWN_CODE
-from bash_sandbox.own_code import own_installation
+from bash_sandbox.own_code import own_installation, startup_names
 from bash_sandbox.placeholder_linger import LingeringPlaceholders
 from bash_sandbox.placeholder_stash import STASH_DIR
 from bash_sandbox.placeholders import Placeholders
@@ -204,6 +204,16 @@ class HostSurvey:
             ChainLink(path, True, f"{OWN_CODE}: {path}")
             for path in own_installation()
             if path not in known and any(within(path, r) and path != r for r in roots)
+        ]
+        # The modules Python imports at start from a directory on its path that lies in a
+        # root (an editable install's source tree: `sitecustomize.py` there ran in the next
+        # harness process, a red team's): those names only, held while missing.
+        config += [
+            ChainLink(path, not path.endswith(".py"), f"{OWN_CODE} (imported at start): {path}")
+            for path in startup_names()
+            if path not in known
+            and within_any(path, roots)
+            and not within_any(path, tuple(own_installation()))
         ]
         if config:
             git = replace(git, chain=(*git.chain, *config))

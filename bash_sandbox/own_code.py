@@ -15,7 +15,11 @@ import os
 import site
 import sys
 
-_PACKAGES = ("bash_sandbox", "bash_local", "bash_seam", "policies")
+_PACKAGES = ("bash_sandbox", "bash_local", "bash_seam", "policies", "bash_sandbox_audit")
+# What Python imports at every start from any directory on its path (`site`): a sys.path
+# entry in a root (an editable install's source tree, which may be the workspace itself) is
+# not covered whole, only these names in it, held while missing.
+STARTUP_MODULES = ("sitecustomize.py", "sitecustomize", "usercustomize.py", "usercustomize")
 
 REASON = "the sandbox's own installation, which the harness runs next"
 
@@ -23,10 +27,11 @@ REASON = "the sandbox's own installation, which the harness runs next"
 @functools.cache
 def own_installation() -> tuple[str, ...]:
     """The real paths the harness's interpreter starts from and imports this package and its
-    dependencies from: the environment (`sys.prefix`, where `.pth` files run at start), the
-    site directories, and each of this distribution's package directories (an editable
-    install's lie in its source tree)."""
-    paths = [sys.prefix, sys.exec_prefix]
+    dependencies from: the environment (`sys.prefix`, where `.pth` files run at start) and
+    the one it was made from (`sys.base_prefix`: a project-local Python), the site
+    directories, and each of this distribution's package directories (an editable install's
+    lie in its source tree)."""
+    paths = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]
     paths += site.getsitepackages() if hasattr(site, "getsitepackages") else []
     if site.ENABLE_USER_SITE:
         paths.append(site.getusersitepackages())
@@ -36,6 +41,15 @@ def own_installation() -> tuple[str, ...]:
     found = {os.path.realpath(p) for p in paths if p and os.path.isdir(p)}
     # The outermost of nested ones (a venv holds its site-packages): one cover each.
     return tuple(sorted(p for p in found if not any(_below(p, q) for q in found)))
+
+
+@functools.cache
+def startup_names() -> tuple[str, ...]:
+    """`STARTUP_MODULES` in each directory on the interpreter's path that `site` searches at
+    start (`sys.path` but its first entry, the script's directory or the current one, which
+    is put there after `site` ran)."""
+    dirs = {os.path.realpath(p) for p in sys.path[1:] if p and os.path.isdir(p)}
+    return tuple(sorted(os.path.join(d, n) for d in dirs for n in STARTUP_MODULES))
 
 
 def _below(path: str, other: str) -> bool:

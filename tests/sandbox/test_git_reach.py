@@ -1059,6 +1059,14 @@ async def test_an_include_of_the_hosts_own_git_config_stays_read_only_without_a_
         ("core.fsmonitor = {ws}/tools/fsmon.sh", "tools/fsmon.sh", ("status",)),
         ("alias.lg = !{ws}/tools/lg.sh --oneline", "tools/lg.sh", ("lg",)),
         ("init.templateDir = {ws}/tmpl", "tmpl/hooks/post-checkout", ("checkout", "-q", "-b", "x")),
+        ('alias.pr = "!f() {{ {ws}/tools/pr.sh; }}; f"', "tools/pr.sh", ("pr",)),
+        ("credential.helper = {ws}/tools/cred.sh", "tools/cred.sh", ("credential", "fill")),
+        (
+            "trailer.sig.cmd = {ws}/tools/t.sh",
+            "tools/t.sh",
+            ("interpret-trailers", "--trailer", "sig"),
+        ),
+        ("diff.external = sh {ws}/tools/d.sh", "tools/d.sh", ("diff", "HEAD~0", "--ext-diff")),
     ],
 )
 async def test_a_program_the_hosts_git_config_names_in_a_root_stays_read_only(
@@ -1076,10 +1084,11 @@ async def test_a_program_the_hosts_git_config_names_in_a_root_stays_read_only(
     marker = tmp_path / "pwned"
     home = tmp_path / "home"
     home.mkdir()
+    key, _, value = setting.format(ws=workspace).partition(" = ")
+    section, _, name = key.rpartition(".")
+    head = section.replace(".", ' "', 1) + '"' if "." in section else section
     (home / ".gitconfig").write_text(
-        "[user]\n\tname = t\n\temail = t@e\n["
-        + setting.format(ws=workspace).replace(".", "]\n\t", 1)
-        + "\n"
+        f"[user]\n\tname = t\n\temail = t@e\n[{head}]\n\t{name} = {value}\n"
     )
     monkeypatch.setenv("HOME", str(home))
     for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -75,4 +76,47 @@ def test_a_pth_planted_in_the_harnesss_own_venv_never_runs(backend: str, tmp_pat
     # The next harness process (any interpreter start from that venv) runs nothing planted.
     subprocess.run([str(python), "-c", "pass"], check=True, timeout=60)
     assert not (purelib / "zz.pth").exists()
+    assert not marker.exists()
+
+
+def test_an_editable_installs_source_tree_imports_nothing_a_command_planted(
+    backend: str, tmp_path: Path
+) -> None:
+    # The workspace is the source tree of an editable install (its `.pth` puts the tree on
+    # `sys.path`): a `sitecustomize.py` a command wrote there ran in the next harness
+    # process (red team). The tree stays writable; the names `site` imports at start do not.
+    project = tmp_path / "proj"
+    project.mkdir()
+    source = Path(bash_sandbox.__file__).resolve().parents[1]
+    for name in ("bash_sandbox", "bash_local", "bash_seam", "policies", "bash_sandbox_audit"):
+        shutil.copytree(source / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
+        check=True,
+        timeout=60,
+    )
+    python = tmp_path / "venv" / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.strip()  # fmt: skip
+    (Path(purelib) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (Path(purelib) / "__editable__.bash_sandbox.pth").write_text(f"{project}\n")
+    marker = tmp_path / "pwned"
+    plant = f"import os; open({str(marker)!r}, 'w').write('ran')"
+    command = f"echo {plant!r} > sitecustomize.py; echo {plant!r} > usercustomize.py; echo ok > x"
+    done = subprocess.run(
+        [str(python), "-I", "-c", _HARNESS, str(project), backend, command],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    _, denials = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(t for t, _ in denials) == [
+        f"{project}/sitecustomize.py",
+        f"{project}/usercustomize.py",
+    ]
+    assert (project / "x").read_text() == "ok\n"  # the tree itself stays writable
+    subprocess.run([str(python), "-c", "pass"], check=True, timeout=60)
+    assert not (project / "sitecustomize.py").exists()
     assert not marker.exists()
