@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import stat
 import subprocess
-from collections.abc import Iterator
+import time
 from dataclasses import dataclass, field
 
 from bash_sandbox.git_discovery import (  # noqa: F401 - discovery's home; names kept here
@@ -59,8 +61,8 @@ from bash_sandbox.git_import import (
 )
 from bash_sandbox.git_import.gitcmd import GIT_SAFE_OPTIONS, git_env
 from bash_sandbox.host_run import run_bounded
+from bash_sandbox.kept_answers import KeptAnswers
 from bash_sandbox.linux.binaries import host_git
-from bash_sandbox.safe_read import read_small_text
 from bash_sandbox.view import GitOverlay
 from bash_seam import DenialEvidence, DenialKind, GitImportOutcome, GitImportStatus, SandboxDenial
 
@@ -118,33 +120,6 @@ def prepare_placeholders(
 # -- hooks paths and includes ------------------------------------------------------------------
 
 
-_SECTION = re.compile(r'^\s*\[\s*([A-Za-z0-9.-]+)(?:\s+"((?:[^"\\]|\\.)*)")?\s*\]\s*(.*)$')
-_KEY = re.compile(r"^\s*([A-Za-z][A-Za-z0-9-]*)\s*(?:=\s*(.*?))?\s*$")
-
-
-def _config_values(text: str) -> Iterator[tuple[str, str]]:
-    """(section.key lower-cased, value) pairs of a git config text; enough to find paths."""
-    section = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        head = _SECTION.match(line)
-        if head is not None:
-            name, sub, rest = head.groups()
-            section = name.lower() + (f".{sub}" if sub is not None else "")
-            line = rest.strip()
-            if not line:
-                continue
-        match = _KEY.match(line)
-        if match is None:
-            continue
-        value = (match.group(2) or "").split(" #")[0].split(" ;")[0].strip()
-        if len(value) >= 2 and value[0] == value[-1] == '"':
-            value = value[1:-1]
-        yield f"{section}.{match.group(1).lower()}", value
-
-
 @dataclass(frozen=True)
 class ConfigTargets:
     """What the configs host git reads name on disk: hooks directories (`core.hooksPath`),
@@ -190,18 +165,29 @@ _PROGRAM_KEYS = frozenset(
 _PROGRAM_SUFFIXES = ("cmd", "command", "program")
 # Sections every key of which is a command (`pager.log`; `alias.x` when it starts with `!`).
 _PROGRAM_SECTIONS = frozenset({"pager", "alias"})
-# Where a shell line's words split besides blanks: `f() { /x "$@"; }; f`, `a|/x`, `A=/x b`.
-_SHELL_SPLIT = re.compile(r"[\s;&|(){}<>`=\"']+")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def _words(line: str) -> list[str]:
+    """The words of a shell line as `sh` splits them (quotes, and `;`, `|`, `&`, `(`, `)`,
+    `<`, `>` apart): `"${HOME}/my tools/x.sh" a` is one word, then `a`."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError:  # unbalanced quotes: the shell refuses the line; its blanks split it
+        return line.split()
 
 
 def _programs(key: str, value: str, base: str | None) -> list[str]:
     """The files a command-valued ``key`` may run: every word of its value that is a path
-    (absolute, `~`, or with a `/`, relative to ``base``, the worktree), wherever it stands
-    in the line (an interpreter's script, a function body); none for another key."""
+    (absolute, `~`, `$HOME` and other variables of this environment expanded, or with a
+    `/`, relative to ``base``, the worktree), wherever it stands in the shell line (an
+    interpreter's script, a function body of an alias); none for another key."""
     section, name = key.split(".", 1)[0], key.rsplit(".", 1)[-1]
-    if section == "alias":
+    if section == "alias" or (section, name) == ("submodule", "update"):
         if not value.startswith("!"):
-            return []  # a git command
+            return []  # a git command, or an update mode (`checkout`, `rebase`)
         value = value[1:]
     elif not (
         (section, name) in _PROGRAM_KEYS
@@ -210,13 +196,53 @@ def _programs(key: str, value: str, base: str | None) -> list[str]:
     ):
         return []
     found: list[str] = []
-    for raw in _SHELL_SPLIT.split(value.removeprefix("!")):
-        word = os.path.expanduser(raw) if raw.startswith("~") else raw
+    for raw in _words(value.removeprefix("!")):
+        word = _ASSIGNMENT.sub("", raw)  # `A=/x cmd`: the value is a path too
+        word = os.path.expanduser(os.path.expandvars(word))
+        if "$" in word:
+            continue  # a variable this environment does not set: unknown here
         if os.path.isabs(word):
             found.append(os.path.normpath(word))
-        elif "/" in word and base is not None and "$" not in word:
+        elif "/" in word and base is not None:
             found.append(os.path.normpath(os.path.join(base, word)))
     return found
+
+
+# Each config file's (key, value) pairs as git's own parser reads them, kept by its stamp.
+_PAIRS: KeptAnswers[str, tuple[tuple[str, str], ...]] = KeptAnswers(limit=64)
+
+
+def _config_pairs(path: str) -> tuple[tuple[str, str], ...]:
+    """(section.key lower-cased but the subsection, value) of the config file at ``path``
+    (a real path), read by `git config --list` (quoting, escapes and line continuations as
+    git reads them; includes listed, not followed); none where it is not a regular file."""
+    kept = _PAIRS.get(path)
+    if kept is not None:
+        return kept
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+        return ()  # a fifo git would wait on, a device: never asked
+    asked = time.time_ns()
+    try:
+        done = run_bounded(
+            [host_git(), "config", "--file", path, "--no-includes", "--list", "-z"],
+            env=git_env(),
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    pairs: list[tuple[str, str]] = []
+    if done.returncode == 0:
+        for record in done.stdout.split(b"\0"):
+            key, sep, value = record.partition(b"\n")
+            if record and sep:
+                pairs.append((os.fsdecode(key), os.fsdecode(value)))
+    answer = tuple(pairs)
+    _PAIRS.keep(path, (path,), asked, answer)
+    return answer
 
 
 def config_path_targets(gitdir: str | None, worktree: str | None, home: str) -> ConfigTargets:
@@ -247,10 +273,7 @@ def config_path_targets(gitdir: str | None, worktree: str | None, home: str) -> 
         if path in seen:
             continue
         seen.add(path)
-        text = read_small_text(path)
-        if text is None:
-            continue
-        for key, value in _config_values(text):
+        for key, value in _config_pairs(path):
             if not value:
                 continue
             expanded = os.path.expanduser(value) if value.startswith("~") else value

@@ -1067,6 +1067,9 @@ async def test_an_include_of_the_hosts_own_git_config_stays_read_only_without_a_
             ("interpret-trailers", "--trailer", "sig"),
         ),
         ("diff.external = sh {ws}/tools/d.sh", "tools/d.sh", ("diff", "HEAD~0", "--ext-diff")),
+        ('alias.q = "!\\"${{PROJ}}/tools/q.sh\\""', "tools/q.sh", ("q",)),
+        ("alias.s = \"!'{ws}/my tools/s.sh'\"", "my tools/s.sh", ("s",)),
+        ("alias.c = !{ws}/\\\ntools/c.sh", "tools/c.sh", ("c",)),
     ],
 )
 async def test_a_program_the_hosts_git_config_names_in_a_root_stays_read_only(
@@ -1091,6 +1094,7 @@ async def test_a_program_the_hosts_git_config_names_in_a_root_stays_read_only(
         f"[user]\n\tname = t\n\temail = t@e\n[{head}]\n\t{name} = {value}\n"
     )
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PROJ", str(workspace))  # a variable the user's shell sets too
     for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
         monkeypatch.delenv(name, raising=False)
     target = workspace / planted
@@ -1099,14 +1103,14 @@ async def test_a_program_the_hosts_git_config_names_in_a_root_stays_read_only(
     target.chmod(0o755)
     ex = make_executor(mode="workspace-write")
     result = await _run(
-        ex, f"printf '#!/bin/sh\\ntouch {marker}\\n' > {target}; echo ok > other.txt", workspace
+        ex, f"printf '#!/bin/sh\\ntouch {marker}\\n' > '{target}'; echo ok > other.txt", workspace
     )
     assert result.sandbox is not None
     assert [d.target for d in result.sandbox.denials] == [str(target)]
     assert "git config: " in (result.sandbox.denials[0].reason or "")
     assert target.read_text() == "#!/bin/sh\nexit 0\n"
     assert (workspace / "other.txt").read_text() == "ok\n"  # the rest of the root is writable
-    user_env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    user_env = {"HOME": str(home), "PATH": os.environ["PATH"], "PROJ": str(workspace)}
     elsewhere = tmp_path / "elsewhere"
     subprocess.run(["git", "init", "-q", str(elsewhere)], env=user_env, check=True, timeout=30)
     subprocess.run(
@@ -1117,3 +1121,25 @@ async def test_a_program_the_hosts_git_config_names_in_a_root_stays_read_only(
         ["git", *trigger], cwd=elsewhere, env=user_env, capture_output=True, timeout=30, check=False
     )
     assert not marker.exists()
+
+
+def test_the_program_scan_reads_a_shell_line_as_the_shell_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bash_sandbox.git_plane import _programs
+
+    monkeypatch.setenv("PROJ", "/p")
+    cases = {
+        ("submodule.lib.update", "!/p/up.sh --x"): ["/p/up.sh"],
+        ("submodule.lib.update", "rebase"): [],  # an update mode, not a command
+        ("alias.f", '!f() { "$PROJ/my x.sh" "$@"; }; f'): ["/p/my x.sh"],
+        ("core.pager", "PAGER_ARGS=/p/args less -R"): ["/p/args"],
+        ("credential.helper", "/p/cred --store"): ["/p/cred"],
+        ("diff.bin.textconv", "sh ./conv.sh"): ["/w/conv.sh"],
+        ("core.editor", "vim"): [],
+        ("alias.lg", "log --oneline"): [],
+        ("user.name", "/p/not-a-program"): [],
+        ("core.pager", "$UNSET_VARIABLE/x"): [],
+    }
+    for (key, value), paths in cases.items():
+        assert _programs(key, value, "/w") == paths, (key, value)
