@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 from bash_sandbox.git_discovery import scrubbed_git, scrubbed_git_env
 from bash_sandbox.git_import.state_files import worktree_inside
 from bash_sandbox.host_run import run_bounded
+from bash_sandbox.linux.binaries import host_git
 from bash_sandbox.safe_read import is_special, open_below
 from policies.paths import within_any
 
@@ -492,12 +493,34 @@ def _config(fd: int, gitdir: str, roots: tuple[str, ...]) -> list[str]:
     pairs = parsed or []
     kept = [(k, v) for k, v in pairs if _keep(k, v, gitdir, roots)]
     dropped = [k for k, v in pairs if (k, v) not in kept]
+    pinned = _hooks_pinned(gitdir)
+    if pinned is not None:
+        kept.append(pinned)
     if parsed is None:
         dropped.insert(0, "not a config git reads")  # a link, a fifo, a malformed file
-    elif not dropped:
+    elif not dropped and pinned is None:
         return []  # nothing to drop: the file stays byte for byte
     _write(fd, "config", serialize_config(kept))
     return list(dict.fromkeys(dropped))
+
+
+def _hooks_pinned(gitdir: str) -> tuple[str, str] | None:
+    """`core.hooksPath` set to this repository's own (emptied) hooks where the host's
+    system or global config names a relative one: that is relative to each repository's
+    worktree, so host git in a repository the command made ran the command's
+    `.githooks/pre-commit` (a red team's)."""
+    try:
+        done = run_bounded(
+            [host_git(), "config", "--get", "core.hooksPath"],
+            env={**os.environ, "GIT_DIR": "/nonexistent"},  # the user's configs, no repository's
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    value = os.fsdecode(done.stdout.rstrip(b"\n"))
+    if done.returncode != 0 or not value or value.startswith(("/", "~")):
+        return None
+    return ("core.hookspath", os.path.join(gitdir, "hooks"))
 
 
 def parse_config(data: bytes) -> list[tuple[str, str | None]] | None:
