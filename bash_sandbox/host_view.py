@@ -43,7 +43,7 @@ from bash_sandbox.git_spawn import (
 )
 from bash_sandbox.link_restore import snapshot_links
 from bash_sandbox.own_code import REASON as OWN_CODE
-from bash_sandbox.own_code import own_installation, startup_names
+from bash_sandbox.own_code import import_dirs, own_installation, startup_names
 from bash_sandbox.placeholder_linger import LingeringPlaceholders
 from bash_sandbox.placeholder_stash import STASH_DIR
 from bash_sandbox.placeholders import Placeholders
@@ -214,6 +214,16 @@ class HostSurvey:
             if path not in known
             and within_any(path, roots)
             and not within_any(path, tuple(own_installation()))
+        ]
+        # Any other name there the harness probes for and misses (`copy` asks for
+        # `org.python.core`; pydantic loads every plugin an `*.dist-info` there declares)
+        # cannot be held by name: the run says so (a red team's).
+        partial += [
+            f"the harness imports from {d}, inside a writable root: a module or package "
+            "metadata a command puts there can run in a later harness process; install "
+            "bash-sandbox outside the roots"
+            for d in import_dirs()
+            if within_any(d, roots)
         ]
         if config:
             git = replace(git, chain=(*git.chain, *config))

@@ -44,6 +44,16 @@ def own_installation() -> tuple[str, ...]:
 
 
 @functools.cache
+def import_dirs() -> tuple[str, ...]:
+    """The directories a fresh harness process of this installation imports from that are not
+    part of it: `sys.path` but its first entry (the script's or current directory, put there
+    after `site` ran), the stdlib and the installation (an editable install's source tree)."""
+    own = own_installation()
+    dirs = {os.path.realpath(p) for p in sys.path[1:] if p and os.path.isdir(p)}
+    return tuple(sorted(d for d in dirs if not any(d == o or _below(d, o) for o in own)))
+
+
+@functools.cache
 def startup_names() -> tuple[str, ...]:
     """`STARTUP_MODULES` in each directory on the interpreter's path that `site` searches at
     start (`sys.path` but its first entry, the script's directory or the current one, which

@@ -24,7 +24,9 @@ async def main():
     spec = ex.resolve(BashExecRequest(command=command, workdir=ws, sandbox_mode="workspace-write"))
     r = await ex.run(spec)
     await ex.aclose()
-    print(json.dumps([r.exit_code, [[d.target, d.reason] for d in r.sandbox.denials]]))
+    facts = r.sandbox
+    denials = [[d.target, d.reason] for d in facts.denials]
+    print(json.dumps([r.exit_code, denials, str(facts.enforcement), list(facts.warnings)]))
 asyncio.run(main())
 """
 
@@ -69,8 +71,9 @@ def test_a_pth_planted_in_the_harnesss_own_venv_never_runs(backend: str, tmp_pat
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
     )
     assert done.returncode == 0, done.stderr
-    _, denials = json.loads(done.stdout.strip().splitlines()[-1])
+    _, denials, enforcement, _ = json.loads(done.stdout.strip().splitlines()[-1])
     assert [t for t, _ in denials] == [f"{purelib}/zz.pth"]
+    assert enforcement.endswith("full")
     assert "the sandbox's own installation" in denials[0][1]
     assert (other / "x").read_text() == "ok\n"
     # The next harness process (any interpreter start from that venv) runs nothing planted.
@@ -111,7 +114,10 @@ def test_an_editable_installs_source_tree_imports_nothing_a_command_planted(
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    _, denials = json.loads(done.stdout.strip().splitlines()[-1])
+    _, denials, enforcement, warnings = json.loads(done.stdout.strip().splitlines()[-1])
+    # Any other module name there cannot be held: the run says so, naming the directory.
+    assert enforcement.endswith("partial")
+    assert any(f"the harness imports from {project}" in w for w in warnings), warnings
     assert sorted(t for t, _ in denials) == [
         f"{project}/sitecustomize.py",
         f"{project}/usercustomize.py",
