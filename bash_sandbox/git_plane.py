@@ -189,6 +189,12 @@ def _programs(key: str, value: str, base: str | None) -> list[str]:
         if not value.startswith("!"):
             return []  # a git command, or an update mode (`checkout`, `rebase`)
         value = value[1:]
+    elif (section, name) == ("credential", "helper") and not value.startswith("!"):
+        # `/path/helper args` runs that path; `store --file x` runs `git credential-store`,
+        # whose arguments are its data (a usability pass: a store file was named a program).
+        words = _words(value)[:1]
+        first = os.path.expanduser(os.path.expandvars(words[0])) if words else ""
+        return [os.path.normpath(first)] if os.path.isabs(first) else []
     elif not (
         (section, name) in _PROGRAM_KEYS
         or section in _PROGRAM_SECTIONS

@@ -209,7 +209,7 @@ class HostSurvey:
         # root (an editable install's source tree: `sitecustomize.py` there ran in the next
         # harness process, a red team's): those names only, held while missing.
         config += [
-            ChainLink(path, not path.endswith(".py"), f"{OWN_CODE} (imported at start): {path}")
+            ChainLink(path, False, f"{OWN_CODE} (imported at start): {path}")
             for path in startup_names()
             if path not in known
             and within_any(path, roots)

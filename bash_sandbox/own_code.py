@@ -18,7 +18,9 @@ import sys
 _PACKAGES = ("bash_sandbox", "bash_local", "bash_seam", "policies", "bash_sandbox_audit")
 # What Python imports at every start from any directory on its path (`site`): a sys.path
 # entry in a root (an editable install's source tree, which may be the workspace itself) is
-# not covered whole, only these names in it, held while missing.
+# not covered whole, only these names in it, held while missing by empty files (a file at
+# the package's name keeps its directory from being made; a directory there made
+# setuptools' flat-layout discovery see two more packages: a usability pass).
 STARTUP_MODULES = ("sitecustomize.py", "sitecustomize", "usercustomize.py", "usercustomize")
 
 REASON = "the sandbox's own installation, which the harness runs next"

@@ -30,6 +30,7 @@ import os
 
 from bash_sandbox.facts.flags import DENIALS_LIMIT
 from bash_sandbox.facts.inference import REASON_DENY_READ, REASON_OUTSIDE_ROOTS, REASON_READ_ONLY
+from bash_sandbox.own_code import REASON as OWN_CODE
 from bash_seam import (
     DenialEvidence,
     DenialGroup,
@@ -71,6 +72,11 @@ def _file_step(denial: SandboxDenial | SandboxHint | DenialGroup) -> str:
     if denial.reason.startswith("git control plane"):
         # The overlay discarded it: git's own files are the host's to change.
         return "git config, hooks and info stay the host's; change them outside the sandbox"
+    if denial.reason.startswith(OWN_CODE):
+        return "install bash-sandbox outside the project (pipx, uv tool) to keep it writable"
+    if denial.reason.startswith(("git config: ", "hook chain: ")):
+        # What host git reads or runs: a wider mode is not the way, the user's config is.
+        return "host git runs or reads it; change it on the host, or name another file there"
     # The write watch's word for a protected name (or a placeholder) inside a root.
     if denial.reason.startswith(("protected name", "held read-only")):
         if UNPROTECT_KEY in denial.reason:

@@ -434,19 +434,23 @@ AT_REMOVEDIR = 0x200
 
 def held_placeholder(captured: Captured, args: tuple[int, ...], policy: WritePolicy) -> bool:
     """Whether the call removes a placeholder the spawn made for a missing protected name
-    (an empty directory under a mount): the kernel would answer EBUSY, and `git clean -fdx`
+    (an empty directory or file under a mount): the kernel would answer EBUSY, and `git clean -fdx`
     (or `rm -rf .[!.]*`) then failed on every one of them and exited 1 (a usability pass).
     The caller answers it as done without running it: the name stays held, the host never
     had it, and a thread rewriting the path after this check changes nothing, since the
     call never runs. Not a directory the user has there (a red team's: its refused removal
     then left no denial)."""
     call = captured.call
-    removes_dir = call.name == "rmdir" or (call.name == "unlinkat" and bool(args[2] & AT_REMOVEDIR))
-    if not removes_dir or captured.paths[0] not in policy.placeholders:
+    if call.write != "remove" or captured.paths[0] not in policy.placeholders:
         return False
+    removes_dir = call.name == "rmdir" or (call.name == "unlinkat" and bool(args[2] & AT_REMOVEDIR))
     found = _Resolved(captured.root, captured.paths[0], False)
     try:
-        if not (found.exists and stat.S_ISDIR(found.mode) and _read_only(found.target)):
+        if not (found.exists and _read_only(found.target)):
+            return False
+        if not removes_dir:  # `unlink` of an empty file placeholder (`sitecustomize.py`)
+            return stat.S_ISREG(found.mode) and os.fstat(found.target).st_size == 0
+        if not stat.S_ISDIR(found.mode):
             return False
         return not os.listdir(f"/proc/self/fd/{found.target}")
     except OSError:

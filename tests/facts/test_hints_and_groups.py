@@ -354,3 +354,16 @@ def test_a_refused_git_config_write_says_where_to_change_it_not_to_widen_the_mod
     line = denial_marker(lock, "workspace-write", "isolated")
     assert line.endswith("`git branch -u`, `git remote` on the host)]")
     assert "danger-full-access" not in line
+
+
+@pytest.mark.parametrize(
+    ("reason", "step"),
+    [
+        ("the sandbox's own installation, which the harness runs next: /p/.venv", "pipx, uv tool"),
+        ("git config: host git runs /p/tools/d.sh (diff.external)", "change it on the host"),
+    ],
+)
+def test_a_refusal_no_wider_mode_lifts_says_what_does(reason: str, step: str) -> None:
+    denial = _d(DenialKind.FILE_WRITE, "/p/x", reason, DenialEvidence.SUPERVISOR)
+    line = denial_marker(denial, "workspace-write", "isolated")
+    assert step in line and "wider mode" not in line

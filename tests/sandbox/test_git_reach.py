@@ -1135,6 +1135,8 @@ def test_the_program_scan_reads_a_shell_line_as_the_shell_does(
         ("alias.f", '!f() { "$PROJ/my x.sh" "$@"; }; f'): ["/p/my x.sh"],
         ("core.pager", "PAGER_ARGS=/p/args less -R"): ["/p/args"],
         ("credential.helper", "/p/cred --store"): ["/p/cred"],
+        ("credential.helper", "store --file /p/.creds"): [],  # a helper's data, not a program
+        ("credential.helper", "!/p/cred.sh get"): ["/p/cred.sh"],
         ("diff.bin.textconv", "sh ./conv.sh"): ["/w/conv.sh"],
         ("core.editor", "vim"): [],
         ("alias.lg", "log --oneline"): [],

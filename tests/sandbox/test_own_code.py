@@ -24,6 +24,7 @@ async def main():
     spec = ex.resolve(BashExecRequest(command=command, workdir=ws, sandbox_mode="workspace-write"))
     r = await ex.run(spec)
     await ex.aclose()
+    print(r.stdout.text, end="")
     facts = r.sandbox
     denials = [[d.target, d.reason] for d in facts.denials]
     print(json.dumps([r.exit_code, denials, str(facts.enforcement), list(facts.warnings)]))
@@ -107,7 +108,13 @@ def test_an_editable_installs_source_tree_imports_nothing_a_command_planted(
     (Path(purelib) / "__editable__.bash_sandbox.pth").write_text(f"{project}\n")
     marker = tmp_path / "pwned"
     plant = f"import os; open({str(marker)!r}, 'w').write('ran')"
-    command = f"echo {plant!r} > sitecustomize.py; echo {plant!r} > usercustomize.py; echo ok > x"
+    command = (
+        f"echo {plant!r} > sitecustomize.py; echo {plant!r} > usercustomize.py; echo ok > x;"
+        # No directory at a package's name (setuptools' flat-layout discovery counted them as
+        # packages), and removing the held names is answered as done (`git clean -fdx`).
+        " [ -d sitecustomize ] || echo no-package-dirs;"
+        " rm -f sitecustomize.py usercustomize.py && rm -rf sitecustomize && echo removed"
+    )
     done = subprocess.run(
         [str(python), "-I", "-c", _HARNESS, str(project), backend, command],
         capture_output=True, text=True, timeout=120, check=False,
@@ -123,6 +130,8 @@ def test_an_editable_installs_source_tree_imports_nothing_a_command_planted(
         f"{project}/usercustomize.py",
     ]
     assert (project / "x").read_text() == "ok\n"  # the tree itself stays writable
+    stdout = done.stdout.strip().splitlines()[:-1]
+    assert "no-package-dirs" in stdout and "removed" in stdout, done.stdout
     subprocess.run([str(python), "-c", "pass"], check=True, timeout=60)
     assert not (project / "sitecustomize.py").exists()
     assert not marker.exists()
