@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import subprocess
 import time
 from collections.abc import Iterable
@@ -113,6 +114,8 @@ class Snapshot:
     main_inside: bool | None = None
     # The refs that were loose files (`refs/...`) when it was taken; None: not listed.
     loose: list[str] | None = None
+    # admin dir -> a copy of its index as the command started from it (`_keep_start_indexes`).
+    start_indexes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -165,12 +168,54 @@ def begin(
     snap = _take(gitdir, upper, f"{time.time_ns():x}-{os.getpid()}")
     snap.roots = list(roots)
     snap.main_inside = main_inside
+    _keep_start_indexes(base, snap)
     for i, rel in enumerate(_module_dirs(gitdir)):
         sub = _take(os.path.join(gitdir, "modules", rel), "", f"{snap.run_id}-m{i}")
         sub.roots = snap.roots
         snap.modules[rel] = asdict(sub)
     _record(base, json.dumps(asdict(snap)).encode())
     return snap
+
+
+# Indexes up to this size are copied at the start (a 10,000-file checkout's is about 1 MiB).
+_START_INDEX_MAX = 4 << 20
+
+
+def _keep_start_indexes(base: str, snap: Snapshot) -> None:
+    """A copy in ``base`` of each index the command starts from (up to `_START_INDEX_MAX`),
+    its identity re-taken from the very descriptor copied: a host `git status` that only
+    refreshes stat data replaces the index file, and the import tells that from a change of
+    its entries against this copy (`_Importer._index_changed`; an IDE polling `git status`
+    made every background command's commit a conflict: a usability pass). Not flushed: a
+    crash loses only the copy, and the import then sees any replaced index as changed."""
+    for n, admin in enumerate(sorted(snap.indexes)):
+        dest = os.path.join(base, f"start-index-{n}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dest)
+        try:
+            fd = os.open(
+                os.path.join(snap.gitdir, admin, "index"),
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            )
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > _START_INDEX_MAX:
+                continue
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                data = fh.read(_START_INDEX_MAX + 1)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        try:
+            with open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+                out.write(data)
+        except OSError:
+            continue
+        snap.indexes[admin] = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        snap.start_indexes[admin] = dest
 
 
 def main_checkout_inside(gitdir: str, entries: Iterable[DotGit], roots: Iterable[str]) -> bool:
@@ -571,6 +616,22 @@ class _Importer:
         args = ["ls-files", "--stage", "-z", *(["-t"] if tags else [])]
         return git(self.view, *args, env=env).stdout
 
+    def _index_changed(self, admin: str) -> bool:
+        """Whether the host's index of ``admin`` changed since the command started: replaced,
+        and not only its stat data refreshed (the same entries, flags and intents as the
+        copy `begin` kept: a host `git status`, an IDE's poll)."""
+        index = os.path.join(self.gitdir, admin, "index")
+        if _identity(index) == self.snap.indexes.get(admin):
+            return False
+        start = self.snap.start_indexes.get(admin)
+        if not start or not os.path.isfile(start) or not os.path.isfile(index):
+            return True
+        try:
+            same = self._ls_files(start, tags=True) == self._ls_files(index, tags=True)
+            return not (same and self._intent_to_add(start) == self._intent_to_add(index))
+        except GitError:
+            return True
+
     def _intent_to_add(self, index: str) -> set[bytes]:
         """Paths `git add -N` put in ``index`` (git's own `--debug` listing, flag bit 29)."""
         out = git(self.view, "ls-files", "-s", "-z", "--debug", env=git_env(GIT_INDEX_FILE=index))
@@ -672,7 +733,7 @@ class _Importer:
             # Staged on a tip the host moved forward (another import, say): taken only if
             # the host's index is that tip's tree (`settle`, then under git's index lock).
             self.index_on[admin] = branch
-        elif _identity(host_index) != self.snap.indexes.get(admin):
+        elif self._index_changed(admin):
             self.plan.conflicts.append(
                 GitRefConflict(name=os.path.join(admin, "index"), host="changed", command="changed")
             )
@@ -1082,8 +1143,7 @@ class _Importer:
             else:
                 self.plan.conflicts.append(GitRefConflict(name=name, host=host, command=change.new))
         for admin, name in sorted(self.index_on.items()):
-            index = os.path.join(self.gitdir, admin, "index")
-            if name not in self.forwarded and _identity(index) != self.snap.indexes.get(admin):
+            if name not in self.forwarded and self._index_changed(admin):
                 self.plan.conflicts.append(
                     GitRefConflict(
                         name=os.path.join(admin, "index"), host="changed", command="changed"
@@ -1111,11 +1171,10 @@ class _Importer:
         moved = {c.name for c in journal.refs}  # compared and swapped by the ref update
         for change in journal.indexes:
             admin = change.admin
-            index = os.path.join(self.gitdir, admin, "index")
             if admin in self.index_on:
                 changed = not self._only_tip(admin)  # on a fast-forward: the tip's tree only
             else:
-                changed = _identity(index) != self.snap.indexes.get(admin)
+                changed = self._index_changed(admin)
             if changed:
                 raise Conflict(os.path.join(admin, "index"), "changed", "changed")
             head = _read_head(self.gitdir, admin)

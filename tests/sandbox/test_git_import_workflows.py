@@ -609,3 +609,45 @@ async def test_a_commit_in_a_sparse_partial_clone_is_imported(
     assert host_git(repo, "status", "--porcelain") == ""
     assert not (repo / "d2").exists()  # still sparse
     host_git(repo, "fsck", "--connectivity-only", "--no-progress")
+
+
+async def test_a_host_git_status_during_a_background_commit_lets_it_apply(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # A host `git status` (an IDE's poll, a shell prompt) refreshes the index's stat data and
+    # replaces the file: every background commit then came back a conflict, its commits and
+    # tags only under keep-refs (a usability pass). The entries are the same: applied.
+    repo = make_repo(workspace / "repo")
+    mark, go = workspace / "mark", workspace / "go"
+    ex = make_executor(mode="workspace-write")
+    background = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="echo bg > bg.txt && git add bg.txt"
+                f" && touch {mark} && for i in $(seq 1000); do [ -e {go} ] && break; sleep 0.02;"
+                " done && git commit -qm 'from the command' && git tag done",
+                workdir=str(repo),
+                env=GIT_ENV,
+                timeout_ms=60_000,
+            )
+        )
+    )
+    for _ in range(1000):
+        if mark.exists():
+            break
+        await asyncio.sleep(0.02)
+    assert mark.exists(), "the background command never reached its mark"
+    index = repo / ".git" / "index"
+    before = index.stat().st_ino
+    stamp = (repo / "f0.txt").stat().st_mtime + 5
+    os.utime(repo / "f0.txt", (stamp, stamp))  # stat-dirty: the status rewrites the index
+    host_git(repo, "status", "--short", env={"GIT_OPTIONAL_LOCKS": "1"})
+    assert index.stat().st_ino != before, "the host's status did not refresh the index"
+    go.touch()
+    await background.wait()
+    assert background.exit_code == 0 and background.sandbox is not None
+    assert [o.status for o in background.sandbox.git] == [GitImportStatus.APPLIED]
+    assert _subject(repo) == "from the command"
+    assert host_git(repo, "tag").split() == ["done"]
+    assert host_git(repo, "status", "--porcelain") == ""
+    fsck_clean(repo)
