@@ -15,7 +15,7 @@ import pytest
 from bash_sandbox import SandboxBashExecutor
 from bash_sandbox import state as executor_state
 from bash_sandbox.git_import import KEEP_NAMESPACE
-from bash_seam import BashExecRequest, BashRunResult, GitImportStatus
+from bash_seam import BashExecRequest, BashProcess, BashRunResult, GitImportStatus
 from tests.sandbox.conftest import ExecutorFactory, counted_git_runs, private_tmpfs
 from tests.sandbox.git_import_harness import GIT_ENV, fsck_clean, host_git, make_repo, reachable
 
@@ -535,6 +535,31 @@ async def test_an_import_leaves_no_empty_keep_ref_directory_behind(
     fsck_clean(repo)
 
 
+async def _paused(
+    ex: SandboxBashExecutor, repo: Path, before: str, after: str = "true"
+) -> tuple[BashProcess, Path]:
+    """A background command in ``repo`` that runs ``before``, then waits (bounded) until the
+    returned file exists to run ``after``; returned once ``before`` is done."""
+    mark, go = repo.parent / "mark", repo.parent / "go"
+    background = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command=f"{before} && touch {mark} && for i in $(seq 1000); do"
+                f" [ -e {go} ] && break; sleep 0.02; done && {after}",
+                workdir=str(repo),
+                env=GIT_ENV,
+                timeout_ms=60_000,
+            )
+        )
+    )
+    for _ in range(1000):
+        if mark.exists():
+            break
+        await asyncio.sleep(0.02)
+    assert mark.exists(), "the background command never reached its mark"
+    return background, go
+
+
 @pytest.mark.parametrize("host_step", [("pack-refs", "--all"), ("gc", "-q")])
 async def test_a_host_repack_of_refs_during_a_command_that_deleted_a_tag_keeps_every_branch(
     make_executor: ExecutorFactory, workspace: Path, host_step: tuple[str, ...]
@@ -551,24 +576,8 @@ async def test_a_host_repack_of_refs_during_a_command_that_deleted_a_tag_keeps_e
         host_git(repo, "commit", "-qam", f"host commit {i}")  # main loose again
     host_git(repo, "branch", "zz", "HEAD~1")
     tip, zz = host_git(repo, "rev-parse", "main", "zz").split()
-    mark, go = workspace / "mark", workspace / "go"
     ex = make_executor(mode="workspace-write")
-    background = await ex.start(
-        ex.resolve(
-            BashExecRequest(
-                command=f"git tag -d v0 >/dev/null && touch {mark}"
-                f" && for i in $(seq 1000); do [ -e {go} ] && break; sleep 0.02; done",
-                workdir=str(repo),
-                env=GIT_ENV,
-                timeout_ms=60_000,
-            )
-        )
-    )
-    for _ in range(1000):
-        if mark.exists():
-            break
-        await asyncio.sleep(0.02)
-    assert mark.exists(), "the background command never reached its mark"
+    background, go = await _paused(ex, repo, "git tag -d v0 >/dev/null")
     host_git(repo, *host_step)
     go.touch()
     await background.wait()
@@ -618,25 +627,13 @@ async def test_a_host_git_status_during_a_background_commit_lets_it_apply(
     # replaces the file: every background commit then came back a conflict, its commits and
     # tags only under keep-refs (a usability pass). The entries are the same: applied.
     repo = make_repo(workspace / "repo")
-    mark, go = workspace / "mark", workspace / "go"
     ex = make_executor(mode="workspace-write")
-    background = await ex.start(
-        ex.resolve(
-            BashExecRequest(
-                command="echo bg > bg.txt && git add bg.txt"
-                f" && touch {mark} && for i in $(seq 1000); do [ -e {go} ] && break; sleep 0.02;"
-                " done && git commit -qm 'from the command' && git tag done",
-                workdir=str(repo),
-                env=GIT_ENV,
-                timeout_ms=60_000,
-            )
-        )
+    background, go = await _paused(
+        ex,
+        repo,
+        "echo bg > bg.txt && git add bg.txt",
+        "git commit -qm 'from the command' && git tag done",
     )
-    for _ in range(1000):
-        if mark.exists():
-            break
-        await asyncio.sleep(0.02)
-    assert mark.exists(), "the background command never reached its mark"
     index = repo / ".git" / "index"
     before = index.stat().st_ino
     stamp = (repo / "f0.txt").stat().st_mtime + 5

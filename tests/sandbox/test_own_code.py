@@ -32,15 +32,13 @@ asyncio.run(main())
 """
 
 
-def _project_venv(project: Path) -> tuple[Path, Path]:
-    """A venv in ``project`` whose interpreter imports this checkout and its dependencies
-    (as `pip install` there would): (its python, its site-packages)."""
+def _venv(path: Path, *paths: Path | str) -> tuple[Path, Path]:
+    """A venv at ``path`` whose interpreter also imports ``paths`` (a `.pth`, as `pip
+    install` or an editable install leaves one): (its python, its site-packages)."""
     subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(project / ".venv")],
-        check=True,
-        timeout=60,
+        [sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=60
     )
-    python = project / ".venv" / "bin" / "python"
+    python = path / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
@@ -48,10 +46,14 @@ def _project_venv(project: Path) -> tuple[Path, Path]:
         check=True,
         timeout=30,
     ).stdout.strip()
-    source = Path(bash_sandbox.__file__).resolve().parents[1]
-    ours = sysconfig.get_paths()["purelib"]
-    (Path(purelib) / "harness.pth").write_text(f"{source}\n{ours}\n")
+    (Path(purelib) / "harness.pth").write_text("".join(f"{p}\n" for p in paths))
     return python, Path(purelib)
+
+
+def _project_venv(project: Path) -> tuple[Path, Path]:
+    """A venv in ``project`` whose interpreter imports this checkout and its dependencies."""
+    source = Path(bash_sandbox.__file__).resolve().parents[1]
+    return _venv(project / ".venv", source, sysconfig.get_paths()["purelib"])
 
 
 def test_a_pth_planted_in_the_harnesss_own_venv_never_runs(backend: str, tmp_path: Path) -> None:
@@ -94,18 +96,8 @@ def test_an_editable_installs_source_tree_imports_nothing_a_command_planted(
     source = Path(bash_sandbox.__file__).resolve().parents[1]
     for name in ("bash_sandbox", "bash_local", "bash_seam", "policies", "bash_sandbox_audit"):
         shutil.copytree(source / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
-        check=True,
-        timeout=60,
-    )
-    python = tmp_path / "venv" / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True, timeout=30,
-    ).stdout.strip()  # fmt: skip
-    (Path(purelib) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    (Path(purelib) / "__editable__.bash_sandbox.pth").write_text(f"{project}\n")
+    # The dependencies, then the tree, as an editable install's `.pth` adds it.
+    python, _ = _venv(tmp_path / "venv", sysconfig.get_paths()["purelib"], project)
     marker = tmp_path / "pwned"
     plant = f"import os; open({str(marker)!r}, 'w').write('ran')"
     command = (
