@@ -199,32 +199,9 @@ class HostSurvey:
         config = self._git_config_links(git.gitdirs, roots, {c.path for c in git.chain})
         # The harness's own code (a project's `.venv` it runs from): a `.pth` planted there
         # ran in the next harness process, unconfined (a red team's).
-        known = {c.path for c in (*git.chain, *config)}
-        config += [
-            ChainLink(path, True, f"{OWN_CODE}: {path}")
-            for path in own_installation()
-            if path not in known and any(within(path, r) and path != r for r in roots)
-        ]
-        # The modules Python imports at start from a directory on its path that lies in a
-        # root (an editable install's source tree: `sitecustomize.py` there ran in the next
-        # harness process, a red team's): those names only, held while missing.
-        config += [
-            ChainLink(path, False, f"{OWN_CODE} (imported at start): {path}")
-            for path in startup_names()
-            if path not in known
-            and within_any(path, roots)
-            and not within_any(path, tuple(own_installation()))
-        ]
-        # Any other name there the harness probes for and misses (`copy` asks for
-        # `org.python.core`; pydantic loads every plugin an `*.dist-info` there declares)
-        # cannot be held by name: the run says so (a red team's).
-        partial += [
-            f"the harness imports from {d}, inside a writable root: a module or package "
-            "metadata a command puts there can run in a later harness process; install "
-            "bash-sandbox outside the roots"
-            for d in import_dirs()
-            if within_any(d, roots)
-        ]
+        own, why_partial = _own_code_links(roots, {c.path for c in (*git.chain, *config)})
+        config += own
+        partial += why_partial
         if config:
             git = replace(git, chain=(*git.chain, *config))
         found.append(git)
@@ -563,6 +540,36 @@ class HostSurvey:
                 if path not in known and within_any(os.path.realpath(path), roots):
                     found.setdefault(path, ChainLink(path, is_dir, why))
         return list(found.values())
+
+
+def _own_code_links(roots: tuple[str, ...], known: set[str]) -> tuple[list[ChainLink], list[str]]:
+    """The sandbox's own installation inside ``roots`` (`own_code.py`) as chain links, but
+    those ``known``; and why the run is partial where the harness imports from a root."""
+    own = own_installation()
+    links = [
+        ChainLink(path, True, f"{OWN_CODE}: {path}")
+        for path in own
+        if path not in known and any(within(path, r) and path != r for r in roots)
+    ]
+    # The modules Python imports at start from a directory on its path that lies in a root
+    # (an editable install's source tree: `sitecustomize.py` there ran in the next harness
+    # process, a red team's): those names only, held while missing.
+    links += [
+        ChainLink(path, False, f"{OWN_CODE} (imported at start): {path}")
+        for path in startup_names()
+        if path not in known and within_any(path, roots) and not within_any(path, own)
+    ]
+    # Any other name there the harness probes for and misses (`copy` asks for
+    # `org.python.core`; pydantic loads every plugin an `*.dist-info` there declares) cannot
+    # be held by name: the run says so (a red team's).
+    partial = [
+        f"the harness imports from {d}, inside a writable root: a module or package metadata "
+        "a command puts there can run in a later harness process; install bash-sandbox "
+        "outside the roots"
+        for d in import_dirs()
+        if within_any(d, roots)
+    ]
+    return links, partial
 
 
 def _linked_worktrees(
