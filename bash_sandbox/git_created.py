@@ -493,26 +493,34 @@ def _config(fd: int, gitdir: str, roots: tuple[str, ...]) -> list[str]:
     pairs = parsed or []
     kept = [(k, v) for k, v in pairs if _keep(k, v, gitdir, roots)]
     dropped = [k for k, v in pairs if (k, v) not in kept]
-    pinned = _hooks_pinned(gitdir)
-    if pinned is not None:
-        kept.append(pinned)
     if parsed is None:
         dropped.insert(0, "not a config git reads")  # a link, a fifo, a malformed file
-    elif not dropped and pinned is None:
-        return []  # nothing to drop: the file stays byte for byte
-    _write(fd, "config", serialize_config(kept))
+    if dropped:
+        _write(fd, "config", serialize_config(kept))
+    # Asked of the repository as it is now (data keys only): `includeIf` conditions on its
+    # path, branch or remotes are git's to evaluate (a red team's set it through them).
+    pinned = _hooks_pinned(gitdir)
+    if pinned is not None:
+        _write(fd, "config", serialize_config([*kept, pinned]))
     return list(dict.fromkeys(dropped))
 
 
+_REPOSITORY_VARIABLES = frozenset(
+    {"GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY"}
+)
+
+
 def _hooks_pinned(gitdir: str) -> tuple[str, str] | None:
-    """`core.hooksPath` set to this repository's own (emptied) hooks where the host's
-    system or global config names a relative one: that is relative to each repository's
-    worktree, so host git in a repository the command made ran the command's
+    """`core.hooksPath` set to this repository's own (emptied) hooks where host git, reading
+    the user's configs for this repository, finds a relative one: that is relative to each
+    repository's worktree, so host git in a repository the command made ran the command's
     `.githooks/pre-commit` (a red team's)."""
+    # The user's environment (where their configs are), but what would pick a repository.
+    env = {k: v for k, v in os.environ.items() if k not in _REPOSITORY_VARIABLES}
     try:
         done = run_bounded(
-            [host_git(), "config", "--get", "core.hooksPath"],
-            env={**os.environ, "GIT_DIR": "/nonexistent"},  # the user's configs, no repository's
+            [host_git(), f"--git-dir={gitdir}", "config", "--get", "core.hooksPath"],
+            env=env,
             timeout=10,
         )
     except (OSError, subprocess.SubprocessError):

@@ -130,6 +130,8 @@ class ConfigTargets:
     includes: tuple[str, ...] = ()
     programs: tuple[tuple[str, str], ...] = ()
     templates: tuple[str, ...] = ()
+    # (key, word): a path word of a command-valued key this reading could not resolve.
+    unresolved: tuple[tuple[str, str], ...] = ()
 
 
 # Keys whose value is a command host git runs (a shell line), by section and key, any
@@ -179,39 +181,98 @@ def _words(line: str) -> list[str]:
         return line.split()
 
 
-def _programs(key: str, value: str, base: str | None) -> list[str]:
-    """The files a command-valued ``key`` may run: every word of its value that is a path
-    (absolute, `~`, `$HOME` and other variables of this environment expanded, or with a
-    `/`, relative to ``base``, the worktree), wherever it stands in the shell line (an
-    interpreter's script, a function body of an alias); none for another key."""
+_TOPLEVEL = re.compile(
+    r"\$\(\s*git\s+rev-parse\s+--show-toplevel\s*\)|`\s*git\s+rev-parse\s+--show-toplevel\s*`"
+)
+_SUBSTITUTION = re.compile(r"\$\(|`|\)")
+_SEPARATORS = frozenset({";", "&&", "||", "|", "&"})
+# A quoted word that is a line of its own (not a path with blanks): commands in it.
+_SHELLISH = re.compile(r"[;&|]|\$\(|`")
+
+
+def _programs(
+    key: str, value: str, base: str | None, gitdir: str | None = None
+) -> tuple[list[str], list[str]]:
+    """The files a command-valued ``key`` may run, and the path words it could not resolve:
+    every word of its value that is a path (absolute, `~`, variables of this environment and
+    those the line sets expanded, `$GIT_DIR` and `$(git rev-parse --show-toplevel)` as git
+    runs it, relative ones against ``base``, the worktree, and each directory the line
+    `cd`s to), wherever it stands in the shell line, inside `sh -c '...'`, `$(...)` and
+    backquotes too; none for another key."""
     section, name = key.split(".", 1)[0], key.rsplit(".", 1)[-1]
     if section == "alias" or (section, name) == ("submodule", "update"):
         if not value.startswith("!"):
-            return []  # a git command, or an update mode (`checkout`, `rebase`)
+            return [], []  # a git command, or an update mode (`checkout`, `rebase`)
         value = value[1:]
     elif (section, name) == ("credential", "helper") and not value.startswith("!"):
-        # `/path/helper args` runs that path; `store --file x` runs `git credential-store`,
-        # whose arguments are its data (a usability pass: a store file was named a program).
+        # `store --file x` runs `git credential-store`, whose arguments are its data (a
+        # usability pass: a store file was named a program); `/bin/sh x.sh` is a shell line.
         words = _words(value)[:1]
         first = os.path.expanduser(os.path.expandvars(words[0])) if words else ""
-        return [os.path.normpath(first)] if os.path.isabs(first) else []
+        if not os.path.isabs(first):
+            return [], []
     elif not (
         (section, name) in _PROGRAM_KEYS
         or section in _PROGRAM_SECTIONS
         or name.endswith(_PROGRAM_SUFFIXES)
     ):
-        return []
+        return [], []
     found: list[str] = []
-    for raw in _words(value.removeprefix("!")):
-        word = _ASSIGNMENT.sub("", raw)  # `A=/x cmd`: the value is a path too
-        word = os.path.expanduser(os.path.expandvars(word))
+    unresolved: list[str] = []
+    known = {"GIT_DIR": gitdir} if gitdir is not None else {}
+    _shell_paths(value.removeprefix("!"), base, known, found, unresolved, depth=0)
+    return list(dict.fromkeys(found)), unresolved
+
+
+def _shell_paths(
+    line: str,
+    base: str | None,
+    known: dict[str, str],
+    found: list[str],
+    unresolved: list[str],
+    *,
+    depth: int,
+) -> None:
+    """`_programs` for one shell line (recursing into quoted and substituted lines)."""
+    if depth > 3:
+        return
+    if base is not None:
+        line = _TOPLEVEL.sub(base, line)
+    bases = [base] if base is not None else []
+    words = _words(line)
+    for i, raw in enumerate(words):
+        if (i > 0 and words[i - 1] == "-c") or _SHELLISH.search(raw):
+            # `sh -c 'x/y.sh "$@"'`, `$(...)`, backquotes: a line of its own.
+            inner = _SUBSTITUTION.sub(" ", raw)
+            _shell_paths(inner, base, known, found, unresolved, depth=depth + 1)
+            continue
+        assignment = _ASSIGNMENT.match(raw)
+        word = _expand(raw[assignment.end() :] if assignment else raw, known)
+        if assignment and i + 1 < len(words) and words[i + 1] not in _SEPARATORS:
+            pass  # `A=/x cmd`: the command's environment, its value may be a file it runs
+        elif assignment:
+            known[raw[: assignment.end() - 1]] = word  # `D=/x; $D/y.sh`: a value, not a file
+            continue
+        if i > 0 and words[i - 1] == "cd":
+            # `cd tools && ./x.sh`: later relative words are relative to it.
+            bases = [os.path.normpath(os.path.join(b, word)) for b in bases or ["/"]]
+            continue  # a directory, never a file to cover
         if "$" in word:
-            continue  # a variable this environment does not set: unknown here
+            if "/" in word:
+                unresolved.append(raw)
+            continue
         if os.path.isabs(word):
             found.append(os.path.normpath(word))
-        elif "/" in word and base is not None:
-            found.append(os.path.normpath(os.path.join(base, word)))
-    return found
+        elif "/" in word:
+            found += [os.path.normpath(os.path.join(b, word)) for b in bases]
+
+
+def _expand(word: str, known: dict[str, str]) -> str:
+    """``word`` with the variables the line set (``known``), then this environment's, and
+    `~` expanded."""
+    for name, value in known.items():
+        word = word.replace("${" + name + "}", value).replace("$" + name, value)
+    return os.path.expanduser(os.path.expandvars(word))
 
 
 # Each config file's (key, value) pairs as git's own parser reads them, kept by its stamp.
@@ -272,6 +333,7 @@ def config_path_targets(gitdir: str | None, worktree: str | None, home: str) -> 
     includes: dict[str, None] = {}
     programs: dict[str, str] = {}
     templates: dict[str, None] = {}
+    unresolved: list[tuple[str, str]] = []
     seen: set[str] = set()
     queue = list(configs)
     while queue and len(seen) < 32:
@@ -303,9 +365,17 @@ def config_path_targets(gitdir: str | None, worktree: str | None, home: str) -> 
                 if os.path.isabs(expanded):
                     templates.setdefault(os.path.normpath(expanded), None)
             else:
-                for program in _programs(key, value, worktree):
+                paths, words = _programs(key, value, worktree, gitdir)
+                for program in paths:
                     programs.setdefault(program, key)
-    return ConfigTargets(tuple(hooks), tuple(includes), tuple(programs.items()), tuple(templates))
+                unresolved += [(key, w) for w in words]
+    return ConfigTargets(
+        tuple(hooks),
+        tuple(includes),
+        tuple(programs.items()),
+        tuple(templates),
+        tuple(dict.fromkeys(unresolved)),
+    )
 
 
 # -- the import -------------------------------------------------------------------------------

@@ -196,7 +196,8 @@ class HostSurvey:
         # Hooks paths and included configs inside a root run or configure the host's git:
         # the host's own configs' too, with no repository in the roots (a red team's
         # `~/.gitconfig.local` in a home workspace).
-        config = self._git_config_links(git.gitdirs, roots, {c.path for c in git.chain})
+        config, unsure = self._git_config_links(git.gitdirs, roots, {c.path for c in git.chain})
+        partial += unsure
         # The harness's own code (a project's `.venv` it runs from): a `.pth` planted there
         # ran in the next harness process, unconfined (a red team's).
         own, why_partial = _own_code_links(roots, {c.path for c in (*git.chain, *config)})
@@ -510,13 +511,15 @@ class HostSurvey:
     @staticmethod
     def _git_config_links(
         gitdirs: tuple[str, ...], roots: tuple[str, ...], known: set[str]
-    ) -> list[ChainLink]:
+    ) -> tuple[list[ChainLink], list[str]]:
         """What the host's own configs and each of ``gitdirs``' name inside a writable root
         (`git_plane.ConfigTargets`: hooks paths, includes whatever their condition, since
         host git evaluates it for repositories elsewhere too, programs it runs, template
-        directories), as chain links, but those ``known`` already."""
+        directories), as chain links, but those ``known`` already; and why the run is
+        partial where a path word could not be resolved."""
         home = os.path.expanduser("~")
         found: dict[str, ChainLink] = {}
+        unsure: dict[str, None] = {}
         for gitdir in (None, *gitdirs):
             worktree = os.path.dirname(gitdir) if gitdir is not None else None
             named = config_path_targets(gitdir, worktree, home)
@@ -537,9 +540,18 @@ class HostSurvey:
                 ),
             ]
             for path, is_dir, why in links:
-                if path not in known and within_any(os.path.realpath(path), roots):
+                real = os.path.realpath(path)
+                # A root itself is never covered whole for a name in a config.
+                if path not in known and real not in roots and within_any(real, roots):
                     found.setdefault(path, ChainLink(path, is_dir, why))
-        return list(found.values())
+            # A path word no reading resolves (`$(cmd)/x.sh`, a variable the user's shell
+            # sets): where it may lead into a root (a repository's configs; a fixed part in
+            # a root), the run cannot say it is covered.
+            for key, word in named.unresolved:
+                fixed = os.path.expanduser(word.split("$", 1)[0].split("`", 1)[0])
+                if gitdir is not None or (os.path.isabs(fixed) and within_any(fixed, roots)):
+                    unsure.setdefault(f"git config: {key} runs {word!r}, a path not resolved")
+        return list(found.values()), list(unsure)
 
 
 def _own_code_links(roots: tuple[str, ...], known: set[str]) -> tuple[list[ChainLink], list[str]]:

@@ -1129,6 +1129,7 @@ def test_the_program_scan_reads_a_shell_line_as_the_shell_does(
     from bash_sandbox.git_plane import _programs
 
     monkeypatch.setenv("PROJ", "/p")
+    monkeypatch.delenv("UNSET_VARIABLE", raising=False)
     cases = {
         ("submodule.lib.update", "!/p/up.sh --x"): ["/p/up.sh"],
         ("submodule.lib.update", "rebase"): [],  # an update mode, not a command
@@ -1137,50 +1138,23 @@ def test_the_program_scan_reads_a_shell_line_as_the_shell_does(
         ("credential.helper", "/p/cred --store"): ["/p/cred"],
         ("credential.helper", "store --file /p/.creds"): [],  # a helper's data, not a program
         ("credential.helper", "!/p/cred.sh get"): ["/p/cred.sh"],
+        ("credential.helper", "/bin/sh /p/cred.sh"): ["/bin/sh", "/p/cred.sh"],
         ("diff.bin.textconv", "sh ./conv.sh"): ["/w/conv.sh"],
         ("core.editor", "vim"): [],
         ("alias.lg", "log --oneline"): [],
         ("user.name", "/p/not-a-program"): [],
-        ("core.pager", "$UNSET_VARIABLE/x"): [],
+        # Inside `sh -c '...'`, after a `cd`, in substitutions, through the line's variables.
+        ("alias.fmt", "!sh -c 'scripts/fmt.sh \"$@\"' -"): ["/w/scripts/fmt.sh"],
+        ("core.fsmonitor", 'bash -c "cd /p && ./tools/x.sh"'): ["/p/tools/x.sh"],
+        ("alias.t", "!cd tools && ./x.sh"): ["/w/tools/x.sh"],
+        ("alias.b", "!`echo /p/b.sh`"): ["/p/b.sh"],
+        ("alias.d", "!D=/p; $D/y.sh"): ["/p/y.sh"],  # `/p` is a value, not a file
+        ("alias.r", '!"$(git rev-parse --show-toplevel)/x.sh"'): ["/w/x.sh"],
+        ("alias.g", "!$GIT_DIR/../x.sh"): ["/w/x.sh"],
     }
     for (key, value), paths in cases.items():
-        assert _programs(key, value, "/w") == paths, (key, value)
-
-
-async def test_a_repository_the_command_makes_runs_no_hook_of_a_relative_global_hooks_path(
-    make_executor: ExecutorFactory,
-    workspace: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # `core.hooksPath = .githooks` in ~/.gitconfig is relative to each repository's worktree:
-    # host git in a repository the command made ran the command's `.githooks/pre-commit`
-    # (red team). Such a repository comes back with its own (emptied) hooks directory pinned.
-    marker = tmp_path / "pwned"
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / ".gitconfig").write_text(
-        "[user]\n\tname = t\n\temail = t@e\n[core]\n\thooksPath = .githooks\n"
-    )
-    monkeypatch.setenv("HOME", str(home))
-    for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
-        monkeypatch.delenv(name, raising=False)
-    ex = make_executor(mode="workspace-write")
-    result = await _run(
-        ex,
-        "git init -q vendor/lib && mkdir vendor/lib/.githooks"
-        f" && printf '#!/bin/sh\\ntouch {marker}\\n' > vendor/lib/.githooks/pre-commit"
-        " && chmod +x vendor/lib/.githooks/pre-commit",
-        workspace,
-    )
-    assert result.exit_code == 0, result.stderr.text
-    lib = workspace / "vendor" / "lib"
-    user_env = {"HOME": str(home), "PATH": os.environ["PATH"]}
-    (lib / "a").write_text("a\n")
-    subprocess.run(["git", "add", "a"], cwd=lib, env=user_env, check=True, timeout=30)
-    subprocess.run(
-        ["git", "commit", "-qm", "a"], cwd=lib, env=user_env, capture_output=True, timeout=30,
-        check=False,
-    )  # fmt: skip
-    assert not marker.exists()
-    assert (lib / ".githooks" / "pre-commit").exists()  # the command's file itself stays
+        found, unresolved = _programs(key, value, "/w", "/w/.git")
+        assert found == list(dict.fromkeys(paths)), (key, value, found)
+        assert unresolved == [], (key, value, unresolved)
+    # What no reading resolves is named, for the run to say it is partial.
+    assert _programs("core.pager", "$UNSET_VARIABLE/x", "/w") == ([], ["$UNSET_VARIABLE/x"])
