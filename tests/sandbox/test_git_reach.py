@@ -1158,3 +1158,50 @@ def test_the_program_scan_reads_a_shell_line_as_the_shell_does(
         assert unresolved == [], (key, value, unresolved)
     # What no reading resolves is named, for the run to say it is partial.
     assert _programs("core.pager", "$UNSET_VARIABLE/x", "/w") == ([], ["$UNSET_VARIABLE/x"])
+
+
+@pytest.mark.parametrize("through", ["the global config", "an includeIf on the path"])
+async def test_a_repository_the_command_makes_runs_no_hook_of_a_relative_global_hooks_path(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    through: str,
+) -> None:
+    # `core.hooksPath = .githooks` in ~/.gitconfig is relative to each repository's worktree:
+    # host git in a repository the command made ran the command's `.githooks/pre-commit`
+    # (red team). Such a repository comes back with its own (emptied) hooks directory pinned.
+    marker = tmp_path / "pwned"
+    home = tmp_path / "home"
+    home.mkdir()
+    hooks = "[core]\n\thooksPath = .githooks\n"
+    if through == "the global config":
+        (home / ".gitconfig").write_text("[user]\n\tname = t\n\temail = t@e\n" + hooks)
+    else:  # only for repositories below the workspace: asked as git reads it for each
+        (home / ".gitconfig-work").write_text(hooks)
+        (home / ".gitconfig").write_text(
+            f'[user]\n\tname = t\n\temail = t@e\n[includeIf "gitdir:{workspace}/"]\n'
+            "\tpath = ~/.gitconfig-work\n"
+        )
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex,
+        "git init -q vendor/lib && mkdir vendor/lib/.githooks"
+        f" && printf '#!/bin/sh\\ntouch {marker}\\n' > vendor/lib/.githooks/pre-commit"
+        " && chmod +x vendor/lib/.githooks/pre-commit",
+        workspace,
+    )
+    assert result.exit_code == 0, result.stderr.text
+    lib = workspace / "vendor" / "lib"
+    user_env = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    (lib / "a").write_text("a\n")
+    subprocess.run(["git", "add", "a"], cwd=lib, env=user_env, check=True, timeout=30)
+    subprocess.run(
+        ["git", "commit", "-qm", "a"], cwd=lib, env=user_env, capture_output=True, timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert not marker.exists()
+    assert (lib / ".githooks" / "pre-commit").exists()  # the command's file itself stays
