@@ -610,11 +610,28 @@ class _Importer:
     # -- the index -----------------------------------------------------------------------
 
     def _ls_files(self, index: str, *, tags: bool = False) -> bytes:
-        """The entries of ``index`` as git's reader sees them (`-t`: with a status tag, `S`
-        for skip-worktree)."""
+        """The entries of ``index`` as git's reader sees them (`-v`: with a status tag, `S`
+        for skip-worktree, lower-case where the assume-unchanged bit is set)."""
         env = git_env(GIT_INDEX_FILE=index)
-        args = ["ls-files", "--stage", "-z", *(["-t"] if tags else [])]
+        args = ["ls-files", "--stage", "-z", *(["-v"] if tags else [])]
         return git(self.view, *args, env=env).stdout
+
+    def _mark(self, env: dict[str, str], flag: str, paths: list[bytes]) -> str | None:
+        """Set ``flag`` on ``paths`` of the index ``env`` names; why git refused, or None."""
+        empty = os.path.join(self.work, "empty-worktree")
+        os.makedirs(empty, exist_ok=True)
+        done = git(
+            self.view,
+            f"--work-tree={empty}",
+            "update-index",
+            "-z",
+            flag,
+            "--stdin",
+            input=b"".join(p + b"\0" for p in paths),
+            env=env,
+            check=False,
+        )
+        return done.stderr.decode(errors="replace").strip()[:200] if done.returncode else None
 
     def _index_changed(self, admin: str) -> bool:
         """Whether the host's index of ``admin`` changed since the command started: replaced,
@@ -680,31 +697,22 @@ class _Importer:
         rebuilt = os.path.join(self.work, f"index-{len(self.plan.indexes)}")
         env = git_env(GIT_INDEX_FILE=rebuilt)
         entries = [e[2:] for e in tagged.split(b"\0") if e]
-        sparse = [e.split(b"\t", 1)[1] for e in tagged.split(b"\0") if e[:2] == b"S "]
+        sparse = [e.split(b"\t", 1)[1] for e in tagged.split(b"\0") if e[:2] in (b"S ", b"s ")]
+        # The assume-unchanged bits (a local edit the user hides from `git commit -a`): the
+        # rebuild dropped them, and the user's next `commit -a` took the hidden edit (a red
+        # team's: a local token committed).
+        assumed = [e.split(b"\t", 1)[1] for e in tagged.split(b"\0") if e[:1].islower()]
         intents = self._intent_to_add(src)
         listed = b"".join(e + b"\0" for e in entries if e.split(b"\t", 1)[1] not in intents)
         done = git(self.view, "update-index", "-z", "--index-info", input=listed, env=env)
         if intents and os.path.exists(rebuilt):
             self._add_intents(sorted(intents), env)
-        if sparse and os.path.exists(rebuilt):
-            # Sparse checkout: the skip-worktree bits, set by git on the rebuilt entries.
-            empty = os.path.join(self.work, "empty-worktree")
-            os.makedirs(empty, exist_ok=True)
-            marked = git(
-                self.view,
-                f"--work-tree={empty}",
-                "update-index",
-                "-z",
-                "--skip-worktree",
-                "--stdin",
-                input=b"".join(p + b"\0" for p in sparse),
-                env=env,
-                check=False,
-            )
-            if marked.returncode != 0:
-                # An entry the rebuild dropped (a crafted index: `a` beside `a/b`): refused,
-                # never an import that fails and keeps its layer for a retry that fails too.
-                why = marked.stderr.decode(errors="replace").strip()[:200]
+        # Sparse checkout's skip-worktree bits and the assume-unchanged ones, set by git on
+        # the rebuilt entries; refused where git cannot (a crafted index: `a` beside `a/b`
+        # whose `a` the rebuild dropped), never an import that fails and keeps its layer.
+        for flag, paths in (("--skip-worktree", sparse), ("--assume-unchanged", assumed)):
+            why = self._mark(env, flag, paths) if paths and os.path.exists(rebuilt) else None
+            if why is not None:
                 self.plan.refused.append(f"{admin or '.'}/index: git refuses its entries ({why})")
                 return
         kept = [e for e in self._ls_files(rebuilt).split(b"\0") if e]

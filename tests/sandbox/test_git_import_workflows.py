@@ -648,3 +648,33 @@ async def test_a_host_git_status_during_a_background_commit_lets_it_apply(
     assert host_git(repo, "tag").split() == ["done"]
     assert host_git(repo, "status", "--porcelain") == ""
     fsck_clean(repo)
+
+
+@pytest.mark.parametrize("when", ["before the command", "while it runs"])
+async def test_the_hosts_assume_unchanged_bits_survive_an_imported_index(
+    make_executor: ExecutorFactory, workspace: Path, when: str
+) -> None:
+    # A local edit hidden with `git update-index --assume-unchanged`: the rebuilt index
+    # dropped the bit, so the user's next `git commit -a` committed the hidden edit (a local
+    # token); one set while the command ran was taken for a stat refresh (red team).
+    repo = make_repo(workspace / "repo")
+    (repo / "f0.txt").write_text("token = local\n")
+    if when == "before the command":
+        host_git(repo, "update-index", "--assume-unchanged", "f0.txt")
+    ex = make_executor(mode="workspace-write")
+    background, go = await _paused(ex, repo, "echo n > new.txt && git add new.txt")
+    if when == "while it runs":
+        host_git(repo, "update-index", "--assume-unchanged", "f0.txt")
+    go.touch()
+    await background.wait()
+    assert background.exit_code == 0 and background.sandbox is not None
+    [outcome] = background.sandbox.git
+    if when == "before the command":
+        assert outcome.status is GitImportStatus.APPLIED, outcome
+        assert host_git(repo, "diff", "--cached", "--name-only").split() == ["new.txt"]
+    else:
+        assert outcome.status is GitImportStatus.CONFLICT, outcome
+    assert host_git(repo, "ls-files", "-v", "f0.txt").split()[0] == "h"  # still hidden
+    host_git(repo, "commit", "-qam", "the user's commit -a", check=False)  # maybe nothing to
+    assert host_git(repo, "show", "HEAD:f0.txt") == "file 0\n"  # the hidden edit stayed local
+    fsck_clean(repo)
