@@ -54,6 +54,7 @@ from policies.paths import within as within_path
 from policies.paths import within_any
 
 IMPORT_DIR = "import"
+START_DIR = "start"  # beside the upper layer: copies of the indexes the command started from
 INTENT = "intent.json"
 # Beside the intent when the command's objects never reached the host: its upper layer is
 # their only copy (`ImportResult.unimported`; `state.py` keeps it out of the executor's state).
@@ -168,7 +169,7 @@ def begin(
     snap = _take(gitdir, upper, f"{time.time_ns():x}-{os.getpid()}")
     snap.roots = list(roots)
     snap.main_inside = main_inside
-    _keep_start_indexes(base, snap)
+    _keep_start_indexes(os.path.join(os.path.dirname(upper), START_DIR), snap)
     for i, rel in enumerate(_module_dirs(gitdir)):
         sub = _take(os.path.join(gitdir, "modules", rel), "", f"{snap.run_id}-m{i}")
         sub.roots = snap.roots
@@ -182,14 +183,18 @@ _START_INDEX_MAX = 4 << 20
 
 
 def _keep_start_indexes(base: str, snap: Snapshot) -> None:
-    """A copy in ``base`` of each index the command starts from (up to `_START_INDEX_MAX`),
+    """A copy in ``base`` (made 0700 beside the upper layer: the import's own directory holds
+    only the intent while an upper may be reused) of each index the command starts from (up
+    to `_START_INDEX_MAX`),
     its identity re-taken from the very descriptor copied: a host `git status` that only
     refreshes stat data replaces the index file, and the import tells that from a change of
     its entries against this copy (`_Importer._index_changed`; an IDE polling `git status`
     made every background command's commit a conflict: a usability pass). Not flushed: a
     crash loses only the copy, and the import then sees any replaced index as changed."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(base, 0o700)
     for n, admin in enumerate(sorted(snap.indexes)):
-        dest = os.path.join(base, f"start-index-{n}")
+        dest = os.path.join(base, f"index-{n}")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(dest)
         try:

@@ -28,10 +28,12 @@ from tests.sandbox.git_import_harness import (
 
 
 @pytest.fixture
-def kept(monkeypatch: pytest.MonkeyPatch) -> KeptAnswers[str, dict[str, str]]:
+def kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> KeptAnswers[str, tuple[dict[str, str], tuple[str, ...]]]:
     # Files older than this window are trusted not to change unseen; a test's own writes are
     # fresh, so it narrows the window (and each change sleeps past a coarse clock's tick).
-    answers: KeptAnswers[str, dict[str, str]] = KeptAnswers(racy_ns=0)
+    answers: KeptAnswers[str, tuple[dict[str, str], tuple[str, ...]]] = KeptAnswers(racy_ns=0)
     monkeypatch.setattr(kept_refs, "_ANSWERS", answers)
     return answers
 
@@ -77,36 +79,47 @@ def _host_changes(repo: Path) -> list[tuple[str, Callable[[], object]]]:
     ]  # fmt: skip
 
 
+def _loose_files(repo: Path) -> list[str]:
+    refs = repo / ".git" / "refs"
+    return sorted(str(p.relative_to(repo / ".git")) for p in refs.rglob("*") if p.is_file())
+
+
 def test_every_host_ref_change_between_spawns_is_seen(
-    tmp_path: Path, kept: KeptAnswers[str, dict[str, str]], git_runs: list[list[str]]
+    tmp_path: Path,
+    kept: KeptAnswers[str, tuple[dict[str, str], tuple[str, ...]]],
+    git_runs: list[list[str]],
 ) -> None:
     repo = make_repo(tmp_path / "repo")
     gitdir = str(repo / ".git")
     _settle()
-    assert kept_refs.snapshot_refs(gitdir) == host_refs(gitdir)
-    assert kept_refs.snapshot_refs(gitdir) == host_refs(gitdir)
+    assert kept_refs.snapshot_refs(gitdir)[0] == host_refs(gitdir)
+    assert kept_refs.snapshot_refs(gitdir)[0] == host_refs(gitdir)
     asked = len(git_runs)
     assert asked == 3  # the second snapshot read the kept answer; host_refs asks every time
     for what, change in _host_changes(repo):
         change()
         _settle()
-        snapshot = kept_refs.snapshot_refs(gitdir)
+        snapshot, loose = kept_refs.snapshot_refs(gitdir)
         fresh = host_refs(gitdir)
         assert snapshot == fresh, what
+        # The names that are loose files, which the import tells a host repack by.
+        assert sorted(loose or ()) == _loose_files(repo), what
         assert len(git_runs) == asked + 2, f"{what}: not asked again"
-        assert kept_refs.snapshot_refs(gitdir) == fresh, what
+        assert kept_refs.snapshot_refs(gitdir)[0] == fresh, what
         assert len(git_runs) == asked + 2, f"{what}: the new answer was not kept"
         asked = len(git_runs)
 
 
 def test_a_ref_written_within_a_clock_tick_is_asked_again(
-    tmp_path: Path, kept: KeptAnswers[str, dict[str, str]], git_runs: list[list[str]]
+    tmp_path: Path,
+    kept: KeptAnswers[str, tuple[dict[str, str], tuple[str, ...]]],
+    git_runs: list[list[str]],
 ) -> None:
     repo = make_repo(tmp_path / "repo")
     kept.racy_ns = 2_000_000_000  # the repository was just written
     gitdir = str(repo / ".git")
     for _ in range(3):
-        assert kept_refs.snapshot_refs(gitdir) == host_refs(gitdir)
+        assert kept_refs.snapshot_refs(gitdir)[0] == host_refs(gitdir)
     assert len(git_runs) == 6
     assert len(kept) == 0
 
@@ -114,7 +127,7 @@ def test_a_ref_written_within_a_clock_tick_is_asked_again(
 @pytest.mark.parametrize("layout", ["linked worktree", "reftable", "symlink below refs"])
 def test_what_the_stamps_cannot_follow_is_asked_every_time(
     tmp_path: Path,
-    kept: KeptAnswers[str, dict[str, str]],
+    kept: KeptAnswers[str, tuple[dict[str, str], tuple[str, ...]]],
     git_runs: list[list[str]],
     layout: str,
 ) -> None:
@@ -135,7 +148,9 @@ def test_what_the_stamps_cannot_follow_is_asked_every_time(
 
 
 def test_with_a_kept_baseline_a_host_commit_before_the_import_overwrites_nothing(
-    tmp_path: Path, kept: KeptAnswers[str, dict[str, str]], git_runs: list[list[str]]
+    tmp_path: Path,
+    kept: KeptAnswers[str, tuple[dict[str, str], tuple[str, ...]]],
+    git_runs: list[list[str]],
 ) -> None:
     # The snapshot of this spawn comes from the answer an earlier spawn kept; the host then
     # commits while the command commits too: a conflict, both commits kept, the host's ref
