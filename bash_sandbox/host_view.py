@@ -43,7 +43,7 @@ from bash_sandbox.git_spawn import (
 )
 from bash_sandbox.link_restore import snapshot_links
 from bash_sandbox.own_code import REASON as OWN_CODE
-from bash_sandbox.own_code import import_dirs, own_installation, startup_names
+from bash_sandbox.own_code import import_dirs, own_installation, package_names, startup_names
 from bash_sandbox.placeholder_linger import LingeringPlaceholders
 from bash_sandbox.placeholder_stash import STASH_DIR
 from bash_sandbox.placeholders import Placeholders
@@ -574,12 +574,20 @@ def _own_code_links(roots: tuple[str, ...], known: set[str]) -> tuple[list[Chain
     # Any other name there the harness probes for and misses (`copy` asks for
     # `org.python.core`; pydantic loads every plugin an `*.dist-info` there declares) cannot
     # be held by name: the run says so (a red team's).
+    inside = [d for d in import_dirs() if within_any(d, roots)]
     partial = [
         f"the harness imports from {d}, inside a writable root: a module or package metadata "
         "a command puts there can run in a later harness process; install bash-sandbox "
         "outside the roots"
-        for d in import_dirs()
-        if within_any(d, roots)
+        for d in inside
+    ]
+    # This package's own names there, held (`python -m bash_sandbox.cli` started in the
+    # workspace imported a `bash_sandbox/` a command made: a red team's).
+    links += [
+        ChainLink(path, False, f"{OWN_CODE} (imported from {d}): {path}")
+        for d in inside
+        for path in package_names(d)
+        if path not in known and not within_any(path, own)
     ]
     return links, partial
 

@@ -47,12 +47,20 @@ def own_installation() -> tuple[str, ...]:
 
 @functools.cache
 def import_dirs() -> tuple[str, ...]:
-    """The directories a fresh harness process of this installation imports from that are not
-    part of it: `sys.path` but its first entry (the script's or current directory, put there
-    after `site` ran), the stdlib and the installation (an editable install's source tree)."""
+    """The directories a harness process of this installation imports from that are not part
+    of it: every `sys.path` entry (its first too: the current directory of a `python -m
+    bash_sandbox.cli` started in a workspace, which comes before the package itself) but
+    the installation (an editable install's source tree is one of these)."""
     own = own_installation()
-    dirs = {os.path.realpath(p) for p in sys.path[1:] if p and os.path.isdir(p)}
+    entries = [p or os.getcwd() for p in sys.path]
+    dirs = {os.path.realpath(p) for p in entries if os.path.isdir(p)}
     return tuple(sorted(d for d in dirs if not any(d == o or _below(d, o) for o in own)))
+
+
+def package_names(directory: str) -> tuple[str, ...]:
+    """This distribution's package names in ``directory``, as a module or a package: what
+    a harness importing from there would take for itself."""
+    return tuple(os.path.join(directory, n + s) for n in _PACKAGES for s in ("", ".py"))
 
 
 @functools.cache

@@ -127,3 +127,30 @@ def test_an_editable_installs_source_tree_imports_nothing_a_command_planted(
     subprocess.run([str(python), "-c", "pass"], check=True, timeout=60)
     assert not (project / "sitecustomize.py").exists()
     assert not marker.exists()
+
+
+def test_a_harness_started_in_the_workspace_imports_no_package_a_command_made_there(
+    backend: str, tmp_path: Path
+) -> None:
+    # `python -m bash_sandbox.cli` (or `-c`) started in the workspace puts that directory
+    # first on `sys.path`: a `bash_sandbox/` a command made there ran in the next harness
+    # process (red team). Its names are held; anything else there cannot be: partial.
+    project = tmp_path / "proj"
+    project.mkdir()
+    marker = tmp_path / "pwned"
+    plant = f"import os; open({str(marker)!r}, 'w').write('ran')"
+    command = f"mkdir -p bash_sandbox; echo {plant!r} > bash_sandbox/__init__.py; echo ok > x"
+    done = subprocess.run(
+        [sys.executable, "-c", _HARNESS, str(project), backend, command],
+        capture_output=True, text=True, timeout=120, check=False, cwd=project,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    _, _, enforcement, warnings = json.loads(done.stdout.strip().splitlines()[-1])
+    assert enforcement.endswith("partial")
+    assert any(f"the harness imports from {project}" in w for w in warnings), warnings
+    assert (project / "x").read_text() == "ok\n"
+    assert not (project / "bash_sandbox").exists()  # held by a file while the command ran
+    subprocess.run(
+        [sys.executable, "-c", "import bash_sandbox"], cwd=project, check=True, timeout=60
+    )
+    assert not marker.exists()
