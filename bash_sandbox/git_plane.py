@@ -186,6 +186,7 @@ _TOPLEVEL = re.compile(
 )
 _SUBSTITUTION = re.compile(r"\$\(|`|\)")
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&"})
+_SCRIPT = re.compile(r"\.(sh|bash|zsh|py|pl|rb|js|mjs|cjs|ts|php|lua|tcl|exe)$")
 # A quoted word that is a line of its own (not a path with blanks): commands in it.
 _SHELLISH = re.compile(r"[;&|]|\$\(|`")
 
@@ -257,14 +258,24 @@ def _shell_paths(
             # `cd tools && ./x.sh`: later relative words are relative to it.
             bases = [os.path.normpath(os.path.join(b, word)) for b in bases or ["/"]]
             continue  # a directory, never a file to cover
+        if word.startswith("-"):
+            word = word.partition("=")[2]  # `--file=/x`: the value; a bare option: nothing
         if "$" in word:
             if "/" in word:
                 unresolved.append(raw)
             continue
+        if "://" in word:
+            continue  # a URL
         if os.path.isabs(word):
             found.append(os.path.normpath(word))
         elif "/" in word:
-            found += [os.path.normpath(os.path.join(b, word)) for b in bases]
+            # A relative word is a path where it is spelled as one or lies there (a script),
+            # not `origin/main` in `git log origin/main..`: a placeholder `origin` would be
+            # held in every repository the alias's config reaches.
+            for b in bases:
+                path = os.path.normpath(os.path.join(b, word))
+                if word.startswith(("./", "../")) or _SCRIPT.search(word) or os.path.lexists(path):
+                    found.append(path)
 
 
 def _expand(word: str, known: dict[str, str]) -> str:

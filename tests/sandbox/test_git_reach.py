@@ -1151,6 +1151,12 @@ def test_the_program_scan_reads_a_shell_line_as_the_shell_does(
         ("alias.d", "!D=/p; $D/y.sh"): ["/p/y.sh"],  # `/p` is a value, not a file
         ("alias.r", '!"$(git rev-parse --show-toplevel)/x.sh"'): ["/w/x.sh"],
         ("alias.g", "!$GIT_DIR/../x.sh"): ["/w/x.sh"],
+        # Not paths: a ref range, a URL, an option (a placeholder `origin` would have been
+        # held in every repository).
+        ("alias.ahead", "!git log origin/main..HEAD"): [],
+        ("alias.web", "!xdg-open https://example.com/repo"): [],
+        ("credential.helper", "/p/cred --file=/p/store"): ["/p/cred", "/p/store"],
+        ("alias.opt", "!tool --verbose ./run"): ["/w/run"],
     }
     for (key, value), paths in cases.items():
         found, unresolved = _programs(key, value, "/w", "/w/.git")
@@ -1205,3 +1211,28 @@ async def test_a_repository_the_command_makes_runs_no_hook_of_a_relative_global_
     )  # fmt: skip
     assert not marker.exists()
     assert (lib / ".githooks" / "pre-commit").exists()  # the command's file itself stays
+
+
+async def test_an_alias_naming_refs_holds_no_placeholder_in_a_repository(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `!git log origin/main..HEAD` names a ref range, not a file: held as a path, it put a
+    # placeholder `origin` in every repository the user's config reaches.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(
+        "[alias]\n\tahead = !git log origin/main..HEAD\n\tweb = !xdg-open https://x.test/r\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    _repo(workspace)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, "ls -A", workspace)
+    assert result.exit_code == 0 and result.sandbox is not None
+    listed = set(result.stdout.text.split())
+    assert not listed & {"origin", "https:", "origin/main..HEAD"}, listed
+    assert result.sandbox.enforcement == "full"
