@@ -42,20 +42,20 @@ def snapshot_refs(gitdir: str) -> tuple[dict[str, str], tuple[str, ...] | None]:
         raise GitError(["for-each-ref"], 128, f"not a file git can read: {blocking[0]}")
     asked = time.time_ns()
     refs = host_refs(gitdir)
-    watched = _ref_files(gitdir)
-    if watched is None:
-        return refs, None
     # Listed after git read them: a ref the host makes loose in between is listed (and only
     # ever keeps the host's value), one it packs in between is not (the command's view read
     # it packed too).
-    loose = tuple(os.path.relpath(p, gitdir) for p in watched[3:] if os.path.isfile(p))
+    listed = _ref_files(gitdir)
+    if listed is None:
+        return refs, None
+    watched, loose = listed
     _ANSWERS.keep(gitdir, watched, asked, (dict(refs), loose))
     return refs, loose
 
 
-def _ref_files(gitdir: str) -> tuple[str, ...] | None:
-    """Every file and directory git's files backend reads refs from; None where the answer
-    must not be kept."""
+def _ref_files(gitdir: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """Every file and directory git's files backend reads refs from, and the names of the
+    loose refs among them (`refs/...`); None where the answer must not be kept."""
     for other in ("commondir", "reftable"):
         if os.path.lexists(os.path.join(gitdir, other)):
             return None
@@ -63,6 +63,7 @@ def _ref_files(gitdir: str) -> tuple[str, ...] | None:
     if not os.path.isdir(top) or os.path.islink(top):
         return None
     found = [os.path.join(gitdir, "config"), os.path.join(gitdir, "packed-refs"), top]
+    loose: list[str] = []
     pending = [top]
     while pending:
         try:
@@ -75,6 +76,8 @@ def _ref_files(gitdir: str) -> tuple[str, ...] | None:
             found.append(entry.path)
             if entry.is_dir(follow_symlinks=False):
                 pending.append(entry.path)
+            elif entry.is_file(follow_symlinks=False):
+                loose.append(os.path.relpath(entry.path, gitdir))
         if len(found) > _MAX_ENTRIES:
             return None
-    return tuple(found)
+    return tuple(found), tuple(loose)
