@@ -1011,6 +1011,15 @@ async def test_a_link_that_cannot_be_resolved_skips_no_reset_and_fails_no_later_
     assert nxt.stdout.text == "next\n", nxt.stderr.text
 
 
+def _user_gitconfig(monkeypatch: pytest.MonkeyPatch, home: Path, text: str) -> None:
+    """The harness's user: ``home`` with ``text`` as its `~/.gitconfig`, git's other places
+    for a global config out of the way."""
+    (home / ".gitconfig").write_text(text)
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.mark.parametrize("layout", ["home workspace, missing", "project, existing"])
 async def test_an_include_of_the_hosts_own_git_config_stays_read_only_without_a_repository(
     make_executor: ExecutorFactory,
@@ -1031,10 +1040,7 @@ async def test_an_include_of_the_hosts_own_git_config_stays_read_only_without_a_
         home.mkdir()
         target.write_text("[user]\n\tname = team\n")
         named = str(target)
-    (home / ".gitconfig").write_text(f"[include]\n\tpath = {named}\n")
-    monkeypatch.setenv("HOME", str(home))
-    for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
-        monkeypatch.delenv(name, raising=False)
+    _user_gitconfig(monkeypatch, home, f"[include]\n\tpath = {named}\n")
     before = target.read_bytes() if target.exists() else None
     ex = make_executor(mode="workspace-write")
     result = await _run(
@@ -1090,13 +1096,10 @@ async def test_a_program_the_hosts_git_config_names_in_a_root_stays_read_only(
     key, _, value = setting.format(ws=workspace).partition(" = ")
     section, _, name = key.rpartition(".")
     head = section.replace(".", ' "', 1) + '"' if "." in section else section
-    (home / ".gitconfig").write_text(
-        f"[user]\n\tname = t\n\temail = t@e\n[{head}]\n\t{name} = {value}\n"
+    _user_gitconfig(
+        monkeypatch, home, f"[user]\n\tname = t\n\temail = t@e\n[{head}]\n\t{name} = {value}\n"
     )
-    monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("PROJ", str(workspace))  # a variable the user's shell sets too
-    for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
-        monkeypatch.delenv(name, raising=False)
     target = workspace / planted
     target.parent.mkdir(parents=True)
     target.write_text("#!/bin/sh\nexit 0\n")
@@ -1182,16 +1185,15 @@ async def test_a_repository_the_command_makes_runs_no_hook_of_a_relative_global_
     home.mkdir()
     hooks = "[core]\n\thooksPath = .githooks\n"
     if through == "the global config":
-        (home / ".gitconfig").write_text("[user]\n\tname = t\n\temail = t@e\n" + hooks)
+        _user_gitconfig(monkeypatch, home, "[user]\n\tname = t\n\temail = t@e\n" + hooks)
     else:  # only for repositories below the workspace: asked as git reads it for each
         (home / ".gitconfig-work").write_text(hooks)
-        (home / ".gitconfig").write_text(
+        _user_gitconfig(
+            monkeypatch,
+            home,
             f'[user]\n\tname = t\n\temail = t@e\n[includeIf "gitdir:{workspace}/"]\n'
-            "\tpath = ~/.gitconfig-work\n"
+            "\tpath = ~/.gitconfig-work\n",
         )
-    monkeypatch.setenv("HOME", str(home))
-    for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
-        monkeypatch.delenv(name, raising=False)
     ex = make_executor(mode="workspace-write")
     result = await _run(
         ex,
@@ -1223,12 +1225,11 @@ async def test_an_alias_naming_refs_holds_no_placeholder_in_a_repository(
     # placeholder `origin` in every repository the user's config reaches.
     home = tmp_path / "home"
     home.mkdir()
-    (home / ".gitconfig").write_text(
-        "[alias]\n\tahead = !git log origin/main..HEAD\n\tweb = !xdg-open https://x.test/r\n"
+    _user_gitconfig(
+        monkeypatch,
+        home,
+        "[alias]\n\tahead = !git log origin/main..HEAD\n\tweb = !xdg-open https://x.test/r\n",
     )
-    monkeypatch.setenv("HOME", str(home))
-    for name in ("GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "XDG_CONFIG_HOME"):
-        monkeypatch.delenv(name, raising=False)
     _repo(workspace)
     ex = make_executor(mode="workspace-write")
     result = await _run(ex, "ls -A", workspace)

@@ -32,6 +32,32 @@ asyncio.run(main())
 """
 
 
+def _harness(
+    python: Path | str,
+    *flags: str,
+    project: Path,
+    backend: str,
+    command: str,
+    cwd: Path | None = None,
+) -> tuple[list[str], list[list[str]], str, list[str]]:
+    """One workspace-write ``command`` in ``project`` through a harness started as
+    `python [flags] -c ...` (in ``cwd``): its output lines, its denials (target, reason),
+    its enforcement and its warnings."""
+    done = subprocess.run(
+        [str(python), *flags, "-c", _HARNESS, str(project), backend, command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    *output, last = done.stdout.strip().splitlines()
+    _, denials, enforcement, warnings = json.loads(last)
+    return output, denials, enforcement, warnings
+
+
 def _venv(path: Path, *paths: Path | str) -> tuple[Path, Path]:
     """A venv at ``path`` whose interpreter also imports ``paths`` (a `.pth`, as `pip
     install` or an editable install leaves one): (its python, its site-packages)."""
@@ -65,16 +91,7 @@ def test_a_pth_planted_in_the_harnesss_own_venv_never_runs(backend: str, tmp_pat
     marker = tmp_path / "pwned"
     plant = f"import os; open({str(marker)!r}, 'w').write('ran')"
     command = f"echo {plant!r} > {purelib}/zz.pth; echo ok > other-env/x"
-    done = subprocess.run(
-        [str(python), "-c", _HARNESS, str(project), backend, command],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
-    assert done.returncode == 0, done.stderr
-    _, denials, enforcement, _ = json.loads(done.stdout.strip().splitlines()[-1])
+    _, denials, enforcement, _ = _harness(python, project=project, backend=backend, command=command)
     assert [t for t, _ in denials] == [f"{purelib}/zz.pth"]
     assert enforcement.endswith("full")
     assert "the sandbox's own installation" in denials[0][1]
@@ -107,13 +124,9 @@ def test_an_editable_installs_source_tree_imports_nothing_a_command_planted(
         " [ -d sitecustomize ] || echo no-package-dirs;"
         " rm -f sitecustomize.py usercustomize.py && rm -rf sitecustomize && echo removed"
     )
-    done = subprocess.run(
-        [str(python), "-I", "-c", _HARNESS, str(project), backend, command],
-        capture_output=True, text=True, timeout=120, check=False,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    _, denials, enforcement, warnings = json.loads(done.stdout.strip().splitlines()[-1])
+    output, denials, enforcement, warnings = _harness(
+        python, "-I", project=project, backend=backend, command=command
+    )
     # Any other module name there cannot be held: the run says so, naming the directory.
     assert enforcement.endswith("partial")
     assert any(f"the harness imports from {project}" in w for w in warnings), warnings
@@ -122,8 +135,7 @@ def test_an_editable_installs_source_tree_imports_nothing_a_command_planted(
         f"{project}/usercustomize.py",
     ]
     assert (project / "x").read_text() == "ok\n"  # the tree itself stays writable
-    stdout = done.stdout.strip().splitlines()[:-1]
-    assert "no-package-dirs" in stdout and "removed" in stdout, done.stdout
+    assert "no-package-dirs" in output and "removed" in output, output
     subprocess.run([str(python), "-c", "pass"], check=True, timeout=60)
     assert not (project / "sitecustomize.py").exists()
     assert not marker.exists()
@@ -140,12 +152,9 @@ def test_a_harness_started_in_the_workspace_imports_no_package_a_command_made_th
     marker = tmp_path / "pwned"
     plant = f"import os; open({str(marker)!r}, 'w').write('ran')"
     command = f"mkdir -p bash_sandbox; echo {plant!r} > bash_sandbox/__init__.py; echo ok > x"
-    done = subprocess.run(
-        [sys.executable, "-c", _HARNESS, str(project), backend, command],
-        capture_output=True, text=True, timeout=120, check=False, cwd=project,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    _, _, enforcement, warnings = json.loads(done.stdout.strip().splitlines()[-1])
+    _, _, enforcement, warnings = _harness(
+        sys.executable, project=project, backend=backend, command=command, cwd=project
+    )
     assert enforcement.endswith("partial")
     assert any(f"the harness imports from {project}" in w for w in warnings), warnings
     assert (project / "x").read_text() == "ok\n"
