@@ -35,7 +35,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 
-from bash_sandbox.git_discovery import scrubbed_git, scrubbed_git_env
+from bash_sandbox.git_discovery import listed_pairs, scrubbed_git, scrubbed_git_env
 from bash_sandbox.git_import.state_files import worktree_inside
 from bash_sandbox.host_run import run_bounded
 from bash_sandbox.linux.binaries import host_git
@@ -548,13 +548,7 @@ def parse_config(data: bytes) -> list[tuple[str, str | None]] | None:
             return None
     if done.returncode != 0:
         return None
-    pairs: list[tuple[str, str | None]] = []
-    for record in done.stdout.split(b"\0"):
-        if not record:
-            continue
-        key, sep, value = record.partition(b"\n")
-        pairs.append((os.fsdecode(key), os.fsdecode(value) if sep else None))
-    return pairs
+    return listed_pairs(done.stdout)
 
 
 def _keep(key: str, value: str | None, gitdir: str, roots: tuple[str, ...]) -> bool:

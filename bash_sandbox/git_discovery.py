@@ -472,6 +472,18 @@ def scrubbed_git_env(**extra: str) -> dict[str, str]:
     return {"PATH": host_git_path(), **_SCRUBBED_ENV, **extra}
 
 
+def listed_pairs(listed: bytes) -> list[tuple[str, str | None]]:
+    """The (key, value) pairs of `git config --list -z` output; None for a key without
+    `=` (git's boolean true)."""
+    pairs: list[tuple[str, str | None]] = []
+    for record in listed.split(b"\0"):
+        if not record:
+            continue
+        key, sep, value = record.partition(b"\n")
+        pairs.append((os.fsdecode(key), os.fsdecode(value) if sep else None))
+    return pairs
+
+
 def git_config_get(path: str, key: str) -> str | None:
     """``key`` in the config file ``path`` as git reads it (no includes followed)."""
     try:

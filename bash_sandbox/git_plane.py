@@ -49,6 +49,7 @@ from bash_sandbox.git_discovery import (  # noqa: F401 - discovery's home; names
     DISCOVERY_BUDGET,
     GitDiscovery,
     discover_gitdirs,
+    listed_pairs,
     read_gitfile,
 )
 from bash_sandbox.git_import import (
@@ -312,13 +313,8 @@ def _config_pairs(path: str) -> tuple[tuple[str, str], ...]:
         )
     except (OSError, subprocess.SubprocessError):
         return ()
-    pairs: list[tuple[str, str]] = []
-    if done.returncode == 0:
-        for record in done.stdout.split(b"\0"):
-            key, sep, value = record.partition(b"\n")
-            if record and sep:
-                pairs.append((os.fsdecode(key), os.fsdecode(value)))
-    answer = tuple(pairs)
+    listed = listed_pairs(done.stdout) if done.returncode == 0 else []
+    answer = tuple((k, v) for k, v in listed if v is not None)
     _PAIRS.keep(path, (path,), asked, answer)
     return answer
 
