@@ -366,6 +366,7 @@ class _Importer:
         self.work = work
         self.view = os.path.join(work, "view.git")
         self.hexlen = hexlen
+        self.object_format = "sha256" if hexlen == 64 else "sha1"
         self.plan = _Plan()
         self.result = ImportResult()
         self._n = 0
@@ -1005,8 +1006,9 @@ class _Importer:
         """Of ``oids``, those the host's store lacks, asked through a repository of the
         executor's whose only objects are the host's (`view.host_objects`: a partial
         clone's own config would have git fetch them, or fail with lazy fetching off)."""
-        fmt = "sha256" if self.hexlen == 64 else "sha1"
-        store = host_objects(os.path.join(self.work, "host.git"), self.gitdir, object_format=fmt)
+        store = host_objects(
+            os.path.join(self.work, "host.git"), self.gitdir, object_format=self.object_format
+        )
         return self._absent(store, oids)
 
     @staticmethod
@@ -1476,9 +1478,10 @@ def import_changes(
         remove_work(work)
     os.makedirs(work)
     hexlen = _hexlen(snap)
-    fmt = "sha256" if hexlen == 64 else "sha1"
     importer = _Importer(snap, scan, work, hexlen)
-    left_out = build_view(importer.view, snap.gitdir, snap.upper, scan, object_format=fmt)
+    left_out = build_view(
+        importer.view, snap.gitdir, snap.upper, scan, object_format=importer.object_format
+    )
     importer.result.denials += [(rel, "not an object file") for rel in left_out]
     importer.result.denials += [(rel, "not a regular file") for rel in scan.odd]
     result = importer.run(keep_only=keep_only)
