@@ -411,7 +411,7 @@ class ConfinedSpawn(SpawnScope):
             self.enforcement = SandboxEnforcement.PARTIAL
         if self._settings.degraded:
             self.warnings.append(self._settings.degraded)
-        self.warnings += list(view.partial)
+        self.warnings += [*backend.partial_reasons(policy), *view.partial]
         launcher: Launcher | None = None
         if helper is not None and helper_can_launch(confined):
             launcher = helper

@@ -134,6 +134,11 @@ class SandboxBackend(abc.ABC):
     def enforcement(self, policy: SandboxPolicy) -> SandboxEnforcement:
         """`full` when every right ``policy`` relies on is enforced on this host."""
 
+    def partial_reasons(self, policy: SandboxPolicy) -> tuple[str, ...]:
+        """What this backend cannot hold for ``policy`` on any host, for the result's
+        warnings (a `partial` is never silent); empty where `enforcement` alone says it."""
+        return ()
+
     @abc.abstractmethod
     def layers(self, network: NetworkMode) -> tuple[LayerReport, ...]:
         """How each layer is enforced by this backend for ``network`` (for `doctor`)."""

@@ -57,6 +57,15 @@ SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 MACOS_SHARED_TMP = "/private/tmp"
 DARWIN_USER_TEMP_PREFIX = "/private/var/folders/"
 DENIAL_DIALECT = "Operation not permitted"
+# What a workspace-write profile cannot hold, which the Linux backends do with mounts and
+# the git import: named in every such result and in `doctor` (threat rows 3, 16, 20).
+WORKSPACE_WRITE_GAPS = (
+    "Seatbelt writes in place: git's control files other than .git/hooks and .git/config, "
+    "repositories the command creates, and the files host git configs or installed hooks "
+    "name in the roots are not kept from it (no git import through git's parser), and "
+    "/private/tmp and the per-user temp dir are the host's, shared with later calls"
+)
+LOOPBACK_GAP = "isolated shares the host's loopback: services on its 127.0.0.1 are reachable"
 # `_CS_DARWIN_USER_TEMP_DIR` from <unistd.h>; Python's `os.confstr_names` does not list it.
 _CS_DARWIN_USER_TEMP_DIR = 65537
 
@@ -228,6 +237,12 @@ def render_seatbelt_profile(
                 "allow file-write*",
                 (f"(subpath {ref})" for ref in root_refs.values()),
             )
+        )
+        # Named although `file-write*` may not cover it: a set-id bit left in a root runs
+        # with its owner's rights for another user or a later host process (row 19).
+        sections.append(
+            "; No set-user-id or set-group-id bit, wherever the command may write.\n"
+            "(deny file-write-setugid)"
         )
 
     in_root = [(root, name) for root in roots for name in policy.protected_paths]
@@ -442,9 +457,17 @@ class SeatbeltBackend(SandboxBackend):
         )
 
     def enforcement(self, policy: SandboxPolicy) -> SandboxEnforcement:
-        if self._allow_loopback and policy.network is NetworkMode.ISOLATED:
+        if self.partial_reasons(policy):
             return SandboxEnforcement.PARTIAL
         return SandboxEnforcement.FULL
+
+    def partial_reasons(self, policy: SandboxPolicy) -> tuple[str, ...]:
+        reasons: list[str] = []
+        if policy.mode is SandboxMode.WORKSPACE_WRITE:
+            reasons.append(WORKSPACE_WRITE_GAPS)
+        if self._allow_loopback and policy.network is NetworkMode.ISOLATED:
+            reasons.append(LOOPBACK_GAP)
+        return tuple(reasons)
 
     def runner_failure(
         self, exit_code: int | None, stderr: str, started: bool | None = None
@@ -478,10 +501,11 @@ class SeatbeltBackend(SandboxBackend):
         return (
             LayerReport(
                 "files",
-                "full",
+                "partial",
                 "SBPL deny default: writes only to /dev/null, "
                 "/dev/fd and (workspace-write) the roots plus /private/tmp and the "
-                "per-user temp dir; protected paths and deny_read win",
+                "per-user temp dir; protected paths and deny_read win; read-only is full; "
+                f"workspace-write is partial: {WORKSPACE_WRITE_GAPS}",
             ),
             LayerReport(
                 "processes",

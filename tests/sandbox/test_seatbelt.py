@@ -12,6 +12,7 @@ import re
 import shlex
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -155,6 +156,9 @@ def test_workspace_write_isolated_profile_is_exact() -> None:
   (subpath (param "WRITABLE_ROOT_2"))
   (subpath (param "WRITABLE_ROOT_3")))
 
+; No set-user-id or set-group-id bit, wherever the command may write.
+(deny file-write-setugid)
+
 ; Protected names stay read-only inside every writable root, existing or
 ; not, and the directory entries leading to them cannot be created, moved
 ; or replaced; after the allows, because the last matching rule wins.
@@ -256,6 +260,9 @@ def test_workspace_write_host_profile_is_exact() -> None:
 (allow file-write*
   (subpath (param "WRITABLE_ROOT_0"))
   (subpath (param "WRITABLE_ROOT_1")))
+
+; No set-user-id or set-group-id bit, wherever the command may write.
+(deny file-write-setugid)
 
 ; Network: the host's IP network and its name resolution (mDNSResponder, configd).
 (allow network-bind (local ip "*:*"))
@@ -646,15 +653,29 @@ def test_a_runner_failure_is_recognised_by_its_first_line() -> None:
     assert SeatbeltBackend().runner_failure(71, applied) is not None
 
 
-def test_enforcement_is_full_unless_loopback_is_shared_with_the_host() -> None:
+def test_read_only_is_full_unless_loopback_is_shared_with_the_host() -> None:
     assert SeatbeltBackend().enforcement(_policy()) is SandboxEnforcement.FULL
     assert SeatbeltBackend().enforcement(_policy(network="host")) is SandboxEnforcement.FULL
+    assert SeatbeltBackend().partial_reasons(_policy()) == ()
     loopback = SeatbeltBackend(allow_loopback=True)
     assert loopback.enforcement(_policy()) is SandboxEnforcement.PARTIAL
+    assert loopback.partial_reasons(_policy()) == (seatbelt.LOOPBACK_GAP,)
     assert loopback.enforcement(_policy(network="host")) is SandboxEnforcement.FULL
     assert [layer.enforcement for layer in loopback.layers() if layer.layer == "network"] == [
         "partial"
     ]
+
+
+def test_workspace_write_is_partial_and_says_what_it_cannot_hold() -> None:
+    # Writes land in place: no git import, the host's temp dirs (threat rows 3, 16, 20).
+    policy = _policy("workspace-write")
+    backend = SeatbeltBackend()
+    assert backend.enforcement(policy) is SandboxEnforcement.PARTIAL
+    (reason,) = backend.partial_reasons(policy)
+    assert "git" in reason and "/private/tmp" in reason
+    files = [layer for layer in backend.layers() if layer.layer == "files"]
+    assert [layer.enforcement for layer in files] == ["partial"]
+    assert reason in files[0].how
 
 
 # -- probe and selection -----------------------------------------------------------------
@@ -759,6 +780,24 @@ def test_read_only_write_is_denied_and_host_unchanged(ws: Path, tmp_path: Path) 
     assert SeatbeltBackend().runner_failure(done.returncode, done.stderr) is None
     assert sorted(p.name for p in ws.iterdir()) == ["kept"]
     assert (ws / "kept").read_text() == "original"
+
+
+@macos_only
+def test_no_set_id_bit_reaches_the_host(ws: Path, tmp_path: Path) -> None:
+    # Row 19: a set-id file left in the workspace would run as its owner for another user.
+    (ws / "tool").write_text("#!/bin/sh\n")
+    (ws / "tool").chmod(0o755)
+
+    done = _run(
+        _ws_policy("workspace-write", ws),
+        "chmod u+s tool; chmod g+s tool; cp tool tool2 && chmod 6755 tool2; true",
+        tmp_path,
+    )
+
+    assert done.returncode == 0, done.stderr
+    for name in ("tool", "tool2"):
+        mode = (ws / name).stat().st_mode
+        assert not mode & (stat.S_ISUID | stat.S_ISGID), (name, oct(mode))
 
 
 @macos_only
