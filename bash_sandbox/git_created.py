@@ -36,7 +36,6 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 from bash_sandbox.git_discovery import listed_pairs, scrubbed_git, scrubbed_git_env
-from bash_sandbox.git_import.state_files import worktree_inside
 from bash_sandbox.host_run import run_bounded
 from bash_sandbox.linux.binaries import host_git
 from bash_sandbox.safe_read import is_special, open_below
@@ -256,6 +255,9 @@ def _worktree(fd: int, roots: tuple[str, ...], dropped: list[str], rel: str) -> 
     # Where host git writes the worktree's `.git` (`git worktree repair`) and what
     # `git worktree remove --force` deletes: only inside the roots.
     named = _read(fd, "gitdir", 1 << 16)
+    # Here, not at the top: `git_import` imports this module (a survey imports this first).
+    from bash_sandbox.git_import.state_files import worktree_inside
+
     if _lexists(fd, "gitdir") and (named is None or not worktree_inside(named, roots)):
         _remove(fd, "gitdir")
         dropped.append(os.path.join(rel, "gitdir"))

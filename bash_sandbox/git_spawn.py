@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from bash_sandbox.git_created import reset_control_plane
 from bash_sandbox.git_discovery import (
+    DotGit,
     DotGitSearch,
     GitDiscovery,
     after_command,
@@ -79,12 +80,37 @@ def inspect_git(
     """Find the repositories ``policy``'s writable roots reach and what their hooks run."""
     discovery = discover_gitdirs(policy, known=known, search=search)
     chain: dict[str, ChainLink] = {}
+    roots = policy.all_writable_roots()
+    for entry in discovery.entries:
+        link = _dotgit_link(entry) if os.path.dirname(entry.path) in roots else None
+        if link is not None:
+            chain[link.path] = link
     if policy.protect_hook_chain:
-        roots = policy.all_writable_roots()
         for gitdir in discovery.gitdirs:
             for link in hook_chain(gitdir, roots):
                 chain.setdefault(link.path, link)
     return GitInspection(discovery, tuple(chain.values()))
+
+
+REASON_GITFILE = (
+    "a checkout's .git file: host git follows it to the repository whose config and hooks it runs"
+)
+
+
+def _dotgit_link(entry: DotGit) -> ChainLink | None:
+    """The `.git` file or link of a root's checkout (a linked worktree, a submodule, a
+    separate git dir: parallel agent sessions work in one), held as the command found it:
+    re-pointed while the command ran, the host's `git status` in the user's own checkout
+    ran the config and hooks of a repository the command made (a red team's; put back only
+    after the command, never after a kill of the harness). A directory is overlaid; a link
+    cannot be covered. A nested checkout's stays the command's to move or remove (`git
+    worktree remove`), put back after the command if it was re-pointed."""
+    if entry.kind == "file":
+        return ChainLink(entry.path, False, REASON_GITFILE)
+    if entry.kind == "link":
+        why = f"{entry.path} is a symlink, which a command can re-point: {REASON_GITFILE}"
+        return ChainLink(entry.path, False, why, covered=False)
+    return None
 
 
 @dataclass
@@ -105,7 +131,44 @@ def settle_git(
     gitlinks it added (read from each overlay's new index with git's own parser)."""
     done = GitSettlement()
     overlaid = tuple(o.gitdir for o in overlays)
-    after = after_command(inspection.discovery, roots, overlaid, search=search)
+    _settle_entries(inspection.discovery, roots, overlaid, search, done)
+    for overlay in overlays:
+        new_index = os.path.join(overlay.upper, "index")
+        if not os.path.isfile(new_index) or os.path.islink(new_index):
+            continue
+        old_index = os.path.join(overlay.gitdir, "index")
+        added = index_gitlinks(new_index, overlay.gitdir) - index_gitlinks(
+            old_index, overlay.gitdir
+        )
+        worktree = os.path.dirname(overlay.gitdir)
+        links = [os.path.join(worktree, p) for p in sorted(added)]
+        done.nested += links
+        if links:
+            done.warnings.append(
+                "git: the command added gitlinks (submodules) to the index; review them "
+                "before `git submodule update`: " + ", ".join(links)
+            )
+    return done
+
+
+def recover_git(before: GitDiscovery, roots: tuple[str, ...]) -> GitSettlement:
+    """`settle_git` for a spawn whose executor was killed before it settled
+    (`git_settle_record.py`): its overlays' writes never reached the host, so every git dir
+    it found counts as overlaid."""
+    done = GitSettlement()
+    _settle_entries(before, roots, before.gitdirs, find_dotgits, done)
+    return done
+
+
+def _settle_entries(
+    before: GitDiscovery,
+    roots: tuple[str, ...],
+    overlaid: tuple[str, ...],
+    search: DotGitSearch,
+    done: GitSettlement,
+) -> None:
+    """Reset the repositories made since ``before`` and put back the `.git` entries changed."""
+    after = after_command(before, roots, overlaid, search=search)
     done.warnings += after.warnings
     dropped: list[str] = []
     for gitdir in after.created:
@@ -132,23 +195,6 @@ def settle_git(
             "git: removed .git links or files leading out of the writable roots: "
             + ", ".join(after.removed)
         )
-    for overlay in overlays:
-        new_index = os.path.join(overlay.upper, "index")
-        if not os.path.isfile(new_index) or os.path.islink(new_index):
-            continue
-        old_index = os.path.join(overlay.gitdir, "index")
-        added = index_gitlinks(new_index, overlay.gitdir) - index_gitlinks(
-            old_index, overlay.gitdir
-        )
-        worktree = os.path.dirname(overlay.gitdir)
-        links = [os.path.join(worktree, p) for p in sorted(added)]
-        done.nested += links
-        if links:
-            done.warnings.append(
-                "git: the command added gitlinks (submodules) to the index; review them "
-                "before `git submodule update`: " + ", ".join(links)
-            )
-    return done
 
 
 # Linked worktrees whose missing directory a spawn holds, per git directory.

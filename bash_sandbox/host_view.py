@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from bash_sandbox import git_import, running_spawns
+from bash_sandbox import git_import, git_settle_record, running_spawns
 from bash_sandbox.backends.mount_plan import (
     Shadow,
     _first_missing,
@@ -98,11 +98,14 @@ class HostSurvey:
         self._running = 0
         self._running_lock = threading.Lock()
         self._quiet_dotgits: dict[str, tuple[str, str | None]] = {}
+        # Per running spawn: what a successor settles if this process is killed.
+        self._settle_records: dict[int, str | None] = {}
 
     def settled(self, token: int) -> None:
         """A spawn `take` surveyed is over and its `.git` entries settled (`settle_git`)."""
         with self._running_lock:
             self._running -= 1
+        git_settle_record.drop(self._settle_records.pop(token, None))
         running_spawns.end(token)
 
     def release(self, held: tuple[str, ...]) -> None:
@@ -149,6 +152,11 @@ class HostSurvey:
         token = running_spawns.begin(id(self), policy.all_writable_roots() if writes else ())
         try:
             view = self._take(policy, mounts, user_policy, held, found, quiet=quiet)
+            if writes and found:
+                # Before the command starts: settled by a successor if this process is killed.
+                self._settle_records[token] = git_settle_record.write(
+                    self._state.path, token, found[0].discovery, user_policy.all_writable_roots()
+                )
         except BaseException:
             self.release(tuple(held))
             self.settled(token)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import logging
 import os
 import shutil
 import stat
@@ -49,6 +50,8 @@ from bash_sandbox.trust_domain import domain_key
 from bash_seam import InvalidRequestError
 from policies import SandboxPolicy
 from policies.paths import within, within_any
+
+logger = logging.getLogger(__name__)
 
 
 def _safe_dir(path: str) -> bool:
@@ -155,7 +158,20 @@ def _recover_git_imports(path: str) -> None:
         raise RuntimeError(f"git imports of {path} not recovered yet")
 
 
-STALE_STATE_HOOKS: list[Callable[[str], None]] = [_recover_git_imports]
+def _settle_git_left(path: str) -> None:
+    """What a dead executor's running commands left for host git: the repositories they
+    created reset and the `.git` entries they re-pointed put back (`git_settle_record.py`)."""
+    from bash_sandbox import git_settle_record
+    from bash_sandbox.git_spawn import recover_git
+
+    for record, before, roots in git_settle_record.left(path):
+        done = recover_git(before, roots)
+        for warning in done.warnings:
+            logger.warning("a killed executor's command: %s", warning)
+        git_settle_record.drop(record)
+
+
+STALE_STATE_HOOKS: list[Callable[[str], None]] = [_settle_git_left, _recover_git_imports]
 
 
 def _hooks_done(path: str) -> bool:

@@ -55,6 +55,9 @@ AUTORUN_PATHS: MappingProxyType[str, str] = MappingProxyType(
         ".kiro": "Kiro runs its agent hooks on file events",
         ".zed": "Zed starts the language servers its settings name when a file opens",
         ".aider.conf.yml": "aider runs the lint and test commands it names after its edits",
+        ".factory": "Factory's droid runs its hooks at session start and starts the MCP "
+        "servers it names",
+        ".openhands": "OpenHands runs its setup.sh at the start of every session",
         ".codex": "Codex starts the MCP servers its config.toml names in a trusted project",
         ".windsurf": "Windsurf runs the hooks its hooks.json names",
         ".qoder": "Qoder runs its SessionStart and other hooks",
@@ -84,10 +87,21 @@ SHELL_RC_PATHS: MappingProxyType[str, str] = MappingProxyType(
 VCS_CONFIG_PATHS: MappingProxyType[str, str] = MappingProxyType(
     {
         ".hg/hgrc": "Mercurial runs the hooks it names (an IDE's `hg status` on open)",
+        ".hg/hgrc-not-shared": "Mercurial reads it with .hg/hgrc and runs the hooks it names",
+        ".hg/requires": "Mercurial reads a shared repository's config through it (`shared` "
+        "with .hg/sharedpath) and runs that config's hooks",
+        ".hg/sharedpath": "Mercurial reads the config of the repository it names and runs "
+        "its hooks",
         ".jj/repo/config.toml": "Jujutsu runs the pager, editors and tools it names",
+        ".jj/repo": "a Jujutsu workspace's file naming the repository whose config it runs",
         ".sl/config": "Sapling runs the hooks it names",
+        ".sl/requires": "Sapling reads a shared repository's config through it",
+        ".sl/sharedpath": "Sapling reads the config of the repository it names and runs its hooks",
     }
 )
+# Protected only as a file: a directory there is the repository itself, written by the tool
+# (the main Jujutsu workspace's `.jj/repo`; a secondary workspace's is a file naming it).
+FILE_ONLY_PATHS = frozenset({".jj/repo"})
 
 # Files a tool runs once the user trusted them by path (mise's `[env] _.source`, hooks and
 # tasks on entering the directory): a trusted one a command rewrites runs; a new one asks for
@@ -481,7 +495,7 @@ def needs_placeholder(name: str, root: str, *, real_root: str | None = None) -> 
     a shell start-up file only in a home directory (see the module docstring), another
     version control system's config only in its repository, a config trusted by path never.
     ``real_root``: ``root`` resolved, where the caller has it (once a spawn, not per name)."""
-    if name in TRUSTED_CONFIG_PATHS:
+    if name in TRUSTED_CONFIG_PATHS or name in FILE_ONLY_PATHS:
         return False
     if name in VCS_CONFIG_PATHS:
         # Only in a repository: its directory a real one (one lstat, kept with the kinds).

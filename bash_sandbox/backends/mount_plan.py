@@ -55,7 +55,7 @@ from bash_sandbox.view import (
     ShadowEntry,
 )
 from policies import SandboxPolicy
-from policies.autorun import directory_placeholder, needs_placeholder
+from policies.autorun import FILE_ONLY_PATHS, directory_placeholder, needs_placeholder
 from policies.paths import within, within_any
 
 __all__ = [
@@ -486,7 +486,13 @@ def _inspect_protected(
             first = _first_missing(resolved, owner, looks)
             pins += _pins_between(owner, resolved if first is None else first, looks)
             if first is None:
-                protect.append(resolved)
+                if name not in FILE_ONLY_PATHS or not looks.is_real_dir(resolved):
+                    protect.append(resolved)
+            elif not looks.is_real_dir(os.path.dirname(first)):
+                # Below a file nothing can be made (a secondary Jujutsu workspace's
+                # `.jj/repo` file, where the main one has the config dir): no placeholder,
+                # whose mount failed every spawn there (ENOTDIR).
+                continue
             elif needs_placeholder(name, root, real_root=real_root):
                 # An auto-run name is held by a directory: git never shows an empty one.
                 is_dir = first != resolved or name.endswith("/") or directory_placeholder(name)

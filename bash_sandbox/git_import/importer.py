@@ -470,7 +470,23 @@ class _Importer:
             why = "a worktree outside the writable roots stays registered"
             self.result.denials.append((admin, why))
             return
+        if self._checkout_still_linked(admin):
+            # Its `.git` file was held for the command (`git_spawn._dotgit_link`): `git
+            # worktree remove` deleted the files, failed on it, and went on to the admin
+            # dir; removed, it would leave the host a checkout with no repository.
+            why = "its checkout's .git file is still there: remove the worktree on the host"
+            self.result.denials.append((admin, why))
+            return
         self.plan.files.append(self._change("", admin, None))
+
+    def _checkout_still_linked(self, admin: str) -> bool:
+        """Whether the host's linked worktree of ``admin`` still has the `.git` file that
+        leads back to it (as `gitdir` names it now)."""
+        host = self._host_gitdir(admin)
+        dotgit = sf.canonical_gitdir(host) if host is not None else None
+        if dotgit is None or os.path.islink(dotgit):
+            return False
+        return read_gitfile(dotgit) == os.path.realpath(os.path.join(self.gitdir, admin))
 
     def _change(
         self, admin: str, rel: str, source: str | None, keeps: list[str] | None = None

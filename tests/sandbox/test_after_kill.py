@@ -168,3 +168,79 @@ def test_a_ledger_transaction_writes_only_a_change_and_clears_a_cut_tail(tmp_pat
     after = path.stat()
     assert path.read_bytes().rstrip(b" ") == b"{}\n"
     assert (after.st_mtime_ns, after.st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)
+
+
+_CHILD_COMMAND = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from bash_sandbox import SandboxBashExecutor
+    from bash_seam import BashExecRequest
+    async def main():
+        ws, backend, command, ready = sys.argv[1:5]
+        ex = SandboxBashExecutor(workspace_root=ws, mode="workspace-write", backend=backend)
+        await ex.start(ex.resolve(BashExecRequest(command=command)))
+        for _ in range(600):
+            if os.path.exists(ready):
+                break
+            await asyncio.sleep(0.05)
+        print("ready" if os.path.exists(ready) else "never", flush=True)
+        await asyncio.sleep(60)
+    asyncio.run(main())
+    """
+)
+
+
+def _git(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
+    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@e")
+    env.update(GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@e")
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+async def test_a_killed_executors_command_leaves_no_repository_host_git_obeys(
+    backend: str, workspace: Path, private_base: Path, tmp_path: Path
+) -> None:
+    # A repository the command created is reset when the command is settled; the harness
+    # SIGKILLed mid-command never settled it, the next executor took it for the user's,
+    # and host git there ran its `core.fsmonitor` and its hook (a red team's).
+    marker, hooked = tmp_path / "pwned", tmp_path / "hooked"
+    assert _git("init", "-q", cwd=workspace).returncode == 0
+    assert _git("commit", "-q", "--allow-empty", "-m", "a", cwd=workspace).returncode == 0
+    ready = workspace / "ready"
+    command = (
+        f"git init -q lib && git -C lib config core.fsmonitor 'touch {marker}; echo'"
+        f" && printf '#!/bin/sh\\ntouch {hooked}\\n' > lib/.git/hooks/pre-commit"
+        f" && chmod +x lib/.git/hooks/pre-commit && echo x > lib/f && touch {ready}; sleep 60"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD_COMMAND, str(workspace), backend, command, str(ready)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    lib = workspace / "lib"
+    assert "fsmonitor" in (lib / ".git" / "config").read_text()  # nobody settled it
+    # The next executor's start settles what the killed one's command left.
+    from bash_sandbox import SandboxBashExecutor
+    from bash_seam import BashExecRequest
+
+    ex = SandboxBashExecutor(workspace_root=str(workspace), mode="workspace-write", backend=backend)
+    try:
+        await ex.run(ex.resolve(BashExecRequest(command="true")))
+    finally:
+        await ex.aclose()
+    assert "fsmonitor" not in (lib / ".git" / "config").read_text()
+    assert not (lib / ".git" / "hooks" / "pre-commit").exists()
+    _git("status", "--short", cwd=lib)
+    _git("add", "f", cwd=lib)
+    _git("commit", "-qm", "host", cwd=lib)
+    assert not marker.exists() and not hooked.exists()
+    assert _git("log", "--format=%s", cwd=lib).stdout.strip() == "host"  # the data kept

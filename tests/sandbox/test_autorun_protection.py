@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -307,20 +307,38 @@ async def test_the_excludes_stand_in_never_follows_a_link_a_running_command_left
     await asyncio.wait_for(bg.wait(), 30)
 
 
-@pytest.mark.parametrize("config", sorted(autorun.VCS_CONFIG_PATHS))
+def _host_hg(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The host's real Mercurial (a test dependency, beside this interpreter)."""
+    hg = Path(sys.executable).parent / "hg"
+    assert hg.exists(), "mercurial is a test dependency (pyproject's test extra)"
+    return subprocess.run(
+        [str(hg), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+_HELD_VCS_NAMES = sorted(set(autorun.VCS_CONFIG_PATHS) - autorun.FILE_ONLY_PATHS)
+
+
+@pytest.mark.parametrize("config", _HELD_VCS_NAMES)
 @pytest.mark.parametrize("present", [True, False])
 async def test_another_vcs_repositorys_config_is_protected_only_in_its_repository(
     make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, config: str, present: bool
 ) -> None:
     # `.hg/hgrc` of a Mercurial repository in the workspace: a command's `[hooks]` there ran
-    # in the host's `hg status` (an IDE polls it on open) (red team).
+    # in the host's `hg status` (an IDE polls it on open); then `.hg/hgrc-not-shared`, which
+    # hg reads too, and a share's `requires` and `sharedpath` (red teams).
     marker = tmp_path / "pwned"
+    top = workspace / config.split("/", maxsplit=1)[0]
+    if top.name == ".hg":
+        assert _host_hg("init", str(workspace), cwd=tmp_path).returncode == 0
     target = workspace / config
-    target.parent.mkdir(parents=True)
-    (workspace / config.split("/", maxsplit=1)[0] / "requires").write_text("store\n")
-    before = "[ui]\nusername = t\n"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    (top / "store").mkdir(exist_ok=True)
+    before = target.read_text() if target.exists() else "[ui]\nusername = t\n"
     if present:
         target.write_text(before)
+    else:
+        target.unlink(missing_ok=True)
     ex = make_executor(mode="workspace-write")
     hook = f"[hooks]\\npre-status = touch {marker}\\n"
     result = await _run(ex, f"printf '{hook}' >> {config}; echo ok > work.txt", workspace)
@@ -330,11 +348,81 @@ async def test_another_vcs_repositorys_config_is_protected_only_in_its_repositor
     # From the host: the config is the user's, no placeholder is left, no hook ran.
     assert (target.read_text() if present else target.exists()) == (before if present else False)
     assert (workspace / "work.txt").read_text() == "ok\n"
-    if config == ".hg/hgrc" and shutil.which("hg"):
-        subprocess.run(
-            ["hg", "status"], cwd=workspace, capture_output=True, timeout=60, check=False
-        )
+    if top.name == ".hg":
+        _host_hg("status", cwd=workspace)
     assert not marker.exists()
+
+
+async def test_a_mercurial_repository_cannot_be_made_a_share_of_the_commands_own(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # hg 7 repositories are share-safe: `shared` in `.hg/requires` and a `.hg/sharedpath`
+    # naming a copy the command made, with hooks in its `hgrc`, ran them in the host's next
+    # `hg status` of the user's own repository (a red team's).
+    marker = tmp_path / "pwned"
+    assert _host_hg("init", str(workspace), cwd=tmp_path).returncode == 0
+    (workspace / "a").write_text("a\n")
+    assert _host_hg("commit", "-A", "-q", "-u", "t", "-m", "a", cwd=workspace).returncode == 0
+    requires = (workspace / ".hg" / "requires").read_bytes()
+    ex = make_executor(mode="workspace-write")
+    attack = (
+        f"mkdir -p .x && cp -r .hg .x/.hg && printf '[hooks]\\npre-status = touch {marker}\\n'"
+        ' > .x/.hg/hgrc; echo shared >> .hg/requires; echo "$PWD/.x/.hg" > .hg/sharedpath;'
+        " printf '[hooks]\\npre-status = touch %s\\n' "
+        f"{marker} > .hg/hgrc-not-shared; echo ok > work.txt"
+    )
+    result = await _run(ex, attack, workspace)
+    assert result.exit_code == 0 and result.sandbox is not None, result.stderr.text
+    refused = {d.target for d in result.sandbox.denials}
+    assert {str(workspace / ".hg" / n) for n in ("requires", "sharedpath")} <= refused
+    assert (workspace / ".hg" / "requires").read_bytes() == requires
+    assert not (workspace / ".hg" / "sharedpath").exists()
+    assert not (workspace / ".hg" / "hgrc-not-shared").exists()
+    status = _host_hg("status", cwd=workspace)
+    assert status.returncode == 0, status.stderr
+    assert not marker.exists()
+    # Ordinary Mercurial work goes on where the tool is visible to the command.
+    hg = Path(sys.executable).parent / "hg"
+    if str(hg.resolve()).startswith("/tmp/"):
+        return  # the command's /tmp is its own: a checkout there cannot run its hg
+    work = await _run(
+        ex,
+        f"echo b >> a && {hg} commit -q -u t -m b && {hg} bookmark bm && {hg} log -q | wc -l",
+        workspace,
+    )
+    assert work.exit_code == 0, work.stderr.text
+    assert work.stdout.text.strip() == "2"
+    assert work.sandbox is not None and work.sandbox.denials == ()
+
+
+@pytest.mark.parametrize("workspace_is", ["secondary", "main"])
+async def test_a_jujutsu_workspaces_repo_file_is_protected_and_its_repository_is_not(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, workspace_is: str
+) -> None:
+    # A secondary Jujutsu workspace's `.jj/repo` is a file naming the repository whose
+    # config (pager, editors, tools) jj runs: held. The main workspace's is the repository
+    # itself, which jj writes: not held.
+    repo = workspace / ".jj" / "repo"
+    if workspace_is == "secondary":
+        main = tmp_path / "main" / ".jj" / "repo"
+        main.mkdir(parents=True)
+        repo.parent.mkdir()
+        repo.write_text(str(main))
+        attack = f"echo {tmp_path} > .jj/repo; echo ok > work.txt"
+    else:
+        (repo / "store").mkdir(parents=True)
+        attack = "echo op > .jj/repo/store/op && echo ok > work.txt"
+    before = repo.read_text() if repo.is_file() else None
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, attack, workspace)
+    assert result.exit_code == 0 and result.sandbox is not None, result.stderr.text
+    assert (workspace / "work.txt").read_text() == "ok\n"
+    if workspace_is == "secondary":
+        assert [d.target for d in result.sandbox.denials] == [str(repo)]
+        assert repo.read_text() == before
+    else:
+        assert result.sandbox.denials == ()
+        assert (repo / "store" / "op").read_text() == "op\n"
 
 
 async def test_no_vcs_directory_is_made_where_there_is_no_such_repository(

@@ -403,6 +403,33 @@ async def test_removing_the_last_linked_worktree_unregisters_it_on_the_host(
     fsck_clean(repo)
 
 
+async def test_a_worktree_whose_checkout_could_not_be_removed_stays_registered(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # A linked worktree that is a root of its own: its `.git` file is held for the command,
+    # so `git worktree remove --force` deleted its files, failed on that file, and went on
+    # to delete the admin dir; imported, the host's checkout had no repository left.
+    repo = make_repo(workspace / "repo")
+    wt = workspace / "wt"
+    host_git(repo, "worktree", "add", "-q", "-b", "x", str(wt))
+    ex = make_executor(mode="workspace-write", writable_roots=(str(wt),))
+    result = await ex.run(
+        ex.resolve(
+            BashExecRequest(
+                command="git worktree remove --force ../wt", workdir=str(repo), env=GIT_ENV
+            )
+        )
+    )
+    assert result.exit_code != 0 and result.sandbox is not None
+    reasons = [d.reason for d in result.sandbox.denials]
+    assert any("remove the worktree on the host" in r for r in reasons), reasons
+    # The host's checkout still has its repository: status works, the host removes it.
+    host_git(wt, "status", "--short")
+    host_git(repo, "worktree", "remove", "--force", str(wt))
+    assert not wt.exists()
+    fsck_clean(repo)
+
+
 async def test_dropping_an_older_stash_keeps_only_its_own_commit(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:

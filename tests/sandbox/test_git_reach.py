@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bash_sandbox import SandboxBashExecutor
+from bash_sandbox.git_spawn import REASON_GITFILE
 from bash_seam import BashExecRequest, BashRunResult
 from tests.sandbox.conftest import ExecutorFactory
 
@@ -1237,3 +1238,61 @@ async def test_an_alias_naming_refs_holds_no_placeholder_in_a_repository(
     listed = set(result.stdout.text.split())
     assert not listed & {"origin", "https:", "origin/main..HEAD"}, listed
     assert result.sandbox.enforcement == "full"
+
+
+@pytest.mark.parametrize("layout", ["linked-worktree", "separate-git-dir"])
+async def test_the_workspace_checkouts_gitfile_holds_while_a_command_runs(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, layout: str
+) -> None:
+    # The workspace a linked worktree (parallel agent sessions) or a `--separate-git-dir`
+    # checkout: a background command re-pointed its `.git` file at a repository of its own
+    # with `core.fsmonitor`; the host's `git status` there ran it while the command ran,
+    # and a commit the user made meanwhile went to that repository and was lost when the
+    # file was put back (a red team's).
+    marker = tmp_path / "pwned"
+    if layout == "linked-worktree":
+        _repo(tmp_path / "main")
+        host_git("worktree", "add", "-q", "-b", "wt", str(workspace), cwd=tmp_path / "main")
+    else:
+        host_git("init", "-q", f"--separate-git-dir={tmp_path / 'store.git'}", cwd=workspace)
+        (workspace / "a.txt").write_text("a\n")
+        host_git("add", "a.txt", cwd=workspace)
+        host_git("commit", "-qm", "first", cwd=workspace)
+    gitfile = workspace / ".git"
+    before = gitfile.read_bytes()
+    ready, go = workspace / "ready", workspace / "go"
+    plant = (
+        "git init -q --bare evil.git && git -C evil.git config core.bare false"
+        " && git -C evil.git config core.worktree .."
+        f" && git -C evil.git config core.fsmonitor 'touch {marker}; echo'; "
+        "printf 'gitdir: evil.git\\n' > .git; mv .git moved; rm -f .git; ln -sfn evil.git .git; "
+        f"touch {ready}; for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done"
+    )
+    ex = make_executor(mode="workspace-write")
+    proc = await ex.start(
+        ex.resolve(BashExecRequest(command=plant, workdir=str(workspace), env=dict(_ENV)))
+    )
+    try:
+        for _ in range(600):
+            if ready.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert ready.exists(), "the command never got past its attempts"
+        assert gitfile.read_bytes() == before
+        # The user works in the checkout meanwhile: an editor's poll, a commit.
+        host_git("status", "--short", cwd=workspace)
+        (workspace / "work.txt").write_text("important\n")
+        host_git("add", "work.txt", cwd=workspace)
+        host_git("commit", "-qm", "user work", cwd=workspace)
+        go.touch()
+        await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        proc.kill()
+        await asyncio.wait_for(proc.wait(), 20)
+    assert proc.sandbox is not None
+    assert REASON_GITFILE in [d.reason for d in proc.sandbox.denials], proc.sandbox
+    assert gitfile.read_bytes() == before
+    host_git("status", "--short", cwd=workspace)
+    assert not marker.exists()
+    logged = host_git("log", "--format=%s", cwd=workspace).stdout.split("\n")
+    assert logged[0] == "user work", logged
