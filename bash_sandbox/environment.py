@@ -45,7 +45,8 @@ The non-obvious decisions:
 
 An inherited variable is still dropped when its value carries credentials: a URL with
 userinfo (``scheme://user:password@host``, or ``scheme://token@host``, the way forges
-take tokens), anywhere in the value.
+take tokens), anywhere in the value; in a proxy variable or ``GOPROXY`` also without the
+scheme (``user:password@proxy:3128``), which the tools read as a URL.
 """
 
 from __future__ import annotations
@@ -94,11 +95,20 @@ INHERITED_NAMES: frozenset[str] = frozenset(
 _LOCALE_NAME = re.compile(r"LC_[A-Z]+")
 # scheme "://" then userinfo ending in "@" before any "/", "?", "#" or blank.
 _URL_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]+@")
+# Variables whose value is a URL list where the scheme may be left out: curl and Python
+# take `user:password@proxy:3128` as `http://...`, Go's GOPROXY adds `https://`, and each
+# sends the userinfo (a red team's).
+_SCHEMELESS_URLS = frozenset({"http_proxy", "https_proxy", "all_proxy", "goproxy"})
+_ELEMENTS = re.compile(r"[,|\s]+")
 
 
 def is_sandbox_inherited(name: str, value: str) -> bool:
     """Whether the executor's variable ``name=value`` passes into a confined command."""
     if name not in INHERITED_NAMES and not _LOCALE_NAME.fullmatch(name):
+        return False
+    if name.lower() in _SCHEMELESS_URLS and any(
+        "@" in element and "://" not in element for element in _ELEMENTS.split(value)
+    ):
         return False
     return _URL_USERINFO.search(value) is None
 

@@ -72,10 +72,16 @@ class MirrorSettings:
     warnings: list[str] = field(default_factory=list)
 
 
+# userinfo "@" of a URL written without its scheme, at the start of the value or of one of
+# its elements (`GOPROXY=user:token@proxy.corp,direct`: Go adds `https://` and sends it).
+_BARE_USERINFO = re.compile(r"(?P<lead>^|[,|\s])(?![^\s,|@]*://)[^\s,|@]*@")
+
+
 def strip_userinfo(value: str) -> tuple[str, bool]:
     """``value`` with the userinfo of every URL in it cut; True when something was cut."""
     stripped, count = _USERINFO.subn(r"\g<scheme>", value)
-    return stripped, count > 0
+    stripped, bare = _BARE_USERINFO.subn(r"\g<lead>", stripped)
+    return stripped, count + bare > 0
 
 
 # A path segment that looks like a token (Gemfury's https://pypi.fury.io/TOKEN/user/): long,

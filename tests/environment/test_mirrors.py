@@ -24,6 +24,13 @@ def test_userinfo_is_cut_from_every_url() -> None:
     assert clean == "https://a.example/simple https://b.example/x http://c.example/"
     assert cut
     assert strip_userinfo("https://a.example/") == ("https://a.example/", False)
+    # Without the scheme too: Go adds `https://` to a GOPROXY entry and sends its userinfo.
+    assert strip_userinfo("carol:t0k/en@go.corp.example,direct") == (
+        "go.corp.example,direct",
+        True,
+    )
+    assert strip_userinfo("tok@a.example|off") == ("a.example|off", True)
+    assert strip_userinfo("https://p.example/a@v,direct") == ("https://p.example/a@v,direct", False)
 
 
 def test_environment_settings_pass_without_credentials(tmp_path: Path) -> None:

@@ -148,10 +148,19 @@ def test_value_with_url_userinfo_is_dropped_even_under_an_allowed_name() -> None
         "https://token@proxy",
         "socks5h://u:p@[::1]:1080",
         "https://ok.example,https://u:p@bad.example",
+        # Without the scheme: curl and Python read `http://`, Go's GOPROXY `https://`, and
+        # each sends the userinfo (a red team's).
+        "alice:S3cret@proxy.corp.example:3128",
+        "tok@proxy:3128",
+        "u:pa/ss@proxy:3128",
+        "proxy.golang.org,carol:t0ken@goproxy.corp.example",
     ):
-        assert sandbox_inherited_env({"ALL_PROXY": value}) == {}
-    for value in ("http://proxy:3128", "git@github.com:org/repo", "https://x.example/@scope/p"):
+        for name in ("ALL_PROXY", "https_proxy", "GOPROXY"):
+            assert sandbox_inherited_env({name: value}) == {}, (name, value)
+    for value in ("http://proxy:3128", "proxy:3128", "https://x.example/@scope/p", "direct"):
         assert sandbox_inherited_env({"ALL_PROXY": value}) == {"ALL_PROXY": value}
+    # Elsewhere an `@` without a scheme is not a URL's userinfo.
+    assert sandbox_inherited_env({"EDITOR": "vim@9"}) == {"EDITOR": "vim@9"}
 
 
 @pytest.mark.parametrize(

@@ -1065,3 +1065,33 @@ def test_another_tmpdirs_base_inside_a_workspace_is_never_trusted_or_reached(
                 f"ls {base2} || echo HIDDEN; mkdir {base2}/state/x || echo REFUSED")  # fmt: skip
     assert "HIDDEN" in seen and "REFUSED" in seen, seen
     assert sorted(os.listdir(base2)) == before
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+async def test_no_credential_in_the_harness_environment_reaches_the_command(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    # Proxy and module-proxy passwords written without a scheme passed the userinfo check,
+    # which wanted `scheme://`: curl and Go read them as URLs and send them (a red team's).
+    secrets = {
+        "AWS_SECRET_ACCESS_KEY": "canary-aws",
+        "GITHUB_TOKEN": "canary-gh",
+        "HTTPS_PROXY": "alice:canary-proxy1@proxy.corp.example:3128",
+        "http_proxy": "http://bob:canary-proxy2@proxy.corp.example:3128",
+        "ALL_PROXY": "tok-canary-proxy3@proxy.corp.example:1080",
+        "GOPROXY": "carol:canary-go@goproxy.corp.example,direct",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    ex = make_executor(mode=mode)
+    result = await _run(ex, "env; cat /proc/self/environ | tr '\\0' '\\n'", workspace)
+    assert result.exit_code == 0, result.stderr.text
+    seen = result.stdout.text
+    assert "canary" not in seen, [line for line in seen.splitlines() if "canary" in line]
+    assert "NO_PROXY=localhost" in seen  # ordinary settings still pass
+    # GOPROXY comes back through the mirror settings, without its credentials.
+    assert "GOPROXY=goproxy.corp.example,direct" in seen
