@@ -66,8 +66,8 @@ def _file_step(denial: SandboxDenial | SandboxHint | DenialGroup) -> str:
         denial.reason.startswith("git control plane") and "config" in denial.reason
     ):
         return (
-            "git config stays the host's; change it outside the sandbox (branch tracking, "
-            "remotes: `git branch -u`, `git remote` on the host)"
+            "git config stays the host's; run that git command on the host (`git submodule "
+            "init`, `git remote add`, `git branch -u`, `git config`), then go on here"
         )
     if denial.reason.startswith("git control plane"):
         # The overlay discarded it: git's own files are the host's to change.

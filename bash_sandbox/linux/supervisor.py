@@ -38,6 +38,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import errno
+import fcntl
 import ipaddress
 import logging
 import os
@@ -46,6 +47,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -80,6 +82,9 @@ MAX_DENIALS = 16
 _READ_MAX = 4096
 # Blocking connects one command may have in flight at once (each holds a thread).
 CONNECT_WORKERS = 16
+# How long one connect attempt waits before the supervisor asks again whether its command
+# still waits for it (`_connect_while_waited_for`).
+CONNECT_SLICE_S = 0.5
 # Refused writes are recorded from the kernel's view (`write_watch.py`), not from output.
 WITNESSES_FILE_WRITES = True
 
@@ -545,9 +550,7 @@ class SeccompSupervisor:
     ) -> None:
         try:
             addr = target.address() if isinstance(target, _ViaInode) else target
-            buf = ctypes.create_string_buffer(addr, len(addr))
-            rc = self._lib.connect(sock, buf, len(addr))
-            err = ctypes.get_errno() if rc < 0 else 0
+            rc, err = self._connect_while_waited_for(command, notif_id, sock, addr)
         finally:
             os.close(sock)
             if isinstance(target, _ViaInode):
@@ -560,6 +563,43 @@ class SeccompSupervisor:
         ):
             command.record_refused_loopback(loopback)
         self._respond(command, notif_id, rc if rc < 0 else 0, err)
+
+    def _connect_while_waited_for(
+        self, command: SupervisedCommand, notif_id: int, sock: int, addr: bytes
+    ) -> tuple[int, int]:
+        """connect(2) on the command's blocking socket in slices of `CONNECT_SLICE_S` (its
+        send timeout, which a blocking connect waits by), for as long as its caller still
+        waits and the socket's own timeout allows: a connect the kernel keeps blocked (a
+        listener that never accepts) held one of this executor's threads and two of its
+        descriptors after the command was gone, until the harness ran out of them (a red
+        team's). A non-blocking socket is connected once, as asked. (rc, errno)."""
+        buf = ctypes.create_string_buffer(addr, len(addr))
+        blocking = not fcntl.fcntl(sock, fcntl.F_GETFL) & os.O_NONBLOCK
+        saved = _send_timeout(sock) if blocking else None
+        if saved is None:
+            rc = self._lib.connect(sock, buf, len(addr))
+            return rc, ctypes.get_errno() if rc < 0 else 0
+        deadline = time.monotonic() + saved if saved > 0 else None
+        _set_send_timeout(sock, CONNECT_SLICE_S)
+        try:
+            while True:
+                rc = self._lib.connect(sock, buf, len(addr))
+                err = ctypes.get_errno() if rc < 0 else 0
+                if rc == 0 or err == errno.EISCONN:
+                    return 0, 0  # a retried TCP connect that completed meanwhile
+                if err not in (errno.EAGAIN, errno.EINPROGRESS, errno.EALREADY, errno.EINTR):
+                    return rc, err
+                if deadline is not None and time.monotonic() >= deadline:
+                    return rc, err  # the command's own SO_SNDTIMEO ran out
+                if command.unregistered or not self._pending(command, notif_id):
+                    return rc, err  # nobody waits for this answer any more
+        finally:
+            _set_send_timeout(sock, saved)
+
+    def _pending(self, command: SupervisedCommand, notif_id: int) -> bool:
+        """Whether the notification ``notif_id`` still waits for its answer."""
+        number = ctypes.c_uint64(notif_id)
+        return int(self._lib.ioctl(command.listener, _NOTIF_ID_VALID, ctypes.byref(number))) == 0
 
     def _take_socket(self, command: SupervisedCommand, notif: _Notif, fd_number: int) -> int | None:
         pidfd = self._lib.syscall(_SYS_PIDFD_OPEN, notif.pid, 0)
@@ -801,3 +841,24 @@ def _close_taken(sock: int, target: object) -> None:
     os.close(sock)
     if isinstance(target, _ViaInode):
         os.close(target.fd)
+
+
+_TIMEVAL = struct.Struct("@ll")
+
+
+def _send_timeout(sock: int) -> float | None:
+    """The socket's SO_SNDTIMEO in seconds (0: none); None where it cannot be read."""
+    try:
+        with socket.socket(fileno=os.dup(sock)) as dup:
+            raw = dup.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TIMEVAL.size)
+    except OSError:
+        return None
+    seconds, micros = _TIMEVAL.unpack(raw)
+    return seconds + micros / 1e6
+
+
+def _set_send_timeout(sock: int, seconds: float) -> None:
+    whole = int(seconds)
+    raw = _TIMEVAL.pack(whole, int((seconds - whole) * 1e6))
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(sock)) as dup:
+        dup.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, raw)

@@ -422,7 +422,12 @@ def _refused(captured: Captured, policy: WritePolicy | None = None) -> bool:
                 return old.exists and not new.exists and _read_only(new.parent)
             if old.parent < 0 or _mount_id(old.parent) != _mount_id(new.parent):
                 return False
-            return _read_only(new.parent)
+            if _read_only(new.parent):
+                return True
+            # A name covered where it lies is a mount point, either side: EBUSY (git's
+            # `config.lock` renamed over the covered `.git/config`, refused without a
+            # denial: a usability pass).
+            return any(end.exists and _read_only(end.target) for end in (old, new))
         finally:
             new.close()
     finally:
@@ -509,6 +514,12 @@ def judge(captured: Captured, policy: WritePolicy) -> SandboxDenial | None:
     if not refused or _is_helper(captured.pid, policy):
         return None
     target = captured.paths[-1] if captured.call.write in ("rename", "link") else captured.paths[0]
+    if captured.call.write == "rename" and _reason(target, policy) == REASON_HELD_READ_ONLY:
+        # Moving a covered name away (`mv .git/config x`): the name it takes is not the one
+        # held; the one it leaves is.
+        source = captured.paths[0]
+        if _reason(source, policy) != REASON_HELD_READ_ONLY:
+            target = source
     if any(within(target, r) for r in policy.roots):
         # Through a link inside a root (host and view agree there): where it really led. A
         # call that does not follow its last component (unlink, rename) names the link.

@@ -352,7 +352,10 @@ def test_a_refused_git_config_write_says_where_to_change_it_not_to_widen_the_mod
     # step said "ask for danger-full-access" for branch tracking (a usability pass).
     lock = _d(DenialKind.FILE_WRITE, "/srv/ws/.git/config", reason, DenialEvidence.SUPERVISOR)
     line = denial_marker(lock, "workspace-write", "isolated")
-    assert line.endswith("`git branch -u`, `git remote` on the host)]")
+    assert line.endswith(
+        "run that git command on the host (`git submodule init`, `git remote add`, "
+        "`git branch -u`, `git config`), then go on here]"
+    )
     assert "danger-full-access" not in line
 
 

@@ -167,7 +167,9 @@ async def test_no_command_takes_a_lease_on_a_host_file(
     seen = ""
     try:
         deadline = time.monotonic() + 20
-        while not seen.strip() and time.monotonic() < deadline:
+        # The whole line: unbuffered (an inherited PYTHONUNBUFFERED), print writes its
+        # words one by one, and a read between them saw "errno" alone.
+        while "\n" not in seen and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             seen += proc.read_output().delta
         opened = time.monotonic()

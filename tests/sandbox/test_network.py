@@ -333,3 +333,59 @@ async def test_a_command_holding_its_connects_blocked_never_stalls_another_comma
     finally:
         ex.kill(hog.id)
         await hog.wait()
+
+
+_SERVE_FULL = f"""{PY} - <<'EOF'
+import socket, time
+server = socket.socket(socket.AF_UNIX)
+server.bind("/tmp/full.sock")
+server.listen(0)  # never accepted: every connect past the backlog blocks
+print("serving", flush=True)
+time.sleep(600)
+EOF"""
+
+_CONNECT_AND_LEAVE = f"""{PY} - <<'EOF'
+import os, socket, time
+for _ in range(24):
+    if os.fork() == 0:
+        with socket.socket(socket.AF_UNIX) as c:
+            c.connect("/tmp/full.sock")
+        os._exit(0)
+time.sleep(1)
+print("leaving")
+EOF"""
+
+
+def _connect_threads() -> int:
+    return sum(t.name.startswith("bash-sandbox-connect") for t in threading.enumerate())
+
+
+async def test_connects_a_finished_command_left_blocked_free_the_executors_threads(
+    make_executor: ExecutorFactory,
+) -> None:
+    # The supervisor connects for the command on a duplicate of its socket: a connect to a
+    # listener that never accepts (a same-domain dev server with a full backlog) stayed
+    # blocked after the command was gone, 16 threads and 32 descriptors of the executor a
+    # run, until the harness ran out of descriptors (a red team's).
+    ex = make_executor(mode="workspace-write")
+    server = await ex.start(ex.resolve(BashExecRequest(command=_SERVE_FULL)))
+    try:
+        for _ in range(100):
+            if "serving" in ex.read_output(server.id).delta:
+                break
+            await asyncio.sleep(0.1)
+        fds_before = len(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            result = await ex.run(
+                ex.resolve(BashExecRequest(command=_CONNECT_AND_LEAVE, timeout_ms=30_000))
+            )
+            assert result.stdout.text == "leaving\n", result.stderr.text
+        for _ in range(100):  # each blocked connect asks again within half a second
+            if _connect_threads() == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert _connect_threads() == 0
+        assert len(os.listdir("/proc/self/fd")) <= fds_before
+    finally:
+        ex.kill(server.id)
+        await server.wait()

@@ -67,6 +67,26 @@ async def test_a_descriptor_relative_write_is_reported_under_that_directory(
     assert _seen(result) == [(str(workspace / "a" / "b" / "made"), "open", REASON_READ_ONLY)]
 
 
+async def test_a_rename_over_or_off_a_covered_name_is_a_denial(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # Git writes its config by renaming `config.lock` over it: the covered `.git/config` is a
+    # mount point (EBUSY), and `git remote add` failed with no denial in the facts, the
+    # command exit 0 with only a hint read from its output (a usability pass).
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True, timeout=30)
+    config = workspace / ".git" / "config"
+    before = config.read_bytes()
+    ex = make_executor(mode="workspace-write")
+    for command in ("git remote add up /x", "mv .git/config .git/moved"):
+        result = await _run(ex, command, workspace)
+        assert result.exit_code != 0
+        assert _seen(result) == [(str(config), "rename", "protected name .git/config")]
+        assert config.read_bytes() == before
+    # An ordinary rename in the workspace is none.
+    plain = await _run(ex, "echo x > a && mv a b", workspace)
+    assert plain.exit_code == 0 and _seen(plain) == []
+
+
 async def test_every_kind_of_change_outside_the_roots_is_seen(
     make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
 ) -> None:
