@@ -57,7 +57,9 @@ def _file_step(denial: SandboxDenial | SandboxHint | DenialGroup) -> str:
     if denial.reason == REASON_READ_ONLY:
         return "ask for workspace-write"
     if denial.reason == REASON_OUTSIDE_ROOTS:
-        return "add it to writable_roots or ask for danger-full-access"
+        return _home_state_step(denial.target) or (
+            "add it to writable_roots or ask for danger-full-access"
+        )
     if denial.reason == REASON_DENY_READ:
         return "remove it from deny_read or ask for danger-full-access"
     # Git's config (its `config.lock` renamed over it: branch tracking, a rename's section,
@@ -84,6 +86,28 @@ def _file_step(denial: SandboxDenial | SandboxHint | DenialGroup) -> str:
             return f"add {name} to {UNPROTECT_KEY} if commands may change it, after review"
         return "protected names stay read-only; ask for danger-full-access if the change is meant"
     return "ask for a wider mode"
+
+
+_BROWSER_PROFILES = ("chromium", "google-chrome", "chrome", "headless_shell")
+
+
+def _home_state_step(target: str) -> str | None:
+    """The step for a tool writing its own state in the home (a usability pass: Chromium's
+    profile made agents ask for danger-full-access where a flag was all it took)."""
+    home = os.path.expanduser("~")
+    parts = target.removeprefix(home + "/").split("/") if target.startswith(home + "/") else []
+    if len(parts) < 2 or parts[0] not in (".config", ".cache", ".local"):
+        return None
+    if any(p.startswith(_BROWSER_PROFILES) for p in parts[1:3]):
+        return (
+            "Chromium keeps its profile there: pass --user-data-dir=$(mktemp -d) (and "
+            "--no-sandbox: its own sandbox needs what this one takes away)"
+        )
+    return (
+        "a tool's own state in the home: point it elsewhere (XDG_CONFIG_HOME, "
+        "XDG_CACHE_HOME, XDG_DATA_HOME or its own option, to /tmp or the workspace), or add "
+        "it to writable_roots"
+    )
 
 
 def _socket_words(denial: SandboxDenial) -> tuple[str, str]:

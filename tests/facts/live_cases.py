@@ -302,11 +302,12 @@ DENIALS: tuple[LiveCase, ...] = (
     ),
     LiveCase(
         # Exit 0 with a lost write: .git/config is covered read-only, git's rename of
-        # config.lock over it fails (EBUSY), git says so and still exits 0.
+        # config.lock over it fails (EBUSY), git says so and still exits 0. The supervisor
+        # sees the rename onto the covered name (a hint read from the output before).
         "ww-git-branch-track-exit-0",
         "workspace-write",
         "git branch --track feature main",
-        (_hint(_WRITE, ".git/config"),),
+        (Expected(_WRITE, "{ws}/.git/config", "supervisor"),),
         exit_zero=True,
         shows=(("stderr", "could not write config file .git/config"),),
         setup=GIT_REPO,
@@ -317,7 +318,8 @@ DENIALS: tuple[LiveCase, ...] = (
         "ww-git-config-refused",
         "workspace-write",
         "git config user.name Someone",
-        (_hint(_WRITE, ".git/config"),),
+        (Expected(_WRITE, "{ws}/.git/config", "supervisor"),),
+        denied=True,
         setup=GIT_REPO,
         unchanged=("{ws}/.git/config",),
         tool="git",

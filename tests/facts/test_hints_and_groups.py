@@ -370,3 +370,30 @@ def test_a_refusal_no_wider_mode_lifts_says_what_does(reason: str, step: str) ->
     denial = _d(DenialKind.FILE_WRITE, "/p/x", reason, DenialEvidence.SUPERVISOR)
     line = denial_marker(denial, "workspace-write", "isolated")
     assert step in line and "wider mode" not in line
+
+
+def test_a_tools_own_state_in_the_home_says_how_to_move_it() -> None:
+    # Chromium's profile under ~/.config: the step said "add it to writable_roots or ask for
+    # danger-full-access", where `--user-data-dir` was all it took (a usability pass).
+    home = os.path.expanduser("~")
+    browser = _d(
+        DenialKind.FILE_WRITE,
+        f"{home}/.config/chromium-headless/scoped_dir1/x",
+        "outside the writable roots",
+        DenialEvidence.SUPERVISOR,
+    )
+    line = denial_marker(browser, "workspace-write", "isolated")
+    assert "--user-data-dir=$(mktemp -d)" in line and "danger-full-access" not in line
+    tool = _d(
+        DenialKind.FILE_WRITE,
+        f"{home}/.cache/sometool/state.db",
+        "outside the writable roots",
+        DenialEvidence.SUPERVISOR,
+    )
+    assert "XDG_CACHE_HOME" in denial_marker(tool, "workspace-write", "isolated")
+    elsewhere = _d(
+        DenialKind.FILE_WRITE, "/etc/hosts", "outside the writable roots", DenialEvidence.SUPERVISOR
+    )
+    assert denial_marker(elsewhere, "workspace-write", "isolated").endswith(
+        "add it to writable_roots or ask for danger-full-access]"
+    )
