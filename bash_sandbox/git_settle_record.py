@@ -65,7 +65,8 @@ def drop(path: str | None) -> None:
 
 def left(state: str) -> list[tuple[str, GitDiscovery, tuple[str, ...]]]:
     """Each record a dead executor left in ``state``: (its path, the survey's entries, its
-    roots). An unreadable one is skipped (and left: the sweep keeps failing loudly)."""
+    roots). An unreadable one (a write cut short by the kill) is logged and skipped: it
+    goes with the state dir."""
     directory = os.path.join(state, SETTLE_DIR)
     try:
         names = sorted(os.listdir(directory))

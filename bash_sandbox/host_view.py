@@ -41,6 +41,7 @@ from bash_sandbox.git_spawn import (
     inspect_git,
     linked_worktree_dirs,
 )
+from bash_sandbox.hg_chain import hg_chain
 from bash_sandbox.link_restore import snapshot_links
 from bash_sandbox.own_code import REASON as OWN_CODE
 from bash_sandbox.own_code import import_dirs, own_installation, package_names, startup_names
@@ -193,8 +194,11 @@ class HostSurvey:
         reading = time.time_ns()
         git = inspect_git(user_policy, known=tuple(self._known_dotgits), search=self.search)
         if user_policy.protect_hook_chain:
-            # What an allowed `.envrc` loads is covered as the hook chain is.
-            loaded = envrc_chain(user_policy.all_writable_roots(), user_policy.unprotected_paths)
+            # What an allowed `.envrc` loads, and what an hg config includes, is covered as
+            # the hook chain is.
+            user_roots = user_policy.all_writable_roots()
+            loaded = envrc_chain(user_roots, user_policy.unprotected_paths)
+            loaded += hg_chain(user_roots, user_policy.unprotected_paths)
             if loaded:
                 git = replace(git, chain=(*git.chain, *loaded))
         # A home's own environment a root holds (`policies.autorun.HOME_PATHS`), likewise.

@@ -395,6 +395,33 @@ async def test_a_mercurial_repository_cannot_be_made_a_share_of_the_commands_own
     assert work.sandbox is not None and work.sandbox.denials == ()
 
 
+@pytest.mark.parametrize("present", [True, False])
+async def test_a_file_the_users_hgrc_includes_from_the_workspace_stays_read_only(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, present: bool
+) -> None:
+    # `%include ../.hgrc-shared` in the user's `.hg/hgrc`: hg reads the included file as
+    # config, and a missing one is skipped silently, so a command could make it.
+    marker = tmp_path / "pwned"
+    assert _host_hg("init", str(workspace), cwd=tmp_path).returncode == 0
+    (workspace / ".hg" / "hgrc").write_text("[ui]\nusername = t\n%include ../team/hgrc\n")
+    shared = workspace / "team" / "hgrc"
+    shared.parent.mkdir()
+    if present:
+        shared.write_text("[ui]\nverbose = false\n")
+    ex = make_executor(mode="workspace-write")
+    hook = f"[hooks]\\npre-status = touch {marker}\\n"
+    result = await _run(ex, f"printf '{hook}' >> team/hgrc; echo ok > work.txt", workspace)
+    assert result.exit_code == 0 and result.sandbox is not None, result.stderr.text
+    assert [d.target for d in result.sandbox.denials] == [str(shared)]
+    assert "Mercurial reads it as config" in result.sandbox.denials[0].reason
+    assert (shared.read_text() if present else shared.exists()) == (
+        "[ui]\nverbose = false\n" if present else False
+    )
+    status = _host_hg("status", cwd=workspace)
+    assert status.returncode == 0, status.stderr
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("workspace_is", ["secondary", "main"])
 async def test_a_jujutsu_workspaces_repo_file_is_protected_and_its_repository_is_not(
     make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, workspace_is: str
