@@ -57,9 +57,11 @@ def _file_step(denial: SandboxDenial | SandboxHint | DenialGroup) -> str:
     if denial.reason == REASON_READ_ONLY:
         return "ask for workspace-write"
     if denial.reason == REASON_OUTSIDE_ROOTS:
-        return _home_state_step(denial.target) or (
-            "add it to writable_roots or ask for danger-full-access"
-        )
+        if isinstance(denial, DenialGroup):
+            where = denial.targets[0] if denial.targets else denial.place
+        else:
+            where = denial.target
+        return _home_state_step(where) or ("add it to writable_roots or ask for danger-full-access")
     if denial.reason == REASON_DENY_READ:
         return "remove it from deny_read or ask for danger-full-access"
     # Git's config (its `config.lock` renamed over it: branch tracking, a rename's section,

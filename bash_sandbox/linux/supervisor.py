@@ -854,7 +854,7 @@ def _send_timeout(sock: int) -> float | None:
     except OSError:
         return None
     seconds, micros = _TIMEVAL.unpack(raw)
-    return seconds + micros / 1e6
+    return float(seconds + micros / 1e6)
 
 
 def _set_send_timeout(sock: int, seconds: float) -> None:
