@@ -337,7 +337,11 @@ class ConfinedSpawn(SpawnScope):
         spec, grant = self._spec, self.grant
         mirrors = self._services.mirrors.settings(os.environ)  # the user's indexes, no secrets
         self.warnings += mirrors.warnings
-        inherited = sandbox_inherited_env(os.environ) | mirrors.env
+        inherited = {
+            name: value
+            for name, value in sandbox_inherited_env(os.environ).items()
+            if name not in mirrors.judged
+        } | mirrors.env
         env = confined_environment(
             build_command_env(inherited, spec.env, spec.dsh_env),
             self.policy,

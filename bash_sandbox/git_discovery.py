@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bash_local.userdir import user_base_dir
+from bash_sandbox.birth_time import birth_ns
 from bash_sandbox.host_run import run_bounded
 from bash_sandbox.linux.binaries import host_git, host_git_path
 from bash_sandbox.safe_read import read_regular, read_small_text
@@ -577,6 +578,7 @@ def after_command(
     *,
     budget: int = DISCOVERY_BUDGET,
     search: DotGitSearch = find_dotgits,
+    born_by_ns: int | None = None,
 ) -> AfterCommand:
     """Search ``roots`` again after a command: every `.git` entry that is new, or a `.git`
     symlink or gitfile that changed, is a repository host git would trust and the command
@@ -588,7 +590,8 @@ def after_command(
     linked worktree's names `worktrees/<id>`, a submodule's `modules/<name>`, both kept). An
     unchanged link or gitfile is followed again: the directory it names may have become a
     repository during the command (named by an earlier one before it existed), and is then
-    the command's."""
+    the command's. ``born_by_ns``: a new entry made after it (statx's birth time) is not the
+    command's (a dead executor's command, settled later: `git_settle_record.py`)."""
     result = AfterCommand()
     dotgits, unlisted = search(roots, budget)
     if unlisted:
@@ -600,6 +603,10 @@ def after_command(
     for path in dotgits:
         now = snapshot(path)
         old = previous.get(path)
+        if old is None and born_by_ns is not None:
+            born = birth_ns(path)
+            if born is not None and born > born_by_ns:
+                continue  # made after the command was gone: the user's
         changed = old is not None and (old.kind, old.content) != (now.kind, now.content)
         kinds = {now.kind, old.kind if old is not None else ""}
         if changed and old is not None and kinds <= {"link", "file"} and _put_back(old):
@@ -637,6 +644,18 @@ def after_command(
             if not within_any(g, overlaid)
             and (now.kind == "dir" or os.path.lexists(os.path.join(g, "HEAD")))
         ]
+        if (
+            (not same or moved)
+            and now.kind in ("link", "file")
+            and not all(within_any(g, roots) for g in fresh)
+        ):
+            # A new one naming a git dir outside the roots (a removed linked worktree's
+            # checkout written back: `gitdir` still names it) is not the command's
+            # repository: resetting it wrote the host's own, outside every root (a red team's).
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                result.removed.append(path)
+            continue
         if fresh:
             result.created_dotgits.append(path)
             result.created += [g for g in fresh if g not in result.created]

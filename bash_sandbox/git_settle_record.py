@@ -12,6 +12,13 @@ settled. The sweep of a dead executor's state (`state.STALE_STATE_HOOKS`, at the
 executor's start) settles each record left there with the same rules
 (`git_spawn.recover_git`): a repository made in those roots since is reset as the dead
 command's, and the warnings go to the log.
+
+Which repositories are the dead command's: those made before it died. While records are
+in it, the executor touches the record directory every `HEARTBEAT_S` (`Heartbeat`), so its
+mtime tells when the executor was last alive; a `.git` entry born after that (statx's birth
+time, `birth_time.py`) is one the user made since, left as it is (a red team's: the user's
+own repository, made between the kill and the next executor's start, lost its hooks).
+Where no birth time is recorded, every new entry counts as the command's.
 """
 
 from __future__ import annotations
@@ -21,12 +28,15 @@ import contextlib
 import json
 import logging
 import os
+import threading
+import time
 
 from bash_sandbox.git_discovery import DotGit, GitDiscovery
 
 logger = logging.getLogger(__name__)
 
 SETTLE_DIR = "git-settle"
+HEARTBEAT_S = 0.5
 _MAX_RECORD = 64 << 20  # a record never holds more (entries are a few hundred bytes each)
 
 
@@ -61,6 +71,56 @@ def drop(path: str | None) -> None:
     if path is not None:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+class Heartbeat:
+    """Touches a record directory every `HEARTBEAT_S` while it holds a record of ours."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[str, int] = {}  # directory -> records held there
+        self._thread: threading.Thread | None = None
+
+    def hold(self, path: str) -> None:
+        with self._lock:
+            directory = os.path.dirname(path)
+            self._held[directory] = self._held.get(directory, 0) + 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._beat, name="bash-sandbox-settle-heartbeat", daemon=True
+                )
+                self._thread.start()
+
+    def release(self, path: str) -> None:
+        with self._lock:
+            directory = os.path.dirname(path)
+            count = self._held.get(directory, 0) - 1
+            if count > 0:
+                self._held[directory] = count
+            else:
+                self._held.pop(directory, None)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            with self._lock:
+                if not self._held:
+                    self._thread = None
+                    return
+                held = list(self._held)
+            for directory in held:
+                with contextlib.suppress(OSError):
+                    os.utime(directory)
+
+
+def alive_until_ns(state: str) -> int | None:
+    """The latest a dead executor with records in ``state`` can have been alive (its last
+    heartbeat, a beat's length and a quarter second of slack after); None: no record directory."""
+    try:
+        beat = os.stat(os.path.join(state, SETTLE_DIR)).st_mtime_ns
+    except OSError:
+        return None
+    return beat + int((HEARTBEAT_S + 0.25) * 1_000_000_000)
 
 
 def left(state: str) -> list[tuple[str, GitDiscovery, tuple[str, ...]]]:

@@ -151,12 +151,14 @@ def settle_git(
     return done
 
 
-def recover_git(before: GitDiscovery, roots: tuple[str, ...]) -> GitSettlement:
+def recover_git(
+    before: GitDiscovery, roots: tuple[str, ...], born_by_ns: int | None = None
+) -> GitSettlement:
     """`settle_git` for a spawn whose executor was killed before it settled
     (`git_settle_record.py`): its overlays' writes never reached the host, so every git dir
-    it found counts as overlaid."""
+    it found counts as overlaid; a repository made after ``born_by_ns`` is the user's."""
     done = GitSettlement()
-    _settle_entries(before, roots, before.gitdirs, find_dotgits, done)
+    _settle_entries(before, roots, before.gitdirs, find_dotgits, done, born_by_ns=born_by_ns)
     return done
 
 
@@ -166,12 +168,16 @@ def _settle_entries(
     overlaid: tuple[str, ...],
     search: DotGitSearch,
     done: GitSettlement,
+    *,
+    born_by_ns: int | None = None,
 ) -> None:
     """Reset the repositories made since ``before`` and put back the `.git` entries changed."""
-    after = after_command(before, roots, overlaid, search=search)
+    after = after_command(before, roots, overlaid, search=search, born_by_ns=born_by_ns)
     done.warnings += after.warnings
     dropped: list[str] = []
     for gitdir in after.created:
+        if not within_any(gitdir, roots):
+            continue  # never the command's to have made: nothing outside the roots is reset
         dropped += [os.path.join(gitdir, d) for d in reset_control_plane(gitdir, roots)]
     # Listed in the facts either way; a warning only when the reset took something away
     # (what `git init`, `git clone` or `cargo new` write is kept, and says nothing).

@@ -101,12 +101,16 @@ class HostSurvey:
         self._quiet_dotgits: dict[str, tuple[str, str | None]] = {}
         # Per running spawn: what a successor settles if this process is killed.
         self._settle_records: dict[int, str | None] = {}
+        self._heartbeat = git_settle_record.Heartbeat()
 
     def settled(self, token: int) -> None:
         """A spawn `take` surveyed is over and its `.git` entries settled (`settle_git`)."""
         with self._running_lock:
             self._running -= 1
-        git_settle_record.drop(self._settle_records.pop(token, None))
+        record = self._settle_records.pop(token, None)
+        if record is not None:
+            git_settle_record.drop(record)
+            self._heartbeat.release(record)
         running_spawns.end(token)
 
     def release(self, held: tuple[str, ...]) -> None:
@@ -155,9 +159,12 @@ class HostSurvey:
             view = self._take(policy, mounts, user_policy, held, found, quiet=quiet)
             if writes and found:
                 # Before the command starts: settled by a successor if this process is killed.
-                self._settle_records[token] = git_settle_record.write(
+                record = git_settle_record.write(
                     self._state.path, token, found[0].discovery, user_policy.all_writable_roots()
                 )
+                if record is not None:
+                    self._heartbeat.hold(record)
+                self._settle_records[token] = record
         except BaseException:
             self.release(tuple(held))
             self.settled(token)

@@ -70,6 +70,10 @@ class MirrorSettings:
 
     env: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # The executor's variables judged here: what `env` does not pass of them is not passed
+    # at all, whatever the inherited allowlist says (GOPROXY is on both: refused here for a
+    # token in its path, the allowlist passed it as it was: a red team's).
+    judged: frozenset[str] = frozenset()
 
 
 # userinfo "@" of a URL written without its scheme, at the start of the value or of one of
@@ -236,6 +240,7 @@ def mirror_settings(environ: Mapping[str, str], home: str | None = None) -> Mirr
                 "unauthenticated"
             )
         out.env[variable] = clean
+    out.judged = frozenset(n for n, where in candidates if where == "the environment")
     return out
 
 
@@ -289,4 +294,4 @@ class Mirrors:
             self._kept = (key, out) if stamps.settled(seen, SETTLE_NS) else None
         fresh = [w for w in out.warnings if w not in self._warned]
         self._warned.update(fresh)
-        return MirrorSettings(dict(out.env), fresh)
+        return MirrorSettings(dict(out.env), fresh, out.judged)

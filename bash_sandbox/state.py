@@ -164,8 +164,9 @@ def _settle_git_left(path: str) -> None:
     from bash_sandbox import git_settle_record
     from bash_sandbox.git_spawn import recover_git
 
+    alive_until = git_settle_record.alive_until_ns(path)
     for record, before, roots in git_settle_record.left(path):
-        done = recover_git(before, roots)
+        done = recover_git(before, roots, alive_until)
         for warning in done.warnings:
             logger.warning("a killed executor's command: %s", warning)
         git_settle_record.drop(record)

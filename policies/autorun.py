@@ -58,6 +58,8 @@ AUTORUN_PATHS: MappingProxyType[str, str] = MappingProxyType(
         ".factory": "Factory's droid runs its hooks at session start and starts the MCP "
         "servers it names",
         ".openhands": "OpenHands runs its setup.sh at the start of every session",
+        ".trae": "TRAE starts the MCP servers its mcp.json names",
+        ".junie": "JetBrains Junie starts the MCP servers its mcp/mcp.json names",
         ".codex": "Codex starts the MCP servers its config.toml names in a trusted project",
         ".windsurf": "Windsurf runs the hooks its hooks.json names",
         ".qoder": "Qoder runs its SessionStart and other hooks",
@@ -92,16 +94,25 @@ VCS_CONFIG_PATHS: MappingProxyType[str, str] = MappingProxyType(
         "with .hg/sharedpath) and runs that config's hooks",
         ".hg/sharedpath": "Mercurial reads the config of the repository it names and runs "
         "its hooks",
+        ".hgsub": "Mercurial opens the subrepositories it names, with their configs and "
+        "extensions (`hg diff`, `hg summary`, `hg update`)",
         ".jj/repo/config.toml": "Jujutsu runs the pager, editors and tools it names",
         ".jj/repo": "a Jujutsu workspace's file naming the repository whose config it runs",
+        ".jj/repo/config-id": "Jujutsu reads the repository's config through it",
+        ".jj/workspace-config-id": "Jujutsu reads the workspace's config through it",
+        ".jj/workspace-config.toml": "Jujutsu runs the pager, editors and tools it names "
+        "(taken over where .jj/workspace-config-id is missing)",
         ".sl/config": "Sapling runs the hooks it names",
         ".sl/requires": "Sapling reads a shared repository's config through it",
         ".sl/sharedpath": "Sapling reads the config of the repository it names and runs its hooks",
     }
 )
-# Protected only as a file: a directory there is the repository itself, written by the tool
-# (the main Jujutsu workspace's `.jj/repo`; a secondary workspace's is a file naming it).
-FILE_ONLY_PATHS = frozenset({".jj/repo"})
+# Protected only as a file where one exists, never held while missing: a directory there is
+# the repository itself, written by the tool (the main Jujutsu workspace's `.jj/repo`; a
+# secondary workspace's is a file naming it), and jj makes its config ids itself.
+# A name beside its repository's directory, held only where that exists.
+_REPOSITORY_DIR = {".hgsub": ".hg"}
+FILE_ONLY_PATHS = frozenset({".jj/repo", ".jj/repo/config-id", ".jj/workspace-config-id"})
 
 # Files a tool runs once the user trusted them by path (mise's `[env] _.source`, hooks and
 # tasks on entering the directory): a trusted one a command rewrites runs; a new one asks for
@@ -499,7 +510,8 @@ def needs_placeholder(name: str, root: str, *, real_root: str | None = None) -> 
         return False
     if name in VCS_CONFIG_PATHS:
         # Only in a repository: its directory a real one (one lstat, kept with the kinds).
-        top = os.path.join(root, name.split("/", maxsplit=1)[0])
+        first = name.split("/", maxsplit=1)[0]
+        top = os.path.join(root, _REPOSITORY_DIR.get(first, first))
         try:
             return stat.S_ISDIR(os.lstat(top).st_mode)
         except OSError:

@@ -427,7 +427,8 @@ def _refused(captured: Captured, policy: WritePolicy | None = None) -> bool:
             # A name covered where it lies is a mount point, either side: EBUSY (git's
             # `config.lock` renamed over the covered `.git/config`, refused without a
             # denial: a usability pass).
-            return any(end.exists and _read_only(end.target) for end in (old, new))
+            # Only once the source was found: a missing one is ENOENT first.
+            return old.exists and any(end.exists and _read_only(end.target) for end in (old, new))
         finally:
             new.close()
     finally:

@@ -244,3 +244,47 @@ async def test_a_killed_executors_command_leaves_no_repository_host_git_obeys(
     _git("commit", "-qm", "host", cwd=lib)
     assert not marker.exists() and not hooked.exists()
     assert _git("log", "--format=%s", cwd=lib).stdout.strip() == "host"  # the data kept
+
+
+async def test_a_repository_the_user_makes_after_the_kill_is_left_as_it_is(
+    backend: str, workspace: Path, private_base: Path, tmp_path: Path
+) -> None:
+    # The settling of a killed executor's command took every repository made in its roots
+    # since for the command's: one the user made between the kill and the next executor's
+    # start lost its hook and its config (a red team's).
+    assert _git("init", "-q", cwd=workspace).returncode == 0
+    ready = workspace / "ready"
+    command = f"git init -q planted && touch {ready}; sleep 60"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD_COMMAND, str(workspace), backend, command, str(ready)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1)  # a heartbeat or two: the executor was alive until the kill
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    time.sleep(1.5)  # the user, a moment later
+    mine = workspace / "mine"
+    assert _git("init", "-q", str(mine), cwd=workspace).returncode == 0
+    hook = mine / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    assert _git("config", "alias.st", "status", cwd=mine).returncode == 0
+    (workspace / "planted" / ".git" / "hooks" / "post-checkout").write_text("#!/bin/sh\n")
+    from bash_sandbox import SandboxBashExecutor
+    from bash_seam import BashExecRequest
+
+    ex = SandboxBashExecutor(workspace_root=str(workspace), mode="workspace-write", backend=backend)
+    try:
+        await ex.run(ex.resolve(BashExecRequest(command="true")))
+    finally:
+        await ex.aclose()
+    assert hook.exists()
+    assert _git("config", "alias.st", cwd=mine).stdout.strip() == "status"
+    # What the command made before the kill is still settled.
+    assert not (workspace / "planted" / ".git" / "hooks" / "post-checkout").exists()

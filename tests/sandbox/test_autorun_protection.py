@@ -328,7 +328,8 @@ async def test_another_vcs_repositorys_config_is_protected_only_in_its_repositor
     # in the host's `hg status` (an IDE polls it on open); then `.hg/hgrc-not-shared`, which
     # hg reads too, and a share's `requires` and `sharedpath` (red teams).
     marker = tmp_path / "pwned"
-    top = workspace / config.split("/", maxsplit=1)[0]
+    first = config.split("/", maxsplit=1)[0]
+    top = workspace / (".hg" if first == ".hgsub" else first)  # the repository's directory
     if top.name == ".hg":
         assert _host_hg("init", str(workspace), cwd=tmp_path).returncode == 0
     target = workspace / config

@@ -1095,3 +1095,10 @@ async def test_no_credential_in_the_harness_environment_reaches_the_command(
     assert "NO_PROXY=localhost" in seen  # ordinary settings still pass
     # GOPROXY comes back through the mirror settings, without its credentials.
     assert "GOPROXY=goproxy.corp.example,direct" in seen
+    # One with a token in its path is refused there, and so not passed at all (the
+    # allowlist had passed it while the result said it was not: a red team's).
+    monkeypatch.setenv("GOPROXY", "https://go.corp.example/canaryQ2Lm9Xz4Rt8Vb3Nw6Yp1/u/,direct")
+    refused = await _run(ex, "env", workspace)
+    assert "canary" not in refused.stdout.text
+    assert refused.sandbox is not None
+    assert any("GOPROXY" in w and "not passed" in w for w in refused.sandbox.warnings)

@@ -1296,3 +1296,39 @@ async def test_the_workspace_checkouts_gitfile_holds_while_a_command_runs(
     assert not marker.exists()
     logged = host_git("log", "--format=%s", cwd=workspace).stdout.split("\n")
     assert logged[0] == "user work", logged
+
+
+async def test_a_removed_worktrees_gitfile_written_back_resets_no_repository_outside(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A linked worktree in the workspace of a repository kept outside the roots: a command
+    # removed the checkout, the next wrote its `.git` file back, and the copy-back took the
+    # outside repository for one the command created and reset it: its hook and config,
+    # another worktree's registration, its alternates and rebase state (a red team's).
+    main = tmp_path / "main"
+    _repo(main)
+    host_git("config", "alias.hello", "!echo hello", cwd=main)
+    hook = main / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    other = tmp_path / "other"
+    host_git("worktree", "add", "-q", "-b", "other", str(other), cwd=main)
+    host_git("worktree", "add", "-q", "-b", "feature", str(workspace / "feature"), cwd=main)
+    config = (main / ".git" / "config").read_bytes()
+    ex = make_executor(mode="workspace-write")
+    removed = await _run(ex, "rm -rf feature", workspace)
+    assert removed.exit_code == 0, removed.stderr.text
+    admin = main / ".git" / "worktrees" / "feature"
+    back = await _run(
+        ex, f"mkdir -p feature && printf 'gitdir: {admin}\\n' > feature/.git", workspace
+    )
+    assert back.exit_code == 0 and back.sandbox is not None, back.stderr.text
+    assert any("leading out of the writable roots" in w for w in back.sandbox.warnings)
+    assert not (workspace / "feature" / ".git").exists()
+    # From the host: the outside repository is as the user left it.
+    assert (main / ".git" / "config").read_bytes() == config
+    assert hook.exists()
+    assert (main / ".git" / "worktrees" / "other" / "gitdir").exists()
+    host_git("status", "--short", cwd=other)
+    fsck = host_git("fsck", "--no-dangling", cwd=main)
+    assert fsck.returncode == 0
