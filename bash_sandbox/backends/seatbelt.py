@@ -57,15 +57,27 @@ SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 MACOS_SHARED_TMP = "/private/tmp"
 DARWIN_USER_TEMP_PREFIX = "/private/var/folders/"
 DENIAL_DIALECT = "Operation not permitted"
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
 # What a workspace-write profile cannot hold, which the Linux backends do with mounts and
-# the git import: named in every such result and in `doctor` (threat rows 3, 16, 20).
+# the git import: named in every such result and in `doctor` (threat rows 3, 4, 16, 20).
 WORKSPACE_WRITE_GAPS = (
     "Seatbelt writes in place: git's control files other than .git/hooks and .git/config, "
     "repositories the command creates, and the files host git configs or installed hooks "
-    "name in the roots are not kept from it (no git import through git's parser), and "
-    "/private/tmp and the per-user temp dir are the host's, shared with later calls"
+    "name in the roots are not kept from it (no git import through git's parser); "
+    "protected names are matched with their exact case, and on a case-insensitive volume "
+    "(APFS's default) `.VSCODE` is `.vscode`; /private/tmp and the per-user temp dir are "
+    "the host's, shared with later calls"
 )
 LOOPBACK_GAP = "isolated shares the host's loopback: services on its 127.0.0.1 are reachable"
+# Row 11 in every mode: the executor kills the command's process group, and macOS has no
+# PID namespace or cgroup to find a process that left it.
+PROCESS_GAP = (
+    "a process that leaves the command's process group (setsid, a double fork) can outlive "
+    "the run: macOS gives no PID namespace or cgroup to find it"
+)
 # `_CS_DARWIN_USER_TEMP_DIR` from <unistd.h>; Python's `os.confstr_names` does not list it.
 _CS_DARWIN_USER_TEMP_DIR = 65537
 
@@ -288,6 +300,18 @@ def render_seatbelt_profile(
                 (f for ref in refs for f in (f"(literal {ref})", f"(subpath {ref})")),
             )
         )
+    tmp = os.path.normpath(private_tmp) if private_tmp else ""
+    if tmp in root_refs and any(_within(tmp, secret) for secret in secrets):
+        # The command's own TMPDIR lies in the executor's state, which is hidden: given back
+        # after the secrets' rule (the last match wins), or every `mktemp` failed (a red
+        # team's review).
+        sections.append(
+            _rule(
+                "The command's own temp dir, inside the executor's hidden state.",
+                "allow file-read* file-write*",
+                (f"(subpath {root_refs[tmp]})",),
+            )
+        )
 
     # Only a writable sandbox can rename; read-only needs no guard.
     guarded = set(protected) | set(entries) | set(secrets)
@@ -462,7 +486,7 @@ class SeatbeltBackend(SandboxBackend):
         return SandboxEnforcement.FULL
 
     def partial_reasons(self, policy: SandboxPolicy) -> tuple[str, ...]:
-        reasons: list[str] = []
+        reasons: list[str] = [PROCESS_GAP]
         if policy.mode is SandboxMode.WORKSPACE_WRITE:
             reasons.append(WORKSPACE_WRITE_GAPS)
         if self._allow_loopback and policy.network is NetworkMode.ISOLATED:
@@ -509,9 +533,9 @@ class SeatbeltBackend(SandboxBackend):
             ),
             LayerReport(
                 "processes",
-                "full",
+                "partial",
                 "signal and process-info only within the same "
-                "sandbox; lifetime is the executor's process group",
+                f"sandbox; lifetime is the executor's process group: {PROCESS_GAP}",
             ),
             net,
             LayerReport(

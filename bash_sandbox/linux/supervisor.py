@@ -38,18 +38,20 @@ import concurrent.futures
 import contextlib
 import ctypes
 import errno
-import fcntl
+import functools
 import ipaddress
+import itertools
 import logging
 import os
 import select
+import signal
 import socket
 import stat
 import struct
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bash_sandbox.linux.child_setup import libc
 from bash_sandbox.linux.fast_writes import call_table, rules_blob
@@ -82,9 +84,13 @@ MAX_DENIALS = 16
 _READ_MAX = 4096
 # Blocking connects one command may have in flight at once (each holds a thread).
 CONNECT_WORKERS = 16
-# How long one connect attempt waits before the supervisor asks again whether its command
-# still waits for it (`_connect_while_waited_for`).
-CONNECT_SLICE_S = 0.5
+# Connects one command may have taken and not yet answered, and all commands together: each
+# holds one or two of the executor's descriptors (a command's thousand blocked connects
+# took the harness to EMFILE: a red team's). Beyond, a connect is answered EAGAIN.
+CONNECT_PENDING_MAX = 64
+CONNECT_PENDING_TOTAL = 256
+# How often the supervisor looks for connects whose caller is gone, to interrupt them.
+CONNECT_CHECK_S = 0.5
 # Refused writes are recorded from the kernel's view (`write_watch.py`), not from output.
 WITNESSES_FILE_WRITES = True
 
@@ -179,6 +185,7 @@ class SupervisedCommand:
     # This command's blocking connects (made on first use): a pool per command, so one that
     # keeps all its workers blocked delays only its own calls.
     connects: concurrent.futures.ThreadPoolExecutor | None = None
+    pending_connects: int = 0  # taken and not yet answered (`CONNECT_PENDING_MAX`)
     unregistered: bool = False
     # Held by the supervisor's thread while it handles one of this command's calls, judge
     # and record included: the call is answered before it is judged, so the command may end
@@ -206,7 +213,8 @@ class SupervisedCommand:
             return self.connects
 
     def close_connect_pool(self) -> None:
-        """Blocked connects end on their own (their caller is gone); queued ones never run."""
+        """Queued connects never run; blocked ones are interrupted by the supervisor's check
+        (`_interrupt_abandoned`), their caller being gone."""
         with self.lock:
             self.unregistered = True
             pool = self.connects
@@ -273,6 +281,10 @@ class SeccompSupervisor:
         self._lock = threading.Lock()
         self._closed = False
         self._fast = 0  # commands served by a fast-path thread now
+        # Connects handed to a worker: key -> (command, notification id, worker thread or 0).
+        self._inflight: dict[int, list[Any]] = {}
+        self._inflight_keys = itertools.count()
+        self._interrupt = _interrupt_signal()
         self._thread = threading.Thread(
             target=self._loop, name="bash-sandbox-supervisor", daemon=True
         )
@@ -374,11 +386,13 @@ class SeccompSupervisor:
     def _loop(self) -> None:
         while True:
             try:
-                events = self._epoll.poll()
+                events = self._epoll.poll(CONNECT_CHECK_S if self._inflight else -1)
             except InterruptedError:
                 continue
             except (OSError, ValueError):
                 return
+            if self._inflight:
+                self._interrupt_abandoned()
             for fd, mask in events:
                 if fd == self._wake_r:
                     return
@@ -519,21 +533,37 @@ class SeccompSupervisor:
             # flags with the command's, so one found non-blocking here can be made blocking
             # by another of its threads before the connect (a red team's race parked this
             # thread on a full backlog, and with it every command's calls and the loop).
+            if (
+                command.pending_connects >= CONNECT_PENDING_MAX
+                or len(self._inflight) >= CONNECT_PENDING_TOTAL
+            ):
+                _close_taken(sock, target)
+                self._respond(command, notif.id, -1, errno.EAGAIN)
+                return
             pool = command.connect_pool()
+            key = next(self._inflight_keys)
             try:
                 if pool is None:
                     raise RuntimeError("unregistered")
+                self._inflight[key] = [command, notif.id, 0]
+                with command.lock:
+                    command.pending_connects += 1
                 future = pool.submit(
-                    self._finish_connect, command, notif.id, sock, target, loopback, pid=notif.pid
-                )
+                    self._finish_connect, command, notif.id, sock, target, loopback,
+                    pid=notif.pid, key=key,
+                )  # fmt: skip
             except RuntimeError:  # unregistered meanwhile: nobody waits for an answer
+                self._connect_done(command, key)
                 _close_taken(sock, target)
             else:
                 # A connect still queued when its command goes is cancelled, never run:
                 # its descriptors are closed here (held, they piled up in the executor).
-                future.add_done_callback(
-                    lambda done: _close_taken(sock, target) if done.cancelled() else None
-                )
+                def cancelled(done: concurrent.futures.Future[None], key: int = key) -> None:
+                    if done.cancelled():
+                        self._connect_done(command, key)
+                        _close_taken(sock, target)
+
+                future.add_done_callback(cancelled)
         except BaseException:
             os.close(sock)
             raise
@@ -547,11 +577,21 @@ class SeccompSupervisor:
         loopback: str | None = None,
         *,
         pid: int = 0,
+        key: int = -1,
     ) -> None:
         try:
+            entry = self._inflight.get(key)
+            if entry is not None:
+                entry[2] = threading.get_ident()  # interruptible from here on
             addr = target.address() if isinstance(target, _ViaInode) else target
-            rc, err = self._connect_while_waited_for(command, notif_id, sock, addr)
+            buf = ctypes.create_string_buffer(addr, len(addr))
+            # Blocking as the command's socket is: a connect the kernel keeps waiting (a
+            # listener that never accepts) is interrupted once its caller is gone
+            # (`_interrupt_abandoned`), whatever the command did to the socket meanwhile.
+            rc = self._lib.connect(sock, buf, len(addr))
+            err = ctypes.get_errno() if rc < 0 else 0
         finally:
+            self._connect_done(command, key)
             os.close(sock)
             if isinstance(target, _ViaInode):
                 os.close(target.fd)
@@ -564,37 +604,22 @@ class SeccompSupervisor:
             command.record_refused_loopback(loopback)
         self._respond(command, notif_id, rc if rc < 0 else 0, err)
 
-    def _connect_while_waited_for(
-        self, command: SupervisedCommand, notif_id: int, sock: int, addr: bytes
-    ) -> tuple[int, int]:
-        """connect(2) on the command's blocking socket in slices of `CONNECT_SLICE_S` (its
-        send timeout, which a blocking connect waits by), for as long as its caller still
-        waits and the socket's own timeout allows: a connect the kernel keeps blocked (a
-        listener that never accepts) held one of this executor's threads and two of its
-        descriptors after the command was gone, until the harness ran out of them (a red
-        team's). A non-blocking socket is connected once, as asked. (rc, errno)."""
-        buf = ctypes.create_string_buffer(addr, len(addr))
-        blocking = not fcntl.fcntl(sock, fcntl.F_GETFL) & os.O_NONBLOCK
-        saved = _send_timeout(sock) if blocking else None
-        if saved is None:
-            rc = self._lib.connect(sock, buf, len(addr))
-            return rc, ctypes.get_errno() if rc < 0 else 0
-        deadline = time.monotonic() + saved if saved > 0 else None
-        _set_send_timeout(sock, CONNECT_SLICE_S)
-        try:
-            while True:
-                rc = self._lib.connect(sock, buf, len(addr))
-                err = ctypes.get_errno() if rc < 0 else 0
-                if rc == 0 or err == errno.EISCONN:
-                    return 0, 0  # a retried TCP connect that completed meanwhile
-                if err not in (errno.EAGAIN, errno.EINPROGRESS, errno.EALREADY, errno.EINTR):
-                    return rc, err
-                if deadline is not None and time.monotonic() >= deadline:
-                    return rc, err  # the command's own SO_SNDTIMEO ran out
-                if command.unregistered or not self._pending(command, notif_id):
-                    return rc, err  # nobody waits for this answer any more
-        finally:
-            _set_send_timeout(sock, saved)
+    def _connect_done(self, command: SupervisedCommand, key: int) -> None:
+        if self._inflight.pop(key, None) is not None:
+            with command.lock:
+                command.pending_connects -= 1
+
+    def _interrupt_abandoned(self) -> None:
+        """Interrupt the connects whose caller no longer waits (its command exited or was
+        killed): blocked on a listener that never accepts, each held a worker and the
+        executor's descriptors until that listener died, 16 and 32 a finished command,
+        until the harness ran out of them (a red team's)."""
+        if self._interrupt is None:
+            return  # no handler of ours: bounded by CONNECT_PENDING_TOTAL only
+        for command, notif_id, thread in list(self._inflight.values()):
+            if thread and (command.unregistered or not self._pending(command, notif_id)):
+                with contextlib.suppress(OSError, ProcessLookupError):
+                    signal.pthread_kill(thread, self._interrupt)
 
     def _pending(self, command: SupervisedCommand, notif_id: int) -> bool:
         """Whether the notification ``notif_id`` still waits for its answer."""
@@ -843,22 +868,32 @@ def _close_taken(sock: int, target: object) -> None:
         os.close(target.fd)
 
 
-_TIMEVAL = struct.Struct("@ll")
+class _Sigaction(ctypes.Structure):
+    # glibc's `struct sigaction` (the generic layout, x86-64 and aarch64 alike).
+    _fields_ = (
+        ("handler", ctypes.c_void_p),
+        ("mask", ctypes.c_ulong * (128 // ctypes.sizeof(ctypes.c_ulong))),
+        ("flags", ctypes.c_int),
+        ("restorer", ctypes.c_void_p),
+    )
 
 
-def _send_timeout(sock: int) -> float | None:
-    """The socket's SO_SNDTIMEO in seconds (0: none); None where it cannot be read."""
+@functools.cache
+def _interrupt_signal() -> int | None:
+    """A real-time signal whose handler does nothing (libc's `getpid`: async-signal-safe,
+    no Python involved), installed without SA_RESTART: sent to a connect's worker, the
+    connect returns EINTR. Only where nothing else handles that signal; None: not."""
+    sig = int(signal.SIGRTMAX) - 3
     try:
-        with socket.socket(fileno=os.dup(sock)) as dup:
-            raw = dup.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TIMEVAL.size)
-    except OSError:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.sigaction.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+        current = _Sigaction()
+        if libc.sigaction(sig, None, ctypes.byref(current)) != 0 or current.handler:
+            return None  # SIG_DFL is 0: anything else is someone's
+        quiet = _Sigaction()
+        quiet.handler = ctypes.cast(libc.getpid, ctypes.c_void_p).value
+        if libc.sigaction(sig, ctypes.byref(quiet), None) != 0:
+            return None
+    except (OSError, AttributeError):
         return None
-    seconds, micros = _TIMEVAL.unpack(raw)
-    return float(seconds + micros / 1e6)
-
-
-def _set_send_timeout(sock: int, seconds: float) -> None:
-    whole = int(seconds)
-    raw = _TIMEVAL.pack(whole, int((seconds - whole) * 1e6))
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(sock)) as dup:
-        dup.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, raw)
+    return sig

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bash_sandbox import SandboxBashExecutor
+from bash_sandbox.linux.supervisor import CONNECT_PENDING_MAX
 from bash_seam import BashExecRequest, BashRunResult
 from policies import network_denial_marker
 from tests.sandbox.conftest import ExecutorFactory
@@ -345,14 +346,41 @@ time.sleep(600)
 EOF"""
 
 _CONNECT_AND_LEAVE = f"""{PY} - <<'EOF'
-import os, socket, time
+import os, socket, struct, threading, time
+socks = []
+def connect(c):
+    try:
+        c.connect("/tmp/full.sock")
+    except OSError:
+        pass
 for _ in range(24):
-    if os.fork() == 0:
-        with socket.socket(socket.AF_UNIX) as c:
-            c.connect("/tmp/full.sock")
-        os._exit(0)
+    c = socket.socket(socket.AF_UNIX)
+    socks.append(c)
+    threading.Thread(target=connect, args=(c,), daemon=True).start()
+time.sleep(0.3)
+for c in socks:  # no timeout at all from here on (the supervisor's slices read it)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("@ll", 0, 0))
 time.sleep(1)
 print("leaving")
+os._exit(0)
+EOF"""
+
+_FLOOD = f"""{PY} - <<'EOF'
+import socket, threading, time
+server = socket.socket(socket.AF_UNIX)
+server.bind("flood.sock")
+server.listen(0)
+def connect():
+    with socket.socket(socket.AF_UNIX) as c:
+        try:
+            c.connect("flood.sock")
+        except OSError:
+            pass
+        time.sleep(600)
+for _ in range(400):
+    threading.Thread(target=connect, daemon=True).start()
+print("flooding", flush=True)
+time.sleep(600)
 EOF"""
 
 
@@ -389,3 +417,27 @@ async def test_connects_a_finished_command_left_blocked_free_the_executors_threa
     finally:
         ex.kill(server.id)
         await server.wait()
+
+
+async def test_one_commands_connects_hold_a_bounded_share_of_the_executors_descriptors(
+    make_executor: ExecutorFactory,
+) -> None:
+    # Each connect the supervisor takes holds the command's socket (and the target's) until
+    # it is answered: a command's four hundred blocked connects took the harness to EMFILE
+    # while it ran (a red team's). Past a bound they are answered EAGAIN.
+    ex = make_executor(mode="workspace-write")
+    fds_before = len(os.listdir("/proc/self/fd"))
+    flood = await ex.start(ex.resolve(BashExecRequest(command=_FLOOD)))
+    try:
+        for _ in range(100):
+            if "flooding" in ex.read_output(flood.id).delta:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(2)  # its connects reach the supervisor
+        held = len(os.listdir("/proc/self/fd")) - fds_before
+        assert held <= 2 * CONNECT_PENDING_MAX + 32, held
+        other = await ex.run(ex.resolve(BashExecRequest(command="echo other-ok")))
+        assert other.stdout.text == "other-ok\n"
+    finally:
+        ex.kill(flood.id)
+        await flood.wait()
