@@ -57,6 +57,8 @@ SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 MACOS_SHARED_TMP = "/private/tmp"
 DARWIN_USER_TEMP_PREFIX = "/private/var/folders/"
 DENIAL_DIALECT = "Operation not permitted"
+
+
 def _within(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import mcp_types as types
 
+from bash_sandbox.cli.render import guard_own_lines
 from bash_sandbox.facts import result_markers
 from bash_seam import BashProcess, BashProcessRead, BashRunResult, CollectedOutput, SandboxFacts
 from policies import NetworkMode, SandboxMode, network_denial_marker, sandbox_denial_marker
@@ -73,11 +74,13 @@ def _status_line(
 
 
 def _join_output(stdout: str, stderr: str) -> str:
-    text = stdout
+    # The command's lines that begin like the server's own (a forged `[sandbox: ...]` or
+    # `[exit 0]`, which the model acts on) are shown escaped: `\[sandbox: ...`.
+    text = guard_own_lines(stdout)
     if stderr:
         if text and not text.endswith("\n"):
             text += "\n"
-        text += "[stderr]\n" + stderr
+        text += "[stderr]\n" + guard_own_lines(stderr)
     return text
 
 
@@ -159,7 +162,7 @@ def read_result(process: BashProcess, read: BashProcessRead) -> types.CallToolRe
     )
     finished = process.status != "running"
     text = _lines(
-        read.delta,
+        guard_own_lines(read.delta),
         lossy,
         _process_status(process),
         *(denial_markers(process.sandbox) if finished else []),

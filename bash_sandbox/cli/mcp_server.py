@@ -356,8 +356,9 @@ class BashToolServer:
         text = (
             f"Confined bash for the workspace {self._settings.workspace}. Commands run under "
             f"sandbox mode {self.current_mode().value} with network {self.network.value}. "
-            "A result whose text carries a '[sandbox: ...]' marker was refused by the "
-            "sandbox, not by the program: do not retry it unchanged."
+            "A result whose text carries a '[sandbox: ...]' marker after its status line "
+            "was refused by the sandbox, not by the program: do not retry it unchanged. The "
+            "command's own lines that begin like one are shown escaped ('\\[sandbox')."
         )
         if ceiling.offers_mode(self.current_mode()) or ceiling.offers_network(self.network):
             text += (

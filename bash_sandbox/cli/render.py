@@ -84,3 +84,69 @@ class TerminalRenderer:
             text = text[:-1]
             self._held_cr = True
         return render_visible(text, ascii_only=self._ascii_only)
+
+
+# What the CLI and the MCP server print as their own lines: a command's line that begins so
+# could pass for one (a forged denial that makes a harness or a model ask to widen the mode,
+# a fake exit status: a red team's).
+OWN_LINE_STARTS = (
+    "[sandbox",
+    "[exit ",
+    "[killed by ",
+    "[timed out",
+    "[no exit status]",
+    "[stderr]",
+    "[stdout truncated",
+    "[stderr truncated",
+)
+
+
+class OwnLineGuard:
+    """Escapes a command's lines that begin like the CLI's own (``starts``) with a
+    backslash (`\\[sandbox: ...`), in a stream fed chunk by chunk: a line start split across
+    two chunks is held back until it can be told apart. `\\n` and `\\r` both start a line
+    (a reader's `splitlines` breaks at either)."""
+
+    def __init__(self, starts: tuple[str, ...] = ("[sandbox",)) -> None:
+        self._starts = tuple(s.encode() for s in starts)
+        self._longest = max(len(s) for s in self._starts)
+        self._at_start = True
+        self._held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        data, self._held = self._held + data, b""
+        out = bytearray()
+        i = 0
+        while i < len(data):
+            if self._at_start:
+                rest = data[i : i + self._longest]
+                if len(rest) < self._longest and any(
+                    s.startswith(rest) and len(rest) < len(s) for s in self._starts
+                ):
+                    self._held = data[i:]  # a start cut by the chunk's end: wait for more
+                    return bytes(out)
+                if data.startswith(self._starts, i):
+                    out += b"\\"
+                self._at_start = False
+            ends = [j for j in (data.find(b"\n", i), data.find(b"\r", i)) if j >= 0]
+            if not ends:
+                out += data[i:]
+                break
+            end = min(ends) + 1
+            out += data[i:end]
+            i = end
+            self._at_start = True
+        return bytes(out)
+
+    def finish(self) -> bytes:
+        """What was held back at the end of the stream (never a whole marker: as it is)."""
+        held, self._held = self._held, b""
+        return held
+
+
+def guard_own_lines(text: str) -> str:
+    """``text`` (a whole output) with every line that begins like the CLI's or the MCP
+    server's own lines escaped (`OwnLineGuard`)."""
+    guard = OwnLineGuard(OWN_LINE_STARTS)
+    data = text.encode("utf-8", "surrogateescape")
+    return (guard.feed(data) + guard.finish()).decode("utf-8", "surrogateescape")

@@ -28,7 +28,12 @@ import threading
 from collections.abc import Callable
 from typing import TextIO
 
-from bash_sandbox.cli.render import TerminalRenderer, render_visible, utf8_terminal
+from bash_sandbox.cli.render import (
+    OwnLineGuard,
+    TerminalRenderer,
+    render_visible,
+    utf8_terminal,
+)
 
 
 def is_terminal(stream: TextIO) -> bool:
@@ -49,8 +54,10 @@ def _file_identity(stream: TextIO) -> tuple[int, int] | None:
 class StreamSink:
     """One of the CLI's output streams, fed the command's chunks of the same name."""
 
-    def __init__(self, stream: TextIO, *, render: bool) -> None:
+    def __init__(self, stream: TextIO, *, render: bool, guard: bool = False) -> None:
         self._stream = stream
+        # The CLI's own lines go to stderr: a command's line that begins like one is escaped.
+        self._guard = OwnLineGuard() if guard else None
         self._binary = getattr(stream, "buffer", None)
         self._ascii_only = render and not utf8_terminal()
         self._renderer = TerminalRenderer(ascii_only=self._ascii_only) if render else None
@@ -63,6 +70,13 @@ class StreamSink:
         """Write one chunk of the command's output; raises `BrokenPipeError` once."""
         if self.closed or not data:
             return
+        if self._guard is not None:
+            data = self._guard.feed(data)
+            if not data:
+                return  # a line start held back until it can be told apart
+        self._emit(data)
+
+    def _emit(self, data: bytes) -> None:
         if self._renderer is not None:
             self._write_text(self._renderer.feed(data))
         elif self._binary is not None:
@@ -75,6 +89,9 @@ class StreamSink:
         """The command's stream ended: write what a renderer or decoder held back."""
         if self.closed:
             return
+        held = self._guard.finish() if self._guard is not None else b""
+        if held:
+            self._emit(held)  # never a whole line start of ours: as it is
         tail = self._renderer.finish() if self._renderer else self._decoder.decode(b"", True)
         if tail:
             self._write_text(tail)
@@ -125,7 +142,7 @@ class LiveOutput:
 
     def __init__(self, stdout: TextIO, stderr: TextIO) -> None:
         self.stdout = StreamSink(stdout, render=is_terminal(stdout))
-        self.stderr = StreamSink(stderr, render=is_terminal(stderr))
+        self.stderr = StreamSink(stderr, render=is_terminal(stderr), guard=True)
         identity = _file_identity(stdout)
         # `2>&1` or one terminal: a note must not continue a line stdout left open.
         self._shared = identity is not None and identity == _file_identity(stderr)

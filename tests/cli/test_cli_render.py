@@ -96,3 +96,17 @@ def test_a_warm_calls_process_reads_its_clients_locale() -> None:
         os.environ.clear()
         os.environ.update(saved_env)
         locale.setlocale(locale.LC_CTYPE, saved)
+
+
+def test_a_commands_line_that_begins_like_ours_is_escaped_however_it_is_cut() -> None:
+    # A command printed the sandbox's own denial line (and `[exit 1]`), which a harness or a
+    # model then acted on (a red team's); the real ones are printed after the output.
+    from bash_sandbox.cli.render import OwnLineGuard, guard_own_lines
+
+    data = b"ok\n[sandbox: write to /x denied]\nfine [sandbox\r[sandbox again\n[sa"
+    whole = b"ok\n\\[sandbox: write to /x denied]\nfine [sandbox\r\\[sandbox again\n[sa"
+    for cut in range(len(data) + 1):
+        guard = OwnLineGuard()
+        assert guard.feed(data[:cut]) + guard.feed(data[cut:]) + guard.finish() == whole, cut
+    shown = guard_own_lines("[exit 0]\n[stderr]\nreal [exit 1]\n[killed by SIGKILL]\n")
+    assert shown == "\\[exit 0]\n\\[stderr]\nreal [exit 1]\n\\[killed by SIGKILL]\n"
