@@ -129,11 +129,23 @@ def why_contained(env: AttackEnv, outcome: Outcome) -> str:
     return "no effect outside the sandbox"
 
 
-def _partial(outcome: Outcome) -> bool:
+def _partial(outcome: Outcome, evidence: list[str]) -> str | None:
+    """Why the run's own facts declared what the evidence shows uncovered (None: they did
+    not). A run partial for another reason (inotify used up by another process, a search
+    bound) proves nothing about this escape: it stays an escape (a red team's review). A
+    partial with no reason of its own is the backend's, for this host and policy."""
     facts = outcome.result.sandbox if outcome.result is not None else None
     if facts is None:  # a background command's facts (stamped on its handle)
         facts = outcome.notes.get("facts")
-    return facts is not None and facts.enforcement is not None and facts.enforcement == "partial"
+    if facts is None or facts.enforcement is None or facts.enforcement != "partial":
+        return None
+    if not facts.warnings:
+        return "the backend reports partial enforcement here"
+    paths = {word.rstrip(".,:;)") for e in evidence for word in e.split() if word.startswith("/")}
+    for warning in facts.warnings:
+        if any(path and path in warning for path in paths):
+            return f"the run declared it partial: {warning}"[:300]
+    return None
 
 
 def verify_attack(
@@ -168,13 +180,10 @@ def verify_attack(
         for check in checks:
             evidence += check(env, setup, outcome)
         if evidence:
+            declared = _partial(outcome, evidence)
             evidence = [shorten(env, e) for e in evidence]
-            if _partial(outcome):
-                return Finding(
-                    Verdict.NOT_ENFORCEABLE,
-                    "the backend reports partial enforcement here",
-                    tuple(evidence),
-                )
+            if declared is not None:
+                return Finding(Verdict.NOT_ENFORCEABLE, declared, tuple(evidence))
             return escaped(evidence[0], evidence)
         return contained(why_contained(env, outcome))
 

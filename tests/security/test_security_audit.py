@@ -345,3 +345,63 @@ def test_detectors_see_each_attack_escape_when_nothing_confines_it() -> None:
         if r.verdict is not Verdict.ESCAPED
     ]
     assert not not_seen
+
+
+@pytest.mark.parametrize(
+    ("enforcement", "warnings", "verdict"),
+    [
+        ("full", (), Verdict.ESCAPED),
+        # Partial for an unrelated reason proves nothing about this escape (a red team's).
+        ("partial", ("cannot watch covers: inotify instances exhausted",), Verdict.ESCAPED),
+        # Partial naming what escaped: the run declared it.
+        ("partial", ("/aud/host/victim.txt is a symlink, which a command can re-point",),
+         Verdict.NOT_ENFORCEABLE),
+        # Partial with no reason of its own: the backend's, on this host.
+        ("partial", (), Verdict.NOT_ENFORCEABLE),
+    ],
+)  # fmt: skip
+async def test_only_a_partial_that_names_the_escape_makes_it_not_enforceable(
+    enforcement: str, warnings: tuple[str, ...], verdict: Verdict, tmp_path: Path
+) -> None:
+    from bash_sandbox_audit.checks import verify_attack
+    from bash_sandbox_audit.model import AttackEnv, AttackSetup, Outcome
+    from bash_seam import BashRunResult, SandboxFacts
+    from policies import SandboxMode
+
+    def host_file_written(env: object, setup: object, outcome: object) -> list[str]:
+        return ["/aud/host/victim.txt changed on the host"]
+
+    env = AttackEnv(
+        attack_id="row1-overwrite",
+        backend="bwrap",
+        mode=SandboxMode.WORKSPACE_WRITE,
+        root=str(tmp_path),
+        tmp_area=str(tmp_path / "t"),
+        token="x",
+        python=None,
+        audit_pid=0,
+        cleanup=None,  # type: ignore[arg-type]
+    )
+    facts = SandboxFacts.model_validate(
+        {
+            "mode": "workspace-write",
+            "denied": False,
+            "enforcement": enforcement,
+            "backend": "bwrap",
+            "warnings": warnings,
+        }
+    )
+    result = BashRunResult.model_validate(
+        {
+            "exit_code": 0,
+            "signal": None,
+            "timed_out": False,
+            "aborted": False,
+            "timeout_ms": 1000,
+            "stdout": {"text": "AUDIT-BEGIN\n"},
+            "stderr": {"text": ""},
+            "sandbox": facts.model_dump(),
+        }
+    )
+    found = await verify_attack(host_file_written)(env, AttackSetup(), Outcome(result=result))
+    assert found.verdict is verdict, found
