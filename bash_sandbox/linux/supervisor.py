@@ -284,6 +284,9 @@ class SeccompSupervisor:
         # Connects handed to a worker: key -> (command, notification id, worker thread or 0).
         self._inflight: dict[int, list[Any]] = {}
         self._inflight_keys = itertools.count()
+        # Held to mark a worker in or out of its connect and to signal it: a signal goes
+        # only to a worker still inside the connect it was meant for (a thread id is reused).
+        self._inflight_lock = threading.Lock()
         self._interrupt = _interrupt_signal()
         self._thread = threading.Thread(
             target=self._loop, name="bash-sandbox-supervisor", daemon=True
@@ -545,7 +548,8 @@ class SeccompSupervisor:
             try:
                 if pool is None:
                     raise RuntimeError("unregistered")
-                self._inflight[key] = [command, notif.id, 0]
+                with self._inflight_lock:
+                    self._inflight[key] = [command, notif.id, 0]
                 with command.lock:
                     command.pending_connects += 1
                 future = pool.submit(
@@ -580,9 +584,10 @@ class SeccompSupervisor:
         key: int = -1,
     ) -> None:
         try:
-            entry = self._inflight.get(key)
-            if entry is not None:
-                entry[2] = threading.get_ident()  # interruptible from here on
+            with self._inflight_lock:
+                entry = self._inflight.get(key)
+                if entry is not None:
+                    entry[2] = threading.get_ident()  # interruptible from here on
             addr = target.address() if isinstance(target, _ViaInode) else target
             buf = ctypes.create_string_buffer(addr, len(addr))
             # Blocking as the command's socket is: a connect the kernel keeps waiting (a
@@ -605,7 +610,9 @@ class SeccompSupervisor:
         self._respond(command, notif_id, rc if rc < 0 else 0, err)
 
     def _connect_done(self, command: SupervisedCommand, key: int) -> None:
-        if self._inflight.pop(key, None) is not None:
+        with self._inflight_lock:
+            done = self._inflight.pop(key, None)
+        if done is not None:
             with command.lock:
                 command.pending_connects -= 1
 
@@ -616,10 +623,11 @@ class SeccompSupervisor:
         until the harness ran out of them (a red team's)."""
         if self._interrupt is None:
             return  # no handler of ours: bounded by CONNECT_PENDING_TOTAL only
-        for command, notif_id, thread in list(self._inflight.values()):
-            if thread and (command.unregistered or not self._pending(command, notif_id)):
-                with contextlib.suppress(OSError, ProcessLookupError):
-                    signal.pthread_kill(thread, self._interrupt)
+        with self._inflight_lock:
+            for command, notif_id, thread in self._inflight.values():
+                if thread and (command.unregistered or not self._pending(command, notif_id)):
+                    with contextlib.suppress(OSError, ProcessLookupError):
+                        signal.pthread_kill(thread, self._interrupt)
 
     def _pending(self, command: SupervisedCommand, notif_id: int) -> bool:
         """Whether the notification ``notif_id`` still waits for its answer."""
