@@ -987,8 +987,11 @@ def test_a_malformed_request_never_takes_the_daemon_down(
     try:
         sock.settimeout(20)
         wire.at_path(sock, str(sock_path), bind=False)
-        wire.send_frame(sock, request_, [null, null, null, cwd])
-        answer = wire.recv_answer(sock)
+        try:
+            wire.send_frame(sock, request_, [null, null, null, cwd])
+            answer = wire.recv_answer(sock)
+        except (BrokenPipeError, ConnectionResetError):
+            answer = None  # closed on us mid-frame (a loaded machine): refused all the same
     finally:
         sock.close()
         os.close(null)
