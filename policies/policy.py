@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -134,8 +135,58 @@ def default_deny_read(home: str | None = None) -> tuple[str, ...]:
     """
     base = home if home is not None else os.path.expanduser("~")
     patterns = (*(os.path.join(base, rel) for rel in DEFAULT_DENY_READ_RELATIVE),)
+    if home is None:
+        patterns += _moved_stores(os.environ)
     patterns += DEFAULT_DENY_READ_HOST
     return tuple(dict.fromkeys(p for pattern in patterns for p in expand(pattern)))
+
+
+# Where the environment moves a home's stores: the XDG base directories (gh, git's
+# credentials, pip, keyrings under `$XDG_CONFIG_HOME` and `$XDG_DATA_HOME`), and tools' own
+# variables naming a credential file or directory (a red team read them all there, with
+# `enforcement: full`).
+_XDG_BASES = {
+    ".config/": "XDG_CONFIG_HOME",
+    ".local/share/": "XDG_DATA_HOME",
+    ".cache/": "XDG_CACHE_HOME",
+}
+_NAMED_STORES = (
+    "PIP_CONFIG_FILE",
+    "NPM_CONFIG_USERCONFIG",
+    "npm_config_userconfig",
+    "DOCKER_CONFIG",
+    "KUBECONFIG",
+    "GNUPGHOME",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "CLOUDSDK_CONFIG",
+    "GH_CONFIG_DIR",
+    "PASSWORD_STORE_DIR",
+    "NETRC",
+)
+_NAMED_HOMES = {
+    "CARGO_HOME": ("credentials.toml", "credentials"),
+    "GRADLE_USER_HOME": ("gradle.properties",),
+}
+
+
+def _moved_stores(environ: Mapping[str, str]) -> tuple[str, ...]:
+    found: list[str] = []
+    for prefix, variable in _XDG_BASES.items():
+        moved = environ.get(variable, "")
+        if os.path.isabs(moved):
+            found += [
+                os.path.join(moved, rel.removeprefix(prefix))
+                for rel in DEFAULT_DENY_READ_RELATIVE
+                if rel.startswith(prefix)
+            ]
+    for variable in _NAMED_STORES:
+        found += [p for p in environ.get(variable, "").split(os.pathsep) if os.path.isabs(p)]
+    for variable, names in _NAMED_HOMES.items():
+        moved = environ.get(variable, "")
+        if os.path.isabs(moved):
+            found += [os.path.join(moved, name) for name in names]
+    return tuple(os.path.normpath(p) for p in found)
 
 
 def root_through_a_link_in_a_root(named: tuple[str, ...]) -> str | None:

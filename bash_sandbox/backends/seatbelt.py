@@ -184,6 +184,10 @@ _BASE = """\
   (literal "/dev/null")
   (regex #"^/dev/fd/[0-9]+$"))"""
 
+_NO_SETUGID = """\
+; No set-user-id or set-group-id bit, wherever the command may write.
+(deny file-write-setugid)"""
+
 _HOST_NETWORK = """\
 ; Network: the host's IP network and its name resolution (mDNSResponder, configd).
 (allow network-bind (local ip "*:*"))
@@ -254,10 +258,7 @@ def render_seatbelt_profile(
         )
         # Named although `file-write*` may not cover it: a set-id bit left in a root runs
         # with its owner's rights for another user or a later host process (row 19).
-        sections.append(
-            "; No set-user-id or set-group-id bit, wherever the command may write.\n"
-            "(deny file-write-setugid)"
-        )
+        sections.append(_NO_SETUGID)
 
     in_root = [(root, name) for root in roots for name in policy.protected_paths]
     protected = (
@@ -314,6 +315,8 @@ def render_seatbelt_profile(
                 (f"(subpath {root_refs[tmp]})",),
             )
         )
+        # That grant would take back the set-id refusal above (the last match wins).
+        sections.append(_NO_SETUGID)
 
     # Only a writable sandbox can rename; read-only needs no guard.
     guarded = set(protected) | set(entries) | set(secrets)

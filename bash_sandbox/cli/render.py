@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import codecs
 import locale
+import re
 
 _KEPT = {ord("\n"), ord("\t")}
 # Reorder the displayed text without being visible themselves ("Trojan Source"): the
@@ -88,7 +89,8 @@ class TerminalRenderer:
 
 # What the CLI and the MCP server print as their own lines: a command's line that begins so
 # could pass for one (a forged denial that makes a harness or a model ask to widen the mode,
-# a fake exit status: a red team's).
+# a fake exit status: a red team's). The CLI prints its markers and notes on stderr.
+CLI_LINE_STARTS = ("[sandbox", "bash-sandbox:")
 OWN_LINE_STARTS = (
     "[sandbox",
     "[exit ",
@@ -98,43 +100,61 @@ OWN_LINE_STARTS = (
     "[stderr]",
     "[stdout truncated",
     "[stderr truncated",
+    "[part of the output",
+    "[bash-",  # a background command's status: `[bash-1 exited]`
+    "started bash-",
 )
+# What a reader takes for the start of a line (`str.splitlines` breaks at each), and what
+# it may skip before the words (blanks, zero-width characters) when it strips or renders.
+_BREAK = re.compile(rb"[\n\r\v\f\x1c\x1d\x1e]|\xc2\x85|\xe2\x80[\xa8\xa9]")
+_INVISIBLE = re.compile(rb"(?:[ \t]|\xe2\x80[\x8b-\x8d]|\xe2\x81\xa0|\xef\xbb\xbf)*")
+# Cut multi-byte characters that may still become a break or an invisible one.
+_CUT = (b"\xc2", b"\xe2", b"\xe2\x80", b"\xe2\x81", b"\xef", b"\xef\xbb", b"\xef\xbc")
+_HOLD_MAX = 256  # blanks at a line start held back at most
 
 
 class OwnLineGuard:
-    """Escapes a command's lines that begin like the CLI's own (``starts``) with a
-    backslash (`\\[sandbox: ...`), in a stream fed chunk by chunk: a line start split across
-    two chunks is held back until it can be told apart. `\\n` and `\\r` both start a line
-    (a reader's `splitlines` breaks at either)."""
+    """Escapes a command's lines that begin like the CLI's own (``starts``, also with a
+    fullwidth bracket, U+FF3B) with a backslash (`\\[sandbox: ...`), in a stream fed chunk
+    by chunk: a line start cut by a chunk's end is held back until it can be told apart.
+    Every break `str.splitlines` knows starts a line, and blanks and zero-width characters
+    before the words are looked past."""
 
-    def __init__(self, starts: tuple[str, ...] = ("[sandbox",)) -> None:
-        self._starts = tuple(s.encode() for s in starts)
-        self._longest = max(len(s) for s in self._starts)
+    def __init__(self, starts: tuple[str, ...] = CLI_LINE_STARTS) -> None:
+        words = [s.encode() for s in starts]
+        words += [b"\xef\xbc\xbb" + w[1:] for w in words if w.startswith(b"[")]
+        self._starts = tuple(words)
+        self._longest = max(len(w) for w in self._starts)
         self._at_start = True
         self._held = b""
 
     def feed(self, data: bytes) -> bytes:
         data, self._held = self._held + data, b""
         out = bytearray()
-        i = 0
-        while i < len(data):
+        i, n = 0, len(data)
+        while i < n:
             if self._at_start:
-                rest = data[i : i + self._longest]
-                if len(rest) < self._longest and any(
-                    s.startswith(rest) and len(rest) < len(s) for s in self._starts
-                ):
-                    self._held = data[i:]  # a start cut by the chunk's end: wait for more
+                j = _INVISIBLE.match(data, i).end()  # type: ignore[union-attr]
+                rest = data[j : j + self._longest]
+                undecided = j == n or (
+                    len(rest) < self._longest
+                    and (rest in _CUT or any(w.startswith(rest) for w in self._starts))
+                )
+                if undecided and j - i <= _HOLD_MAX:
+                    self._held = data[i:]
                     return bytes(out)
-                if data.startswith(self._starts, i):
-                    out += b"\\"
+                if data.startswith(self._starts, j):
+                    out += data[i:j] + b"\\"
+                    i = j
                 self._at_start = False
-            ends = [j for j in (data.find(b"\n", i), data.find(b"\r", i)) if j >= 0]
-            if not ends:
-                out += data[i:]
+            found = _BREAK.search(data, i)
+            if found is None:
+                tail = next((c for c in (b"\xe2\x80", b"\xe2", b"\xc2") if data.endswith(c)), b"")
+                out += data[i : n - len(tail)]
+                self._held = tail
                 break
-            end = min(ends) + 1
-            out += data[i:end]
-            i = end
+            out += data[i : found.end()]
+            i = found.end()
             self._at_start = True
         return bytes(out)
 
@@ -145,8 +165,8 @@ class OwnLineGuard:
 
 
 def guard_own_lines(text: str) -> str:
-    """``text`` (a whole output) with every line that begins like the CLI's or the MCP
-    server's own lines escaped (`OwnLineGuard`)."""
+    """``text`` (a whole output) with every line that begins like the MCP server's own
+    lines escaped (`OwnLineGuard`)."""
     guard = OwnLineGuard(OWN_LINE_STARTS)
     data = text.encode("utf-8", "surrogateescape")
     return (guard.feed(data) + guard.finish()).decode("utf-8", "surrogateescape")

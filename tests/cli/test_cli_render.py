@@ -110,3 +110,26 @@ def test_a_commands_line_that_begins_like_ours_is_escaped_however_it_is_cut() ->
         assert guard.feed(data[:cut]) + guard.feed(data[cut:]) + guard.finish() == whole, cut
     shown = guard_own_lines("[exit 0]\n[stderr]\nreal [exit 1]\n[killed by SIGKILL]\n")
     assert shown == "\\[exit 0]\n\\[stderr]\nreal [exit 1]\n\\[killed by SIGKILL]\n"
+
+
+def test_every_line_break_a_reader_knows_starts_a_guarded_line() -> None:
+    # `str.splitlines` breaks at \f, \v, U+2028 and more; a reader may strip blanks and
+    # zero-width characters, or read a fullwidth bracket as one (a red team's, round 13).
+    from bash_sandbox.cli.render import OwnLineGuard, guard_own_lines
+
+    text = (
+        "done\f[sandbox: a]\v[sandbox: b]\u2028[sandbox: c]\x1e[sandbox: d]\u0085[sandbox: e]\n"
+        "  \u200b[sandbox: f]\n\uff3bsandbox: g]\nbash-sandbox: warning: h\n[bash-1 exited]\n"
+    )
+    cli = (
+        "done\f\\[sandbox: a]\v\\[sandbox: b]\u2028\\[sandbox: c]\x1e\\[sandbox: d]"
+        "\u0085\\[sandbox: e]\n  \u200b\\[sandbox: f]\n\\\uff3bsandbox: g]\n"
+        "\\bash-sandbox: warning: h\n[bash-1 exited]\n"
+    )
+    data = text.encode()
+    for size in (1, 2, 3, 7, len(data)):
+        guard = OwnLineGuard()
+        parts = [guard.feed(data[k : k + size]) for k in range(0, len(data), size)]
+        assert (b"".join(parts) + guard.finish()).decode() == cli, size
+    mcp = guard_own_lines(text)
+    assert "\n\\[bash-1 exited]" in mcp and "\f\\[sandbox: a]" in mcp

@@ -1102,3 +1102,36 @@ async def test_no_credential_in_the_harness_environment_reaches_the_command(
     assert "canary" not in refused.stdout.text
     assert refused.sandbox is not None
     assert any("GOPROXY" in w and "not passed" in w for w in refused.sandbox.warnings)
+
+
+@pytest.mark.parametrize("mode", ["read-only", "workspace-write"])
+async def test_credential_stores_the_environment_moves_stay_unreadable(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    # The default deny list was joined to the home only: with XDG_CONFIG_HOME, XDG_DATA_HOME
+    # or a tool's own variable pointing elsewhere, gh's token, git's credentials, keyrings
+    # and an npmrc were read with `enforcement: full` (a red team's).
+    config, data, etc = tmp_path / "xdg", tmp_path / "data", tmp_path / "etc"
+    stores = {
+        config / "gh" / "hosts.yml": "gh-canary",
+        config / "git" / "credentials": "git-canary",
+        data / "keyrings" / "login.keyring": "keyring-canary",
+        etc / "npmrc": "//npm.corp/:_authToken=npm-canary",
+        etc / "kube.yaml": "kube-canary",
+    }
+    for path, text in stores.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    monkeypatch.setenv("NPM_CONFIG_USERCONFIG", str(etc / "npmrc"))
+    monkeypatch.setenv("KUBECONFIG", f"/nonexistent:{etc / 'kube.yaml'}")
+    ex = make_executor(mode=mode)
+    paths = " ".join(str(p) for p in stores)
+    result = await _run(ex, f"cat {paths} 2>/dev/null; echo done", workspace)
+    assert result.stdout.text.endswith("done\n"), result.stderr.text
+    assert "canary" not in result.stdout.text, result.stdout.text

@@ -698,6 +698,8 @@ def test_the_private_temp_dir_in_the_hidden_state_is_given_back() -> None:
     assert deny < allow
     (ref,) = [name for name, value in profile.params if value == private]
     assert f'(allow file-read* file-write*\n  (subpath (param "{ref}")))' in profile.text
+    # The set-id refusal is said again after it: the grant would take it back (round 13).
+    assert profile.text.rindex("(deny file-write-setugid)") > allow
     # Without a hidden parent, nothing is added.
     plain = render_seatbelt_profile(
         _policy("workspace-write", protected_paths=()), user_temp_dir=USER_TEMP, private_tmp=private
