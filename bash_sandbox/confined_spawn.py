@@ -582,7 +582,7 @@ class ConfinedSpawn(SpawnScope):
             # Created repositories reset to git's default control plane, changed `.git`
             # links put back (`git_spawn.py`): a boundary, so never skipped.
             search = self._services.survey.search
-            settled = settle_git(self._git, roots, self.overlays, search)
+            settled = settle_git(self._git, roots, self.overlays, search, self.started_ns)
             nested += settled.nested
             self.warnings += settled.warnings
         for overlay in self.overlays:

@@ -174,6 +174,33 @@ def read_gitfile(path: str) -> str | None:
     return resolved(target)
 
 
+def enclosing_gitdirs(roots: tuple[str, ...]) -> tuple[str, ...]:
+    """The git directory of the repository each root lies in below its top (a workspace
+    that is a monorepo's package directory), as git finds it from there: the nearest `.git`
+    above the root. Its config and hooks are the host's and outside the roots, but what
+    they name inside a root runs there (husky's `core.hooksPath = frontend/.husky/_`, an
+    include of a file in the package: a red team's)."""
+    found: dict[str, None] = {}
+    for root in roots:
+        if os.path.lexists(os.path.join(root, ".git")):
+            continue  # the root's own: found by the search, overlaid
+        parent = os.path.dirname(root)
+        while parent and parent != os.path.dirname(parent):
+            dotgit = os.path.join(parent, ".git")
+            if os.path.isdir(dotgit):
+                real = resolved(dotgit)
+                if real is not None and is_git_directory(real):
+                    found[real] = None
+                break
+            if os.path.isfile(dotgit):
+                target = read_gitfile(dotgit)
+                if target is not None and is_git_directory(target):
+                    found[target] = None
+                break
+            parent = os.path.dirname(parent)
+    return tuple(p for p in found if not within_any(p, roots))
+
+
 def resolved(path: str) -> str | None:
     """``os.path.realpath(path)``, or None where it raises: a link to another process's
     `/proc/<pid>/cwd` (EACCES) or a chain of a thousand links (RecursionError), which a
@@ -579,6 +606,7 @@ def after_command(
     budget: int = DISCOVERY_BUDGET,
     search: DotGitSearch = find_dotgits,
     born_by_ns: int | None = None,
+    host_since_ns: int | None = None,
 ) -> AfterCommand:
     """Search ``roots`` again after a command: every `.git` entry that is new, or a `.git`
     symlink or gitfile that changed, is a repository host git would trust and the command
@@ -591,7 +619,9 @@ def after_command(
     unchanged link or gitfile is followed again: the directory it names may have become a
     repository during the command (named by an earlier one before it existed), and is then
     the command's. ``born_by_ns``: a new entry made after it (statx's birth time) is not the
-    command's (a dead executor's command, settled later: `git_settle_record.py`)."""
+    command's (a dead executor's command, settled later: `git_settle_record.py`).
+    ``host_since_ns``: when the command started; a git dir outside the roots born since is
+    the host's (a worktree the user added meanwhile: the command cannot write there)."""
     result = AfterCommand()
     dotgits, unlisted = search(roots, budget)
     if unlisted:
@@ -644,11 +674,14 @@ def after_command(
             if not within_any(g, overlaid)
             and (now.kind == "dir" or os.path.lexists(os.path.join(g, "HEAD")))
         ]
+        outside = [g for g in fresh if not within_any(g, roots)]
         if (
-            (not same or moved)
-            and now.kind in ("link", "file")
-            and not all(within_any(g, roots) for g in fresh)
+            host_since_ns is not None
+            and (not same or moved)
+            and any((born := birth_ns(g)) is not None and born > host_since_ns for g in outside)
         ):
+            continue  # the host made it while the command ran (`git worktree add` into a root)
+        if (not same or moved) and now.kind in ("link", "file") and outside:
             # A new one naming a git dir outside the roots (a removed linked worktree's
             # checkout written back: `gitdir` still names it) is not the command's
             # repository: resetting it wrote the host's own, outside every root (a red team's).

@@ -123,6 +123,14 @@ def alive_until_ns(state: str) -> int | None:
     return beat + int((HEARTBEAT_S + 0.25) * 1_000_000_000)
 
 
+def started_ns(record: str) -> int | None:
+    """When the spawn of ``record`` started (the record is written then, once)."""
+    try:
+        return os.stat(record).st_mtime_ns
+    except OSError:
+        return None
+
+
 def left(state: str) -> list[tuple[str, GitDiscovery, tuple[str, ...]]]:
     """Each record a dead executor left in ``state``: (its path, the survey's entries, its
     roots). An unreadable one (a write cut short by the kill) is logged and skipped: it

@@ -126,12 +126,13 @@ def settle_git(
     roots: tuple[str, ...],
     overlays: tuple[GitOverlay, ...],
     search: DotGitSearch = find_dotgits,
+    started_ns: int | None = None,
 ) -> GitSettlement:
     """After the command: reset what it created, put back what it changed, and report the
     gitlinks it added (read from each overlay's new index with git's own parser)."""
     done = GitSettlement()
     overlaid = tuple(o.gitdir for o in overlays)
-    _settle_entries(inspection.discovery, roots, overlaid, search, done)
+    _settle_entries(inspection.discovery, roots, overlaid, search, done, started_ns=started_ns)
     for overlay in overlays:
         new_index = os.path.join(overlay.upper, "index")
         if not os.path.isfile(new_index) or os.path.islink(new_index):
@@ -152,13 +153,24 @@ def settle_git(
 
 
 def recover_git(
-    before: GitDiscovery, roots: tuple[str, ...], born_by_ns: int | None = None
+    before: GitDiscovery,
+    roots: tuple[str, ...],
+    born_by_ns: int | None = None,
+    started_ns: int | None = None,
 ) -> GitSettlement:
     """`settle_git` for a spawn whose executor was killed before it settled
     (`git_settle_record.py`): its overlays' writes never reached the host, so every git dir
     it found counts as overlaid; a repository made after ``born_by_ns`` is the user's."""
     done = GitSettlement()
-    _settle_entries(before, roots, before.gitdirs, find_dotgits, done, born_by_ns=born_by_ns)
+    _settle_entries(
+        before,
+        roots,
+        before.gitdirs,
+        find_dotgits,
+        done,
+        born_by_ns=born_by_ns,
+        started_ns=started_ns,
+    )
     return done
 
 
@@ -170,9 +182,12 @@ def _settle_entries(
     done: GitSettlement,
     *,
     born_by_ns: int | None = None,
+    started_ns: int | None = None,
 ) -> None:
     """Reset the repositories made since ``before`` and put back the `.git` entries changed."""
-    after = after_command(before, roots, overlaid, search=search, born_by_ns=born_by_ns)
+    after = after_command(
+        before, roots, overlaid, search=search, born_by_ns=born_by_ns, host_since_ns=started_ns
+    )
     done.warnings += after.warnings
     dropped: list[str] = []
     for gitdir in after.created:

@@ -23,14 +23,26 @@ from bash_sandbox.safe_read import read_regular
 from policies.autorun import UNPROTECT_KEY
 from policies.paths import within_any
 
-# hg's `config.parse`: `%include` then the path to the end of the line, blanks trimmed.
-_INCLUDE = re.compile(rb"^%include\s+(\S|\S.*\S)\s*$", re.MULTILINE)
+# hg's `config.parse`: `%include` then the path to the end of the line, blanks trimmed; hg
+# splits lines at `\r` too and drops a UTF-8 byte order mark at the start.
+_INCLUDE = re.compile(rb"^%include[ \t\f\v]+(\S|\S.*\S)[ \t\f\v]*$", re.MULTILINE)
+_BOM = b"\xef\xbb\xbf"
 _MAX_BYTES = 1 << 20
 _DEPTH = 8
 _FILES = 64
 
 
 def _user_configs() -> list[str]:
+    """The configs hg reads besides a repository's: `HGRCPATH`'s files and directories'
+    `*.rc` where it is set (then only those), else the system's and the user's."""
+    named = os.environ.get("HGRCPATH")
+    if named is not None:
+        found: list[str] = []
+        for entry in (os.path.expanduser(p) for p in named.split(os.pathsep) if p):
+            found += (
+                sorted(glob.glob(os.path.join(entry, "*.rc"))) if os.path.isdir(entry) else [entry]
+            )
+        return found
     home = os.path.expanduser("~")
     xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
     found = [os.path.join(home, ".hgrc"), os.path.join(xdg, "hg", "hgrc")]
@@ -38,18 +50,40 @@ def _user_configs() -> list[str]:
     return found
 
 
+def _repositories(roots: tuple[str, ...]) -> list[str]:
+    """The `.hg` of each root's repository: the root's own, or the nearest above it (a
+    workspace that is a directory of a repository: its hgrc includes from there too)."""
+    found: dict[str, None] = {}
+    for root in roots:
+        current = root
+        while True:
+            if os.path.isdir(os.path.join(current, ".hg")):
+                found[os.path.join(current, ".hg")] = None
+                break
+            parent = os.path.dirname(current)
+            if parent == current:
+                break
+            current = parent
+    return list(found)
+
+
 def hg_chain(roots: tuple[str, ...], unprotected: tuple[str, ...] = ()) -> list[ChainLink]:
     """The files inside ``roots`` that an hg config of a root's repository, or of the user,
     includes, as chain links (``unprotected``: names relative to a root the policy lifts)."""
     configs = [
-        os.path.join(root, ".hg", name)
-        for root in roots
-        if os.path.isdir(os.path.join(root, ".hg"))
+        os.path.join(hg, name)
+        for hg in _repositories(roots)
         for name in ("hgrc", "hgrc-not-shared")
     ]
-    configs += _user_configs()
+    user = _user_configs()
+    configs += user
     lifted = {os.path.normpath(os.path.join(r, n)) for r in roots for n in unprotected}
     found: dict[str, ChainLink] = {}
+    for path in user:
+        # One the user's hg reads itself (`HGRCPATH` naming a project's file).
+        if path not in lifted and within_any(os.path.realpath(path), roots):
+            why = f"Mercurial reads it as the user's config (HGRCPATH); {UNPROTECT_KEY} lifts it"
+            found.setdefault(path, ChainLink(path, False, why))
     queue = [(path, path, 0) for path in configs]
     seen: set[str] = set()
     while queue and len(seen) < _FILES:
@@ -76,8 +110,10 @@ def _includes(path: str) -> list[str]:
     except OSError:
         return []
     base = os.path.dirname(path)
+    data = data.removeprefix(_BOM).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     out = []
     for match in _INCLUDE.finditer(data):
-        named = os.path.expandvars(os.path.expanduser(os.fsdecode(match.group(1))))
+        # hg's `util.expandpath`: variables first, then `~`.
+        named = os.path.expanduser(os.path.expandvars(os.fsdecode(match.group(1))))
         out.append(os.path.normpath(os.path.join(base, named)))
     return out

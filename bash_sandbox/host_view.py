@@ -32,8 +32,8 @@ from bash_sandbox.backends.mount_plan import (
 from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.cache_domains import cache_top, ensure_cache_base, locks_dir
 from bash_sandbox.envrc_chain import envrc_chain
-from bash_sandbox.git_discovery import DotGit, DotGitSearch
-from bash_sandbox.git_hook_chain import ChainLink
+from bash_sandbox.git_discovery import DotGit, DotGitSearch, enclosing_gitdirs
+from bash_sandbox.git_hook_chain import ChainLink, hook_chain
 from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
 from bash_sandbox.git_spawn import (
     WORKTREES_HELD,
@@ -215,7 +215,15 @@ class HostSurvey:
         # Hooks paths and included configs inside a root run or configure the host's git:
         # the host's own configs' too, with no repository in the roots (a red team's
         # `~/.gitconfig.local` in a home workspace).
-        config, unsure = self._git_config_links(git.gitdirs, roots, {c.path for c in git.chain})
+        # The repository a root lies in (a monorepo's package as the workspace): its hooks
+        # path, includes and what its hooks run inside the root, the same.
+        enclosing = enclosing_gitdirs(user_policy.all_writable_roots())
+        if enclosing and user_policy.protect_hook_chain:
+            links = [link for g in enclosing for link in hook_chain(g, roots)]
+            git = replace(git, chain=(*git.chain, *links))
+        config, unsure = self._git_config_links(
+            (*git.gitdirs, *enclosing), roots, {c.path for c in git.chain}
+        )
         partial += unsure
         # The harness's own code (a project's `.venv` it runs from): a `.pth` planted there
         # ran in the next harness process, unconfined (a red team's).

@@ -166,7 +166,7 @@ def _settle_git_left(path: str) -> None:
 
     alive_until = git_settle_record.alive_until_ns(path)
     for record, before, roots in git_settle_record.left(path):
-        done = recover_git(before, roots, alive_until)
+        done = recover_git(before, roots, alive_until, git_settle_record.started_ns(record))
         for warning in done.warnings:
             logger.warning("a killed executor's command: %s", warning)
         git_settle_record.drop(record)

@@ -423,6 +423,45 @@ async def test_a_file_the_users_hgrc_includes_from_the_workspace_stays_read_only
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("layout", ["repository above", "byte order mark", "HGRCPATH"])
+async def test_an_hg_config_a_root_reaches_stays_read_only_however_hg_finds_it(
+    make_executor: ExecutorFactory,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    layout: str,
+) -> None:
+    # Round 13: the hgrc of a repository the workspace lies in, an include after a UTF-8
+    # byte order mark, and a project file `HGRCPATH` names: each stayed writable and the
+    # host's `hg status` ran a command's hook.
+    marker = tmp_path / "pwned"
+    if layout == "repository above":
+        repo, root = tmp_path / "proj", tmp_path / "proj" / "sub"
+        root.mkdir(parents=True)
+        target = root / "team.rc"
+        assert _host_hg("init", str(repo), cwd=tmp_path).returncode == 0
+        (repo / ".hg" / "hgrc").write_text("%include ../sub/team.rc\n")
+    elif layout == "byte order mark":
+        repo = root = workspace
+        target = root / "team.rc"
+        assert _host_hg("init", str(repo), cwd=tmp_path).returncode == 0
+        (repo / ".hg" / "hgrc").write_bytes(b"\xef\xbb\xbf%include ../team.rc\r\n")
+    else:
+        repo = root = workspace
+        target = root / "hgrc.project"
+        assert _host_hg("init", str(repo), cwd=tmp_path).returncode == 0
+        monkeypatch.setenv("HGRCPATH", str(target))
+    target.write_text("[ui]\nusername = t\n")
+    ex = make_executor(mode="workspace-write", workspace_root=str(root))
+    hook = f"[hooks]\\npre-status = touch {marker}\\n"
+    result = await _run(ex, f"printf '{hook}' >> {target.name}; echo ok > work.txt", root)
+    assert result.sandbox is not None and (root / "work.txt").exists(), result.stderr.text
+    assert [d.target for d in result.sandbox.denials] == [str(target)]
+    assert target.read_text() == "[ui]\nusername = t\n"
+    _host_hg("status", cwd=repo)
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("workspace_is", ["secondary", "main"])
 async def test_a_jujutsu_workspaces_repo_file_is_protected_and_its_repository_is_not(
     make_executor: ExecutorFactory, workspace: Path, tmp_path: Path, workspace_is: str

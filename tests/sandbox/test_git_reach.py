@@ -1332,3 +1332,72 @@ async def test_a_removed_worktrees_gitfile_written_back_resets_no_repository_out
     host_git("status", "--short", cwd=other)
     fsck = host_git("fsck", "--no-dangling", cwd=main)
     assert fsck.returncode == 0
+
+
+async def test_the_hooks_path_and_includes_of_the_repository_a_workspace_lies_in_hold(
+    make_executor: ExecutorFactory, tmp_path: Path
+) -> None:
+    # The workspace a monorepo's package (`repo/frontend`): the repository's own config
+    # names `frontend/.husky/_` as its hooks path (husky's setup below the git root) and
+    # includes `../frontend/team.gitconfig`; the search looked only at and below the roots,
+    # so both stayed writable and host git ran what a command put there (a red team's).
+    marker = tmp_path / "pwned"
+    repo = tmp_path / "repo"
+    _repo(repo)
+    package = repo / "frontend"
+    (package / ".husky" / "_").mkdir(parents=True)
+    (package / "team.gitconfig").write_text("[user]\n\tname = t\n")
+    host_git("config", "core.hooksPath", "frontend/.husky/_", cwd=repo)
+    host_git("config", "include.path", "../frontend/team.gitconfig", cwd=repo)
+    ex = make_executor(mode="workspace-write", workspace_root=str(package))
+    attack = (
+        f"printf '#!/bin/sh\\ntouch {marker}\\n' > .husky/_/pre-commit; "
+        "chmod +x .husky/_/pre-commit; "
+        f"printf '[core]\\n\\tfsmonitor = touch {marker}; echo\\n' >> team.gitconfig; echo ok > a"
+    )
+    result = await _run(ex, attack, package)
+    assert result.sandbox is not None and (package / "a").exists()
+    targets = {d.target for d in result.sandbox.denials}
+    assert str(package / "team.gitconfig") in targets, result.sandbox.denials
+    assert not (package / ".husky" / "_" / "pre-commit").exists()
+    host_git("status", "--short", cwd=repo)
+    host_git("add", "frontend/a", cwd=repo)
+    host_git("commit", "-qm", "host", cwd=repo)
+    assert not marker.exists()
+
+
+async def test_a_worktree_the_host_adds_into_the_workspace_meanwhile_stays_whole(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A new `.git` file naming a git dir outside the roots is removed after the command (a
+    # command writing back a removed worktree's); one the user's `git worktree add` made
+    # while a background command ran was cut off with it (a red team's).
+    main = tmp_path / "main"
+    _repo(main)
+    ex = make_executor(mode="workspace-write")
+    ready, go = workspace / "ready", workspace / "go"
+    proc = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command="touch ready; for i in $(seq 600); do [ -e go ] && break; sleep 0.05; done",
+                workdir=str(workspace),
+                env=dict(_ENV),
+            )
+        )
+    )
+    try:
+        for _ in range(600):
+            if ready.exists():
+                break
+            await asyncio.sleep(0.05)
+        host_git("worktree", "add", "-q", "-b", "feature", str(workspace / "feature"), cwd=main)
+        go.touch()
+        await asyncio.wait_for(proc.wait(), 60)
+    finally:
+        proc.kill()
+        await asyncio.wait_for(proc.wait(), 20)
+    assert (workspace / "feature" / ".git").is_file()
+    assert host_git("rev-parse", "--abbrev-ref", "HEAD", cwd=workspace / "feature").stdout == (
+        "feature\n"
+    )
+    assert "prunable" not in host_git("worktree", "list", cwd=main).stdout
