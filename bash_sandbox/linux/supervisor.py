@@ -34,6 +34,7 @@ The peer of an emulated unix connect sees the executor's credentials (`SO_PEERCR
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import ctypes
@@ -43,6 +44,7 @@ import ipaddress
 import itertools
 import logging
 import os
+import resource
 import select
 import signal
 import socket
@@ -86,9 +88,14 @@ _READ_MAX = 4096
 CONNECT_WORKERS = 16
 # Connects one command may have taken and not yet answered, and all commands together: each
 # holds one or two of the executor's descriptors (a command's thousand blocked connects
-# took the harness to EMFILE: a red team's). Beyond, a connect is answered EAGAIN.
+# took the harness to EMFILE: a red team's). Beyond, a connect waits, its socket not taken,
+# until one of them is answered, as a blocking connect waits for a full backlog (answered
+# EAGAIN, a burst of a hundred clients failed a fifth: a red team's).
 CONNECT_PENDING_MAX = 64
-CONNECT_PENDING_TOTAL = 256
+CONNECT_PENDING_TOTAL = 256  # the least; more with a higher descriptor limit (`_total_cap`)
+# A command's first connects never wait for the others' (commands filling every slot with
+# connects to listeners that never accept held up every other command's loopback).
+CONNECT_GUARANTEED = 4
 # How often the supervisor looks for connects whose caller is gone, to interrupt them.
 CONNECT_CHECK_S = 0.5
 # Refused writes are recorded from the kernel's view (`write_watch.py`), not from output.
@@ -186,6 +193,8 @@ class SupervisedCommand:
     # keeps all its workers blocked delays only its own calls.
     connects: concurrent.futures.ThreadPoolExecutor | None = None
     pending_connects: int = 0  # taken and not yet answered (`CONNECT_PENDING_MAX`)
+    # Connects past the bound, waiting for a slot (their sockets not taken yet).
+    waiting: collections.deque[_Notif] = field(default_factory=collections.deque)
     unregistered: bool = False
     # Held by the supervisor's thread while it handles one of this command's calls, judge
     # and record included: the call is answered before it is judged, so the command may end
@@ -277,6 +286,11 @@ class SeccompSupervisor:
         self._epoll = select.epoll()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._epoll.register(self._wake_r, select.EPOLLIN)
+        # A worker that frees a connect slot while others wait wakes the loop to go on.
+        self._freed_r, self._freed_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._epoll.register(self._freed_r, select.EPOLLIN)
+        self._waiting = 0  # connects waiting in every command's `waiting`
+        self._total_cap = _total_cap()
         self._commands: dict[int, SupervisedCommand] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -350,6 +364,8 @@ class SeccompSupervisor:
         with self._lock:
             if self._commands.pop(command.source, None) is None:
                 return
+            self._waiting -= len(command.waiting)  # their callers are gone with it
+            command.waiting.clear()
             with contextlib.suppress(OSError, ValueError):
                 self._epoll.unregister(command.source)
             if command.forward is not None and command.native_lib is not None:
@@ -383,6 +399,8 @@ class SeccompSupervisor:
         self._epoll.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+        os.close(self._freed_r)
+        os.close(self._freed_w)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -396,9 +414,16 @@ class SeccompSupervisor:
                 return
             if self._inflight:
                 self._interrupt_abandoned()
+            if self._waiting:
+                self._resume_waiting()
             for fd, mask in events:
                 if fd == self._wake_r:
                     return
+                if fd == self._freed_r:
+                    with contextlib.suppress(OSError):
+                        os.read(self._freed_r, 4096)
+                    self._resume_waiting()
+                    continue
                 with self._lock:
                     command = self._commands.get(fd)
                 if command is None:
@@ -505,7 +530,20 @@ class SeccompSupervisor:
 
     # -- connect ------------------------------------------------------------------------
 
+    def _slot_free(self, command: SupervisedCommand) -> bool:
+        pending = command.pending_connects
+        if pending >= CONNECT_PENDING_MAX:
+            return False
+        return pending < CONNECT_GUARANTEED or len(self._inflight) < self._total_cap
+
     def _connect(self, command: SupervisedCommand, notif: _Notif) -> None:
+        if not self._slot_free(command):
+            waiting = _Notif()
+            ctypes.memmove(ctypes.byref(waiting), ctypes.byref(notif), ctypes.sizeof(_Notif))
+            with self._lock:
+                command.waiting.append(waiting)
+                self._waiting += 1
+            return
         fd_number, address, length = (int(a) for a in notif.data.args[:3])
         length = min(length, 128)
         raw = self._read_memory(notif.pid, address, length)
@@ -536,13 +574,6 @@ class SeccompSupervisor:
             # flags with the command's, so one found non-blocking here can be made blocking
             # by another of its threads before the connect (a red team's race parked this
             # thread on a full backlog, and with it every command's calls and the loop).
-            if (
-                command.pending_connects >= CONNECT_PENDING_MAX
-                or len(self._inflight) >= CONNECT_PENDING_TOTAL
-            ):
-                _close_taken(sock, target)
-                self._respond(command, notif.id, -1, errno.EAGAIN)
-                return
             pool = command.connect_pool()
             key = next(self._inflight_keys)
             try:
@@ -615,6 +646,36 @@ class SeccompSupervisor:
         if done is not None:
             with command.lock:
                 command.pending_connects -= 1
+            if self._waiting:
+                with contextlib.suppress(OSError):
+                    os.write(self._freed_w, b"x")
+
+    def _resume_waiting(self) -> None:
+        """On the loop: the connects that waited for a slot, in turn across the commands
+        (one command's full share never keeps another's waiting first), as slots allow.
+        One whose caller is gone by now is dropped."""
+        with self._lock:
+            commands = [c for c in self._commands.values() if c.waiting]
+        progressed = True
+        while progressed and self._waiting:
+            progressed = False
+            for command in commands:
+                if not command.waiting or not self._slot_free(command):
+                    continue
+                with self._lock:
+                    if not command.waiting:
+                        continue
+                    notif = command.waiting.popleft()
+                    self._waiting -= 1
+                progressed = True
+                if command.unregistered or not self._pending(command, notif.id):
+                    continue
+                with command.handling:
+                    try:
+                        self._connect(command, notif)
+                    except Exception:
+                        logger.exception("seccomp supervisor failed on a waiting connect")
+                        self._respond(command, notif.id, -1, errno.EPERM)
 
     def _interrupt_abandoned(self) -> None:
         """Interrupt the connects whose caller no longer waits (its command exited or was
@@ -874,6 +935,18 @@ def _close_taken(sock: int, target: object) -> None:
     os.close(sock)
     if isinstance(target, _ViaInode):
         os.close(target.fd)
+
+
+def _total_cap() -> int:
+    """Connect slots for all commands: two descriptors each, within half of this process's
+    descriptor limit, never fewer than `CONNECT_PENDING_TOTAL`."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return CONNECT_PENDING_TOTAL
+    if soft == resource.RLIM_INFINITY:
+        return 4 * CONNECT_PENDING_TOTAL
+    return max(CONNECT_PENDING_TOTAL, soft // 4)
 
 
 class _Sigaction(ctypes.Structure):

@@ -441,3 +441,42 @@ async def test_one_commands_connects_hold_a_bounded_share_of_the_executors_descr
     finally:
         ex.kill(flood.id)
         await flood.wait()
+
+
+_BURST = f"""{PY} - <<'EOF'
+import os, socket, threading, time
+server = socket.socket(socket.AF_UNIX)
+server.bind("burst.sock")
+server.listen(8)
+def serve():
+    for _ in range(100):
+        conn, _ = server.accept()
+        conn.close()
+        time.sleep(0.01)
+threading.Thread(target=serve, daemon=True).start()
+results = []
+def client():
+    with socket.socket(socket.AF_UNIX) as c:
+        try:
+            c.connect("burst.sock")
+            results.append("ok")
+        except OSError as e:
+            results.append(e.strerror)
+threads = [threading.Thread(target=client) for _ in range(100)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(60)
+print(sorted(set(results)), len(results))
+EOF"""
+
+
+async def test_a_burst_of_blocking_connects_past_the_bound_waits_and_succeeds(
+    make_executor: ExecutorFactory,
+) -> None:
+    # Past a command's bound of pending connects they were answered EAGAIN: a hundred
+    # clients of a slow local server lost a fifth of their connects (a red team's). They
+    # wait for a slot now, as a blocking connect waits for a full backlog.
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(ex.resolve(BashExecRequest(command=_BURST, timeout_ms=120_000)))
+    assert result.stdout.text == "['ok'] 100\n", result.stderr.text
