@@ -190,6 +190,37 @@ _CHILD_COMMAND = textwrap.dedent(
 )
 
 
+def _kill_mid_command(
+    workspace: Path, backend: str, command: str, ready: Path, linger: float = 0.0
+) -> None:
+    """A harness in a child process starts ``command`` and is SIGKILLed once ``ready``
+    exists (after ``linger`` seconds more: its heartbeats)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD_COMMAND, str(workspace), backend, command, str(ready)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(linger)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+async def _next_executor_runs(workspace: Path, backend: str) -> None:
+    from bash_sandbox import SandboxBashExecutor
+    from bash_seam import BashExecRequest
+
+    ex = SandboxBashExecutor(workspace_root=str(workspace), mode="workspace-write", backend=backend)
+    try:
+        await ex.run(ex.resolve(BashExecRequest(command="true")))
+    finally:
+        await ex.aclose()
+
+
 def _git(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
     env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@e")
@@ -214,29 +245,10 @@ async def test_a_killed_executors_command_leaves_no_repository_host_git_obeys(
         f" && printf '#!/bin/sh\\ntouch {hooked}\\n' > lib/.git/hooks/pre-commit"
         f" && chmod +x lib/.git/hooks/pre-commit && echo x > lib/f && touch {ready}; sleep 60"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD_COMMAND, str(workspace), backend, command, str(ready)],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    _kill_mid_command(workspace, backend, command, ready)
     lib = workspace / "lib"
     assert "fsmonitor" in (lib / ".git" / "config").read_text()  # nobody settled it
-    # The next executor's start settles what the killed one's command left.
-    from bash_sandbox import SandboxBashExecutor
-    from bash_seam import BashExecRequest
-
-    ex = SandboxBashExecutor(workspace_root=str(workspace), mode="workspace-write", backend=backend)
-    try:
-        await ex.run(ex.resolve(BashExecRequest(command="true")))
-    finally:
-        await ex.aclose()
+    await _next_executor_runs(workspace, backend)  # its start settles what was left
     assert "fsmonitor" not in (lib / ".git" / "config").read_text()
     assert not (lib / ".git" / "hooks" / "pre-commit").exists()
     _git("status", "--short", cwd=lib)
@@ -255,19 +267,7 @@ async def test_a_repository_the_user_makes_after_the_kill_is_left_as_it_is(
     assert _git("init", "-q", cwd=workspace).returncode == 0
     ready = workspace / "ready"
     command = f"git init -q planted && touch {ready}; sleep 60"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD_COMMAND, str(workspace), backend, command, str(ready)],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(1)  # a heartbeat or two: the executor was alive until the kill
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    _kill_mid_command(workspace, backend, command, ready, linger=1.0)
     time.sleep(1.5)  # the user, a moment later
     mine = workspace / "mine"
     assert _git("init", "-q", str(mine), cwd=workspace).returncode == 0
@@ -276,14 +276,7 @@ async def test_a_repository_the_user_makes_after_the_kill_is_left_as_it_is(
     hook.chmod(0o755)
     assert _git("config", "alias.st", "status", cwd=mine).returncode == 0
     (workspace / "planted" / ".git" / "hooks" / "post-checkout").write_text("#!/bin/sh\n")
-    from bash_sandbox import SandboxBashExecutor
-    from bash_seam import BashExecRequest
-
-    ex = SandboxBashExecutor(workspace_root=str(workspace), mode="workspace-write", backend=backend)
-    try:
-        await ex.run(ex.resolve(BashExecRequest(command="true")))
-    finally:
-        await ex.aclose()
+    await _next_executor_runs(workspace, backend)
     assert hook.exists()
     assert _git("config", "alias.st", cwd=mine).stdout.strip() == "status"
     # What the command made before the kill is still settled.

@@ -12,7 +12,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -312,6 +312,21 @@ print("connected")
 EOF"""
 
 
+@contextlib.asynccontextmanager
+async def _background(ex: SandboxBashExecutor, command: str, word: str) -> AsyncIterator[None]:
+    """``command`` running in the background once it printed ``word``; killed after."""
+    process = await ex.start(ex.resolve(BashExecRequest(command=command)))
+    try:
+        for _ in range(100):
+            if word in ex.read_output(process.id).delta:
+                break
+            await asyncio.sleep(0.1)
+        yield
+    finally:
+        ex.kill(process.id)
+        await process.wait()
+
+
 async def test_a_command_holding_its_connects_blocked_never_stalls_another_commands(
     make_executor: ExecutorFactory,
 ) -> None:
@@ -319,21 +334,13 @@ async def test_a_command_holding_its_connects_blocked_never_stalls_another_comma
     # the executor let a background task fill it with connects to its own full backlog, and
     # every later command's blocking connect then hung until its timeout.
     ex = make_executor()
-    hog = await ex.start(ex.resolve(BashExecRequest(command=_HOG)))
-    try:
-        for _ in range(100):
-            if "hogging" in ex.read_output(hog.id).delta:
-                break
-            await asyncio.sleep(0.1)
+    async with _background(ex, _HOG, "hogging"):
         await asyncio.sleep(1)  # its connects reach the supervisor
         victim = await ex.run(
             ex.resolve(BashExecRequest(command=_BLOCKING_CONNECT, timeout_ms=15_000))
         )
-        assert not victim.timed_out, "a blocking connect waited for another command's"
-        assert victim.stdout.text == "connected\n", victim.stderr.text
-    finally:
-        ex.kill(hog.id)
-        await hog.wait()
+    assert not victim.timed_out, "a blocking connect waited for another command's"
+    assert victim.stdout.text == "connected\n", victim.stderr.text
 
 
 _SERVE_FULL = f"""{PY} - <<'EOF'
@@ -396,27 +403,19 @@ async def test_connects_a_finished_command_left_blocked_free_the_executors_threa
     # blocked after the command was gone, 16 threads and 32 descriptors of the executor a
     # run, until the harness ran out of descriptors (a red team's).
     ex = make_executor(mode="workspace-write")
-    server = await ex.start(ex.resolve(BashExecRequest(command=_SERVE_FULL)))
-    try:
-        for _ in range(100):
-            if "serving" in ex.read_output(server.id).delta:
-                break
-            await asyncio.sleep(0.1)
+    async with _background(ex, _SERVE_FULL, "serving"):
         fds_before = len(os.listdir("/proc/self/fd"))
         for _ in range(3):
             result = await ex.run(
                 ex.resolve(BashExecRequest(command=_CONNECT_AND_LEAVE, timeout_ms=30_000))
             )
             assert result.stdout.text == "leaving\n", result.stderr.text
-        for _ in range(100):  # each blocked connect asks again within half a second
+        for _ in range(100):  # the supervisor interrupts them within half a second
             if _connect_threads() == 0:
                 break
             await asyncio.sleep(0.1)
         assert _connect_threads() == 0
         assert len(os.listdir("/proc/self/fd")) <= fds_before
-    finally:
-        ex.kill(server.id)
-        await server.wait()
 
 
 async def test_one_commands_connects_hold_a_bounded_share_of_the_executors_descriptors(
@@ -427,20 +426,12 @@ async def test_one_commands_connects_hold_a_bounded_share_of_the_executors_descr
     # while it ran (a red team's). Past a bound they are answered EAGAIN.
     ex = make_executor(mode="workspace-write")
     fds_before = len(os.listdir("/proc/self/fd"))
-    flood = await ex.start(ex.resolve(BashExecRequest(command=_FLOOD)))
-    try:
-        for _ in range(100):
-            if "flooding" in ex.read_output(flood.id).delta:
-                break
-            await asyncio.sleep(0.1)
+    async with _background(ex, _FLOOD, "flooding"):
         await asyncio.sleep(2)  # its connects reach the supervisor
         held = len(os.listdir("/proc/self/fd")) - fds_before
         assert held <= 2 * CONNECT_PENDING_MAX + 32, held
         other = await ex.run(ex.resolve(BashExecRequest(command="echo other-ok")))
         assert other.stdout.text == "other-ok\n"
-    finally:
-        ex.kill(flood.id)
-        await flood.wait()
 
 
 _BURST = f"""{PY} - <<'EOF'
