@@ -587,9 +587,14 @@ class SeccompSupervisor:
                     self._finish_connect, command, notif.id, sock, target, loopback,
                     pid=notif.pid, key=key,
                 )  # fmt: skip
-            except RuntimeError:  # unregistered meanwhile: nobody waits for an answer
+            except RuntimeError:
+                # Unregistered meanwhile (nobody waits), or no thread could start: a work
+                # item `submit` queued anyway finds its entry gone and touches nothing (its
+                # descriptors, closed here, may be reused by then).
                 self._connect_done(command, key)
                 _close_taken(sock, target)
+                if pool is not None and not command.unregistered:
+                    self._respond(command, notif.id, -1, errno.EAGAIN)
             else:
                 # A connect still queued when its command goes is cancelled, never run:
                 # its descriptors are closed here (held, they piled up in the executor).
@@ -614,11 +619,12 @@ class SeccompSupervisor:
         pid: int = 0,
         key: int = -1,
     ) -> None:
+        with self._inflight_lock:
+            entry = self._inflight.get(key)
+            if entry is None:
+                return  # given up before it ran: its descriptors are closed already
+            entry[2] = threading.get_ident()  # interruptible from here on
         try:
-            with self._inflight_lock:
-                entry = self._inflight.get(key)
-                if entry is not None:
-                    entry[2] = threading.get_ident()  # interruptible from here on
             addr = target.address() if isinstance(target, _ViaInode) else target
             buf = ctypes.create_string_buffer(addr, len(addr))
             # Blocking as the command's socket is: a connect the kernel keeps waiting (a
