@@ -582,7 +582,17 @@ class ConfinedSpawn(SpawnScope):
             # Created repositories reset to git's default control plane, changed `.git`
             # links put back (`git_spawn.py`): a boundary, so never skipped.
             search = self._services.survey.search
-            settled = settle_git(self._git, roots, self.overlays, search, self.started_ns)
+            # What else the command wrote (its cache home, its TMPDIR): a git dir made
+            # there is never one the host made meanwhile (a red team's).
+            writable = (*policy.all_writable_roots(), self._private_tmpdir)
+            settled = settle_git(
+                self._git,
+                roots,
+                self.overlays,
+                search,
+                started_ns=self.started_ns,
+                writable=writable,
+            )
             nested += settled.nested
             self.warnings += settled.warnings
         for overlay in self.overlays:

@@ -174,31 +174,59 @@ def read_gitfile(path: str) -> str | None:
     return resolved(target)
 
 
-def enclosing_gitdirs(roots: tuple[str, ...]) -> tuple[str, ...]:
-    """The git directory of the repository each root lies in below its top (a workspace
-    that is a monorepo's package directory), as git finds it from there: the nearest `.git`
-    above the root. Its config and hooks are the host's and outside the roots, but what
-    they name inside a root runs there (husky's `core.hooksPath = frontend/.husky/_`, an
-    include of a file in the package: a red team's)."""
-    found: dict[str, None] = {}
+def enclosing_gitdirs(roots: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(git dir, worktree) of every repository a root lies in below its top (a workspace
+    that is a monorepo's package, a submodule of a superproject, a directory of a linked
+    worktree), each as git finds it from its worktree: the `.git` of every directory above
+    the root. Their configs and hooks are the host's and outside the roots, but what they
+    name inside a root runs there (husky's `core.hooksPath = frontend/.husky/_`, a
+    superproject's shared hooks kept in a submodule: red teams')."""
+    found: dict[str, str] = {}
     for root in roots:
-        if os.path.lexists(os.path.join(root, ".git")):
-            continue  # the root's own: found by the search, overlaid
         parent = os.path.dirname(root)
-        while parent and parent != os.path.dirname(parent):
+        for _ in range(_ENCLOSING_DEPTH):
+            if not parent or parent == os.path.dirname(parent):
+                break
             dotgit = os.path.join(parent, ".git")
             if os.path.isdir(dotgit):
-                real = resolved(dotgit)
-                if real is not None and is_git_directory(real):
-                    found[real] = None
-                break
-            if os.path.isfile(dotgit):
-                target = read_gitfile(dotgit)
-                if target is not None and is_git_directory(target):
-                    found[target] = None
-                break
+                gitdir = resolved(dotgit)
+            elif os.path.isfile(dotgit):
+                gitdir = read_gitfile(dotgit)
+            else:
+                gitdir = None
+            if gitdir is not None and is_git_directory(gitdir):
+                found.setdefault(gitdir, parent)
             parent = os.path.dirname(parent)
-    return tuple(p for p in found if not within_any(p, roots))
+    return tuple((g, w) for g, w in found.items() if not within_any(g, roots))
+
+
+_ENCLOSING_DEPTH = 64
+
+
+def outside_gitdirs(
+    entries: tuple[DotGit, ...], roots: tuple[str, ...]
+) -> tuple[tuple[str, str], ...]:
+    """(git dir, worktree) of each checkout among ``entries`` whose `.git` file or link
+    leads out of ``roots`` to a repository (a separate git dir, a linked worktree of one
+    kept elsewhere)."""
+    found: dict[str, str] = {}
+    for entry in entries:
+        target = entry.target if entry.kind in ("file", "link") else None
+        if target is not None and not within_any(target, roots) and is_git_directory(target):
+            found.setdefault(target, os.path.dirname(entry.path))
+    return tuple(found.items())
+
+
+def worktrees_of(entries: tuple[DotGit, ...]) -> dict[str, str]:
+    """Git dir -> the worktree whose `.git` entry (among ``entries``) leads to it: a linked
+    worktree's, a submodule's or a separate git dir's is not the git dir's parent, and a
+    relative hooks path is relative to the worktree (a red team's)."""
+    found: dict[str, str] = {}
+    for entry in entries:
+        gitdir = resolved(entry.path) if entry.kind == "dir" else entry.target
+        if gitdir is not None:
+            found.setdefault(gitdir, os.path.dirname(entry.path))
+    return found
 
 
 def resolved(path: str) -> str | None:
@@ -607,6 +635,7 @@ def after_command(
     search: DotGitSearch = find_dotgits,
     born_by_ns: int | None = None,
     host_since_ns: int | None = None,
+    writable: tuple[str, ...] = (),
 ) -> AfterCommand:
     """Search ``roots`` again after a command: every `.git` entry that is new, or a `.git`
     symlink or gitfile that changed, is a repository host git would trust and the command
@@ -620,8 +649,9 @@ def after_command(
     repository during the command (named by an earlier one before it existed), and is then
     the command's. ``born_by_ns``: a new entry made after it (statx's birth time) is not the
     command's (a dead executor's command, settled later: `git_settle_record.py`).
-    ``host_since_ns``: when the command started; a git dir outside the roots born since is
-    the host's (a worktree the user added meanwhile: the command cannot write there)."""
+    ``host_since_ns``: when the command started; a git dir born since outside the roots
+    and outside everything else the command could write (``writable``: its tool cache home,
+    its private TMPDIR) is the host's (a worktree the user added meanwhile)."""
     result = AfterCommand()
     dotgits, unlisted = search(roots, budget)
     if unlisted:
@@ -678,6 +708,8 @@ def after_command(
         if (
             host_since_ns is not None
             and (not same or moved)
+            and outside
+            and not any(within_any(g, writable) for g in outside)
             and any((born := birth_ns(g)) is not None and born > host_since_ns for g in outside)
         ):
             continue  # the host made it while the command ran (`git worktree add` into a root)

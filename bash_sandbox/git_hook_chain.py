@@ -105,10 +105,11 @@ class HostConfig:
 _ANSWERS: KeptAnswers[tuple[str, ...], HostConfig] = KeptAnswers()
 
 
-def host_config(gitdir: str) -> HostConfig:
+def host_config(gitdir: str, worktree: str | None = None) -> HostConfig:
     """Ask host git (its own config parser, includes and `includeIf` conditions evaluated for
     ``gitdir``) which files it reads and where it runs hooks from. A relative hooks path is
-    relative to the worktree; without one, `<gitdir>/hooks`.
+    relative to the worktree (``worktree``, else its `core.worktree`, else the git
+    directory's parent); without one, `<gitdir>/hooks`.
 
     Asked again only when a file the answer depends on changed: every config file git named,
     every place it would read one from if it appeared (system, global, XDG, the repository's
@@ -116,12 +117,12 @@ def host_config(gitdir: str) -> HostConfig:
     stamped with its identity, size, mtime and ctime (no process can set a ctime back). A
     git process costs 2-3 ms of every confined spawn in a repository; a check, 30 us."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    key = (gitdir, env.get("HOME", ""), env.get("XDG_CONFIG_HOME", ""))
+    key = (gitdir, worktree or "", env.get("HOME", ""), env.get("XDG_CONFIG_HOME", ""))
     known = _ANSWERS.get(key)
     if known is not None:
         return known
     asked = time.time_ns()
-    read = _ask_git(gitdir, env)
+    read = _ask_git(gitdir, env, worktree)
     if read is None:
         return HostConfig((), os.path.join(gitdir, "hooks"))
     answer, includes = read
@@ -134,7 +135,9 @@ def host_config(gitdir: str) -> HostConfig:
     return answer
 
 
-def _ask_git(gitdir: str, env: dict[str, str]) -> tuple[HostConfig, list[str]] | None:
+def _ask_git(
+    gitdir: str, env: dict[str, str], worktree: str | None = None
+) -> tuple[HostConfig, list[str]] | None:
     """Git's answer, and the include targets its config names (existing or not); None when
     git cannot give one (a FIFO where it reads would stall it until its time bound)."""
     if blocking_names(gitdir):
@@ -153,6 +156,7 @@ def _ask_git(gitdir: str, env: dict[str, str]) -> tuple[HostConfig, list[str]] |
     files: dict[str, None] = {}
     includes: list[str] = []
     hooks = os.path.join(gitdir, "hooks")
+    hooks_path: str | None = None
     fields = done.stdout.split(b"\0")
     for origin, record in zip(fields[::2], fields[1::2], strict=False):
         source = None
@@ -161,8 +165,10 @@ def _ask_git(gitdir: str, env: dict[str, str]) -> tuple[HostConfig, list[str]] |
             files.setdefault(source, None)
         key, _, value = record.partition(b"\n")
         if key == b"core.hookspath" and value:
-            path = os.path.expanduser(os.fsdecode(value))  # git's `--type=path` expands ~
-            hooks = os.path.normpath(os.path.join(os.path.dirname(gitdir), path))
+            hooks_path = os.path.expanduser(os.fsdecode(value))  # `--type=path` expands ~
+        elif key == b"core.worktree" and value and worktree is None:
+            # Relative to the git directory (git's rule): a submodule's `../../../lib`.
+            worktree = os.path.normpath(os.path.join(gitdir, os.fsdecode(value)))
         elif value and (
             key == b"include.path" or (key.startswith(b"includeif.") and key.endswith(b".path"))
         ):
@@ -170,6 +176,9 @@ def _ask_git(gitdir: str, env: dict[str, str]) -> tuple[HostConfig, list[str]] |
             target = os.path.expanduser(os.fsdecode(value))
             base = os.path.dirname(source) if source else os.path.dirname(gitdir)
             includes.append(os.path.normpath(os.path.join(base, target)))
+    if hooks_path is not None:
+        base = worktree or os.path.dirname(gitdir)
+        hooks = os.path.normpath(os.path.join(base, hooks_path))
     return HostConfig(tuple(files), hooks), includes
 
 
@@ -206,11 +215,11 @@ def _system_configs(path: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def hook_chain(gitdir: str, roots: tuple[str, ...]) -> list[ChainLink]:
+def hook_chain(gitdir: str, roots: tuple[str, ...], worktree: str | None = None) -> list[ChainLink]:
     """The workspace files and directories the hooks installed for ``gitdir`` run, inside
-    ``roots`` (the worktree is the git directory's parent)."""
-    worktree = os.path.dirname(gitdir)
-    read = host_config(gitdir)
+    ``roots`` (``worktree``: its checkout; the git directory's parent where not given)."""
+    read = host_config(gitdir, worktree)
+    worktree = worktree or os.path.dirname(gitdir)
     hooks = read.hooks
     found: dict[str, ChainLink] = {}
 

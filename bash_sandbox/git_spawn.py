@@ -23,6 +23,7 @@ from bash_sandbox.git_discovery import (
     discover_gitdirs,
     find_dotgits,
     index_gitlinks,
+    worktrees_of,
 )
 from bash_sandbox.git_hook_chain import ChainLink, hook_chain
 from bash_sandbox.git_import.state_files import gitdir_named
@@ -86,8 +87,9 @@ def inspect_git(
         if link is not None:
             chain[link.path] = link
     if policy.protect_hook_chain:
+        worktrees = worktrees_of(discovery.entries)
         for gitdir in discovery.gitdirs:
-            for link in hook_chain(gitdir, roots):
+            for link in hook_chain(gitdir, roots, worktrees.get(gitdir)):
                 chain.setdefault(link.path, link)
     return GitInspection(discovery, tuple(chain.values()))
 
@@ -126,13 +128,23 @@ def settle_git(
     roots: tuple[str, ...],
     overlays: tuple[GitOverlay, ...],
     search: DotGitSearch = find_dotgits,
+    *,
     started_ns: int | None = None,
+    writable: tuple[str, ...] = (),
 ) -> GitSettlement:
     """After the command: reset what it created, put back what it changed, and report the
     gitlinks it added (read from each overlay's new index with git's own parser)."""
     done = GitSettlement()
     overlaid = tuple(o.gitdir for o in overlays)
-    _settle_entries(inspection.discovery, roots, overlaid, search, done, started_ns=started_ns)
+    _settle_entries(
+        inspection.discovery,
+        roots,
+        overlaid,
+        search,
+        done,
+        started_ns=started_ns,
+        writable=(*roots, *writable),
+    )
     for overlay in overlays:
         new_index = os.path.join(overlay.upper, "index")
         if not os.path.isfile(new_index) or os.path.islink(new_index):
@@ -183,10 +195,19 @@ def _settle_entries(
     *,
     born_by_ns: int | None = None,
     started_ns: int | None = None,
+    writable: tuple[str, ...] = (),
 ) -> None:
-    """Reset the repositories made since ``before`` and put back the `.git` entries changed."""
+    """Reset the repositories made since ``before`` and put back the `.git` entries changed.
+    ``writable``: everything the command could write (a git dir born there during the
+    command is never the host's)."""
     after = after_command(
-        before, roots, overlaid, search=search, born_by_ns=born_by_ns, host_since_ns=started_ns
+        before,
+        roots,
+        overlaid,
+        search=search,
+        born_by_ns=born_by_ns,
+        host_since_ns=started_ns,
+        writable=writable or roots,
     )
     done.warnings += after.warnings
     dropped: list[str] = []

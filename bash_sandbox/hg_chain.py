@@ -50,6 +50,12 @@ def _user_configs() -> list[str]:
     return found
 
 
+def _hgrcpath_dirs() -> list[str]:
+    named = os.environ.get("HGRCPATH") or ""
+    entries = (os.path.expanduser(p) for p in named.split(os.pathsep) if p)
+    return [os.path.normpath(p) for p in entries if os.path.isdir(p)]
+
+
 def _repositories(roots: tuple[str, ...]) -> list[str]:
     """The `.hg` of each root's repository: the root's own, or the nearest above it (a
     workspace that is a directory of a repository: its hgrc includes from there too)."""
@@ -79,11 +85,21 @@ def hg_chain(roots: tuple[str, ...], unprotected: tuple[str, ...] = ()) -> list[
     configs += user
     lifted = {os.path.normpath(os.path.join(r, n)) for r in roots for n in unprotected}
     found: dict[str, ChainLink] = {}
-    for path in user:
-        # One the user's hg reads itself (`HGRCPATH` naming a project's file).
+    named = user if os.environ.get("HGRCPATH") is not None else []
+    for path in named:
+        # One `HGRCPATH` names in a root (a project's file); a home's own hg configs are
+        # the home's names (`policies.autorun.HOME_PATHS`).
         if path not in lifted and within_any(os.path.realpath(path), roots):
             why = f"Mercurial reads it as the user's config (HGRCPATH); {UNPROTECT_KEY} lifts it"
             found.setdefault(path, ChainLink(path, False, why))
+    for directory in _hgrcpath_dirs():
+        # hg reads every `*.rc` in it: a new one counts as much as an existing one.
+        if directory not in lifted and within_any(os.path.realpath(directory), roots):
+            why = (
+                f"Mercurial reads every *.rc in it as the user's config (HGRCPATH); "
+                f"{UNPROTECT_KEY} lifts it"
+            )
+            found.setdefault(directory, ChainLink(directory, True, why))
     queue = [(path, path, 0) for path in configs]
     seen: set[str] = set()
     while queue and len(seen) < _FILES:

@@ -32,7 +32,13 @@ from bash_sandbox.backends.mount_plan import (
 from bash_sandbox.backends.shadow_cache import ShadowCache
 from bash_sandbox.cache_domains import cache_top, ensure_cache_base, locks_dir
 from bash_sandbox.envrc_chain import envrc_chain
-from bash_sandbox.git_discovery import DotGit, DotGitSearch, enclosing_gitdirs
+from bash_sandbox.git_discovery import (
+    DotGit,
+    DotGitSearch,
+    enclosing_gitdirs,
+    outside_gitdirs,
+    worktrees_of,
+)
 from bash_sandbox.git_hook_chain import ChainLink, hook_chain
 from bash_sandbox.git_plane import config_path_targets, prepare_placeholders
 from bash_sandbox.git_spawn import (
@@ -217,12 +223,23 @@ class HostSurvey:
         # `~/.gitconfig.local` in a home workspace).
         # The repository a root lies in (a monorepo's package as the workspace): its hooks
         # path, includes and what its hooks run inside the root, the same.
-        enclosing = enclosing_gitdirs(user_policy.all_writable_roots())
+        # And a checkout in the roots whose git dir lies outside them (a separate git dir,
+        # a linked worktree of a repository elsewhere): its config names files here too.
+        enclosing = (
+            *enclosing_gitdirs(user_policy.all_writable_roots()),
+            *outside_gitdirs(git.discovery.entries, roots),
+        )
         if enclosing and user_policy.protect_hook_chain:
-            links = [link for g in enclosing for link in hook_chain(g, roots)]
+            links = [link for g, w in enclosing for link in hook_chain(g, roots, w)]
             git = replace(git, chain=(*git.chain, *links))
+        # Relative names resolve against each repository's worktree, which is not its git
+        # dir's parent for a linked worktree, a submodule or a separate git dir.
+        worktrees = {**worktrees_of(git.discovery.entries), **dict(enclosing)}
         config, unsure = self._git_config_links(
-            (*git.gitdirs, *enclosing), roots, {c.path for c in git.chain}
+            (*git.gitdirs, *(g for g, _ in enclosing)),
+            roots,
+            {c.path for c in git.chain},
+            worktrees,
         )
         partial += unsure
         # The harness's own code (a project's `.venv` it runs from): a `.pth` planted there
@@ -537,7 +554,10 @@ class HostSurvey:
 
     @staticmethod
     def _git_config_links(
-        gitdirs: tuple[str, ...], roots: tuple[str, ...], known: set[str]
+        gitdirs: tuple[str, ...],
+        roots: tuple[str, ...],
+        known: set[str],
+        worktrees: dict[str, str],
     ) -> tuple[list[ChainLink], list[str]]:
         """What the host's own configs and each of ``gitdirs``' name inside a writable root
         (`git_plane.ConfigTargets`: hooks paths, includes whatever their condition, since
@@ -548,7 +568,7 @@ class HostSurvey:
         found: dict[str, ChainLink] = {}
         unsure: dict[str, None] = {}
         for gitdir in (None, *gitdirs):
-            worktree = os.path.dirname(gitdir) if gitdir is not None else None
+            worktree = None if gitdir is None else worktrees.get(gitdir, os.path.dirname(gitdir))
             named = config_path_targets(gitdir, worktree, home)
             links = [
                 *((p, True, f"hook chain: core.hooksPath is {p}") for p in named.hooks),

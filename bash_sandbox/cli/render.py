@@ -107,9 +107,15 @@ OWN_LINE_STARTS = (
 # What a reader takes for the start of a line (`str.splitlines` breaks at each), and what
 # it may skip before the words (blanks, zero-width characters) when it strips or renders.
 _BREAK = re.compile(rb"[\n\r\v\f\x1c\x1d\x1e]|\xc2\x85|\xe2\x80[\xa8\xa9]")
-_INVISIBLE = re.compile(rb"(?:[ \t]|\xe2\x80[\x8b-\x8d]|\xe2\x81\xa0|\xef\xbb\xbf)*")
+_INVISIBLE = re.compile(
+    rb"(?:[ \t\x1f]|\xc2[\xa0\xad]|\xe1\x9a\x80|\xe1\xa0\x8e|\xe2\x80[\x80-\x8f\xaa-\xaf]"
+    rb"|\xe2\x81[\x9f-\xaf]|\xe3\x80\x80|\xef\xbb\xbf)*"
+)
 # Cut multi-byte characters that may still become a break or an invisible one.
-_CUT = (b"\xc2", b"\xe2", b"\xe2\x80", b"\xe2\x81", b"\xef", b"\xef\xbb", b"\xef\xbc")
+_CUT = (
+    *(b"\xc2", b"\xe1", b"\xe1\x9a", b"\xe1\xa0", b"\xe2", b"\xe2\x80", b"\xe2\x81"),
+    *(b"\xe3", b"\xe3\x80", b"\xef", b"\xef\xbb", b"\xef\xbc"),
+)
 _HOLD_MAX = 256  # blanks at a line start held back at most
 
 
@@ -135,15 +141,20 @@ class OwnLineGuard:
         while i < n:
             if self._at_start:
                 j = _INVISIBLE.match(data, i).end()  # type: ignore[union-attr]
-                rest = data[j : j + self._longest]
+                rest = data[j : j + self._longest].lower()  # `[SANDBOX` reads the same
                 undecided = j == n or (
                     len(rest) < self._longest
                     and (rest in _CUT or any(w.startswith(rest) for w in self._starts))
                 )
-                if undecided and j - i <= _HOLD_MAX:
-                    self._held = data[i:]
-                    return bytes(out)
-                if data.startswith(self._starts, j):
+                if undecided:
+                    if j - i <= _HOLD_MAX:
+                        self._held = data[i:]
+                        return bytes(out)
+                    # A long run of blanks goes out, the line still at its start.
+                    out += data[i:j]
+                    i = j
+                    continue
+                if rest.startswith(self._starts):
                     out += data[i:j] + b"\\"
                     i = j
                 self._at_start = False

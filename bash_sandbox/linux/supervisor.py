@@ -92,10 +92,15 @@ CONNECT_WORKERS = 16
 # until one of them is answered, as a blocking connect waits for a full backlog (answered
 # EAGAIN, a burst of a hundred clients failed a fifth: a red team's).
 CONNECT_PENDING_MAX = 64
-CONNECT_PENDING_TOTAL = 256  # the least; more with a higher descriptor limit (`_total_cap`)
+CONNECT_PENDING_TOTAL = 64  # the least; an eighth of the descriptor limit (`_total_cap`)
 # A command's first connects never wait for the others' (commands filling every slot with
-# connects to listeners that never accept held up every other command's loopback).
+# connects to listeners that never accept held up every other command's loopback), within
+# a second share of the same size (forty commands' four each took the harness to EMFILE).
 CONNECT_GUARANTEED = 4
+# Connects one command may have waiting: a signal storm on a caller that restarts its
+# connect (SA_RESTART) made a new notification each time, a hundred thousand queued in the
+# executor's memory (a red team's). Past it the stale ones go, then the new one is EAGAIN.
+CONNECT_WAITING_MAX = 256
 # How often the supervisor looks for connects whose caller is gone, to interrupt them.
 CONNECT_CHECK_S = 0.5
 # Refused writes are recorded from the kernel's view (`write_watch.py`), not from output.
@@ -534,10 +539,17 @@ class SeccompSupervisor:
         pending = command.pending_connects
         if pending >= CONNECT_PENDING_MAX:
             return False
-        return pending < CONNECT_GUARANTEED or len(self._inflight) < self._total_cap
+        if len(self._inflight) < self._total_cap:
+            return True
+        return pending < CONNECT_GUARANTEED and len(self._inflight) < 2 * self._total_cap
 
     def _connect(self, command: SupervisedCommand, notif: _Notif) -> None:
         if not self._slot_free(command):
+            if len(command.waiting) >= CONNECT_WAITING_MAX:
+                self._drop_stale_waiting(command)
+            if len(command.waiting) >= CONNECT_WAITING_MAX:
+                self._respond(command, notif.id, -1, errno.EAGAIN)
+                return
             waiting = _Notif()
             ctypes.memmove(ctypes.byref(waiting), ctypes.byref(notif), ctypes.sizeof(_Notif))
             with self._lock:
@@ -655,6 +667,14 @@ class SeccompSupervisor:
             if self._waiting:
                 with contextlib.suppress(OSError):
                     os.write(self._freed_w, b"x")
+
+    def _drop_stale_waiting(self, command: SupervisedCommand) -> None:
+        """Forget the waiting connects whose caller no longer waits (interrupted, gone)."""
+        live = [n for n in command.waiting if self._pending(command, n.id)]
+        with self._lock:
+            self._waiting -= len(command.waiting) - len(live)
+            command.waiting.clear()
+            command.waiting.extend(live)
 
     def _resume_waiting(self) -> None:
         """On the loop: the connects that waited for a slot, in turn across the commands
@@ -944,15 +964,16 @@ def _close_taken(sock: int, target: object) -> None:
 
 
 def _total_cap() -> int:
-    """Connect slots for all commands: two descriptors each, within half of this process's
-    descriptor limit, never fewer than `CONNECT_PENDING_TOTAL`."""
+    """Connect slots for all commands (and as many again for each command's first few):
+    two descriptors each, within half of this process's descriptor limit, never fewer than
+    `CONNECT_PENDING_TOTAL`."""
     try:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (OSError, ValueError):
         return CONNECT_PENDING_TOTAL
     if soft == resource.RLIM_INFINITY:
-        return 4 * CONNECT_PENDING_TOTAL
-    return max(CONNECT_PENDING_TOTAL, soft // 4)
+        return 64 * CONNECT_PENDING_TOTAL
+    return max(CONNECT_PENDING_TOTAL, soft // 8)
 
 
 class _Sigaction(ctypes.Structure):

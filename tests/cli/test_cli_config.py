@@ -256,7 +256,7 @@ def test_list_additions_extend_the_file_and_the_default_credential_stores(
     assert config.writable_roots == (str(home / "cache"), str(tmp_path / "extra"))
     assert config.protected_paths == (".env", ".npmrc")
     # Adding one denied path never un-denies the credential stores.
-    assert config.deny_read == (*default_deny_read(str(home)), "/srv/secret")
+    assert config.deny_read == (*default_deny_read(), "/srv/secret")  # HOME is the home
     assert config.allow_domains == ("pypi.org",)
     # A limit flag replaces that limit only.
     assert config.limits.memory_bytes == 1 << 30

@@ -423,7 +423,9 @@ async def test_a_file_the_users_hgrc_includes_from_the_workspace_stays_read_only
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("layout", ["repository above", "byte order mark", "HGRCPATH"])
+@pytest.mark.parametrize(
+    "layout", ["repository above", "byte order mark", "HGRCPATH", "HGRCPATH directory"]
+)
 async def test_an_hg_config_a_root_reaches_stays_read_only_however_hg_finds_it(
     make_executor: ExecutorFactory,
     workspace: Path,
@@ -446,11 +448,25 @@ async def test_an_hg_config_a_root_reaches_stays_read_only_however_hg_finds_it(
         target = root / "team.rc"
         assert _host_hg("init", str(repo), cwd=tmp_path).returncode == 0
         (repo / ".hg" / "hgrc").write_bytes(b"\xef\xbb\xbf%include ../team.rc\r\n")
-    else:
+    elif layout == "HGRCPATH":
         repo = root = workspace
         target = root / "hgrc.project"
         assert _host_hg("init", str(repo), cwd=tmp_path).returncode == 0
         monkeypatch.setenv("HGRCPATH", str(target))
+    else:  # a directory: hg reads every *.rc in it, a new one too (round 14)
+        repo = root = workspace
+        (root / "hgrc.d").mkdir()
+        target = root / "hgrc.d" / "new.rc"
+        assert _host_hg("init", str(repo), cwd=tmp_path).returncode == 0
+        monkeypatch.setenv("HGRCPATH", str(root / "hgrc.d"))
+        ex = make_executor(mode="workspace-write", workspace_root=str(root))
+        hook = f"[hooks]\\npre-status = touch {marker}\\n"
+        made = await _run(ex, f"printf '{hook}' > hgrc.d/new.rc; echo ok > work.txt", root)
+        assert made.sandbox is not None and (root / "work.txt").exists(), made.stderr.text
+        assert not target.exists()
+        _host_hg("status", cwd=repo)
+        assert not marker.exists()
+        return
     target.write_text("[ui]\nusername = t\n")
     ex = make_executor(mode="workspace-write", workspace_root=str(root))
     hook = f"[hooks]\\npre-status = touch {marker}\\n"

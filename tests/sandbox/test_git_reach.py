@@ -1401,3 +1401,63 @@ async def test_a_worktree_the_host_adds_into_the_workspace_meanwhile_stays_whole
         "feature\n"
     )
     assert "prunable" not in host_git("worktree", "list", cwd=main).stdout
+
+
+@pytest.mark.parametrize(
+    "layout", ["linked worktree", "separate git dir", "submodule of a superproject"]
+)
+async def test_a_relative_hooks_path_resolves_against_the_checkout_whatever_its_git_dir(
+    make_executor: ExecutorFactory, tmp_path: Path, layout: str
+) -> None:
+    # A relative `core.hooksPath` is relative to the worktree's top: it was resolved against
+    # the git dir's parent (`.git/worktrees`, `.git/modules`), and a superproject's shared
+    # hooks kept in a submodule were never read (round 14).
+    marker = tmp_path / "pwned"
+    if layout == "linked worktree":
+        _repo(tmp_path / "main")
+        checkout = tmp_path / "wt"
+        host_git("worktree", "add", "-q", "-b", "wt", str(checkout), cwd=tmp_path / "main")
+        config_in, hooks_rel = checkout, "hooks"
+    elif layout == "separate git dir":
+        checkout = tmp_path / "sep"
+        checkout.mkdir()
+        host_git("init", "-q", f"--separate-git-dir={tmp_path / 'store.git'}", cwd=checkout)
+        config_in, hooks_rel = checkout, "hooks"
+    else:
+        super_ = tmp_path / "super"
+        _repo(super_)
+        checkout = super_ / "tools"  # a plain directory of the superproject here
+        checkout.mkdir()
+        config_in, hooks_rel = super_, "tools/hooks"
+    (checkout / "hooks").mkdir()
+    host_git("config", "core.hooksPath", hooks_rel, cwd=config_in)
+    ex = make_executor(mode="workspace-write", workspace_root=str(checkout))
+    plant = f"printf '#!/bin/sh\\ntouch {marker}\\n' > hooks/pre-commit; chmod +x hooks/pre-commit"
+    result = await _run(ex, plant + "; echo ok > a", checkout)
+    assert result.sandbox is not None and (checkout / "a").exists(), result.stderr.text
+    assert not (checkout / "hooks" / "pre-commit").exists()
+    host_git("add", "-A", cwd=config_in)
+    host_git("commit", "-qm", "host", cwd=config_in, check=False)
+    assert not marker.exists()
+
+
+async def test_a_gitfile_into_the_commands_cache_home_is_never_taken_for_the_hosts(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A git dir born outside the roots during the command is the host's (a worktree the
+    # user added meanwhile), but the command writes its tool cache home too: a repository it
+    # made there, named by a new `.git` file pointing back, was kept, and the host's `git
+    # status` ran its fsmonitor (round 14).
+    marker = tmp_path / "pwned"
+    ex = make_executor(mode="workspace-write")
+    plant = (
+        'evil="$XDG_CACHE_HOME/evil" && git init -q "$evil"'
+        f" && git -C \"$evil\" config core.fsmonitor 'touch {marker}; echo'"
+        ' && mkdir -p docs && printf "gitdir: %s/.git\\n" "$evil" > docs/.git'
+        ' && printf "%s\\n" "$PWD/docs/.git" > "$evil/.git/gitdir"; echo done'
+    )
+    result = await _run(ex, plant, workspace)
+    assert result.stdout.text.strip().endswith("done"), result.stderr.text
+    assert not (workspace / "docs" / ".git").exists()
+    host_git("status", "--short", cwd=workspace / "docs", check=False)
+    assert not marker.exists()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from bash_sandbox import SandboxBashExecutor
-from bash_sandbox.linux.supervisor import CONNECT_PENDING_MAX
+from bash_sandbox.linux.supervisor import CONNECT_PENDING_MAX, CONNECT_WAITING_MAX
 from bash_seam import BashExecRequest, BashRunResult
 from policies import network_denial_marker
 from tests.sandbox.conftest import ExecutorFactory
@@ -471,3 +471,53 @@ async def test_a_burst_of_blocking_connects_past_the_bound_waits_and_succeeds(
     ex = make_executor(mode="workspace-write")
     result = await ex.run(ex.resolve(BashExecRequest(command=_BURST, timeout_ms=120_000)))
     assert result.stdout.text == "['ok'] 100\n", result.stderr.text
+
+
+_RESTARTING = f"""{PY} - <<'EOF'
+import os, signal, socket, threading, time
+server = socket.socket(socket.AF_UNIX)
+server.bind("storm.sock")
+server.listen(0)
+def hold():
+    with socket.socket(socket.AF_UNIX) as c:
+        try:
+            c.connect("storm.sock")
+        except OSError:
+            pass
+        time.sleep(600)
+for _ in range(70):  # every connect slot of this command, and then some
+    threading.Thread(target=hold, daemon=True).start()
+time.sleep(1)
+child = os.fork()
+if child == 0:
+    import ctypes, errno
+    libc = ctypes.CDLL(None, use_errno=True)
+    signal.signal(signal.SIGUSR1, lambda *_: None)
+    c = socket.socket(socket.AF_UNIX)
+    path = b"storm.sock"
+    addr = ctypes.create_string_buffer(b"\\x01\\x00" + path + b"\\x00", 2 + len(path) + 1)
+    while libc.connect(c.fileno(), addr, len(addr)) < 0 and ctypes.get_errno() == errno.EINTR:
+        pass  # restarted at once, as SA_RESTART does: a new notification each time
+    os._exit(0)
+time.sleep(0.3)
+end = time.monotonic() + 4
+sent = 0
+while time.monotonic() < end:
+    os.kill(child, signal.SIGUSR1)
+    sent += 1
+print("storm", sent > 1000, flush=True)
+time.sleep(600)
+EOF"""
+
+
+async def test_a_signal_storm_on_a_waiting_connect_keeps_the_queue_bounded(
+    make_executor: ExecutorFactory,
+) -> None:
+    # A connect past the command's bound waits in the supervisor; each signal that restarts
+    # it made a new notification, and a storm queued a hundred thousand of them in the
+    # executor's memory (a red team's).
+    ex = make_executor(mode="workspace-write")
+    async with _background(ex, _RESTARTING, "storm"):
+        supervisor = ex._services.supervisor()
+        assert supervisor._waiting <= CONNECT_WAITING_MAX
+        assert all(len(c.waiting) <= CONNECT_WAITING_MAX for c in supervisor._commands.values())
