@@ -372,21 +372,28 @@ print("leaving", flush=True)
 os._exit(0)
 EOF"""
 
-_FLOOD = f"""{PY} - <<'EOF'
-import socket, threading, time
+
+def _holders(sock: str, count: int) -> str:
+    """Python that listens on ``sock`` and never accepts, with ``count`` threads each
+    blocked connecting to it (every one past the backlog waits on the supervisor)."""
+    return f"""import os, signal, socket, threading, time
 server = socket.socket(socket.AF_UNIX)
-server.bind("flood.sock")
+server.bind("{sock}")
 server.listen(0)
-def connect():
+def hold():
     with socket.socket(socket.AF_UNIX) as c:
         try:
-            c.connect("flood.sock")
+            c.connect("{sock}")
         except OSError:
             pass
         time.sleep(600)
-for _ in range(400):
-    threading.Thread(target=connect, daemon=True).start()
-print("flooding", flush=True)
+for _ in range({count}):
+    threading.Thread(target=hold, daemon=True).start()
+"""
+
+
+_FLOOD = f"""{PY} - <<'EOF'
+{_holders("flood.sock", 400)}print("flooding", flush=True)
 time.sleep(600)
 EOF"""
 
@@ -474,20 +481,7 @@ async def test_a_burst_of_blocking_connects_past_the_bound_waits_and_succeeds(
 
 
 _RESTARTING = f"""{PY} - <<'EOF'
-import os, signal, socket, threading, time
-server = socket.socket(socket.AF_UNIX)
-server.bind("storm.sock")
-server.listen(0)
-def hold():
-    with socket.socket(socket.AF_UNIX) as c:
-        try:
-            c.connect("storm.sock")
-        except OSError:
-            pass
-        time.sleep(600)
-for _ in range(70):  # every connect slot of this command, and then some
-    threading.Thread(target=hold, daemon=True).start()
-time.sleep(1)
+{_holders("storm.sock", 70)}time.sleep(1)  # every connect slot of this command taken, and then some
 child = os.fork()
 if child == 0:
     import ctypes, errno
