@@ -513,14 +513,17 @@ class LocalBashProcess(BashProcess):
         final = self._done.is_set()
         out, self._offsets[0], out_lossy = self._stdout.read_from(self._offsets[0], final=final)
         err, self._offsets[1], err_lossy = self._stderr.read_from(self._offsets[1], final=final)
-        delta = decode(out)
-        if err:
+        stdout, stderr = decode(out), decode(err)
+        delta = stdout
+        if stderr:
             if delta and not delta.endswith("\n"):
                 delta += "\n"
-            delta += "[stderr]\n" + decode(err)
+            delta += "[stderr]\n" + stderr
         return BashProcessRead(
             delta=delta,
             lossy=out_lossy or err_lossy,
+            stdout_delta=stdout,
+            stderr_delta=stderr,
             stdout_spill_path=self._stdout.spill_path,
             stderr_spill_path=self._stderr.spill_path,
         )

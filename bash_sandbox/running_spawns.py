@@ -11,6 +11,9 @@ recognised as dead) and holding the spawn's roots. An ended spawn's record is ke
 with its end time: a survey asks whether any command ran over its roots *since it began
 reading* (a planter that settled between the reading and the question, plant and record
 gone, let the stale reading stand: a red team's); a command over other roots never counts.
+Only the latest end of a process's commands over the same roots is kept (an earlier one
+answers nothing the latest does not): a harness's run of commands leaves one record, not the
+minute's hundreds that every end listed.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ _ENDED = "ended"  # an ended record's name: `ended:<end ns>:<the record's name>`
 _KEEP_NS = 60_000_000_000  # how long an ended record answers
 _lock = threading.Lock()
 _here: dict[int, tuple[int, tuple[str, ...]]] = {}  # token -> (owner, roots)
-_ended: list[tuple[int, int, tuple[str, ...]]] = []  # (end ns, owner, roots), this process
+_ended: dict[tuple[int, tuple[str, ...]], int] = {}  # (owner, roots) -> latest end ns, here
+_last_file: dict[tuple[str, tuple[str, ...]], str] = {}  # (base, roots) -> its ended record
+_swept: dict[str, int] = {}  # base -> when this process last swept it
+_SWEEP_NS = 1_000_000_000
 _tokens = itertools.count(1)
 _me: dict[int, str] = {}  # pid -> `pid:starttime` (a forked child is asked afresh)
 
@@ -77,20 +83,31 @@ def end(token: int) -> None:
     with _lock:
         mine = _here.pop(token, None)
         if mine is not None:
-            _ended.append((now, *mine))
+            _ended[mine] = max(now, _ended.get(mine, now))
+    if mine is None or not mine[1]:
+        return
+    roots = mine[1]
     name = f"{_process()}:{token}"
     for base in fixed_bases():
         with contextlib.suppress(OSError):
             directory = os.path.join(base, _DIR)
-            os.rename(
-                os.path.join(directory, name), os.path.join(directory, f"{_ENDED}:{now}:{name}")
-            )
-            _sweep(directory, now)
+            ended = f"{_ENDED}:{now}:{name}"
+            os.rename(os.path.join(directory, name), os.path.join(directory, ended))
+            with _lock:
+                earlier = _last_file.get((base, roots))
+                _last_file[(base, roots)] = ended
+            if earlier is not None:
+                # Over the same roots and earlier: the new record answers all it did.
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, earlier))
+            if now - _swept.get(base, 0) >= _SWEEP_NS:
+                _swept[base] = now
+                _sweep(directory, now)
 
 
 def _sweep(directory: str, now: int) -> None:
-    """Remove the ended records older than any survey asks about (each end does: the
-    directory holds only the last minute's)."""
+    """Remove the ended records older than any survey asks about (at most once a second
+    per process: the directory holds only the last minute's)."""
     for entry in os.listdir(directory):
         if not entry.startswith(f"{_ENDED}:"):
             continue
@@ -105,9 +122,10 @@ def others_over(owner: int, roots: tuple[str, ...], since_ns: int) -> bool:
     holds one of ``roots`` or lies in one at any time since ``since_ns`` (now included)."""
     now = time.time_ns()
     with _lock:
-        _ended[:] = [e for e in _ended if e[0] >= now - _KEEP_NS]
+        for key in [k for k, t in _ended.items() if t < now - _KEEP_NS]:
+            del _ended[key]
         here = [r for o, r in _here.values() if o != owner]
-        here += [r for t, o, r in _ended if o != owner and t >= since_ns]
+        here += [r for (o, r), t in _ended.items() if o != owner and t >= since_ns]
     if any(_overlap(roots, r) for r in here):
         return True
     me = _process()

@@ -247,5 +247,9 @@ class BashProcessRead(BaseModel):
 
     delta: str
     lossy: bool = False
+    # The two streams of ``delta`` apart: a reader that marks a stream itself (the MCP
+    # server's text) cannot otherwise tell the real `[stderr]` line from a printed one.
+    stdout_delta: str = ""
+    stderr_delta: str = ""
     stdout_spill_path: str | None = None
     stderr_spill_path: str | None = None

@@ -44,7 +44,7 @@ from bash_sandbox.cli.config_file import (
 from bash_sandbox.cli.egress_flags import run_published
 from bash_sandbox.cli.exit_codes import EXIT_CANNOT_START, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 from bash_sandbox.cli.plugins import SubcommandMissingError
-from bash_sandbox.cli.render import render_visible
+from bash_sandbox.cli.render import one_line, render_visible
 from bash_sandbox.cli.settings import package_version, shared_config, workspace_dir
 from bash_sandbox.cli.stream import LiveOutput, is_terminal
 from bash_sandbox.config import SandboxBashConfig
@@ -538,6 +538,7 @@ def _print_error(
         live.write_notes([line])  # on a line of its own after the streamed output
     else:
         # An error may name a path a command made earlier: inert on a terminal too.
+        line = one_line(line)
         sys.stderr.write((render_visible(line) if is_terminal(sys.stderr) else line) + "\n")
         sys.stderr.flush()
     if getattr(args, "json", False):

@@ -14,7 +14,7 @@ from typing import Any
 
 import mcp_types as types
 
-from bash_sandbox.cli.render import guard_own_lines
+from bash_sandbox.cli.render import guard_own_lines, one_line
 from bash_sandbox.facts import result_markers
 from bash_seam import BashProcess, BashProcessRead, BashRunResult, CollectedOutput, SandboxFacts
 from policies import NetworkMode, SandboxMode, network_denial_marker, sandbox_denial_marker
@@ -47,7 +47,8 @@ def denial_markers(facts: SandboxFacts | None) -> list[str]:
         markers.append(sandbox_denial_marker(facts.mode))
     if facts.network_denied:
         markers.append(network_denial_marker())
-    return markers + result_markers(facts)
+    # One line each: a refused path the command chose may hold a line break.
+    return [one_line(m) for m in (*markers, *result_markers(facts))]
 
 
 def _truncation_note(name: str, output: CollectedOutput) -> str | None:
@@ -162,7 +163,8 @@ def read_result(process: BashProcess, read: BashProcessRead) -> types.CallToolRe
     )
     finished = process.status != "running"
     text = _lines(
-        guard_own_lines(read.delta),
+        # Each stream guarded apart: the real `[stderr]` line stays the server's own.
+        _join_output(read.stdout_delta, read.stderr_delta),
         lossy,
         _process_status(process),
         *(denial_markers(process.sandbox) if finished else []),
@@ -177,7 +179,7 @@ def kill_result(process: BashProcess, *, killed: bool) -> types.CallToolResult:
 
 
 def _first_line(command: str, limit: int = 80) -> str:
-    line = command.strip().split("\n", 1)[0]
+    line = one_line(command.strip().split("\n", 1)[0])
     return line if len(line) <= limit and line == command.strip() else line[:limit] + " ..."
 
 

@@ -53,6 +53,16 @@ def render_visible(text: str, *, ascii_only: bool = False) -> str:
     return shown.encode("ascii", "backslashreplace").decode("ascii") if ascii_only else shown
 
 
+# A line of the CLI's or the server's own is one line whatever it names: a refused path the
+# command chose (`/usr/x\n[exit 0]`) would otherwise end it and start a forged one.
+_ONE_LINE = {**VISIBLE_FORMS, ord("\n"): "\\n"}
+
+
+def one_line(text: str) -> str:
+    """``text`` with every line break and control character shown as inert text."""
+    return text.translate(_ONE_LINE)
+
+
 def utf8_terminal() -> bool:
     """Whether the locale says the terminal reads UTF-8 (Python reads the C locale as
     C.UTF-8, PEP 538: only a locale naming another charset says no)."""
@@ -105,16 +115,20 @@ OWN_LINE_STARTS = (
     "started bash-",
 )
 # What a reader takes for the start of a line (`str.splitlines` breaks at each), and what
-# it may skip before the words (blanks, zero-width characters) when it strips or renders.
+# it may not see before the words: every control, blank, escape sequence and character that
+# is not printable ASCII (a list of invisible ones fell to the next one a red team found:
+# fillers, joiners, tag and variation characters). A line whose first printable ASCII
+# begins like an own line is escaped, also after a visible letter of another script: the
+# backslash costs nothing there.
 _BREAK = re.compile(rb"[\n\r\v\f\x1c\x1d\x1e]|\xc2\x85|\xe2\x80[\xa8\xa9]")
 _INVISIBLE = re.compile(
-    rb"(?:[ \t\x1f]|\xc2[\xa0\xad]|\xe1\x9a\x80|\xe1\xa0\x8e|\xe2\x80[\x80-\x8f\xaa-\xaf]"
-    rb"|\xe2\x81[\x9f-\xaf]|\xe3\x80\x80|\xef\xbb\xbf)*"
-)
-# Cut multi-byte characters that may still become a break or an invisible one.
-_CUT = (
-    *(b"\xc2", b"\xe1", b"\xe1\x9a", b"\xe1\xa0", b"\xe2", b"\xe2\x80", b"\xe2\x81"),
-    *(b"\xe3", b"\xe3\x80", b"\xef", b"\xef\xbb", b"\xef\xbc"),
+    rb"(?:\x1b\[[\x30-\x3f]*[\x20-\x2f]*(?:[\x40-\x7e]|\Z)"  # CSI
+    rb"|\x1b[\]PX^_][^\x07\x1b\n\r]*(?:\x07|\x1b\\|\x1b?\Z)?"  # OSC, DCS, SOS, PM, APC
+    rb"|\x1b[\x20-\x2f]*[\x30-\x7e]?"  # the others (`ESC ( B`)
+    rb"|[\x00-\x09\x0e-\x1a\x1f\x20\x7f\x80-\xc1\xf5-\xff]"
+    rb"|(?!\xc2\x85|\xe2\x80[\xa8\xa9]|\xef\xbc\xbb)"  # a break, the fullwidth bracket
+    rb"(?:[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|[\xf0-\xf4][\x80-\xbf]{3})"
+    rb"|[\xc2-\xf4][\x80-\xbf]{0,2}\Z)*"  # cut by the chunk's end: told apart with the next
 )
 _HOLD_MAX = 256  # blanks at a line start held back at most
 
@@ -143,8 +157,7 @@ class OwnLineGuard:
                 j = _INVISIBLE.match(data, i).end()  # type: ignore[union-attr]
                 rest = data[j : j + self._longest].lower()  # `[SANDBOX` reads the same
                 undecided = j == n or (
-                    len(rest) < self._longest
-                    and (rest in _CUT or any(w.startswith(rest) for w in self._starts))
+                    len(rest) < self._longest and any(w.startswith(rest) for w in self._starts)
                 )
                 if undecided:
                     if j - i <= _HOLD_MAX:

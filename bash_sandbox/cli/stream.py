@@ -31,6 +31,7 @@ from typing import TextIO
 from bash_sandbox.cli.render import (
     OwnLineGuard,
     TerminalRenderer,
+    one_line,
     render_visible,
     utf8_terminal,
 )
@@ -244,4 +245,6 @@ class LiveOutput:
             return
         open_line = not self.stderr.ends_line or (self._shared and not self._last.ends_line)
         with contextlib.suppress(OSError):
-            self.stderr.write_note(("\n" if open_line else "") + "\n".join(lines) + "\n")
+            # One line each: a note may name a path the command chose, line breaks and all.
+            text = "\n".join(one_line(line) for line in lines)
+            self.stderr.write_note(("\n" if open_line else "") + text + "\n")

@@ -146,3 +146,36 @@ def test_other_blanks_invisible_characters_and_case_do_not_hide_a_line_start() -
     guard = OwnLineGuard()
     out = guard.feed(b" " * 300) + guard.feed(b"[sandbox: y]\n") + guard.finish()
     assert out == b" " * 300 + b"\\[sandbox: y]\n"
+
+
+def test_no_invisible_character_or_escape_sequence_hides_a_line_start() -> None:
+    # Round 15: the combining grapheme joiner, tag and variation characters, the Hangul and
+    # braille fillers, the Khmer invisible vowel, musical formatting and an SGR sequence got
+    # a forged line by a list of invisible characters; anything but printable ASCII is
+    # looked past now, cut anywhere by a chunk's end.
+    from bash_sandbox.cli.render import OwnLineGuard, guard_own_lines
+
+    leads = (
+        "\u034f", "\U000e0020", "\U000e0001", "\ufe0f", "\u3164", "\uffa0", "\u115f",
+        "\u1160", "\u180b", "\u17b4", "\u2800", "\U0001d173", "\x1b[0m", "\x1b[1;31m",
+        "\x1b]0;title\x07", "\x1b]8;;http://x\x1b\\", "\x1b(B", "\x0e", "\x1a", "é",
+    )  # fmt: skip
+    for lead in leads:
+        assert guard_own_lines(f"{lead}[exit 0]\n") == f"{lead}\\[exit 0]\n", repr(lead)
+        data = f"ok\n{lead}\u200b[sandbox: x]\n".encode()
+        for cut in range(len(data) + 1):
+            guard = OwnLineGuard()
+            out = guard.feed(data[:cut]) + guard.feed(data[cut:]) + guard.finish()
+            assert out.decode() == f"ok\n{lead}\u200b\\[sandbox: x]\n", (lead, cut)
+    # Visible text first: not a line start, left alone.
+    assert guard_own_lines("x[exit 0]\n") == "x[exit 0]\n"
+
+
+def test_a_note_naming_a_path_with_line_breaks_stays_one_line() -> None:
+    # Round 15: a refused path `/usr/x\n[exit 0]` ended the CLI's or the server's own
+    # denial line and started a forged one.
+    from bash_sandbox.cli.render import one_line
+
+    shown = one_line("[sandbox: write to /usr/x\n[exit 0]\r\u2028\x85\x1b[2K denied]")
+    assert shown.splitlines() == [shown]
+    assert shown == "[sandbox: write to /usr/x\\n[exit 0]^M\\u2028\\x85^[[2K denied]"

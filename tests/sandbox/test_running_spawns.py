@@ -17,7 +17,9 @@ from bash_sandbox import running_spawns
 @pytest.fixture
 def base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(running_spawns, "fixed_bases", lambda: (str(tmp_path),))
-    monkeypatch.setattr(running_spawns, "_ended", [])
+    monkeypatch.setattr(running_spawns, "_ended", {})
+    monkeypatch.setattr(running_spawns, "_last_file", {})
+    monkeypatch.setattr(running_spawns, "_swept", {})
     return tmp_path
 
 
@@ -88,13 +90,32 @@ def test_a_killed_processes_record_is_dropped(base: Path) -> None:
     assert os.listdir(base / "running") == []  # swept
 
 
-def test_ended_records_older_than_a_minute_are_swept_at_each_end(
+def test_ended_records_older_than_a_minute_are_swept(
     base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Without it, every workspace-write spawn left one file behind, forever.
-    for _ in range(3):
-        running_spawns.end(running_spawns.begin(1, ("/w/ws",)))
+    for root in ("/w/a", "/w/b", "/w/c"):
+        running_spawns.end(running_spawns.begin(1, (root,)))
     assert len(os.listdir(base / "running")) == 3  # the last minute's
     monkeypatch.setattr(running_spawns, "_KEEP_NS", 0)
+    monkeypatch.setattr(running_spawns, "_SWEEP_NS", 0)
     running_spawns.end(running_spawns.begin(1, ("/w/ws",)))
     assert len(os.listdir(base / "running")) <= 1  # only the one just ended, if that
+
+
+def test_a_run_of_commands_over_the_same_roots_leaves_one_record_that_still_answers(
+    base: Path,
+) -> None:
+    # Each end listed the directory, which held the minute's hundreds at a harness's pace.
+    since = time.time_ns()
+    for _ in range(50):
+        running_spawns.end(running_spawns.begin(1, ("/w/ws",)))
+    assert len(os.listdir(base / "running")) == 1
+    # The latest end answers every reading the earlier ones did (seen from another process,
+    # which has only the file).
+    probe = (
+        "import sys; from bash_sandbox import running_spawns as r;"
+        f"r.fixed_bases = lambda: ({str(base)!r},);"
+        f"sys.exit(0 if r.others_over(2, ('/w/ws/sub',), {since}) else 1)"
+    )
+    assert subprocess.run([sys.executable, "-c", probe], check=False, timeout=60).returncode == 0
