@@ -655,6 +655,37 @@ class _Importer:
         )
         return done.stderr.decode(errors="replace").strip()[:200] if done.returncode else None
 
+    def _hiding_bits(
+        self, admin: str, host_listed: bytes, sparse: list[bytes], assumed: list[bytes]
+    ) -> tuple[list[bytes], list[bytes]]:
+        """The skip-worktree and assume-unchanged bits kept: those the host's index has, and
+        new skip-worktree bits where the host checks out sparsely. A bit the command set
+        anew hides its edit of that file from the host's `git status`, `diff` and `commit
+        -a` (a red team's: a build script changed, and no review through git saw it)."""
+        host = [e for e in host_listed.split(b"\0") if e]
+        had_sparse = {e.split(b"\t", 1)[1] for e in host if e[:2] in (b"S ", b"s ")}
+        had_assumed = {e.split(b"\t", 1)[1] for e in host if e[:1].islower()}
+        admin_dir = os.path.join(self.gitdir, admin) if admin else self.gitdir
+        if [p for p in sparse if p not in had_sparse]:
+            done = git(admin_dir, "config", "--bool", "core.sparseCheckout", check=False)
+            if done.stdout.strip() == b"true":
+                had_sparse.update(sparse)
+        dropped = sorted(
+            {*(p for p in sparse if p not in had_sparse)}
+            | {p for p in assumed if p not in had_assumed}
+        )
+        if dropped:
+            shown = ", ".join(p.decode(errors="replace") for p in dropped[:5])
+            self.result.denials.append(
+                (
+                    f"{admin or '.'}/index",
+                    f"skip-worktree or assume-unchanged bits the command set ({shown}): they "
+                    "hide its edits from host git; the entries are kept without them",
+                )
+            )
+        kept_sparse = [p for p in sparse if p in had_sparse]
+        return kept_sparse, [p for p in assumed if p in had_assumed]
+
     def _index_changed(self, admin: str) -> bool:
         """Whether the host's index of ``admin`` changed since the command started: replaced,
         and not only its stat data refreshed (the same entries, flags and intents as the
@@ -724,6 +755,7 @@ class _Importer:
         # rebuild dropped them, and the user's next `commit -a` took the hidden edit (a red
         # team's: a local token committed).
         assumed = [e.split(b"\t", 1)[1] for e in tagged.split(b"\0") if e[:1].islower()]
+        sparse, assumed = self._hiding_bits(admin, host_listed, sparse, assumed)
         intents = self._intent_to_add(src)
         listed = b"".join(e + b"\0" for e in entries if e.split(b"\t", 1)[1] not in intents)
         done = git(self.view, "update-index", "-z", "--index-info", input=listed, env=env)
@@ -858,6 +890,7 @@ class _Importer:
             for name, path in sorted(merged.items()):
                 data = read_regular(path, sf.MAX_TEXT + 1)
                 checked = sf.check_state_file(f"{top}/{name}", path, data)
+                self._no_branch_outside(f"{top}/{name}", checked.data)
                 with open(os.path.join(out, name), "wb") as fh:
                     fh.write(checked.data)
         except (sf.StateRefused, OSError) as exc:
@@ -865,6 +898,21 @@ class _Importer:
             return
         after = path_digest(out)
         self.plan.files.append(FileChange(admin, top, out, True, before=before, after=after))
+
+    def _no_branch_outside(self, rel: str, data: bytes) -> None:
+        """Refuse a rebase's state that names a branch checked out in a worktree outside the
+        roots: the host's `git rebase --abort` (`head-name`) or `--continue`
+        (`update-refs`) moves it there without git's own check, and that checkout's next
+        `reset --hard` writes the command's tree outside every root (a red team's)."""
+        if rel not in sf.BRANCH_FILES:
+            return
+        outside = self._checked_out_outside()
+        for branch in sf.named_branches(rel, data):
+            if branch in outside:
+                where = outside[branch] or "the main worktree"
+                raise sf.StateRefused(
+                    f"{rel} names {branch}, checked out in {where}, outside the writable roots"
+                )
 
     def plan_reflog(self, admin: str, sub: str, missing: set[str], absent: frozenset[str]) -> None:
         """A reflog the command changed (a stash pushed or dropped, a commit): each entry
@@ -1168,18 +1216,55 @@ class _Importer:
         for name, host in sorted(self.fast_forwards.items()):
             change = changes[name]
             assert change.new is not None
-            if self._forward(change.old, host, change.new):
+            undone = self._undoes(change.old, host, ("diff-tree", host, change.new))
+            if undone:
+                # The command read the ref through the live git dir but committed an index
+                # staged before the host's commit: a fast-forward that deletes the host's
+                # work (a red team's: a user's commit during a background command).
+                self.result.denials.append((name, _UNDOES.format(undone)))
+            if not undone and self._forward(change.old, host, change.new):
                 change.old = host
                 self.forwarded.add(name)
             else:
                 self.plan.conflicts.append(GitRefConflict(name=name, host=host, command=change.new))
         for admin, name in sorted(self.index_on.items()):
-            if name not in self.forwarded and self._index_changed(admin):
+            undone = None
+            if name in self.forwarded:
+                # The index staged on the moved tip: the same question of its entries.
+                host, start = self.fast_forwards[name], (self.snap.refs or {}).get(name)
+                index = next(c.source for c in self.plan.indexes if c.admin == admin)
+                env = git_env(GIT_INDEX_FILE=index)
+                undone = self._undoes(start, host, ("diff-index", "--cached", host), env)
+                if undone:
+                    self.result.denials.append((f"{admin or '.'}/index", _UNDOES.format(undone)))
+            if undone or (name not in self.forwarded and self._index_changed(admin)):
                 self.plan.conflicts.append(
                     GitRefConflict(
                         name=os.path.join(admin, "index"), host="changed", command="changed"
                     )
                 )
+
+    def _undoes(
+        self,
+        start: str | None,
+        host: str,
+        command: tuple[str, ...],
+        env: dict[str, str] | None = None,
+    ) -> str | None:
+        """A path the host changed between ``start`` and ``host`` that the command's side
+        (``command``: a git diff against ``host``) puts back as it was at ``start``; None
+        when it keeps every change the host made."""
+        if start is None or start == host:
+            return None
+        flags = ("-r", "-z", "--no-renames", "--no-ext-diff")
+        theirs = _raw_diff(git(self.gitdir, "diff-tree", *flags, start, host).stdout)
+        if not theirs:
+            return None
+        mine = _raw_diff(git(self.gitdir, command[0], *flags, *command[1:], env=env).stdout)
+        for path, (before, _) in theirs.items():
+            if path in mine and mine[path][1] == before:
+                return path.decode(errors="replace")
+        return None
 
     def _forward(self, start: str | None, host: str, command: str) -> bool:
         """Whether the host moved the ref forward (its value at the snapshot an ancestor of
@@ -1408,6 +1493,23 @@ class _Importer:
             refused=tuple(self.plan.refused),
         )
         return self.result
+
+
+_UNDOES = (
+    "staged before the host's commits of the same branch: it would undo {} (the command's "
+    "commits and index are kept, the host's stay)"
+)
+
+
+def _raw_diff(out: bytes) -> dict[bytes, tuple[tuple[bytes, bytes], tuple[bytes, bytes]]]:
+    """`git diff --raw -z` output: each path's (mode, id) before and after (zeros: absent)."""
+    parts = out.split(b"\0")
+    found: dict[bytes, tuple[tuple[bytes, bytes], tuple[bytes, bytes]]] = {}
+    for meta, path in zip(parts[::2], parts[1::2], strict=False):
+        fields = meta.lstrip(b":").split(b" ")
+        if len(fields) >= 4:
+            found[path] = ((fields[0], fields[2]), (fields[1], fields[3]))
+    return found
 
 
 def _temp_objects(gitdir: str) -> set[str]:

@@ -330,6 +330,19 @@ def _update_refs(data: bytes) -> bytes:
     return b"".join(line + b"\n" for line in lines)
 
 
+# The state files whose branches host git moves when the rebase ends (`named_branches`).
+BRANCH_FILES = frozenset({*_HEAD_NAMES, "rebase-merge/update-refs"})
+
+
+def named_branches(rel: str, data: bytes) -> list[str]:
+    """The branches a checked `head-name` or `update-refs` (``rel``, as `BRANCH_FILES`)
+    names."""
+    lines = data.decode(errors="surrogateescape").split("\n")
+    if rel in _HEAD_NAMES:
+        return [lines[0]] if lines[0] != "detached HEAD" else []
+    return lines[0:-1:3]
+
+
 def _oid_file(rel: str, data: bytes) -> bytes:
     value = check_text(data).strip()
     pattern = _SHORT_OID if rel.endswith("stopped-sha") else _OID

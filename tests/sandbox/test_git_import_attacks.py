@@ -385,6 +385,67 @@ async def test_a_rebase_state_naming_control_files_as_refs_writes_none_on_contin
     assert any("update-refs" in r for r in refused), result.sandbox.git
 
 
+@pytest.mark.parametrize("how", ["head-name, then --abort", "update-refs, then --continue"])
+async def test_a_rebase_state_naming_a_branch_checked_out_outside_moves_nothing_there(
+    how: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # Round 15: a stopped rebase whose `head-name` (or `update-refs`) named `release`,
+    # checked out in a worktree outside the roots: the user's `git rebase --abort` (or
+    # `--continue`) moved it to the command's commit without git's own checked-out check,
+    # and that worktree's `reset --hard` then wrote the command's file outside every root.
+    repo = make_repo(workspace / "repo")
+    (repo / "f0.txt").write_text("two\n")
+    host_git(repo, "commit", "-qam", "c2")
+    outside = tmp_path / "outside-wt"
+    host_git(repo, "worktree", "add", "-q", "-b", "release", str(outside))
+    release = host_git(repo, "rev-parse", "release").strip()
+    plant = (
+        "git checkout -q -b evil && echo planted > planted.txt && git add planted.txt"
+        " && git commit -qm evil && c=$(git rev-parse HEAD) && git checkout -q main"
+        " && GIT_SEQUENCE_EDITOR='sed -i 1ibreak' git rebase -q -i HEAD~1 >/dev/null 2>&1;"
+    )
+    if how.startswith("head-name"):
+        plant += " echo refs/heads/release > .git/rebase-merge/head-name"
+        plant += " && echo $c > .git/rebase-merge/orig-head"
+    else:
+        plant += f" printf 'refs/heads/release\\n{release}\\n%s\\n' $c"
+        plant += " > .git/rebase-merge/update-refs"
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, plant, repo)
+    assert result.exit_code == 0, result.stderr.text
+    host_git(repo, "rebase", "--continue" if "continue" in how else "--abort", check=False)
+    assert host_git(repo, "rev-parse", "release").strip() == release
+    host_git(outside, "reset", "-q", "--hard", check=False)
+    assert not (outside / "planted.txt").exists()
+    assert result.sandbox is not None
+    refused = [r for o in result.sandbox.git for r in o.refused]
+    assert any("refs/heads/release" in r and "outside" in r for r in refused), refused
+    fsck_clean(repo)
+
+
+@pytest.mark.parametrize("bit", ["--skip-worktree", "--assume-unchanged"])
+async def test_a_bit_the_command_sets_does_not_hide_its_edit_from_host_git(
+    bit: str, make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # Round 15: `git update-index --skip-worktree build.sh` and an edit: the import kept the
+    # bit, so the host's `git status`, `diff` and `commit -a` never showed the change.
+    repo = make_repo(workspace / "repo")
+    (repo / "build.sh").write_text("echo build\n")
+    host_git(repo, "add", "build.sh")
+    host_git(repo, "commit", "-qm", "build")
+    ex = make_executor(mode="workspace-write")
+    result = await _run(
+        ex, f"git update-index {bit} build.sh && echo 'echo planted' >> build.sh", repo
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert host_git(repo, "status", "--porcelain").split() == ["M", "build.sh"]
+    assert "echo planted" in host_git(repo, "diff")
+    assert result.sandbox is not None
+    reasons = [d.reason for d in result.sandbox.denials if d.target.endswith("index")]
+    assert any("hide its edits" in r for r in reasons), result.sandbox.denials
+    fsck_clean(repo)
+
+
 async def test_a_worktree_outside_the_roots_keeps_its_own_head_and_index(
     make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
 ) -> None:
@@ -1024,6 +1085,7 @@ async def test_an_index_git_cannot_mark_sparse_is_refused_and_its_layer_not_kept
     # failed with an exception, so the import failed as a whole and kept its upper layer
     # (the command's objects with it) on every run, past the bound of kept layers (red team).
     repo = make_repo(workspace / "repo")
+    host_git(repo, "config", "core.sparseCheckout", "true")  # new skip-worktree bits kept
     (repo / "craft.py").write_text(SKIP_CRAFT)
     index_before = (repo / ".git" / "index").read_bytes()
     ex = make_executor(mode="workspace-write")

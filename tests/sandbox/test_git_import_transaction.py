@@ -336,8 +336,13 @@ def test_the_skip_worktree_bits_of_a_sparse_checkout_survive_the_rebuilt_index(
     tmp_path: Path,
 ) -> None:
     repo = make_repo(tmp_path / "repo", files=2)
+    # A sparse checkout: the bits the command's git sets are kept (elsewhere new ones hide
+    # its edits from host git, round 15), on files left out of the worktree as git does.
+    host_git(repo, "config", "core.sparseCheckout", "true")
     ov = Overlay(repo, tmp_path / "state")
-    ov.run("git update-index --skip-worktree f1.txt && echo n > n.txt && git add n.txt")
+    ov.run(
+        "git update-index --skip-worktree f1.txt && rm f1.txt && echo n > n.txt && git add n.txt"
+    )
     snap = load_snapshot(str(ov.upper))
     assert snap is not None
     outcome = import_changes(snap).outcome
@@ -748,10 +753,71 @@ def test_a_fast_forward_whose_host_index_is_not_the_tips_tree_is_a_conflict(
     outcome = import_changes(snap).outcome
     assert outcome is not None
     assert outcome.status is GitImportStatus.CONFLICT, outcome
-    assert [c.name for c in outcome.conflicts] == ["index"]
+    # The command's commit, on the moved tip with the index it saw, deletes `other.txt`:
+    # not a fast-forward of the host's work (round 15), so `main` is the conflict.
+    assert [c.name for c in outcome.conflicts] == ["refs/heads/main"]
     assert host_git(repo, "rev-parse", "main").strip() == tip
     assert (repo / ".git" / "index").read_bytes() == index
     assert reachable(repo, ours)
+    fsck_clean(repo)
+
+
+def test_a_commit_on_a_tip_the_user_moved_with_an_index_staged_before_is_a_conflict(
+    tmp_path: Path,
+) -> None:
+    # Round 15: the command staged (its index copied up), the user committed `user.txt` on
+    # the host, then the command committed: its parent was the user's commit (refs are read
+    # through the live git dir), its tree the stale index, so the "fast-forward" deleted the
+    # user's file, and the command's index replaced the user's.
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state" / "exec-x")
+    ov.run("echo cmd > cmd.txt && git add cmd.txt")
+    (repo / "user.txt").write_text("important\n")
+    host_git(repo, "add", "user.txt")
+    host_git(repo, "commit", "-qm", "user")
+    user = host_git(repo, "rev-parse", "main").strip()
+    index = (repo / ".git" / "index").read_bytes()
+    ours, parent = ov.run("git commit -qm command && git rev-parse @ @~").split()
+    assert parent == user
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None
+    assert outcome.status is GitImportStatus.CONFLICT, outcome
+    assert "refs/heads/main" in [c.name for c in outcome.conflicts]
+    assert host_git(repo, "rev-parse", "main").strip() == user
+    assert host_git(repo, "ls-tree", "--name-only", "main").split() == ["f0.txt", "user.txt"]
+    assert (repo / ".git" / "index").read_bytes() == index
+    assert reachable(repo, ours)
+    fsck_clean(repo)
+
+
+def test_an_index_staged_before_the_users_commit_is_not_taken_with_a_good_commit(
+    tmp_path: Path,
+) -> None:
+    # `git commit <path>` builds its commit from HEAD (the user's, with `user.txt`) but
+    # writes the path into the stale index, which lacks `user.txt`: a conflict (the import
+    # is one transaction), the command's commit kept, the host's index and branch stay.
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state" / "exec-x")
+    ov.run("echo cmd > cmd.txt && git add cmd.txt")
+    (repo / "user.txt").write_text("important\n")
+    host_git(repo, "add", "user.txt")
+    host_git(repo, "commit", "-qm", "user")
+    index = (repo / ".git" / "index").read_bytes()
+    user = host_git(repo, "rev-parse", "main").strip()
+    ours = ov.run("git commit -qm command cmd.txt && git rev-parse @").strip()
+    assert "user.txt" in ov.run("git ls-tree --name-only @").split()
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None
+    assert host_git(repo, "rev-parse", "main").strip() == user
+    assert reachable(repo, ours)
+    assert outcome.status is GitImportStatus.CONFLICT, outcome
+    assert [c.name for c in outcome.conflicts] == ["index"]
+    assert (repo / ".git" / "index").read_bytes() == index
+    assert "user.txt" in host_git(repo, "ls-files").split()
     fsck_clean(repo)
 
 

@@ -362,6 +362,53 @@ async def test_a_background_commit_on_a_tip_another_import_moved_fast_forwards(
     fsck_clean(repo)
 
 
+@pytest.mark.parametrize("by", ["the user on the host", "another command's import"])
+async def test_a_background_commit_of_an_index_staged_before_the_tip_moved_keeps_that_work(
+    by: str, make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # Round 15: the background command staged (its index copied up), the tip moved (the
+    # user's `git commit`, or an import), and its commit then rode the moved tip with the
+    # stale index: a "fast-forward" that deleted the other commit's file on the host.
+    repo = make_repo(workspace / "repo")
+    go, staged = workspace / "go", workspace / "staged"
+    ex = make_executor(mode="workspace-write")
+    background = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command=f"echo bg > bg.txt && git add bg.txt && touch {staged} && while"
+                f" [ ! -e {go} ]; do sleep 0.02; done; git commit -qm 'from the background'",
+                workdir=str(repo),
+                env=GIT_ENV,
+            )
+        )
+    )
+    for _ in range(1500):  # staged: its index is in the overlay
+        if staged.exists():
+            break
+        await asyncio.sleep(0.02)
+    if by == "the user on the host":
+        (repo / "user.txt").write_text("important\n")
+        host_git(repo, "add", "user.txt")
+        host_git(repo, "commit", "-qm", "from the command")  # the subject `_committed` checks
+    else:
+        await _committed(
+            ex, repo, "echo fg > user.txt && git add user.txt && git commit -qm 'from the command'"
+        )
+    moved = host_git(repo, "rev-parse", "main").strip()
+    go.touch()
+    await background.wait()
+    assert background.exit_code == 0, background.read_output().delta
+    assert background.sandbox is not None
+    [outcome] = background.sandbox.git
+    assert outcome.status is GitImportStatus.CONFLICT, outcome
+    # From the host: the other commit and its file stay, and the background's is kept.
+    assert host_git(repo, "rev-parse", "main").strip() == moved
+    assert "user.txt" in host_git(repo, "ls-tree", "--name-only", "main").split()
+    assert "user.txt" in host_git(repo, "ls-files").split()
+    assert _subject(repo, f"{outcome.kept_at}/heads/main") == "from the background"
+    fsck_clean(repo)
+
+
 @pytest.mark.parametrize("layout", ["the only one", "then another added", "beside one outside"])
 async def test_removing_the_last_linked_worktree_unregisters_it_on_the_host(
     layout: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
