@@ -37,17 +37,18 @@ class FileCall:
     mode: int | None = None
     flags: int | None = None  # open flags; None for calls that always create (creat)
     xattr: int | None = None  # the xattr name pointer
-    write: str | None = None  # "open", "create", "remove", "rename", "link", "truncate"
+    # "open", "create", "remove", "rename", "link", "truncate", "attr" (a mode or owner)
+    write: str | None = None
 
 
 # Calls that give a file a mode (the kernel keeps S_ISUID/S_ISGID from it) or an xattr.
 # mkdir is absent on purpose: the kernel masks its mode to 0777|S_ISVTX (vfs_prepare_mode),
 # so a directory gets a set-id bit only by chmod or from its parent, never from mkdir.
 MODE_CALLS = (
-    FileCall("chmod", path=0, mode=1),
+    FileCall("chmod", path=0, mode=1, write="attr"),
     FileCall("fchmod", fd=0, mode=1),
-    FileCall("fchmodat", dirfd=0, path=1, mode=2),
-    FileCall("fchmodat2", dirfd=0, path=1, mode=2),
+    FileCall("fchmodat", dirfd=0, path=1, mode=2, write="attr"),
+    FileCall("fchmodat2", dirfd=0, path=1, mode=2, write="attr"),
     FileCall("open", path=0, flags=1, mode=2, write="open"),
     FileCall("openat", dirfd=0, path=1, flags=2, mode=3, write="open"),
     FileCall("creat", path=0, mode=1, write="open"),
@@ -75,6 +76,12 @@ WRITE_CALLS = (
     FileCall("link", path=0, path2=1, write="link"),
     FileCall("linkat", dirfd=0, path=1, dirfd2=2, path2=3, write="link"),
     FileCall("truncate", path=0, write="truncate"),
+    # A mode or owner refused on a read-only mount is a refusal too (it was a hint read
+    # from the output at best: a red team's). By path only: a descriptor's file was
+    # opened, and an open for writing is judged already.
+    FileCall("chown", path=0, write="attr"),
+    FileCall("lchown", path=0, write="attr"),
+    FileCall("fchownat", dirfd=0, path=1, write="attr"),
 )
 O_WRONLY = 0o1
 O_RDWR = 0o2
@@ -112,6 +119,9 @@ _NUMBERS: dict[str, dict[str, int]] = {
         "linkat": 265,
         "symlinkat": 266,
         "renameat2": 316,
+        "chown": 92,
+        "lchown": 94,
+        "fchownat": 260,
     },
     "aarch64": {
         "setxattr": 5,
@@ -128,6 +138,7 @@ _NUMBERS: dict[str, dict[str, int]] = {
         "renameat": 38,
         "truncate": 45,
         "renameat2": 276,
+        "fchownat": 54,
     },
 }
 _UNIFIED = {

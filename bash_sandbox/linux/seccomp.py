@@ -240,6 +240,9 @@ def render_notify_rules(watch_writes: bool = True) -> tuple[SeccompRule, ...]:
         )
     )
     whole = _write_rules() if watch_writes else ()
+    if watch_writes:
+        # A unix socket's path is a file it makes (the family lies in memory: every bind).
+        whole += (SeccompRule("bind", None, (), "a unix socket bound to a path"),)
     trapped = {r.syscall for r in whole if not r.args}
     return tuple(rules) + _setid_rules(trapped) + whole
 

@@ -67,8 +67,8 @@ logger = logging.getLogger("bash_sandbox")
 
 _MACHINE = os.uname().machine
 _SYSCALLS = {
-    "x86_64": {"connect": 42, "socket": 41, "socketpair": 53},
-    "aarch64": {"connect": 203, "socket": 198, "socketpair": 199},
+    "x86_64": {"connect": 42, "socket": 41, "socketpair": 53, "bind": 49},
+    "aarch64": {"connect": 203, "socket": 198, "socketpair": 199, "bind": 200},
 }.get(_MACHINE, {})
 _SYS_PIDFD_OPEN = 434
 _SYS_PIDFD_GETFD = 438
@@ -79,6 +79,9 @@ _NOTIF_SEND = 0xC0182101
 _NOTIF_ID_VALID = 0x40082102
 _FLAG_CONTINUE = 1
 _FILE_CALLS = by_number(_MACHINE)
+# A unix socket bound to a path makes a file there: the write watch judges it as a create
+# (its path argument points at `sun_path`, two bytes into the address).
+_BIND = FileCall("bind", path=1, write="create")
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 _MAX_SYMLINKS = 40
@@ -477,6 +480,9 @@ class SeccompSupervisor:
         if nr == _SYSCALLS.get("connect"):
             self._connect(command, notif)
             return
+        if nr == _SYSCALLS.get("bind"):
+            self._bind(command, notif)
+            return
         call = _FILE_CALLS.get(nr)
         if call is not None:
             self._file_call(command, notif, call)
@@ -498,9 +504,30 @@ class SeccompSupervisor:
 
     # -- files --------------------------------------------------------------------------
 
-    def _file_call(self, command: SupervisedCommand, notif: _Notif, call: FileCall) -> None:
+    def _bind(self, command: SupervisedCommand, notif: _Notif) -> None:
+        """A bind to a unix socket path, judged as the file it creates (a refused one was
+        no fact at all: a red team's); any other bind goes on unlooked at."""
+        address, length = int(notif.data.args[1]), int(notif.data.args[2])
+        raw = self._read_memory(notif.pid, address, 3) if length > 2 else None
+        if raw is None or len(raw) < 3 or struct.unpack_from("H", raw)[0] != socket.AF_UNIX:
+            self._respond(command, notif.id, 0, 0, _FLAG_CONTINUE)
+            return
+        if raw[2] == 0:  # abstract: no file
+            self._respond(command, notif.id, 0, 0, _FLAG_CONTINUE)
+            return
+        args = list(notif.data.args)
+        args[1] = address + 2
+        self._file_call(command, notif, _BIND, tuple(args))
+
+    def _file_call(
+        self,
+        command: SupervisedCommand,
+        notif: _Notif,
+        call: FileCall,
+        args: tuple[int, ...] | None = None,
+    ) -> None:
         valid = self._still_valid(command, notif)
-        args = tuple(notif.data.args)
+        args = tuple(notif.data.args) if args is None else args
         verdict = CONTINUE
         if call.mode is not None or call.xattr is not None:
             verdict = setid_call(call, notif.pid, args, self._read_memory, valid)

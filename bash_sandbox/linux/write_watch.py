@@ -75,6 +75,8 @@ def operation_name(call: FileCall) -> str:
     """The call as a user knows it: `openat`/`creat` are an open, `unlinkat` an unlink."""
     if call.write == "open":
         return "open"
+    if call.write == "attr":
+        return "chmod" if "chmod" in call.name else "chown"
     name = call.name.removesuffix("2")
     return (
         name.removesuffix("at") if name.endswith(("dirat", "nodat", "linkat", "nameat")) else name
@@ -359,7 +361,7 @@ def _refused_by_rules(captured: Captured, policy: WritePolicy) -> bool:
             return bool(flags & (O_CREAT | O_TMPFILE_BIT)) and not policy.allows(parent)
         finally:
             found.close()
-    if call.write == "truncate":
+    if call.write in ("truncate", "attr"):
         return not policy.allows(path)
     return not all(policy.allows(os.path.dirname(p.rstrip("/")) or "/") for p in captured.paths)
 
@@ -393,6 +395,13 @@ def _refused(captured: Captured, policy: WritePolicy | None = None) -> bool:
         found = _Resolved(root, captured.paths[0], True)
         try:
             return found.exists and stat.S_ISREG(found.mode) and _read_only(found.target)
+        finally:
+            found.close()
+    if kind == "attr":
+        # Any kind of file: a mode or owner is the inode's, refused on a read-only mount.
+        found = _Resolved(root, captured.paths[0], _follows(captured.call))
+        try:
+            return found.exists and _read_only(found.target)
         finally:
             found.close()
     if kind == "create":
@@ -436,6 +445,13 @@ def _refused(captured: Captured, policy: WritePolicy | None = None) -> bool:
 
 
 AT_REMOVEDIR = 0x200
+
+
+def _follows(call: FileCall) -> bool:
+    """Whether a mode or owner change follows a link at the end (`lchown` does not; the
+    `at` calls' no-follow flag is not read: a link and its target on one read-only mount
+    are the same answer)."""
+    return call.name != "lchown"
 
 
 def held_placeholder(captured: Captured, args: tuple[int, ...], policy: WritePolicy) -> bool:
@@ -524,7 +540,9 @@ def judge(captured: Captured, policy: WritePolicy) -> SandboxDenial | None:
     if any(within(target, r) for r in policy.roots):
         # Through a link inside a root (host and view agree there): where it really led. A
         # call that does not follow its last component (unlink, rename) names the link.
-        follows = captured.call.write in ("open", "truncate") and not captured.flags & O_NOFOLLOW
+        follows = (
+            captured.call.write in ("open", "truncate") and not captured.flags & O_NOFOLLOW
+        ) or (captured.call.write == "attr" and _follows(captured.call))
         head, base = os.path.split(target)
         target = os.path.realpath(target) if follows else os.path.join(os.path.realpath(head), base)
     operation = operation_name(captured.call)

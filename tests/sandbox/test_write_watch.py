@@ -122,6 +122,72 @@ async def test_every_kind_of_change_outside_the_roots_is_seen(
     }, seen
 
 
+async def test_a_mode_or_owner_refused_outside_the_roots_is_seen(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # Round 15: a refused chmod or chown was at best a hint read from the output.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("m", "o", "at", "target"):
+        (outside / name).write_text("keep")
+        (outside / name).chmod(0o644)
+    (outside / "lnk").symlink_to(outside / "target")
+    o = str(outside)
+    before = {p.name: os.lstat(p).st_ctime_ns for p in outside.iterdir()}
+    command = (
+        f"chmod 600 {o}/m; chown 0:0 {o}/o; {PY} -c \"import os; os.chmod('at', 0o600, "
+        f"dir_fd=os.open('{o}', os.O_RDONLY))\"; chmod 600 {o}/lnk; chmod 600 in-ws; exit 1"
+    )
+    (workspace / "in-ws").write_text("x")
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, command, workspace)
+    # From the host: no inode outside changed, the one inside did.
+    assert {p.name: os.lstat(p).st_ctime_ns for p in outside.iterdir()} == before
+    assert (outside / "m").stat().st_mode & 0o777 == 0o644
+    assert (workspace / "in-ws").stat().st_mode & 0o777 == 0o600
+    seen = {(t, op) for t, op, reason in _seen(result) if reason == REASON_OUTSIDE_ROOTS}
+    assert seen >= {
+        (f"{o}/m", "chmod"),
+        (f"{o}/o", "chown"),
+        (f"{o}/at", "chmod"),
+        (f"{o}/lnk", "chmod"),  # followed to its target, named as the command named it
+    }, seen
+    assert not any(t.endswith("in-ws") for t, _, _ in _seen(result))
+    assert result.sandbox is not None and result.sandbox.denied
+
+
+async def test_a_unix_socket_bound_outside_the_roots_is_seen_and_others_bind(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # Round 15: a bind refused with EROFS was no fact at all (nor a hint: the error is the
+    # program's to print). Binds in the workspace, abstract ones and TCP ones go on.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    script = (
+        "import socket\n"
+        f"for p in ({str(outside / 's.sock')!r}, 'in-ws.sock', '\\0rt-abstract'):\n"
+        "    s = socket.socket(socket.AF_UNIX)\n"
+        "    try:\n"
+        "        s.bind(p); print('bound', p[1:] if p[0] == '\\0' else p)\n"
+        "    except OSError as e:\n"
+        "        print('refused', e.errno)\n"
+        "t = socket.socket(); t.bind(('127.0.0.1', 0)); print('tcp bound')\n"
+    )
+    (workspace / "b.py").write_text(script)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, f"{PY} b.py; exit 1", workspace)
+    assert result.stdout.text.split("\n")[:4] == [
+        "refused 30",
+        "bound in-ws.sock",
+        "bound rt-abstract",
+        "tcp bound",
+    ], result.stdout.text
+    assert not (outside / "s.sock").exists() and (workspace / "in-ws.sock").exists()
+    seen = {(t, op) for t, op, reason in _seen(result) if reason == REASON_OUTSIDE_ROOTS}
+    assert seen == {(str(outside / "s.sock"), "bind")}, _seen(result)
+    assert not any(t.endswith("in-ws.sock") for t, _, _ in _seen(result))
+
+
 async def test_printed_refusals_and_allowed_writes_make_no_supervisor_denial(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
@@ -198,6 +264,8 @@ def test_operations_are_named_as_users_know_them() -> None:
     assert names["renameat2"] == names["renameat"] == "rename"
     assert names["symlinkat"] == "symlink" and names["linkat"] == "link"
     assert names["mknodat"] == "mknod" and names["truncate"] == "truncate"
+    assert names["fchmodat"] == names["chmod"] == "chmod"
+    assert names["fchownat"] == names["lchown"] == "chown"
 
 
 async def test_landlock_alone_refusals_are_seen_by_its_rules(tmp_path: Path) -> None:
