@@ -1251,20 +1251,23 @@ class _Importer:
         command: tuple[str, ...],
         env: dict[str, str] | None = None,
     ) -> str | None:
-        """A path the host changed between ``start`` and ``host`` that the command's side
-        (``command``: a git diff against ``host``) puts back as it was at ``start``; None
-        when it keeps every change the host made."""
-        if start is None or start == host:
+        """A path the host changed between ``start`` (None: the branch was born meanwhile)
+        and ``host`` that the command's side (``command``: a git diff against ``host``)
+        changes too; None when it leaves every path the host changed as the host has it."""
+        if start == host:
             return None
+        if start is None:  # born meanwhile: everything in the host's tip is the host's
+            start = git(self.gitdir, "hash-object", "-t", "tree", "--stdin", input=b"")
+            start = start.stdout.decode().strip()
         flags = ("-r", "-z", "--no-renames", "--no-ext-diff")
         theirs = _raw_diff(git(self.gitdir, "diff-tree", *flags, start, host).stdout)
         if not theirs:
             return None
         mine = _raw_diff(git(self.gitdir, command[0], *flags, *command[1:], env=env).stdout)
-        for path, (before, _) in theirs.items():
-            if path in mine and mine[path][1] == before:
-                return path.decode(errors="replace")
-        return None
+        # A path both changed is a merge's conflict whatever the command's entry: its
+        # stale index with its own edit of the file drops the host's edit as surely.
+        both = sorted(set(theirs) & set(mine))
+        return both[0].decode(errors="replace") if both else None
 
     def _forward(self, start: str | None, host: str, command: str) -> bool:
         """Whether the host moved the ref forward (its value at the snapshot an ancestor of
@@ -1496,8 +1499,8 @@ class _Importer:
 
 
 _UNDOES = (
-    "staged before the host's commits of the same branch: it would undo {} (the command's "
-    "commits and index are kept, the host's stay)"
+    "staged before the host moved the same branch, and both changed {}: a merge neither made "
+    "(the command's commits and index are kept, the host's stay)"
 )
 
 

@@ -330,16 +330,19 @@ def _update_refs(data: bytes) -> bytes:
     return b"".join(line + b"\n" for line in lines)
 
 
-# The state files whose branches host git moves when the rebase ends (`named_branches`).
-BRANCH_FILES = frozenset({*_HEAD_NAMES, "rebase-merge/update-refs"})
+# The state files whose branches host git moves when the rebase ends (`named_branches`):
+# a todo's `update-ref` lines too (`git rebase --edit-todo` adds each to `update-refs`).
+BRANCH_FILES = frozenset({*_HEAD_NAMES, "rebase-merge/update-refs", *_TODO})
 
 
 def named_branches(rel: str, data: bytes) -> list[str]:
-    """The branches a checked `head-name` or `update-refs` (``rel``, as `BRANCH_FILES`)
-    names."""
+    """The branches a checked state file of `BRANCH_FILES` (``rel``) names."""
     lines = data.decode(errors="surrogateescape").split("\n")
     if rel in _HEAD_NAMES:
         return [lines[0]] if lines[0] != "detached HEAD" else []
+    if rel in _TODO:
+        names = [w[1] for w in map(str.split, lines) if len(w) > 1 and w[0] in ("update-ref", "u")]
+        return [*names, *(f"refs/heads/{n}" for n in names if not n.startswith("refs/"))]
     return lines[0:-1:3]
 
 

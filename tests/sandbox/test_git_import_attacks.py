@@ -385,7 +385,9 @@ async def test_a_rebase_state_naming_control_files_as_refs_writes_none_on_contin
     assert any("update-refs" in r for r in refused), result.sandbox.git
 
 
-@pytest.mark.parametrize("how", ["head-name, then --abort", "update-refs, then --continue"])
+@pytest.mark.parametrize(
+    "how", ["head-name, then --abort", "update-refs, then --continue", "a todo's update-ref"]
+)
 async def test_a_rebase_state_naming_a_branch_checked_out_outside_moves_nothing_there(
     how: str, make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
 ) -> None:
@@ -407,13 +409,19 @@ async def test_a_rebase_state_naming_a_branch_checked_out_outside_moves_nothing_
     if how.startswith("head-name"):
         plant += " echo refs/heads/release > .git/rebase-merge/head-name"
         plant += " && echo $c > .git/rebase-merge/orig-head"
+    elif how.startswith("a todo"):
+        # The user's `git rebase --edit-todo` adds it to `update-refs` (round 16).
+        plant += " echo 'update-ref refs/heads/release' >> .git/rebase-merge/git-rebase-todo"
     else:
         plant += f" printf 'refs/heads/release\\n{release}\\n%s\\n' $c"
         plant += " > .git/rebase-merge/update-refs"
     ex = make_executor(mode="workspace-write")
     result = await _run(ex, plant, repo)
     assert result.exit_code == 0, result.stderr.text
-    host_git(repo, "rebase", "--continue" if "continue" in how else "--abort", check=False)
+    if how.startswith("a todo"):
+        editor = {"GIT_SEQUENCE_EDITOR": "true", "GIT_EDITOR": "true"}
+        host_git(repo, "rebase", "--edit-todo", check=False, env=editor)
+    host_git(repo, "rebase", "--abort" if "abort" in how else "--continue", check=False)
     assert host_git(repo, "rev-parse", "release").strip() == release
     host_git(outside, "reset", "-q", "--hard", check=False)
     assert not (outside / "planted.txt").exists()

@@ -792,6 +792,47 @@ def test_a_commit_on_a_tip_the_user_moved_with_an_index_staged_before_is_a_confl
     fsck_clean(repo)
 
 
+@pytest.mark.parametrize("case", ["both edited one file", "the branch was unborn"])
+def test_a_stale_index_committed_on_the_users_tip_is_a_conflict_however_it_differs(
+    case: str, tmp_path: Path
+) -> None:
+    # Round 16: the rule compared only with the start entry, so a file both edited (the
+    # command's line 1, the user's line 3) lost the user's line; and a branch with no
+    # commit at the start skipped the rule (the user's first commit deleted at the tip).
+    repo = tmp_path / "repo"
+    if case == "the branch was unborn":
+        repo.mkdir()
+        host_git(repo, "init", "-q", "-b", "main")
+    else:
+        make_repo(repo)
+        (repo / "a.txt").write_text("line1\nline2\nline3\n")
+        host_git(repo, "add", "a.txt")
+        host_git(repo, "commit", "-qm", "a")
+    ov = Overlay(repo, tmp_path / "state" / "exec-x")
+    if case == "the branch was unborn":
+        ov.run("echo cmd > cmd.txt && git add cmd.txt")
+        (repo / "user.py").write_text("print('the user')\n")
+        host_git(repo, "add", "user.py")
+    else:
+        ov.run("sed -i 1s/line1/LINE1-cmd/ a.txt && git add a.txt")
+        (repo / "a.txt").write_text("line1\nline2\nLINE3-user\n")
+        host_git(repo, "add", "a.txt")
+    host_git(repo, "commit", "-qm", "user")
+    user = host_git(repo, "rev-parse", "main").strip()
+    kept = host_git(repo, "ls-tree", "-r", "main")
+    ours, parent = ov.run("git commit -qm command && git rev-parse @ @~").split()
+    assert parent == user
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    outcome = import_changes(snap).outcome
+    assert outcome is not None
+    assert outcome.status is GitImportStatus.CONFLICT, outcome
+    assert host_git(repo, "rev-parse", "main").strip() == user
+    assert host_git(repo, "ls-tree", "-r", "main") == kept
+    assert reachable(repo, ours)
+    fsck_clean(repo)
+
+
 def test_an_index_staged_before_the_users_commit_is_not_taken_with_a_good_commit(
     tmp_path: Path,
 ) -> None:
