@@ -1257,8 +1257,8 @@ class _Importer:
         if start == host:
             return None
         if start is None:  # born meanwhile: everything in the host's tip is the host's
-            start = git(self.gitdir, "hash-object", "-t", "tree", "--stdin", input=b"")
-            start = start.stdout.decode().strip()
+            empty = git(self.gitdir, "hash-object", "-t", "tree", "--stdin", input=b"")
+            start = empty.stdout.decode().strip()
         flags = ("-r", "-z", "--no-renames", "--no-ext-diff")
         theirs = _raw_diff(git(self.gitdir, "diff-tree", *flags, start, host).stdout)
         if not theirs:
