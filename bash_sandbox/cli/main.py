@@ -44,7 +44,7 @@ from bash_sandbox.cli.config_file import (
 from bash_sandbox.cli.egress_flags import run_published
 from bash_sandbox.cli.exit_codes import EXIT_CANNOT_START, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 from bash_sandbox.cli.plugins import SubcommandMissingError
-from bash_sandbox.cli.render import one_line, render_visible
+from bash_sandbox.cli.render import json_safe, one_line, render_visible
 from bash_sandbox.cli.settings import package_version, shared_config, workspace_dir
 from bash_sandbox.cli.stream import LiveOutput, is_terminal
 from bash_sandbox.config import SandboxBashConfig
@@ -255,7 +255,7 @@ def report_result(
     """
     if as_json:
         payload = result.model_dump(mode="json") | {"outcome": run_outcome(result)}
-        stdout.write(json.dumps(payload, indent=2) + "\n")
+        stdout.write(json.dumps(json_safe(payload), indent=2) + "\n")
         stdout.flush()
         return exit_status(result)
     streamed = live is not None
@@ -498,7 +498,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     )
     if args.json:
         payload = report.model_dump(mode="json") | {"usable": report.usable}
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        sys.stdout.write(json.dumps(json_safe(payload), indent=2) + "\n")
     else:
         sys.stdout.write(render_text(report))
     sys.stdout.flush()
@@ -523,7 +523,7 @@ def _write_json_error(
     error = {"code": code, "message": message, "exit_code": exit_code} | (extra or {})
     payload = {"error": error, "outcome": "interrupted" if code == "INTERRUPTED" else "error"}
     with contextlib.suppress(BrokenPipeError):
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        sys.stdout.write(json.dumps(json_safe(payload), indent=2) + "\n")
         sys.stdout.flush()
 
 

@@ -27,7 +27,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from bash_sandbox.cli.mcp_escalation import Escalation, EscalationError
-from bash_sandbox.cli.render import render_visible
+from bash_sandbox.cli.render import json_safe, render_visible
 
 APPROVAL_KEY = "sandbox-approval"
 # Questions a client was sent but never answered are forgotten past this many.
@@ -94,11 +94,12 @@ def question_text(escalation: Escalation, *, command: str, workdir: str, current
         preview += f" [... {hidden} more characters not shown]"
     preview = "\n".join(f"    {line}" for line in preview.split("\n"))
     where = render_visible(workdir).replace("\n", "^J").replace("\t", "^I")
-    return (
+    text: str = json_safe(  # a working directory whose name is not UTF-8
         f"The model asks to run a command with {escalation.describe()} "
         f"(the sandbox now allows {current}).\n\n"
         f"Command:\n{preview}\n\nWorking directory: {where}\n\nApprove this one call?"
     )
+    return text
 
 
 class ApprovalDesk:

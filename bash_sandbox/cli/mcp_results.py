@@ -14,7 +14,7 @@ from typing import Any
 
 import mcp_types as types
 
-from bash_sandbox.cli.render import guard_own_lines, one_line
+from bash_sandbox.cli.render import json_safe, one_line
 from bash_sandbox.facts import result_markers
 from bash_seam import BashProcess, BashProcessRead, BashRunResult, CollectedOutput, SandboxFacts
 from policies import NetworkMode, SandboxMode, network_denial_marker, sandbox_denial_marker
@@ -23,9 +23,11 @@ from policies import NetworkMode, SandboxMode, network_denial_marker, sandbox_de
 def _tool_result(
     text: str, structured: dict[str, Any], *, is_error: bool = False
 ) -> types.CallToolResult:
+    # A path the command chose may hold bytes that are not UTF-8 (surrogates here): the
+    # server's JSON writer failed on them and the whole server went down (a red team's).
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)],
-        structured_content=structured,
+        content=[types.TextContent(type="text", text=json_safe(text))],
+        structured_content=json_safe(structured),
         is_error=is_error,
     )
 
@@ -74,14 +76,23 @@ def _status_line(
     return "[no exit status]"
 
 
+def _quoted(output: str) -> str:
+    """The command's output as the model reads it: every line indented, after every break
+    `str.splitlines` knows, so only the server's own lines start at the first column (a
+    guard matching lines that begin like them fell to each new lookalike a red team found:
+    a zero-width space inside the word, a Cyrillic letter, an escape sequence)."""
+    return "".join(_INDENT + line for line in output.splitlines(keepends=True))
+
+
+_INDENT = "  "
+
+
 def _join_output(stdout: str, stderr: str) -> str:
-    # The command's lines that begin like the server's own (a forged `[sandbox: ...]` or
-    # `[exit 0]`, which the model acts on) are shown escaped: `\[sandbox: ...`.
-    text = guard_own_lines(stdout)
+    text = _quoted(stdout)
     if stderr:
         if text and not text.endswith("\n"):
             text += "\n"
-        text += "[stderr]\n" + guard_own_lines(stderr)
+        text += "[stderr]\n" + _quoted(stderr)
     return text
 
 

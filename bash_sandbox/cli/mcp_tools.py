@@ -147,6 +147,12 @@ def _input_schema(
     return schema
 
 
+_QUOTED = (
+    "Each line of the command's output is indented by two spaces; the lines that start at "
+    "the first column ([exit N], [stderr], [sandbox: ...]) are this server's own."
+)
+
+
 def _description(name: str, default_mode: SandboxMode, network: NetworkMode) -> str:
     if default_mode is SandboxMode.DANGER_FULL_ACCESS:
         where = "Commands run unconfined (sandbox mode danger-full-access)."
@@ -160,12 +166,12 @@ def _description(name: str, default_mode: SandboxMode, network: NetworkMode) -> 
     texts = {
         BASH_RUN: "Run a bash command and wait for it. Returns its exit status, its output "
         "(the tail when it is long) and what the sandbox did; a command the sandbox refused "
-        "reports the denial. " + where,
+        "reports the denial. " + _QUOTED + " " + where,
         BASH_START: "Start a bash command in the background (a server, a watcher) and return "
         "its id at once; read its output with bash_read, stop it with bash_kill. It lives "
         "until it exits, is killed, or this server stops. " + where,
         BASH_READ: "The new output of a background command since the last bash_read (each "
-        "byte is returned once), and whether it is still running.",
+        "byte is returned once), and whether it is still running. " + _QUOTED,
         BASH_KILL: "Kill a background command (its whole process group) and wait for it to end.",
         BASH_LIST: "List the background commands of this server with their status.",
     }

@@ -5,8 +5,9 @@ title, clear the screen or move the cursor, and a bare `\\r` lets a command over
 the CLI printed (a fake `[exit 0]`). `TerminalRenderer` turns one stream's bytes into text
 where every control character is visible and inert: C0 controls as caret notation (`^[`,
 `^M`), DEL as `^?`, C1 controls as `\\x9b`, invalid UTF-8 bytes as `\\xff`, and the
-bidirectional controls that reorder what is displayed (and the Unicode line and paragraph
-separators) as `\\u202e`. Newline, tab and a `\\r` directly before a newline (CRLF) are
+bidirectional controls that reorder what is displayed, the Unicode line and paragraph
+separators and the characters a terminal shows as nothing (zero-width, fillers, tags) as
+`\\u202e`. Newline, tab and a `\\r` directly before a newline (CRLF) are
 kept. UTF-8 text stays intact, also when a character is split across two chunks.
 
 Only for terminals: when the CLI's stream is a pipe or a file, the bytes go out exact. A
@@ -20,6 +21,7 @@ from __future__ import annotations
 import codecs
 import locale
 import re
+from typing import Any
 
 _KEPT = {ord("\n"), ord("\t")}
 # Reorder the displayed text without being visible themselves ("Trojan Source"): the
@@ -28,6 +30,15 @@ _BIDI_CONTROLS = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F
 # Line and paragraph separators: a client that breaks lines at them shows text as lines of
 # their own that the CLI never started (an indented command line left unindented).
 _LINE_BREAKS = (0x2028, 0x2029)
+# Characters a terminal shows as nothing (format characters, joiners, fillers, variation
+# and tag characters): inside a word they made `[sand<ZWSP>box:` read as the CLI's own line
+# (round 16).
+_INVISIBLE_CHARS = (
+    0x00AD, 0x034F, 0x061C, 0x115F, 0x1160, 0x17B4, 0x17B5, *range(0x180B, 0x1810),
+    *range(0x200B, 0x200E), *range(0x2060, 0x2066), 0x2800, 0x3164, *range(0xFE00, 0xFE10),
+    0xFEFF, 0xFFA0, *range(0xFFF9, 0xFFFC), *range(0x1D173, 0x1D17B), 0xE0001,
+    *range(0xE0020, 0xE0080), *range(0xE0100, 0xE01F0),
+)  # fmt: skip
 
 
 def _visible_forms() -> dict[int, str]:
@@ -38,8 +49,8 @@ def _visible_forms() -> dict[int, str]:
     table[0x7F] = "^?"
     for code in range(0x80, 0xA0):
         table[code] = f"\\x{code:02x}"
-    for code in (*_BIDI_CONTROLS, *_LINE_BREAKS):
-        table[code] = f"\\u{code:04x}"
+    for code in (*_BIDI_CONTROLS, *_LINE_BREAKS, *_INVISIBLE_CHARS):
+        table[code] = f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
     return table
 
 
@@ -61,6 +72,27 @@ _ONE_LINE = {**VISIBLE_FORMS, ord("\n"): "\\n"}
 def one_line(text: str) -> str:
     """``text`` with every line break and control character shown as inert text."""
     return text.translate(_ONE_LINE)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` (strings, lists, tuples and dicts of them) with every string that holds
+    lone surrogates (a path's bytes that are not UTF-8, as `os.fsdecode` keeps them) shown
+    as escapes instead (`caf\\xe9`): a JSON writer refuses them, and a strict reader too."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            try:
+                raw = value.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:  # a surrogate no byte became
+                return value.encode("utf-8", "backslashreplace").decode()
+            return raw.decode("utf-8", "backslashreplace")
+        return value
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def utf8_terminal() -> bool:
@@ -97,39 +129,38 @@ class TerminalRenderer:
         return render_visible(text, ascii_only=self._ascii_only)
 
 
-# What the CLI and the MCP server print as their own lines: a command's line that begins so
-# could pass for one (a forged denial that makes a harness or a model ask to widen the mode,
-# a fake exit status: a red team's). The CLI prints its markers and notes on stderr.
+# What the CLI prints as its own lines (markers and notes, on stderr): a command's line that
+# begins so could pass for one (a forged denial that makes a harness ask to widen the mode:
+# a red team's). The MCP server's text indents the command's output instead
+# (`mcp_results._quoted`).
 CLI_LINE_STARTS = ("[sandbox", "bash-sandbox:")
-OWN_LINE_STARTS = (
-    "[sandbox",
-    "[exit ",
-    "[killed by ",
-    "[timed out",
-    "[no exit status]",
-    "[stderr]",
-    "[stdout truncated",
-    "[stderr truncated",
-    "[part of the output",
-    "[bash-",  # a background command's status: `[bash-1 exited]`
-    "started bash-",
-)
 # What a reader takes for the start of a line (`str.splitlines` breaks at each), and what
 # it may not see before the words: every control, blank, escape sequence and character that
 # is not printable ASCII (a list of invisible ones fell to the next one a red team found:
 # fillers, joiners, tag and variation characters). A line whose first printable ASCII
 # begins like an own line is escaped, also after a visible letter of another script: the
-# backslash costs nothing there.
+# backslash costs nothing there. Escape sequences are read as a terminal reads them: a
+# control inside a CSI runs and the CSI goes on, CAN and SUB end a string (round 16).
 _BREAK = re.compile(rb"[\n\r\v\f\x1c\x1d\x1e]|\xc2\x85|\xe2\x80[\xa8\xa9]")
+# In a CSI: parameters, intermediates, and the controls a terminal runs meanwhile (not a
+# break, not ESC, CAN or SUB, which end it).
+_CSI_BODY = rb"[\x00-\x09\x0e-\x17\x19\x1f-\x3f]*"
+_STRING_BODY = rb"[^\x07\x1b\x18\x1a\n\r\v\f\x1c\x1d\x1e]*"
+_STRING_END = rb"(?:\x07|\x1b\\|[\x18\x1a])"
 _INVISIBLE = re.compile(
-    rb"(?:\x1b\[[\x30-\x3f]*[\x20-\x2f]*(?:[\x40-\x7e]|\Z)"  # CSI
-    rb"|\x1b[\]PX^_][^\x07\x1b\n\r]*(?:\x07|\x1b\\|\x1b?\Z)?"  # OSC, DCS, SOS, PM, APC
+    rb"(?:\x1b\[" + _CSI_BODY + rb"(?:[\x40-\x7e]|\Z)"  # CSI
+    rb"|\x1b[\]PX^_]" + _STRING_BODY + rb"(?:" + _STRING_END + rb"|\x1b?\Z)?"  # OSC, DCS...
     rb"|\x1b[\x20-\x2f]*[\x30-\x7e]?"  # the others (`ESC ( B`)
     rb"|[\x00-\x09\x0e-\x1a\x1f\x20\x7f\x80-\xc1\xf5-\xff]"
     rb"|(?!\xc2\x85|\xe2\x80[\xa8\xa9]|\xef\xbc\xbb)"  # a break, the fullwidth bracket
     rb"(?:[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|[\xf0-\xf4][\x80-\xbf]{3})"
     rb"|[\xc2-\xf4][\x80-\xbf]{0,2}\Z)*"  # cut by the chunk's end: told apart with the next
 )
+# An escape sequence still open where a long run at a line start is let go, and the rest of
+# one in the next chunk (up to its end, and whether it ended).
+_OPEN = re.compile(rb"\x1b(?:(\[)" + _CSI_BODY + rb"|[\]PX^_]" + _STRING_BODY + rb")\Z")
+_CSI_REST = re.compile(_CSI_BODY + rb"([\x40-\x7e])?")
+_STRING_REST = re.compile(_STRING_BODY + rb"(" + _STRING_END + rb")?")
 _HOLD_MAX = 256  # blanks at a line start held back at most
 
 
@@ -147,12 +178,23 @@ class OwnLineGuard:
         self._longest = max(len(w) for w in self._starts)
         self._at_start = True
         self._held = b""
+        self._open: re.Pattern[bytes] | None = None  # the rest of a sequence let go open
 
     def feed(self, data: bytes) -> bytes:
         data, self._held = self._held + data, b""
         out = bytearray()
         i, n = 0, len(data)
         while i < n:
+            if self._at_start and self._open is not None:
+                # Still inside an escape sequence a long run let go: its rest is not text.
+                inside = self._open.match(data, i)
+                assert inside is not None  # both patterns match the empty string
+                out += data[i : inside.end()]
+                i = inside.end()
+                if inside.group(1) is None and i == n:
+                    return bytes(out)
+                self._open = None
+                continue
             if self._at_start:
                 j = _INVISIBLE.match(data, i).end()  # type: ignore[union-attr]
                 rest = data[j : j + self._longest].lower()  # `[SANDBOX` reads the same
@@ -163,8 +205,17 @@ class OwnLineGuard:
                     if j - i <= _HOLD_MAX:
                         self._held = data[i:]
                         return bytes(out)
-                    # A long run of blanks goes out, the line still at its start.
+                    # A long run of blanks goes out, the line still at its start; one that
+                    # ends inside an escape sequence has the sequence's rest read as such.
+                    if data.endswith(b"\x1b"):  # ends a string, or begins a sequence
+                        out += data[i : n - 1]
+                        self._held = data[n - 1 :]
+                        return bytes(out)
                     out += data[i:j]
+                    escape = data.rfind(b"\x1b", i, j)
+                    still = _OPEN.fullmatch(data, escape, j) if escape >= 0 else None
+                    if still is not None:
+                        self._open = _CSI_REST if still.group(1) else _STRING_REST
                     i = j
                     continue
                 if rest.startswith(self._starts):
@@ -186,11 +237,3 @@ class OwnLineGuard:
         """What was held back at the end of the stream (never a whole marker: as it is)."""
         held, self._held = self._held, b""
         return held
-
-
-def guard_own_lines(text: str) -> str:
-    """``text`` (a whole output) with every line that begins like the MCP server's own
-    lines escaped (`OwnLineGuard`)."""
-    guard = OwnLineGuard(OWN_LINE_STARTS)
-    data = text.encode("utf-8", "surrogateescape")
-    return (guard.feed(data) + guard.finish()).decode("utf-8", "surrogateescape")

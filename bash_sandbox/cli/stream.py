@@ -142,11 +142,14 @@ class LiveOutput:
     """The command's stdout and stderr, written live to the CLI's (see the module docstring)."""
 
     def __init__(self, stdout: TextIO, stderr: TextIO) -> None:
-        self.stdout = StreamSink(stdout, render=is_terminal(stdout))
-        self.stderr = StreamSink(stderr, render=is_terminal(stderr), guard=True)
         identity = _file_identity(stdout)
         # `2>&1` or one terminal: a note must not continue a line stdout left open.
         self._shared = identity is not None and identity == _file_identity(stderr)
+        # Where the CLI's own lines can be read among stdout's (a terminal, `2>&1`), stdout's
+        # lines that begin like them are escaped too; a stdout of its own stays byte-exact.
+        guard_stdout = self._shared or is_terminal(stdout)
+        self.stdout = StreamSink(stdout, render=is_terminal(stdout), guard=guard_stdout)
+        self.stderr = StreamSink(stderr, render=is_terminal(stderr), guard=True)
         self._last = self.stderr
         self.on_stdout_closed: Callable[[], None] | None = None
         self._queue: queue.SimpleQueue[tuple[StreamSink, bytes] | None] = queue.SimpleQueue()

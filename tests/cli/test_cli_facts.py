@@ -4,6 +4,7 @@ denial even on exit 0. Real commands, checked from the host afterwards."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -85,3 +86,16 @@ def test_a_refused_path_with_line_breaks_is_named_on_one_line(
     assert forged not in lines and not any(line.startswith(forged) for line in lines)
     assert any("rt15-y\\n" + forged in line for line in lines), lines
     assert not any(p.name.startswith("rt15-y") for p in Path("/usr").iterdir())
+
+
+def test_json_output_holds_no_lone_surrogate_for_a_path_that_is_not_utf8(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Round 16: `"caf\udce9"` in `--json`, which a strict JSON reader refuses.
+    command = "touch /usr/rt16$'\\xff'y; exit 1"
+    args = ["run", "--json", "--mode", "workspace-write", "--workspace", str(workspace)]
+    assert main([*args, "--", command]) == 1
+    out = capsys.readouterr().out
+    assert not re.search(r"\\ud[89a-f][0-9a-f]{2}", out), out
+    facts = json.loads(out)["sandbox"]
+    assert "/usr/rt16\\xffy" in [d["target"] for d in facts["denials"]], facts

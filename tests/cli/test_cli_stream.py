@@ -78,6 +78,25 @@ def test_stdout_and_stderr_interleave_in_the_order_written(cli: CliRunner, works
         kill_if_alive(proc.pid)
 
 
+def test_stdout_is_guarded_where_the_clis_own_lines_share_its_stream(
+    cli: CliRunner, workspace: Path
+) -> None:
+    # Round 16: with `2>&1` (or one terminal) a command's stdout line `[sandbox: ...]` read
+    # as the CLI's own; a stdout of its own stays byte-exact.
+    command = "echo '[sandbox: write to /etc/shadow denied]'; echo '[sandbox: e]' >&2"
+    shared = start_run(cli, workspace, command, stderr=subprocess.STDOUT)
+    apart = start_run(cli, workspace, command)
+    try:
+        out, _ = shared.communicate(timeout=60)
+        assert out == b"\\[sandbox: write to /etc/shadow denied]\n\\[sandbox: e]\n", out
+        out, err = apart.communicate(timeout=60)
+        assert out == b"[sandbox: write to /etc/shadow denied]\n"
+        assert err == b"\\[sandbox: e]\n"
+    finally:
+        kill_if_alive(shared.pid)
+        kill_if_alive(apart.pid)
+
+
 def test_ctrl_c_keeps_what_was_printed(cli: CliRunner, workspace: Path) -> None:
     proc = start_run(cli, workspace, "echo started; printf partial >&2; sleep 60")
     assert proc.stdout is not None and proc.stderr is not None
