@@ -950,7 +950,15 @@ class _Importer:
             )
             return
         try:
-            data, oids = sf.parse_reflog(self._read(rel), self.hexlen, absent)
+            mine = self._read(rel)
+            if host is not None and self.snap.taken_ns and host_mtime > self.snap.taken_ns:
+                # Both wrote it (the host's `git checkout`, `commit`, `reset` meanwhile): the
+                # host's entries stay, the command's new ones after them. Replacing it lost
+                # the user's way back to a detached commit (a red team's).
+                mine, merged = _merged_reflog(host, mine)
+                if merged:
+                    self.result.denials.append((rel, _REFLOG_MERGED))
+            data, oids = sf.parse_reflog(mine, self.hexlen, absent)
         except (sf.StateRefused, OSError) as exc:
             self.plan.refused.append(f"{rel}: {exc}")
             return
@@ -1502,6 +1510,27 @@ _UNDOES = (
     "staged before the host moved the same branch, and both changed {}: a merge neither made "
     "(the command's commits and index are kept, the host's stay)"
 )
+
+
+_REFLOG_MERGED = "the host wrote this reflog meanwhile: its entries kept, the command's after them"
+
+
+def _merged_reflog(host: bytes, mine: bytes) -> tuple[bytes, bool]:
+    """The host's reflog with the command's entries it lacks appended (the command's copy
+    began as the host's at its first write); whether any host entry had to be kept. An
+    entry the command removed that the host still has stays (a dropped stash comes back:
+    nothing of the host's is lost)."""
+    theirs = host.splitlines(keepends=True)
+    ours = mine.splitlines(keepends=True)
+    common = 0
+    for a, b in zip(theirs, ours, strict=False):
+        if a != b:
+            break
+        common += 1
+    if common == len(theirs):
+        return mine, False  # the command's copy holds every host entry
+    seen = set(theirs)
+    return b"".join([*theirs, *(line for line in ours[common:] if line not in seen)]), True
 
 
 def _raw_diff(out: bytes) -> dict[bytes, tuple[tuple[bytes, bytes], tuple[bytes, bytes]]]:

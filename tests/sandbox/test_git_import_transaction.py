@@ -833,6 +833,37 @@ def test_a_stale_index_committed_on_the_users_tip_is_a_conflict_however_it_diffe
     fsck_clean(repo)
 
 
+@pytest.mark.parametrize("log", ["HEAD", "main"])
+def test_a_reflog_both_wrote_keeps_the_hosts_entries_and_adds_the_commands(
+    log: str, tmp_path: Path
+) -> None:
+    # Round 17: the command's copy of a reflog replaced the host's, written meanwhile: a
+    # detached experiment's commit (`HEAD`) or a reset-away one (`main`) lost from the
+    # user's `git reflog`, their way back to it.
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state" / "exec-x")
+    if log == "HEAD":
+        ov.run("git checkout -q -b feat")
+        host_git(repo, "checkout", "-q", "--detach")
+        (repo / "exp.txt").write_text("experiment\n")
+        host_git(repo, "add", "exp.txt")
+        host_git(repo, "commit", "-qm", "host experiment")
+        host_git(repo, "checkout", "-q", "main")
+    else:
+        ov.run("git commit -q --allow-empty -m first")
+        host_git(repo, "commit", "-q", "--allow-empty", "-m", "user wip")
+        host_git(repo, "reset", "-q", "--hard", "HEAD~")
+    theirs = host_git(repo, "log", "-g", "--format=%H", log).split()
+    ov.run("git commit -q --allow-empty -m cmdg")
+    snap = load_snapshot(str(ov.upper))
+    assert snap is not None
+    import_changes(snap)
+    after = host_git(repo, "log", "-g", "--format=%H %gs", log)
+    assert all(h in after for h in theirs), after  # every host entry's commit is there
+    assert "commit: cmdg" in after
+    fsck_clean(repo)
+
+
 def test_an_index_staged_before_the_users_commit_is_not_taken_with_a_good_commit(
     tmp_path: Path,
 ) -> None:
