@@ -50,13 +50,12 @@ from bash_sandbox.cli.stream import LiveOutput, is_terminal
 from bash_sandbox.config import SandboxBashConfig
 from bash_sandbox.errors import SandboxUnavailableError
 from bash_sandbox.executor import SandboxBashExecutor
-from bash_sandbox.facts import result_markers
+from bash_sandbox.facts import git_outcome_text, result_markers
 from bash_sandbox.publish import PublishError
 from bash_seam import (
     BashExecError,
     BashExecRequest,
     BashRunResult,
-    GitImportOutcome,
     InvalidRequestError,
     WorkdirError,
 )
@@ -193,20 +192,6 @@ def run_outcome(result: BashRunResult) -> str:
     return "exited" if result.exit_code is not None else "signal"
 
 
-def git_outcome_line(outcome: GitImportOutcome) -> str:
-    """One line per repository whose git state the command changed: applied, or what was
-    kept where and why (a conflict or a refusal is never only an exit status)."""
-    line = f"{PROG}: git {outcome.status.value}: {outcome.repository}"
-    if outcome.kept_at:
-        line += f"; the command's commits kept at {outcome.kept_at}"
-    reasons = [f"{c.name} changed on both sides" for c in outcome.conflicts]
-    reasons += list(outcome.refused)
-    if reasons:
-        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
-        line += f"; {reasons[0]}{more}"
-    return line
-
-
 def result_notes(result: BashRunResult, *, streamed: bool, reader_held: bool = False) -> list[str]:
     """The CLI's lines after the output: truncation, timeout, denial markers.
     ``reader_held``: the command waited for this CLI's reader at some point (a pager)."""
@@ -232,7 +217,7 @@ def result_notes(result: BashRunResult, *, streamed: bool, reader_held: bool = F
         notes.append(network_denial_marker())
     notes += result_markers(facts)
     if facts is not None:
-        notes += [git_outcome_line(outcome) for outcome in facts.git]
+        notes += [f"{PROG}: {git_outcome_text(outcome)}" for outcome in facts.git]
     # What the sandbox says about itself (a degraded backend, git repositories the command
     # made, a cache home it could not use): after the markers, never instead of them.
     if facts is not None:

@@ -93,7 +93,9 @@ def question_text(escalation: Escalation, *, command: str, workdir: str, current
     if hidden > 0:
         preview += f" [... {hidden} more characters not shown]"
     preview = "\n".join(f"    {line}" for line in preview.split("\n"))
-    where = render_visible(workdir).replace("\n", "^J").replace("\t", "^I")
+    # CRLF too (`render_visible` keeps it for output): a `\r` left bare returned the cursor
+    # over the question's text, a red team's.
+    where = render_visible(workdir).replace("\r", "^M").replace("\n", "^J").replace("\t", "^I")
     text: str = json_safe(  # a working directory whose name is not UTF-8
         f"The model asks to run a command with {escalation.describe()} "
         f"(the sandbox now allows {current}).\n\n"

@@ -15,7 +15,7 @@ from typing import Any
 import mcp_types as types
 
 from bash_sandbox.cli.render import json_safe, one_line
-from bash_sandbox.facts import result_markers
+from bash_sandbox.facts import git_outcome_text, result_markers
 from bash_seam import BashProcess, BashProcessRead, BashRunResult, CollectedOutput, SandboxFacts
 from policies import NetworkMode, SandboxMode, network_denial_marker, sandbox_denial_marker
 
@@ -49,8 +49,13 @@ def denial_markers(facts: SandboxFacts | None) -> list[str]:
         markers.append(sandbox_denial_marker(facts.mode))
     if facts.network_denied:
         markers.append(network_denial_marker())
+    # What the import did and what the sandbox says about itself, as the CLI prints them: a
+    # conflict's keep-ref was in the structured content only (a red team's).
+    markers += result_markers(facts)
+    markers += [f"[{git_outcome_text(o)}]" for o in facts.git]
+    markers += [f"[warning: {w}]" for w in facts.warnings]
     # One line each: a refused path the command chose may hold a line break.
-    return [one_line(m) for m in (*markers, *result_markers(facts))]
+    return [one_line(m) for m in markers]
 
 
 def _truncation_note(name: str, output: CollectedOutput) -> str | None:

@@ -129,111 +129,43 @@ class TerminalRenderer:
         return render_visible(text, ascii_only=self._ascii_only)
 
 
-# What the CLI prints as its own lines (markers and notes, on stderr): a command's line that
-# begins so could pass for one (a forged denial that makes a harness ask to widen the mode:
-# a red team's). The MCP server's text indents the command's output instead
+# What the CLI prints as its own lines (markers and notes, on stderr): the command's text
+# must never hold them. The MCP server's text indents the command's output instead
 # (`mcp_results._quoted`).
 CLI_LINE_STARTS = ("[sandbox", "bash-sandbox:")
-# What a reader takes for the start of a line (`str.splitlines` breaks at each), and what
-# it may not see before the words: every control, blank, escape sequence and character that
-# is not printable ASCII (a list of invisible ones fell to the next one a red team found:
-# fillers, joiners, tag and variation characters). A line whose first printable ASCII
-# begins like an own line is escaped, also after a visible letter of another script: the
-# backslash costs nothing there. Escape sequences are read as a terminal reads them: a
-# control inside a CSI runs and the CSI goes on, CAN and SUB end a string (round 16).
-_BREAK = re.compile(rb"[\n\r\v\f\x1c\x1d\x1e]|\xc2\x85|\xe2\x80[\xa8\xa9]")
-# In a CSI: parameters, intermediates, and the controls a terminal runs meanwhile (not a
-# break, not ESC, CAN or SUB, which end it).
-_CSI_BODY = rb"[\x00-\x09\x0e-\x17\x19\x1f-\x3f]*"
-_STRING_BODY = rb"[^\x07\x1b\x18\x1a\n\r\v\f\x1c\x1d\x1e]*"
-_STRING_END = rb"(?:\x07|\x1b\\|[\x18\x1a])"
-_INVISIBLE = re.compile(
-    rb"(?:\x1b\[" + _CSI_BODY + rb"(?:[\x40-\x7e]|\Z)"  # CSI
-    rb"|\x1b[\]PX^_]" + _STRING_BODY + rb"(?:" + _STRING_END + rb"|\x1b?\Z)?"  # OSC, DCS...
-    rb"|\x1b[\x20-\x2f]*[\x30-\x7e]?"  # the others (`ESC ( B`)
-    rb"|[\x00-\x09\x0e-\x1a\x1f\x20\x7f\x80-\xc1\xf5-\xff]"
-    rb"|(?!\xc2\x85|\xe2\x80[\xa8\xa9]|\xef\xbc\xbb)"  # a break, the fullwidth bracket
-    rb"(?:[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|[\xf0-\xf4][\x80-\xbf]{3})"
-    rb"|[\xc2-\xf4][\x80-\xbf]{0,2}\Z)*"  # cut by the chunk's end: told apart with the next
-)
-# An escape sequence still open where a long run at a line start is let go, and the rest of
-# one in the next chunk (up to its end, and whether it ended).
-_OPEN = re.compile(rb"\x1b(?:(\[)" + _CSI_BODY + rb"|[\]PX^_]" + _STRING_BODY + rb")\Z")
-_CSI_REST = re.compile(_CSI_BODY + rb"([\x40-\x7e])?")
-_STRING_REST = re.compile(_STRING_BODY + rb"(" + _STRING_END + rb")?")
-_HOLD_MAX = 256  # blanks at a line start held back at most
 
 
-class OwnLineGuard:
-    """Escapes a command's lines that begin like the CLI's own (``starts``, also with a
-    fullwidth bracket, U+FF3B) with a backslash (`\\[sandbox: ...`), in a stream fed chunk
-    by chunk: a line start cut by a chunk's end is held back until it can be told apart.
-    Every break `str.splitlines` knows starts a line, and blanks and zero-width characters
-    before the words are looked past."""
+class OwnWordGuard:
+    """Escapes every occurrence of the CLI's own words (``words``: `[sandbox`,
+    `bash-sandbox:`, in any case, also with a fullwidth bracket) in a command's stream with
+    a backslash before it (`\\[sandbox: ...`), fed chunk by chunk: a tail that may begin one
+    is held back until the next chunk tells.
 
-    def __init__(self, starts: tuple[str, ...] = CLI_LINE_STARTS) -> None:
-        words = [s.encode() for s in starts]
-        words += [b"\xef\xbc\xbb" + w[1:] for w in words if w.startswith(b"[")]
-        self._starts = tuple(words)
-        self._longest = max(len(w) for w in self._starts)
-        self._at_start = True
+    Anywhere in a line, not only at its start: rounds 13 to 17 each got a forged line past a
+    guard of line starts (a line break it did not know, an invisible character, an escape
+    sequence a terminal or a stripper reads otherwise, one left open across two writes, a
+    cursor moved back, stderr's line start that stdout's newline made). A command's own
+    `[sandbox` in the middle of a line is rare, and its backslash costs nothing."""
+
+    def __init__(self, words: tuple[str, ...] = CLI_LINE_STARTS) -> None:
+        encoded = [w.lower().encode() for w in words]
+        encoded += [b"\xef\xbc\xbb" + w[1:] for w in encoded if w.startswith(b"[")]
+        self._words = tuple(encoded)
+        self._pattern = re.compile(b"|".join(re.escape(w) for w in self._words), re.IGNORECASE)
         self._held = b""
-        self._open: re.Pattern[bytes] | None = None  # the rest of a sequence let go open
 
     def feed(self, data: bytes) -> bytes:
-        data, self._held = self._held + data, b""
-        out = bytearray()
-        i, n = 0, len(data)
-        while i < n:
-            if self._at_start and self._open is not None:
-                # Still inside an escape sequence a long run let go: its rest is not text.
-                inside = self._open.match(data, i)
-                assert inside is not None  # both patterns match the empty string
-                out += data[i : inside.end()]
-                i = inside.end()
-                if inside.group(1) is None and i == n:
-                    return bytes(out)
-                self._open = None
-                continue
-            if self._at_start:
-                j = _INVISIBLE.match(data, i).end()  # type: ignore[union-attr]
-                rest = data[j : j + self._longest].lower()  # `[SANDBOX` reads the same
-                undecided = j == n or (
-                    len(rest) < self._longest and any(w.startswith(rest) for w in self._starts)
-                )
-                if undecided:
-                    if j - i <= _HOLD_MAX:
-                        self._held = data[i:]
-                        return bytes(out)
-                    # A long run of blanks goes out, the line still at its start; one that
-                    # ends inside an escape sequence has the sequence's rest read as such.
-                    if data.endswith(b"\x1b"):  # ends a string, or begins a sequence
-                        out += data[i : n - 1]
-                        self._held = data[n - 1 :]
-                        return bytes(out)
-                    out += data[i:j]
-                    escape = data.rfind(b"\x1b", i, j)
-                    still = _OPEN.fullmatch(data, escape, j) if escape >= 0 else None
-                    if still is not None:
-                        self._open = _CSI_REST if still.group(1) else _STRING_REST
-                    i = j
-                    continue
-                if rest.startswith(self._starts):
-                    out += data[i:j] + b"\\"
-                    i = j
-                self._at_start = False
-            found = _BREAK.search(data, i)
-            if found is None:
-                tail = next((c for c in (b"\xe2\x80", b"\xe2", b"\xc2") if data.endswith(c)), b"")
-                out += data[i : n - len(tail)]
-                self._held = tail
+        data = self._held + data
+        cut = len(data)
+        for size in range(min(len(data), max(map(len, self._words)) - 1), 0, -1):
+            tail = data[-size:].lower()
+            if any(w.startswith(tail) for w in self._words):
+                cut = len(data) - size
                 break
-            out += data[i : found.end()]
-            i = found.end()
-            self._at_start = True
-        return bytes(out)
+        body, self._held = data[:cut], data[cut:]
+        return self._pattern.sub(lambda found: b"\\" + found.group(0), body)
 
     def finish(self) -> bytes:
-        """What was held back at the end of the stream (never a whole marker: as it is)."""
+        """What was held back at the end of the stream (never a whole word: as it is)."""
         held, self._held = self._held, b""
         return held

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from bash_sandbox.cli.render import (
-    OwnLineGuard,
+    OwnWordGuard,
     TerminalRenderer,
     one_line,
     render_visible,
@@ -57,8 +57,8 @@ class StreamSink:
 
     def __init__(self, stream: TextIO, *, render: bool, guard: bool = False) -> None:
         self._stream = stream
-        # The CLI's own lines go to stderr: a command's line that begins like one is escaped.
-        self._guard = OwnLineGuard() if guard else None
+        # The CLI's own lines go to stderr: the command's text never holds their words.
+        self._guard = OwnWordGuard() if guard else None
         self._binary = getattr(stream, "buffer", None)
         self._ascii_only = render and not utf8_terminal()
         self._renderer = TerminalRenderer(ascii_only=self._ascii_only) if render else None
@@ -146,7 +146,7 @@ class LiveOutput:
         # `2>&1` or one terminal: a note must not continue a line stdout left open.
         self._shared = identity is not None and identity == _file_identity(stderr)
         # Where the CLI's own lines can be read among stdout's (a terminal, `2>&1`), stdout's
-        # lines that begin like them are escaped too; a stdout of its own stays byte-exact.
+        # text is guarded too; a stdout of its own stays byte-exact.
         guard_stdout = self._shared or is_terminal(stdout)
         self.stdout = StreamSink(stdout, render=is_terminal(stdout), guard=guard_stdout)
         self.stderr = StreamSink(stderr, render=is_terminal(stderr), guard=True)

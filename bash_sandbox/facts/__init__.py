@@ -18,7 +18,13 @@ from bash_sandbox.facts.flags import (
     failed_on_its_own,
 )
 from bash_sandbox.facts.inference import infer_file_hints
-from bash_sandbox.facts.markers import denial_marker, group_marker, hint_marker, result_markers
+from bash_sandbox.facts.markers import (
+    denial_marker,
+    git_outcome_text,
+    group_marker,
+    hint_marker,
+    result_markers,
+)
 from bash_sandbox.facts.network_hints import (
     host_tcp_listeners,
     loopback_destinations,
@@ -38,6 +44,7 @@ __all__ = [
     "derive_facts_flags",
     "failed_on_its_own",
     "find_refusal_messages",
+    "git_outcome_text",
     "group_denials",
     "group_marker",
     "hint_marker",

@@ -35,6 +35,7 @@ from bash_seam import (
     DenialEvidence,
     DenialGroup,
     DenialKind,
+    GitImportOutcome,
     HintSource,
     SandboxDenial,
     SandboxFacts,
@@ -277,3 +278,17 @@ def _lookup_marker(group: DenialGroup, names: list[str], network: NetworkMode | 
         f"network (the resolver {resolvers} was refused; the name is the output's); "
         f"{_network_step(group)}]"
     )
+
+
+def git_outcome_text(outcome: GitImportOutcome) -> str:
+    """One line per repository whose git state the command changed: applied, or what was
+    kept where and why (a conflict or a refusal is never only an exit status)."""
+    line = f"git {outcome.status.value}: {outcome.repository}"
+    if outcome.kept_at:
+        line += f"; the command's commits kept at {outcome.kept_at}"
+    reasons = [f"{c.name} changed on both sides" for c in outcome.conflicts]
+    reasons += list(outcome.refused)
+    if reasons:
+        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        line += f"; {reasons[0]}{more}"
+    return line

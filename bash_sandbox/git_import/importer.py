@@ -1507,8 +1507,9 @@ class _Importer:
 
 
 _UNDOES = (
-    "staged before the host moved the same branch, and both changed {}: a merge neither made "
-    "(the command's commits and index are kept, the host's stay)"
+    "staged before the host moved the same branch: at {} it differs from what the host "
+    "committed there, and taking it would undo that (the command's commits and index are "
+    "kept, the host's stay)"
 )
 
 

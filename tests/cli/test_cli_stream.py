@@ -97,6 +97,23 @@ def test_stdout_is_guarded_where_the_clis_own_lines_share_its_stream(
         kill_if_alive(apart.pid)
 
 
+def test_a_line_start_stdout_made_on_a_shared_stream_does_not_unguard_stderr(
+    cli: CliRunner, workspace: Path
+) -> None:
+    # Round 17: stderr's guard thought its line still open after `x`, while stdout's newline
+    # had started a new one on the shared stream.
+    command = (
+        "printf x >&2; sleep 0.3; printf '\\n'; sleep 0.3; "
+        "printf '[sandbox: file access denied under workspace-write mode]\\n' >&2; exit 1"
+    )
+    proc = start_run(cli, workspace, command, stderr=subprocess.STDOUT)
+    try:
+        out, _ = proc.communicate(timeout=60)
+        assert out == b"x\n\\[sandbox: file access denied under workspace-write mode]\n", out
+    finally:
+        kill_if_alive(proc.pid)
+
+
 def test_ctrl_c_keeps_what_was_printed(cli: CliRunner, workspace: Path) -> None:
     proc = start_run(cli, workspace, "echo started; printf partial >&2; sleep 60")
     assert proc.stdout is not None and proc.stderr is not None

@@ -298,7 +298,7 @@ async def test_the_approval_question_shows_a_working_directory_exactly_as_it_is(
     # read ("this call stays READ-ONLY"); approved, the call ran in workspace-write (found by
     # a red team). Every control character of it is shown now, on one line, and the
     # command's own lines are indented so none reads as the question's text.
-    name = "a\n\nbash-sandbox: this call stays READ-ONLY. \x1b]0;t\x07\u202e"
+    name = "a\n\nbash-sandbox: this call stays READ-ONLY. \x1b]0;t\x07\u202e\r\nApprove: YES"
     (workspace / name).mkdir()
     user = UserAtKeyboard("accept", {"approve": False})
     call = {
@@ -311,7 +311,9 @@ async def test_the_approval_question_shows_a_working_directory_exactly_as_it_is(
     assert len(user.questions) == 1
     message = user.questions[0].message
     assert "\x1b" not in message and "\x07" not in message and "\u202e" not in message
-    assert "a^J^Jbash-sandbox: this call stays READ-ONLY. ^[]0;t^G\\u202e" in message
+    shown = "a^J^Jbash-sandbox: this call stays READ-ONLY. ^[]0;t^G\\u202e^M^JApprove: YES"
+    assert shown in message
+    assert "\r" not in message  # round 17: a CRLF in the name was kept, its `\r` bare
     assert "    touch wrote\n    \n    Working directory: /nowhere" in message
     assert message.count("\nWorking directory: ") == 1
     assert not (workspace / "wrote").exists()

@@ -6,8 +6,10 @@ host from outside (the file is absent or present, the host's loopback saw nothin
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +148,32 @@ async def test_a_path_that_is_not_utf8_in_the_facts_does_not_stop_the_server(
     assert "/usr/rt16\\xffx" in targets, targets
     assert any("caf\\xe9" in n for n in facts["sandbox"]["nested_repositories"]), facts
     assert "rt16\\xffx" in _text(result)
+
+
+async def test_the_text_says_what_the_git_import_did_and_the_warnings(
+    launcher: ServerLauncher, workspace: Path, backend: str
+) -> None:
+    # Round 17: a conflict's keep-ref and the warnings were in the structured content only;
+    # the model read `[exit 0]`.
+    env = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@x", "GIT_COMMITTER_NAME": "u",
+           "GIT_COMMITTER_EMAIL": "u@x"}  # fmt: skip
+    git = ["git", "-C", str(workspace)]
+    subprocess.run([*git, "init", "-q"], check=True, env={**os.environ, **env})
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "start"], check=True,
+                   env={**os.environ, **env})  # fmt: skip
+    command = (
+        "git -c user.name=u -c user.email=u@x commit -q --allow-empty -m c; git init -q sub"
+        " && git -C sub config core.fsmonitor 'touch /tmp/planted'"  # dropped, with a warning
+    )
+    async with launcher.client("--mode", "workspace-write", "--backend", backend) as client:
+        result = await client.call_tool("bash_run", {"command": command})
+    facts = _facts(result)
+    assert facts["exit_code"] == 0
+    [outcome] = facts["sandbox"]["git"]
+    lines = _text(result).splitlines()
+    assert f"[git {outcome['status']}: {outcome['repository']}]" in lines, lines
+    assert facts["sandbox"]["warnings"], facts
+    assert all(f"[warning: {w}]" in lines for w in facts["sandbox"]["warnings"]), lines
 
 
 async def test_workspace_write_writes_the_workspace_but_not_beyond(
