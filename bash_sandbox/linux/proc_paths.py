@@ -51,15 +51,22 @@ def fd_path(pid: int, fd: int) -> str | None:
 
 def call_path(pid: int, dirfd: int | None, path: bytes) -> str | None:
     """``path`` made absolute against ``dirfd`` (AT_FDCWD or None: the cwd) of ``pid``,
-    lexically normalised; None when the base is gone."""
+    lexically normalised but for `..`, which the kernel takes after following a link (`l/..`
+    is the link target's parent: normalised away, a red team named `/etc/x` for a write that
+    landed in the workspace, and hid a refused one); None when the base is gone."""
     name = os.fsdecode(path)
-    if name.startswith("/"):
+    if not name.startswith("/"):
+        at_cwd = dirfd is None or dirfd == AT_FDCWD
+        base = _link(f"/proc/{pid}/cwd") if at_cwd else fd_path(pid, dirfd)  # type: ignore[arg-type]
+        if base is None:
+            return None
+        if not name:
+            return base
+        name = os.path.join(base, name)
+    if ".." not in name.split("/"):
         return os.path.normpath(name)
-    at_cwd = dirfd is None or dirfd == AT_FDCWD
-    base = _link(f"/proc/{pid}/cwd") if at_cwd else fd_path(pid, dirfd)  # type: ignore[arg-type]
-    if base is None:
-        return None
-    return os.path.normpath(os.path.join(base, name)) if name else base
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    return "/" + "/".join(parts)
 
 
 def signed_int(value: int) -> int:

@@ -59,6 +59,7 @@ from bash_sandbox.linux.child_setup import libc
 from bash_sandbox.linux.fast_writes import call_table, rules_blob
 from bash_sandbox.linux.fast_writes import library as fast_library
 from bash_sandbox.linux.file_calls import FileCall, by_number
+from bash_sandbox.linux.proc_paths import MemoryReader
 from bash_sandbox.linux.setid import CONTINUE, setid_call
 from bash_sandbox.linux.write_watch import WritePolicy, capture, held_placeholder, judge
 from bash_seam import DenialEvidence, DenialKind, SandboxDenial
@@ -82,6 +83,7 @@ _FILE_CALLS = by_number(_MACHINE)
 # A unix socket bound to a path makes a file there: the write watch judges it as a create
 # (its path argument points at `sun_path`, two bytes into the address).
 _BIND = FileCall("bind", path=1, write="create")
+_SUN_LEN = 110  # sizeof(struct sockaddr_un)
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 _MAX_SYMLINKS = 40
@@ -507,17 +509,24 @@ class SeccompSupervisor:
     def _bind(self, command: SupervisedCommand, notif: _Notif) -> None:
         """A bind to a unix socket path, judged as the file it creates (a refused one was
         no fact at all: a red team's); any other bind goes on unlooked at."""
-        address, length = int(notif.data.args[1]), int(notif.data.args[2])
-        raw = self._read_memory(notif.pid, address, 3) if length > 2 else None
+        address, length = int(notif.data.args[1]), int(notif.data.args[2]) & 0xFFFFFFFF
+        size = min(length, _SUN_LEN)  # the kernel reads no more than the length says
+        raw = self._read_memory(notif.pid, address, size) if size > 2 else None
         if raw is None or len(raw) < 3 or struct.unpack_from("H", raw)[0] != socket.AF_UNIX:
             self._respond(command, notif.id, 0, 0, _FLAG_CONTINUE)
             return
         if raw[2] == 0:  # abstract: no file
             self._respond(command, notif.id, 0, 0, _FLAG_CONTINUE)
             return
+        path = raw[2:].split(b"\0", 1)[0] + b"\0"  # what the kernel takes as the path
+
+        def read(pid: int, at: int, count: int) -> bytes | None:
+            start = at - (address + 2)
+            return path[start : start + count] if 0 <= start < len(path) else None
+
         args = list(notif.data.args)
         args[1] = address + 2
-        self._file_call(command, notif, _BIND, tuple(args))
+        self._file_call(command, notif, _BIND, tuple(args), read)
 
     def _file_call(
         self,
@@ -525,6 +534,7 @@ class SeccompSupervisor:
         notif: _Notif,
         call: FileCall,
         args: tuple[int, ...] | None = None,
+        read: MemoryReader | None = None,
     ) -> None:
         valid = self._still_valid(command, notif)
         args = tuple(notif.data.args) if args is None else args
@@ -541,12 +551,28 @@ class SeccompSupervisor:
         if call.write is not None and watch is not None:
             try:
                 captured = capture(
-                    call, notif.pid, args, self._read_memory, still_valid=valid, policy=watch
+                    call,
+                    notif.pid,
+                    args,
+                    read or self._read_memory,
+                    still_valid=valid,
+                    policy=watch,
                 )
             except Exception:
                 # Observing must never turn into refusing: the call continues regardless.
                 logger.exception("seccomp supervisor: write watch capture failed")
-        if captured is not None and watch is not None and held_placeholder(captured, args, watch):
+        try:
+            held = (
+                captured is not None
+                and watch is not None
+                and held_placeholder(captured, args, watch)
+            )
+        except BaseException:
+            if captured is not None:
+                captured.close()  # never left open: two descriptors of each call (a red team's)
+            raise
+        if held:
+            assert captured is not None
             captured.close()
             self._respond(command, notif.id, 0, 0)  # done as far as the command can tell
             return

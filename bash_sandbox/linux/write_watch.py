@@ -119,6 +119,8 @@ class WritePolicy:
         `deny_read` cover and hook-chain cover; the private /tmp and /dev/shm; the sinks. A
         wrong "no" only costs time; a wrong "yes" loses a fact, never a refusal (the kernel
         decides either way)."""
+        if "/../" in f"{path}/":
+            return False  # the kernel follows a link before `..`: judged in the view
         if not self.view_mounts:
             return self.allows(path)
         if path in _SINKS or within(path, "/dev/shm"):
@@ -466,7 +468,13 @@ def held_placeholder(captured: Captured, args: tuple[int, ...], policy: WritePol
     if call.write != "remove" or captured.paths[0] not in policy.placeholders:
         return False
     removes_dir = call.name == "rmdir" or (call.name == "unlinkat" and bool(args[2] & AT_REMOVEDIR))
-    found = _Resolved(captured.root, captured.paths[0], False)
+    try:
+        # Unreadable (the command made a directory on the way unsearchable, as a user's
+        # executor cannot search it): not a placeholder of ours to answer (a red team's
+        # raised here, and each call's captured descriptors leaked).
+        found = _Resolved(captured.root, captured.paths[0], False)
+    except OSError:
+        return False
     try:
         if not (found.exists and _read_only(found.target)):
             return False

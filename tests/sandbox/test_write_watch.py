@@ -188,6 +188,66 @@ async def test_a_unix_socket_bound_outside_the_roots_is_seen_and_others_bind(
     assert not any(t.endswith("in-ws.sock") for t, _, _ in _seen(result))
 
 
+_BIND_RAW = """
+import ctypes, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def bind(data, length):
+    s = socket.socket(socket.AF_UNIX)
+    buf = ctypes.create_string_buffer(b"\\x01\\x00" + data, len(data) + 3)
+    return 0 if libc.bind(s.fileno(), buf, length) == 0 else ctypes.get_errno()
+os.makedirs("d1/d2/d3", exist_ok=True)
+os.symlink("d1/d2/d3", "l")
+os.symlink(sys.argv[1], "m")
+print(bind(b"sockA/../../../../etc/named-by-memory", 2 + 5))
+print(bind(b"l/../../../etc-sock\\0", 2 + 19))
+print(libc.mkdir(b"l/../../../etc-dir", 0o755) == 0)
+print(bind(b"m/../out.sock\\0", 2 + 14))
+print(libc.mkdir(b"m/../out-dir", 0o755) == 0)
+"""
+
+
+async def test_a_path_is_judged_as_the_kernel_reads_it(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # Round 18: a bind's path read past the length the kernel takes, and `..` after a link
+    # taken lexically: supervisor denials named `/etc/...` for calls that landed in the
+    # workspace, and a refused call outside through `m/..` was no denial at all.
+    outside = tmp_path / "outside" / "sub"
+    outside.mkdir(parents=True)
+    (workspace / "b.py").write_text(_BIND_RAW)
+    ex = make_executor(mode="workspace-write")
+    result = await _run(ex, f"{PY} b.py {outside}; exit 1", workspace)
+    assert result.stdout.text.split() == ["0", "0", "True", "30", "False"], result.stdout.text
+    # `l/../../..` is the workspace (l is d1/d2/d3); lexically, two levels above it.
+    assert (workspace / "sockA").exists() and (workspace / "etc-sock").exists()
+    assert (workspace / "etc-dir").is_dir()
+    assert not (outside.parent / "out.sock").exists() and not (outside.parent / "out-dir").exists()
+    seen = {(t, op) for t, op, _ in _seen(result)}
+    o = str(outside.parent)
+    assert seen == {(f"{o}/out.sock", "bind"), (f"{o}/out-dir", "mkdir")}, seen
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root's executor searches any directory")
+async def test_an_unsearchable_workspace_leaks_nothing_into_the_executor(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # Round 18: the command made the workspace unsearchable to the user's executor; each
+    # removal of a placeholder then raised in the supervisor past the capture, whose two
+    # descriptors (the command's root and mount namespace) leaked: to EMFILE, and every
+    # later command failed.
+    ex = make_executor(mode="workspace-write")
+    await _run(ex, "true", workspace)
+    before = len(os.listdir("/proc/self/fd"))
+    command = (
+        f"chmod 000 {workspace}; for i in $(seq 100); do rmdir {workspace}/.vscode;"
+        f" rm -f {workspace}/.envrc; done 2>/dev/null; chmod 755 {workspace}; echo done"
+    )
+    result = await _run(ex, command, workspace)
+    assert result.stdout.text == "done\n", result.stderr.text
+    assert len(os.listdir("/proc/self/fd")) <= before + 2
+    assert (await _run(ex, "echo next", workspace)).stdout.text == "next\n"
+
+
 async def test_printed_refusals_and_allowed_writes_make_no_supervisor_denial(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
