@@ -33,6 +33,11 @@
   overlay, which the import then compared with the host's (eight host git processes after
   every `git status`, 3x a read-only one) to apply nothing. Git's own writes (`add`,
   `commit`, `checkout`) are not optional and refresh it as they always do.
+- `TAR_OPTIONS=--no-same-owner` (after any the harness or the request passes, unless they
+  name a `same-owner` option themselves): GNU tar run as root
+  restores each entry's owner, which no confined command can give (no uid but its own is
+  mapped, no capability to chown), so a release tarball of another uid failed to extract
+  (`Cannot change ownership`, exit 2) where the same tar outside worked (a usability pass).
 - The egress proxy's variables (`egress.environment`) when the policy has an allowlist.
   A request's own `env` wins over all of these.
 """
@@ -132,4 +137,7 @@ def confined_environment(
     extra |= proxy_env or {}
     env |= extra
     env |= request_env or {}
+    tar = env.get("TAR_OPTIONS", "")
+    if "same-owner" not in tar:  # a harness that asks for owners keeps them
+        env["TAR_OPTIONS"] = f"{tar} --no-same-owner".strip()
     return env

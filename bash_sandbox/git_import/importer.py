@@ -166,6 +166,7 @@ def begin(
     writable roots (where a worktree it adds may lie). ``main_inside``: see `Snapshot`."""
     base = os.path.join(os.path.dirname(upper), IMPORT_DIR)
     os.makedirs(base, 0o700, exist_ok=True)
+    _fan_out(gitdir)
     snap = _take(gitdir, upper, f"{time.time_ns():x}-{os.getpid()}")
     snap.roots = list(roots)
     snap.main_inside = main_inside
@@ -176,6 +177,34 @@ def begin(
         snap.modules[rel] = asdict(sub)
     _record(base, json.dumps(asdict(snap)).encode())
     return snap
+
+
+def _fan_out(gitdir: str) -> None:
+    """Every `objects/xx` directory made on the host before the command starts, empty, as
+    git makes them (its mode and owner): one the command's git made first was a directory
+    of the overlay's upper layer alone, where an object the host's git wrote later never
+    showed (a usability pass: `bad tree object HEAD` in a background command once the user
+    committed). Once per repository: git keeps them until `git prune` removes empty ones."""
+    objects = os.path.join(gitdir, "objects")
+    try:
+        st = os.stat(objects)
+        present = set(os.listdir(objects))
+    except OSError:
+        return
+    owner = (st.st_uid, st.st_gid) if os.geteuid() == 0 else None
+    for name in (f"{i:02x}" for i in range(256)):
+        if name in present:
+            continue
+        path = os.path.join(objects, name)
+        try:
+            os.mkdir(path)
+            os.chmod(path, stat.S_IMODE(st.st_mode))
+            if owner is not None and owner != (0, 0):
+                os.chown(path, *owner)  # the user's repository, never root's directories
+        except FileExistsError:
+            continue
+        except OSError:
+            return  # a full or read-only disk: as before, the command makes what it needs
 
 
 # Indexes up to this size are copied at the start (a 10,000-file checkout's is about 1 MiB).
@@ -924,22 +953,10 @@ class _Importer:
         if name != "HEAD" and name not in known:  # only the reflog of a ref git listed
             self.result.denials.append((rel, "not the reflog of a ref"))
             return
-        moved = {c.name for c in self.plan.refs} | {
-            os.path.join(h.admin, "HEAD") for h in self.plan.heads
-        }
         try:
             host_mtime = os.lstat(os.path.join(self.gitdir, rel)).st_mtime_ns
         except OSError:
             host_mtime = 0
-        if (
-            (os.path.join(admin, name) if name == "HEAD" else name) not in moved
-            and self.snap.taken_ns
-            and host_mtime > self.snap.taken_ns
-        ):
-            # The host wrote this reflog during the command and the command moved no ref
-            # of it: the host's entries stay (the command's may name nothing new).
-            self.result.denials.append((rel, "the host's reflog changed meanwhile; kept"))
-            return
         # Read once: what the keep-refs are judged on is what the transaction writes over.
         host = self.host_logs[rel] = self._host_log_bytes(rel)
         before = ABSENT if host is None else content_digest(host, reflog_of=self.snap.run_id)
@@ -955,9 +972,7 @@ class _Importer:
                 # Both wrote it (the host's `git checkout`, `commit`, `reset` meanwhile): the
                 # host's entries stay, the command's new ones after them. Replacing it lost
                 # the user's way back to a detached commit (a red team's).
-                mine, merged = _merged_reflog(host, mine)
-                if merged:
-                    self.result.denials.append((rel, _REFLOG_MERGED))
+                mine = _merged_reflog(host, mine)
             data, oids = sf.parse_reflog(mine, self.hexlen, absent)
         except (sf.StateRefused, OSError) as exc:
             self.plan.refused.append(f"{rel}: {exc}")
@@ -1513,14 +1528,10 @@ _UNDOES = (
 )
 
 
-_REFLOG_MERGED = "the host wrote this reflog meanwhile: its entries kept, the command's after them"
-
-
-def _merged_reflog(host: bytes, mine: bytes) -> tuple[bytes, bool]:
+def _merged_reflog(host: bytes, mine: bytes) -> bytes:
     """The host's reflog with the command's entries it lacks appended (the command's copy
-    began as the host's at its first write); whether any host entry had to be kept. An
-    entry the command removed that the host still has stays (a dropped stash comes back:
-    nothing of the host's is lost)."""
+    began as the host's at its first write). An entry the command removed that the host
+    still has stays (a dropped stash comes back: nothing of the host's is lost)."""
     theirs = host.splitlines(keepends=True)
     ours = mine.splitlines(keepends=True)
     common = 0
@@ -1529,9 +1540,9 @@ def _merged_reflog(host: bytes, mine: bytes) -> tuple[bytes, bool]:
             break
         common += 1
     if common == len(theirs):
-        return mine, False  # the command's copy holds every host entry
+        return mine  # the command's copy holds every host entry
     seen = set(theirs)
-    return b"".join([*theirs, *(line for line in ours[common:] if line not in seen)]), True
+    return b"".join([*theirs, *(line for line in ours[common:] if line not in seen)])
 
 
 def _raw_diff(out: bytes) -> dict[bytes, tuple[tuple[bytes, bytes], tuple[bytes, bytes]]]:

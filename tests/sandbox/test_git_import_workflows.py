@@ -5,6 +5,7 @@ rebase and worktree are in `tests/workflows/test_git_workflows.py`.)"""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -406,6 +407,55 @@ async def test_a_background_commit_of_an_index_staged_before_the_tip_moved_keeps
     assert "user.txt" in host_git(repo, "ls-tree", "--name-only", "main").split()
     assert "user.txt" in host_git(repo, "ls-files").split()
     assert _subject(repo, f"{outcome.kept_at}/heads/main") == "from the background"
+    fsck_clean(repo)
+
+
+def _blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+async def test_an_object_the_host_writes_during_a_command_is_seen_by_its_git(
+    make_executor: ExecutorFactory, workspace: Path
+) -> None:
+    # A usability pass: the command's git made `objects/xx` first (a blob it staged), so the
+    # directory was its overlay's upper layer alone, and the host's object written there
+    # later (the user's commit meanwhile) never showed: `bad tree object HEAD`. Every
+    # fan-out directory is made on the host before the command starts now.
+    repo = make_repo(workspace / "repo")
+    ours = b"the command's\n"
+    theirs = next(
+        d
+        for d in (b"host %d\n" % i for i in range(100_000))
+        if _blob_id(d)[:2] == _blob_id(ours)[:2]
+    )
+    (repo / "ours.txt").write_bytes(ours)
+    go, staged = workspace / "go", workspace / "staged"
+    ex = make_executor(mode="workspace-write")
+    background = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command=f"git add ours.txt && touch {staged} && while [ ! -e {go} ]; do"
+                f" sleep 0.02; done; git cat-file -t {_blob_id(theirs)} && git status --short",
+                workdir=str(repo),
+                env=GIT_ENV,
+            )
+        )
+    )
+    for _ in range(1500):
+        if staged.exists():
+            break
+        await asyncio.sleep(0.02)
+    (repo / "theirs.txt").write_bytes(theirs)
+    host_git(repo, "add", "theirs.txt")
+    host_git(repo, "commit", "-qm", "the user's")
+    go.touch()
+    await background.wait()
+    out = background.read_output()
+    assert background.exit_code == 0, out.delta
+    assert out.stdout_delta.split("\n")[0] == "blob"
+    assert all(
+        (repo / ".git" / "objects" / f"{i:02x}").is_dir() for i in range(256)
+    )  # made ahead, empty where git has no object yet
     fsck_clean(repo)
 
 

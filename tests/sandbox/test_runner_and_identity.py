@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import stat
+import subprocess
 import threading
 from pathlib import Path
 
@@ -343,6 +344,35 @@ async def test_update_checks_are_off_offline_and_git_takes_no_optional_lock(
         )
         result = await ex.run(ex.resolve(request))
         assert result.stdout.text.splitlines() == expected, mode
+
+
+async def test_tar_extracts_another_uids_archive_as_it_would_outside(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # A usability pass: GNU tar run as root restores each entry's owner, which no confined
+    # command can give: a release tarball of uid 1000 failed (`Cannot change ownership`,
+    # exit 2). `TAR_OPTIONS=--no-same-owner` now, after the harness's own options.
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "f").write_text("x\n")
+    archive = workspace / "own1000.tar"
+    subprocess.run(
+        ["tar", "cf", str(archive), "--owner=1000", "--group=1000", "-C", str(src), "d"],
+        check=True,
+    )
+    ex = make_executor(mode="workspace-write")
+    result = await ex.run(
+        ex.resolve(
+            BashExecRequest(
+                command='mkdir x && tar xf own1000.tar -C x && echo "$TAR_OPTIONS"',
+                workdir=str(workspace),
+                env={"TAR_OPTIONS": "--warning=no-timestamp"},
+            )
+        )
+    )
+    assert result.exit_code == 0, result.stderr.text
+    assert result.stdout.text == "--warning=no-timestamp --no-same-owner\n"
+    assert (workspace / "x" / "d" / "f").read_text() == "x\n"
 
 
 async def test_a_root_holding_the_executors_state_is_a_request_error(
