@@ -184,27 +184,41 @@ def _fan_out(gitdir: str) -> None:
     git makes them (its mode and owner): one the command's git made first was a directory
     of the overlay's upper layer alone, where an object the host's git wrote later never
     showed (a usability pass: `bad tree object HEAD` in a background command once the user
-    committed). Once per repository: git keeps them until `git prune` removes empty ones."""
-    objects = os.path.join(gitdir, "objects")
+    committed). Once per repository: git keeps them until `git prune` removes empty ones.
+    Never through a link: a repository a command made with `objects` linked to a host
+    directory had the executor make 256 directories there, with that directory's owner (a
+    red team's); so nothing on the way may be one, and each is made at a descriptor."""
+    if os.path.realpath(gitdir) != os.path.normpath(gitdir):
+        return
     try:
-        st = os.stat(objects)
-        present = set(os.listdir(objects))
+        fd = os.open(os.path.join(gitdir, "objects"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
         return
-    owner = (st.st_uid, st.st_gid) if os.geteuid() == 0 else None
-    for name in (f"{i:02x}" for i in range(256)):
-        if name in present:
-            continue
-        path = os.path.join(objects, name)
-        try:
-            os.mkdir(path)
-            os.chmod(path, stat.S_IMODE(st.st_mode))
-            if owner is not None and owner != (0, 0):
-                os.chown(path, *owner)  # the user's repository, never root's directories
-        except FileExistsError:
-            continue
-        except OSError:
-            return  # a full or read-only disk: as before, the command makes what it needs
+    try:
+        st = os.fstat(fd)
+        present = set(os.listdir(fd))
+        owner = (st.st_uid, st.st_gid) if os.geteuid() == 0 else None
+        for name in (f"{i:02x}" for i in range(256)):
+            if name not in present:
+                _fan_out_one(fd, name, stat.S_IMODE(st.st_mode), owner)
+    except OSError:
+        return  # a full or read-only disk: as before, the command makes what it needs
+    finally:
+        os.close(fd)
+
+
+def _fan_out_one(objects: int, name: str, mode: int, owner: tuple[int, int] | None) -> None:
+    try:
+        os.mkdir(name, 0o700, dir_fd=objects)
+    except FileExistsError:
+        return
+    made = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=objects)
+    try:
+        os.fchmod(made, mode)
+        if owner is not None and owner != (0, 0):
+            os.fchown(made, *owner)  # the user's repository, never root's directories
+    finally:
+        os.close(made)
 
 
 # Indexes up to this size are copied at the start (a 10,000-file checkout's is about 1 MiB).

@@ -454,6 +454,27 @@ async def test_a_bit_the_command_sets_does_not_hide_its_edit_from_host_git(
     fsck_clean(repo)
 
 
+async def test_a_created_repositorys_linked_objects_make_nothing_on_the_host(
+    make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
+) -> None:
+    # Round 19: the executor makes each `objects/xx` fan-out directory before a spawn; a
+    # repository the command made with `objects` linked to a host directory had it make
+    # 256 directories there, with that directory's owner, at the next command.
+    repo = make_repo(workspace / "repo")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    ex = make_executor(mode="workspace-write")
+    plant = (
+        f"mkdir sub && cd sub && git init -q && rm -rf .git/objects && ln -s {victim} .git/objects"
+    )
+    result = await _run(ex, plant, repo)
+    assert result.exit_code == 0, result.stderr.text
+    again = await _run(ex, "true", repo)
+    assert again.exit_code == 0
+    assert list(victim.iterdir()) == []
+    assert all((repo / ".git" / "objects" / f"{i:02x}").is_dir() for i in range(256))
+
+
 async def test_a_worktree_outside_the_roots_keeps_its_own_head_and_index(
     make_executor: ExecutorFactory, workspace: Path, tmp_path: Path
 ) -> None:
