@@ -33,9 +33,13 @@ def _tool_result(
 
 
 def error_result(code: str, message: str) -> types.CallToolResult:
-    """A refused or failed call: nothing ran (or it could not be started)."""
+    """A refused or failed call: nothing ran (or it could not be started). On one line: a
+    message may name a directory the command made (a red team's put `[exit 0]` at the first
+    column through one)."""
     return _tool_result(
-        f"error {code}: {message}", {"error": {"code": code, "message": message}}, is_error=True
+        f"error {code}: {one_line(message)}",
+        {"error": {"code": code, "message": message}},
+        is_error=True,
     )
 
 

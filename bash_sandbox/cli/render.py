@@ -21,6 +21,7 @@ from __future__ import annotations
 import codecs
 import locale
 import re
+import unicodedata
 from typing import Any
 
 _KEPT = {ord("\n"), ord("\t")}
@@ -30,27 +31,45 @@ _BIDI_CONTROLS = (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F
 # Line and paragraph separators: a client that breaks lines at them shows text as lines of
 # their own that the CLI never started (an indented command line left unindented).
 _LINE_BREAKS = (0x2028, 0x2029)
-# Characters a terminal shows as nothing (format characters, joiners, fillers, variation
-# and tag characters): inside a word they made `[sand<ZWSP>box:` read as the CLI's own line
-# (round 16).
-_INVISIBLE_CHARS = (
-    0x00AD, 0x034F, 0x061C, 0x115F, 0x1160, 0x17B4, 0x17B5, *range(0x180B, 0x1810),
-    *range(0x200B, 0x200E), *range(0x2060, 0x2066), 0x2800, 0x3164, *range(0xFE00, 0xFE10),
-    0xFEFF, 0xFFA0, *range(0xFFF9, 0xFFFC), *range(0x1D173, 0x1D17B), 0xE0001,
-    *range(0xE0020, 0xE0080), *range(0xE0100, 0xE01F0),
+# Characters a terminal shows as nothing, beyond the controls: every format character
+# (Unicode category Cf: joiners, tags, invisible operators, the soft hyphen) and the
+# fillers, jamo and selectors a terminal draws with no width. Inside a word they made
+# `[sand<ZWSP>box:` read as the CLI's own line (round 16); a list of them fell to the next
+# ones (round 19: U+206A, U+1BCA0, Hangul jamo), so the category decides, once per character.
+_NO_WIDTH = (
+    (0x115F, 0x1160), (0x1160, 0x1200), (0x17B4, 0x17B6), (0x180B, 0x1810), (0x2800, 0x2801),
+    (0x3164, 0x3165), (0xD7B0, 0xD800), (0xFE00, 0xFE10), (0xFFA0, 0xFFA1),
+    (0xE0100, 0xE01F0), (0x034F, 0x0350),
 )  # fmt: skip
 
 
-def _visible_forms() -> dict[int, str]:
-    table: dict[int, str] = {}
+def _escaped(code: int) -> str:
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+class _VisibleForms(dict[int, str]):
+    """`str.translate`'s table: the controls' forms, and any other character the terminal
+    would show as nothing, worked out (and kept) the first time it is met."""
+
+    def __missing__(self, code: int) -> str:
+        invisible = code >= 0x80 and unicodedata.category(chr(code)) in ("Cf", "Zl", "Zp", "Cs")
+        if not invisible and not any(low <= code < high for low, high in _NO_WIDTH):
+            raise LookupError(code)  # shown as it is
+        form = _escaped(code)
+        self[code] = form
+        return form
+
+
+def _visible_forms() -> _VisibleForms:
+    table = _VisibleForms()
     for code in range(0x20):
         if code not in _KEPT:
             table[code] = "^" + chr(code + 0x40)
     table[0x7F] = "^?"
     for code in range(0x80, 0xA0):
         table[code] = f"\\x{code:02x}"
-    for code in (*_BIDI_CONTROLS, *_LINE_BREAKS, *_INVISIBLE_CHARS):
-        table[code] = f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+    for code in (*_BIDI_CONTROLS, *_LINE_BREAKS):
+        table[code] = _escaped(code)
     return table
 
 
@@ -135,11 +154,50 @@ class TerminalRenderer:
 CLI_LINE_STARTS = ("[sandbox", "bash-sandbox:")
 
 
+# What a reader may drop between the letters of a word (round 19: `[sand<ESC[m>box` read as
+# the CLI's own line once an ANSI stripper had run): escape sequences, C0 and C1 controls
+# but line breaks, DEL, a character a backspace takes back, and characters shown as nothing.
+_IGNORABLE = (
+    rb"(?:\x1b\[[\x20-\x3f]*[\x40-\x7e]?"
+    rb"|\x1b[\]PX^_][^\x07\x1b\n]*(?:\x07|\x1b\\)?"
+    rb"|\x1b[\x20-\x2f]*[\x30-\x7e]?"
+    rb"|[\x00-\x09\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]"
+    rb"|[^\n\r]\x08"
+    rb"|\xc2[\x80-\x9f\xad]|\xe2\x80[\x8b-\x8f]|\xe2\x81[\xa0-\xaf]|\xef\xbb\xbf)"
+)
+# Whether a stretch holds any of them at all (most output holds none, and then a literal
+# search of the words is many times faster): a control byte, or a lead of the UTF-8 ones.
+_PLAIN_BYTES = bytes([9, 10, 13, *range(0x20, 0x7F), *range(0x80, 0x100)])
+_UTF8_IGNORABLE_LEADS = (b"\xc2", b"\xe2\x80", b"\xe2\x81", b"\xef\xbb\xbf")
+
+
+def _may_hide(data: bytes) -> bool:
+    return (
+        bool(data.translate(None, _PLAIN_BYTES))
+        or any(lead in data for lead in _UTF8_IGNORABLE_LEADS)
+        or data.endswith((b"\xe2", b"\xef", b"\xef\xbb"))  # one cut by the chunk's end
+    )
+
+
+# A chunk's end inside one of them (told apart with the next chunk).
+_CUT = rb"(?:\x1b[\x20-\x3f]*|\xc2|\xe2[\x80\x81]?|\xef\xbb?|[^\n\r])?"
+_HOLD_MAX = 4096  # bytes held back at most while a word may still be forming
+
+
+def _spelled(word: bytes) -> bytes:
+    """A regex for ``word`` with anything a reader drops between its letters."""
+    letters = [word[:3]] if word.startswith(b"\xef\xbc\xbb") else [word[:1]]
+    rest = word[len(letters[0]) :]
+    letters += [rest[i : i + 1] for i in range(len(rest))]
+    return (_IGNORABLE + b"*").join(re.escape(c) for c in letters)
+
+
 class OwnWordGuard:
     """Escapes every occurrence of the CLI's own words (``words``: `[sandbox`,
-    `bash-sandbox:`, in any case, also with a fullwidth bracket) in a command's stream with
-    a backslash before it (`\\[sandbox: ...`), fed chunk by chunk: a tail that may begin one
-    is held back until the next chunk tells.
+    `bash-sandbox:`, in any case, also with a fullwidth bracket, and with whatever a reader
+    drops between their letters) in a command's stream with a backslash before it
+    (`\\[sandbox: ...`), fed chunk by chunk: a tail that may begin one is held back until the
+    next chunk tells.
 
     Anywhere in a line, not only at its start: rounds 13 to 17 each got a forged line past a
     guard of line starts (a line break it did not know, an invisible character, an escape
@@ -150,20 +208,45 @@ class OwnWordGuard:
     def __init__(self, words: tuple[str, ...] = CLI_LINE_STARTS) -> None:
         encoded = [w.lower().encode() for w in words]
         encoded += [b"\xef\xbc\xbb" + w[1:] for w in encoded if w.startswith(b"[")]
+        self._pattern = re.compile(b"|".join(_spelled(w) for w in encoded), re.IGNORECASE)
+        self._literal = re.compile(b"|".join(re.escape(w) for w in encoded), re.IGNORECASE)
         self._words = tuple(encoded)
-        self._pattern = re.compile(b"|".join(re.escape(w) for w in self._words), re.IGNORECASE)
+        self._longest = max(map(len, encoded)) - 1
+        self._begun = frozenset(w[:k] for w in encoded for k in range(1, len(w)))
+        # Every proper beginning of a word, running to the end of what was fed.
+        starts = [_spelled(w[:k]) for w in encoded for k in range(1, len(w))]
+        self._forming = re.compile(
+            b"(?:" + b"|".join(starts) + b")" + _IGNORABLE + b"*" + _CUT + rb"\Z",
+            re.IGNORECASE,
+        )
         self._held = b""
 
     def feed(self, data: bytes) -> bytes:
         data = self._held + data
         cut = len(data)
-        for size in range(min(len(data), max(map(len, self._words)) - 1), 0, -1):
-            tail = data[-size:].lower()
-            if any(w.startswith(tail) for w in self._words):
-                cut = len(data) - size
-                break
+        start = max(0, cut - _HOLD_MAX)
+        if _may_hide(data[start:]):
+            forming = self._forming.search(data, start)
+            cut = forming.start() if forming is not None else cut
+        else:
+            # A beginning at the end, or one and a character a backspace may take back next.
+            lowered = data[-self._longest - 1 :].lower()
+            cut -= max(
+                (
+                    n + extra
+                    for extra in (0, 1)
+                    for n in range(1, len(lowered) + 1 - extra)
+                    if lowered[len(lowered) - n - extra : len(lowered) - extra] in self._begun
+                ),
+                default=0,
+            )
         body, self._held = data[:cut], data[cut:]
-        return self._pattern.sub(lambda found: b"\\" + found.group(0), body)
+        if _may_hide(body):
+            return self._pattern.sub(lambda found: b"\\" + found.group(0), body)
+        lowered = body.lower()
+        if not any(word in lowered for word in self._words):
+            return body
+        return self._literal.sub(lambda found: b"\\" + found.group(0), body)
 
     def finish(self) -> bytes:
         """What was held back at the end of the stream (never a whole word: as it is)."""

@@ -133,9 +133,24 @@ def test_every_occurrence_of_the_clis_words_is_escaped_however_it_is_cut() -> No
             whole = b"ok\f" + lead + b"\\" + word + b"\n"
             for cuts in ([], *([k] for k in range(len(data))), [3 + len(lead) // 2, 3 + len(lead)]):
                 assert _guarded(data, cuts) == whole, (lead[:12], word, cuts)
+    # Round 19: whatever a reader drops between the letters (an ANSI stripper, a terminal,
+    # `col -b`) is looked past too: an escape sequence, a zero-width or format character, a
+    # control, a character a backspace takes back.
+    inside = (
+        b"[sand\x1b[mbox: x]", b"[sa\x1b]0;t\x07ndbox: y]", b"[sand\xe2\x81\xaabox: z]",
+        b"b\x1b[1mash-sandbox: w", b"[sanX\x08dbox: v", b"[s\xc2\xadandbox: u",
+        b"\xef\xbc\xbbsan\xef\xbb\xbfdbox: t", b"[SAN\x1b(BDBOX: s",
+    )  # fmt: skip
+    for word in inside:
+        data = b"ok\n" + word + b"\n"
+        for cut in range(len(data) + 1):
+            for cuts in ([cut], [cut, min(len(data), cut + 1)], [cut, min(len(data), cut + 3)]):
+                assert _guarded(data, cuts) == b"ok\n\\" + word + b"\n", (word, cuts)
     # Other text, and a part of a word at the stream's end, go out as they are.
     assert _guarded(b"[sandbo", [3]) == b"[sandbo"
     assert _guarded(b"[exit 0] sandbox [INFO]\n", [5]) == b"[exit 0] sandbox [INFO]\n"
+    text = b"caf\xc3\xa9 \xe2\x80\x94 \x1b[32mok\x1b[0m [sandbo"
+    assert all(_guarded(text, [k]) == text for k in range(len(text) + 1))
 
 
 def test_a_note_naming_a_path_with_line_breaks_stays_one_line() -> None:
@@ -154,3 +169,7 @@ def test_a_terminal_shows_the_characters_it_would_show_as_nothing() -> None:
 
     shown = render_visible("[sand\u200bbox: x]\u034f\u3164\U000e0020\ufe0f ok")
     assert shown == "[sand\\u200bbox: x]\\u034f\\u3164\\U000e0020\\ufe0f ok"
+    # Round 19: any format character, by its category, and the jamo a terminal draws with no
+    # width (a list of them fell to U+206A, U+1BCA0, U+1161); what shows stays as it is.
+    shown = render_visible("\u206a\U0001bca0\u1161\U00013430 a\u0301 é 日本 \U0001f642 \ue0a0")
+    assert shown == "\\u206a\\U0001bca0\\u1161\\U00013430 a\u0301 é 日本 \U0001f642 \ue0a0"
