@@ -762,6 +762,18 @@ def test_a_fast_forward_whose_host_index_is_not_the_tips_tree_is_a_conflict(
     fsck_clean(repo)
 
 
+def _staged_then_the_user_commits(tmp_path: Path) -> tuple[Path, Overlay]:
+    """A repository whose command staged `cmd.txt` (its index copied up), and whose user
+    then committed `user.txt` on the host."""
+    repo = make_repo(tmp_path / "repo")
+    ov = Overlay(repo, tmp_path / "state" / "exec-x")
+    ov.run("echo cmd > cmd.txt && git add cmd.txt")
+    (repo / "user.txt").write_text("important\n")
+    host_git(repo, "add", "user.txt")
+    host_git(repo, "commit", "-qm", "user")
+    return repo, ov
+
+
 def test_a_commit_on_a_tip_the_user_moved_with_an_index_staged_before_is_a_conflict(
     tmp_path: Path,
 ) -> None:
@@ -769,12 +781,7 @@ def test_a_commit_on_a_tip_the_user_moved_with_an_index_staged_before_is_a_confl
     # the host, then the command committed: its parent was the user's commit (refs are read
     # through the live git dir), its tree the stale index, so the "fast-forward" deleted the
     # user's file, and the command's index replaced the user's.
-    repo = make_repo(tmp_path / "repo")
-    ov = Overlay(repo, tmp_path / "state" / "exec-x")
-    ov.run("echo cmd > cmd.txt && git add cmd.txt")
-    (repo / "user.txt").write_text("important\n")
-    host_git(repo, "add", "user.txt")
-    host_git(repo, "commit", "-qm", "user")
+    repo, ov = _staged_then_the_user_commits(tmp_path)
     user = host_git(repo, "rev-parse", "main").strip()
     index = (repo / ".git" / "index").read_bytes()
     ours, parent = ov.run("git commit -qm command && git rev-parse @ @~").split()
@@ -870,12 +877,7 @@ def test_an_index_staged_before_the_users_commit_is_not_taken_with_a_good_commit
     # `git commit <path>` builds its commit from HEAD (the user's, with `user.txt`) but
     # writes the path into the stale index, which lacks `user.txt`: a conflict (the import
     # is one transaction), the command's commit kept, the host's index and branch stay.
-    repo = make_repo(tmp_path / "repo")
-    ov = Overlay(repo, tmp_path / "state" / "exec-x")
-    ov.run("echo cmd > cmd.txt && git add cmd.txt")
-    (repo / "user.txt").write_text("important\n")
-    host_git(repo, "add", "user.txt")
-    host_git(repo, "commit", "-qm", "user")
+    repo, ov = _staged_then_the_user_commits(tmp_path)
     index = (repo / ".git" / "index").read_bytes()
     user = host_git(repo, "rev-parse", "main").strip()
     ours = ov.run("git commit -qm command cmd.txt && git rev-parse @").strip()

@@ -363,6 +363,29 @@ async def test_a_background_commit_on_a_tip_another_import_moved_fast_forwards(
     fsck_clean(repo)
 
 
+async def _paused(
+    ex: SandboxBashExecutor, repo: Path, before: str, after: str
+) -> tuple[BashProcess, Path]:
+    """A background command in ``repo`` that runs ``before``, waits for the `go` file this
+    returns, then runs ``after``; returned once ``before`` is done."""
+    go, done = repo.parent / "go", repo.parent / "before-done"
+    background = await ex.start(
+        ex.resolve(
+            BashExecRequest(
+                command=f"{before} && touch {done} && while [ ! -e {go} ]; do sleep 0.02;"
+                f" done; {after}",
+                workdir=str(repo),
+                env=GIT_ENV,
+            )
+        )
+    )
+    for _ in range(1500):
+        if done.exists() or background.finished:
+            break
+        await asyncio.sleep(0.02)
+    return background, go
+
+
 @pytest.mark.parametrize("by", ["the user on the host", "another command's import"])
 async def test_a_background_commit_of_an_index_staged_before_the_tip_moved_keeps_that_work(
     by: str, make_executor: ExecutorFactory, workspace: Path
@@ -371,22 +394,10 @@ async def test_a_background_commit_of_an_index_staged_before_the_tip_moved_keeps
     # user's `git commit`, or an import), and its commit then rode the moved tip with the
     # stale index: a "fast-forward" that deleted the other commit's file on the host.
     repo = make_repo(workspace / "repo")
-    go, staged = workspace / "go", workspace / "staged"
     ex = make_executor(mode="workspace-write")
-    background = await ex.start(
-        ex.resolve(
-            BashExecRequest(
-                command=f"echo bg > bg.txt && git add bg.txt && touch {staged} && while"
-                f" [ ! -e {go} ]; do sleep 0.02; done; git commit -qm 'from the background'",
-                workdir=str(repo),
-                env=GIT_ENV,
-            )
-        )
+    background, go = await _paused(
+        ex, repo, "echo bg > bg.txt && git add bg.txt", "git commit -qm 'from the background'"
     )
-    for _ in range(1500):  # staged: its index is in the overlay
-        if staged.exists():
-            break
-        await asyncio.sleep(0.02)
     if by == "the user on the host":
         (repo / "user.txt").write_text("important\n")
         host_git(repo, "add", "user.txt")
@@ -429,22 +440,13 @@ async def test_an_object_the_host_writes_during_a_command_is_seen_by_its_git(
         if _blob_id(d)[:2] == _blob_id(ours)[:2]
     )
     (repo / "ours.txt").write_bytes(ours)
-    go, staged = workspace / "go", workspace / "staged"
     ex = make_executor(mode="workspace-write")
-    background = await ex.start(
-        ex.resolve(
-            BashExecRequest(
-                command=f"git add ours.txt && touch {staged} && while [ ! -e {go} ]; do"
-                f" sleep 0.02; done; git cat-file -t {_blob_id(theirs)} && git status --short",
-                workdir=str(repo),
-                env=GIT_ENV,
-            )
-        )
+    background, go = await _paused(
+        ex,
+        repo,
+        "git add ours.txt",
+        f"git cat-file -t {_blob_id(theirs)} && git status --short",
     )
-    for _ in range(1500):
-        if staged.exists():
-            break
-        await asyncio.sleep(0.02)
     (repo / "theirs.txt").write_bytes(theirs)
     host_git(repo, "add", "theirs.txt")
     host_git(repo, "commit", "-qm", "the user's")
