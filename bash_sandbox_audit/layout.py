@@ -12,6 +12,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 
+from bash_sandbox.git_import import fan_out
 from bash_sandbox_audit.model import AttackEnv
 from bash_sandbox_audit.targets import Snapshot, snapshot, snapshot_diff
 
@@ -102,9 +103,13 @@ def _git_layout(ws: str, git: str) -> None:
         subprocess.run(
             ["git", "-C", ws, "config", "user.name", "audit"], check=True, capture_output=True
         )
+        # The fan-out the executor makes once per repository (`git_import.fan_out`): made
+        # ahead, so the guards see only what the command changed.
+        fan_out(gitdir)
         return
     _write(os.path.join(gitdir, "HEAD"), "ref: refs/heads/main\n")
     os.makedirs(os.path.join(gitdir, "objects"), exist_ok=True)
+    fan_out(gitdir)
     if git == "config-link":
         _write(os.path.join(ws, "real-config"), "[core]\n\tbare = false\n")
         os.symlink("../real-config", os.path.join(gitdir, "config"))

@@ -21,13 +21,15 @@ of the writes and the recovery after a crash, `state_files.py` for the small fil
 Public: `begin(gitdir, upper, roots, main_inside=...)` before the command (the snapshot;
 `main_checkout_inside` tells a separate git dir's checkout in the roots), `import_changes(
 snapshot)` after it, `recover(state_dir)` before a dead executor's state is swept, and
-`import_created(source_gitdir, worktree)` for a repository the command created.
+`import_created(source_gitdir, worktree)` for a repository the command created; `fan_out(
+gitdir)`, which `begin` runs: git's empty `objects/xx` directories, made on the host once.
 """
 
 from bash_sandbox.git_import.importer import (
     ImportResult,
     Snapshot,
     begin,
+    fan_out,
     import_changes,
     import_created,
     load_snapshot,
@@ -48,6 +50,7 @@ __all__ = [
     "ImportResult",
     "Snapshot",
     "begin",
+    "fan_out",
     "import_changes",
     "import_created",
     "load_snapshot",

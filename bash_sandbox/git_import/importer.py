@@ -166,7 +166,7 @@ def begin(
     writable roots (where a worktree it adds may lie). ``main_inside``: see `Snapshot`."""
     base = os.path.join(os.path.dirname(upper), IMPORT_DIR)
     os.makedirs(base, 0o700, exist_ok=True)
-    _fan_out(gitdir)
+    fan_out(gitdir)
     snap = _take(gitdir, upper, f"{time.time_ns():x}-{os.getpid()}")
     snap.roots = list(roots)
     snap.main_inside = main_inside
@@ -179,7 +179,7 @@ def begin(
     return snap
 
 
-def _fan_out(gitdir: str) -> None:
+def fan_out(gitdir: str) -> None:
     """Every `objects/xx` directory made on the host before the command starts, empty, as
     git makes them (its mode and owner): one the command's git made first was a directory
     of the overlay's upper layer alone, where an object the host's git wrote later never

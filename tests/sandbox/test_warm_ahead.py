@@ -11,6 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from bash_sandbox.git_import import fan_out
 from bash_seam import BashExecRequest
 from tests.sandbox.conftest import ExecutorFactory
 
@@ -40,6 +41,9 @@ async def test_warming_makes_nothing_the_host_sees(
     make_executor: ExecutorFactory, workspace: Path
 ) -> None:
     subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    # The fan-out a first workspace-write spawn makes once (git's empty `objects/xx`
+    # directories, so the host's objects show in the command's overlay), made ahead.
+    fan_out(str(workspace / ".git"))
     (workspace / "src.txt").write_text("x\n")
     before = _tree(workspace)
     ex = make_executor(mode="workspace-write", protected_paths=(".git/hooks", ".envrc"))
