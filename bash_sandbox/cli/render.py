@@ -199,7 +199,7 @@ class OwnWordGuard:
     (`\\[sandbox: ...`), fed chunk by chunk: a tail that may begin one is held back until the
     next chunk tells.
 
-    Anywhere in a line, not only at its start: rounds 13 to 17 each got a forged line past a
+    Anywhere in a line, not only at its start: rounds 13 to 19 each got a forged line past a
     guard of line starts (a line break it did not know, an invisible character, an escape
     sequence a terminal or a stripper reads otherwise, one left open across two writes, a
     cursor moved back, stderr's line start that stdout's newline made). A command's own
