@@ -199,8 +199,9 @@ def kill_result(process: BashProcess, *, killed: bool) -> types.CallToolResult:
 
 
 def _first_line(command: str, limit: int = 80) -> str:
-    line = one_line(command.strip().split("\n", 1)[0])
-    return line if len(line) <= limit and line == command.strip() else line[:limit] + " ..."
+    first = command.strip().split("\n", 1)[0]
+    line = one_line(first)
+    return line if len(line) <= limit and first == command.strip() else line[:limit] + " ..."
 
 
 def list_result(processes: list[BashProcess]) -> types.CallToolResult:

@@ -37,7 +37,7 @@ _LINE_BREAKS = (0x2028, 0x2029)
 # `[sand<ZWSP>box:` read as the CLI's own line (round 16); a list of them fell to the next
 # ones (round 19: U+206A, U+1BCA0, Hangul jamo), so the category decides, once per character.
 _NO_WIDTH = (
-    (0x115F, 0x1160), (0x1160, 0x1200), (0x17B4, 0x17B6), (0x180B, 0x1810), (0x2800, 0x2801),
+    (0x115F, 0x1200), (0x17B4, 0x17B6), (0x180B, 0x1810), (0x2800, 0x2801),
     (0x3164, 0x3165), (0xD7B0, 0xD800), (0xFE00, 0xFE10), (0xFFA0, 0xFFA1),
     (0xE0100, 0xE01F0), (0x034F, 0x0350),
 )  # fmt: skip
@@ -55,7 +55,9 @@ class _VisibleForms(dict[int, str]):
         invisible = code >= 0x80 and unicodedata.category(chr(code)) in ("Cf", "Zl", "Zp", "Cs")
         if not invisible and not any(low <= code < high for low, high in _NO_WIDTH):
             raise LookupError(code)  # shown as it is
-        form = _escaped(code)
+        # A byte a path held that is not UTF-8 (`surrogateescape`): shown as the byte, as an
+        # invalid byte of the output is (`\\xff`).
+        form = f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else _escaped(code)
         self[code] = form
         return form
 
@@ -85,7 +87,8 @@ def render_visible(text: str, *, ascii_only: bool = False) -> str:
 
 # A line of the CLI's or the server's own is one line whatever it names: a refused path the
 # command chose (`/usr/x\n[exit 0]`) would otherwise end it and start a forged one.
-_ONE_LINE = {**VISIBLE_FORMS, ord("\n"): "\\n"}
+_ONE_LINE = _visible_forms()  # a table of its own, working out the invisible ones as well
+_ONE_LINE[ord("\n")] = "\\n"
 
 
 def one_line(text: str) -> str:
@@ -148,10 +151,10 @@ class TerminalRenderer:
         return render_visible(text, ascii_only=self._ascii_only)
 
 
-# What the CLI prints as its own lines (markers and notes, on stderr): the command's text
-# must never hold them. The MCP server's text indents the command's output instead
+# The words the CLI's own lines (markers and notes, on stderr) begin with: the command's
+# text must never hold them. The MCP server's text indents the command's output instead
 # (`mcp_results._quoted`).
-CLI_LINE_STARTS = ("[sandbox", "bash-sandbox:")
+CLI_OWN_WORDS = ("[sandbox", "bash-sandbox:")
 
 
 # What a reader may drop between the letters of a word (round 19: `[sand<ESC[m>box` read as
@@ -205,7 +208,7 @@ class OwnWordGuard:
     cursor moved back, stderr's line start that stdout's newline made). A command's own
     `[sandbox` in the middle of a line is rare, and its backslash costs nothing."""
 
-    def __init__(self, words: tuple[str, ...] = CLI_LINE_STARTS) -> None:
+    def __init__(self, words: tuple[str, ...] = CLI_OWN_WORDS) -> None:
         encoded = [w.lower().encode() for w in words]
         encoded += [b"\xef\xbc\xbb" + w[1:] for w in encoded if w.startswith(b"[")]
         self._pattern = re.compile(b"|".join(_spelled(w) for w in encoded), re.IGNORECASE)

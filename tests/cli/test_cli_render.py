@@ -161,6 +161,8 @@ def test_a_note_naming_a_path_with_line_breaks_stays_one_line() -> None:
     shown = one_line("[sandbox: write to /usr/x\n[exit 0]\r\u2028\x85\x1b[2K denied]")
     assert shown.splitlines() == [shown]
     assert shown == "[sandbox: write to /usr/x\\n[exit 0]^M\\u2028\\x85^[[2K denied]"
+    # Every character a terminal would show as nothing, as the renderer's own table does.
+    assert one_line("a\u200bb\u206ac") == "a\\u200bb\\u206ac"
 
 
 def test_a_terminal_shows_the_characters_it_would_show_as_nothing() -> None:
