@@ -34,7 +34,8 @@ _KEEP_NS = 60_000_000_000  # how long an ended record answers
 _lock = threading.Lock()
 _here: dict[int, tuple[int, tuple[str, ...]]] = {}  # token -> (owner, roots)
 _ended: dict[tuple[int, tuple[str, ...]], int] = {}  # (owner, roots) -> latest end ns, here
-_last_file: dict[tuple[str, tuple[str, ...]], str] = {}  # (base, roots) -> its ended record
+# (process, base, roots) -> its latest ended record (a forked child's are its own)
+_last_file: dict[tuple[str, str, tuple[str, ...]], str] = {}
 _swept: dict[str, int] = {}  # base -> when this process last swept it
 _SWEEP_NS = 1_000_000_000
 _tokens = itertools.count(1)
@@ -93,9 +94,10 @@ def end(token: int) -> None:
             directory = os.path.join(base, _DIR)
             ended = f"{_ENDED}:{now}:{name}"
             os.rename(os.path.join(directory, name), os.path.join(directory, ended))
+            key = (_process(), base, roots)
             with _lock:
-                earlier = _last_file.get((base, roots))
-                _last_file[(base, roots)] = ended
+                earlier = _last_file.get(key)
+                _last_file[key] = ended
             if earlier is not None:
                 # Over the same roots and earlier: the new record answers all it did.
                 with contextlib.suppress(OSError):

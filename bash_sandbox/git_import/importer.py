@@ -426,6 +426,7 @@ class _Importer:
         self.forwarded: set[str] = set()  # those git found to be fast-forwards
         self.index_on: dict[str, str] = {}  # admin -> that ref its changed index rides on
         self.kept_heads: set[str] | None = None  # `_checked_out_kept`, read once
+        self.outside_heads: dict[str, str] | None = None  # `_checked_out_outside`, the same
         self.view_admins: dict[str, str] = {}  # admin -> its git dir in the view
         self.kept_deleted: set[str] = set()  # refs the command deleted that stay, reflog too
 
@@ -546,7 +547,6 @@ class _Importer:
         view_refs = self.view_refs = host_refs(self.view)
         start = self.snap.refs or {}
         names = sorted(set(start) | set(view_refs))
-        outside: dict[str, str] | None = None  # read at the first ref that changed
         loose = frozenset(self.snap.loose or ())
         for name in names:
             if name.startswith((KEEP_NAMESPACE + "/", _CARRIER + "/")):
@@ -570,7 +570,7 @@ class _Importer:
                 if broken.returncode == 0:
                     self.plan.refused.append(f"{name}: names an object that does not exist")
                     continue
-            outside = self._checked_out_outside() if outside is None else outside
+            outside = self._checked_out_outside()
             if c is None and self._refs_removed_whole():
                 # `rm -rf .git` (its config and hooks stay, protected): every branch and tag
                 # went with the directory, not one by one as git deletes a ref. Kept, as the
@@ -1387,7 +1387,10 @@ class _Importer:
         """The branches each worktree outside the roots has checked out -> that admin dir:
         its `HEAD`'s target (as git reads the host's admin dir), and, as git's
         `die_if_checked_out` counts them, the branch it is bisecting or rebasing (`HEAD`
-        detached meanwhile; `git bisect reset` or the rebase's end checks it out again)."""
+        detached meanwhile; `git bisect reset` or the rebase's end checks it out again).
+        Read once, at the first ref or state file that asks."""
+        if self.outside_heads is not None:
+            return self.outside_heads
         found: dict[str, str] = {}
         for admin in _admins(self.gitdir):
             if self._within_roots(admin):
@@ -1403,6 +1406,7 @@ class _Importer:
                 branch = sf.checked_out_branch(data)
                 if branch is not None:
                     found.setdefault(branch, admin)
+        self.outside_heads = found
         return found
 
     def _within_roots(self, admin: str) -> bool:
