@@ -363,29 +363,6 @@ async def test_a_background_commit_on_a_tip_another_import_moved_fast_forwards(
     fsck_clean(repo)
 
 
-async def _paused(
-    ex: SandboxBashExecutor, repo: Path, before: str, after: str
-) -> tuple[BashProcess, Path]:
-    """A background command in ``repo`` that runs ``before``, waits for the `go` file this
-    returns, then runs ``after``; returned once ``before`` is done."""
-    go, done = repo.parent / "go", repo.parent / "before-done"
-    background = await ex.start(
-        ex.resolve(
-            BashExecRequest(
-                command=f"{before} && touch {done} && while [ ! -e {go} ]; do sleep 0.02;"
-                f" done; {after}",
-                workdir=str(repo),
-                env=GIT_ENV,
-            )
-        )
-    )
-    for _ in range(1500):
-        if done.exists() or background.finished:
-            break
-        await asyncio.sleep(0.02)
-    return background, go
-
-
 @pytest.mark.parametrize("by", ["the user on the host", "another command's import"])
 async def test_a_background_commit_of_an_index_staged_before_the_tip_moved_keeps_that_work(
     by: str, make_executor: ExecutorFactory, workspace: Path
